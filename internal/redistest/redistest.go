@@ -1,0 +1,238 @@
+// Package redistest starts real redis-server processes for tests.
+//
+// Every server gets a free port on 127.0.0.1 and its own temporary directory, is
+// polled with PING until it answers, and is killed and waited for in t.Cleanup.
+// Fault tests can Kill a server with SIGKILL and Restart it on the same port and
+// directory, so with AOF on it comes back with what it had fsynced.
+//
+// rain's tests never mock Redis. When redis-server is not on PATH the test fails
+// (it does not skip) with a message that says how to get it.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Missing is the message a test fails with when redis-server cannot be found.
+const Missing = "redis-server not found on PATH: run scripts/test.sh, which installs it, " +
+	"or install it yourself (Debian/Ubuntu: apt-get install -y redis-server; macOS: brew install redis)"
+
+// startTimeout bounds how long a server may take to answer PING after start
+// (loading a large AOF counts).
+const startTimeout = 20 * time.Second
+
+// Options configure a server. The zero value is a server without persistence.
+type Options struct {
+	// AOF turns on the append-only file. Off by default.
+	AOF bool
+	// Fsync is appendfsync when AOF is on: "always", "everysec" (default) or "no".
+	Fsync string
+}
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	// Addr is host:port, stable across Restart.
+	Addr string
+	// Dir is the server's working directory (its AOF lives there), stable across Restart.
+	Dir string
+
+	tb   testing.TB
+	bin  string
+	opts Options
+	port int
+
+	mu   sync.Mutex // guards cmd and done
+	cmd  *exec.Cmd  // nil while the server is down
+	done chan error // receives cmd.Wait's result once
+}
+
+// Start starts one server and registers its cleanup with tb.
+func Start(tb testing.TB, opts Options) *Server {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatal(Missing)
+	}
+	if opts.Fsync == "" {
+		opts.Fsync = "everysec"
+	}
+	s := &Server{tb: tb, bin: bin, opts: opts, Dir: tb.TempDir()}
+	tb.Cleanup(s.Kill)
+	// A free port found by listening on :0 can be taken by someone else before
+	// redis-server binds it; try a few ports before giving up.
+	var lastErr error
+	for range 5 {
+		s.port, err = freePort()
+		if err != nil {
+			tb.Fatalf("redistest: free port: %v", err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		if lastErr = s.start(); lastErr == nil {
+			return s
+		}
+	}
+	tb.Fatalf("redistest: start redis-server: %v", lastErr)
+	return nil
+}
+
+// StartN starts n servers with the same options.
+func StartN(tb testing.TB, n int, opts Options) []*Server {
+	tb.Helper()
+	servers := make([]*Server, n)
+	for i := range servers {
+		servers[i] = Start(tb, opts)
+	}
+	return servers
+}
+
+// Addrs returns the addresses of servers, in order.
+func Addrs(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	return addrs
+}
+
+func (s *Server) args() []string {
+	args := []string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.Dir,
+		"--save", "",
+		"--daemonize", "no",
+		"--protected-mode", "no",
+		"--logfile", "redis.log",
+	}
+	if s.opts.AOF {
+		args = append(args, "--appendonly", "yes", "--appendfsync", s.opts.Fsync)
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	return args
+}
+
+// start runs the process and waits for PING.
+func (s *Server) start() error {
+	cmd := exec.Command(s.bin, s.args()...)
+	cmd.Dir = s.Dir
+	// The kernel kills the server if the test binary dies, so no redis-server
+	// outlives a crashed or timed-out test run.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			s.mu.Lock()
+			s.cmd, s.done = nil, nil
+			s.mu.Unlock()
+			return fmt.Errorf("redis-server on %s exited at start (%v): %s", s.Addr, err, s.logTail())
+		default:
+		}
+		if ping(s.Addr) == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.Kill()
+	return fmt.Errorf("redis-server on %s did not answer PING within %v: %s", s.Addr, startTimeout, s.logTail())
+}
+
+// Kill sends SIGKILL and waits for the process to exit: a crash, as far as
+// Redis is concerned (nothing beyond what was fsynced survives). Killing a
+// server that is down does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd, s.done = nil, nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port and directory after Kill.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.mu.Lock()
+	up := s.cmd != nil
+	s.mu.Unlock()
+	if up {
+		s.tb.Fatalf("redistest: Restart of %s while it is running; Kill it first", s.Addr)
+	}
+	// The port was ours a moment ago; a fresh listener from another process
+	// could take it, but nothing else on a test machine binds random high ports.
+	var err error
+	for range 50 {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: restart: %v", err)
+}
+
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	if err != nil {
+		return "(no log)"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ping speaks RESP directly so the helper depends on nothing but the server.
+// A server still loading its AOF answers -LOADING, which is not ready.
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(line) != "+PONG" {
+		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	return nil
+}

@@ -64,7 +64,7 @@ type Allocator interface {
 
 // Config tunes a Generator. Every zero field means its documented default.
 type Config struct {
-	// MinStep and MaxStep bound the segment size. Defaults 1,000 and 4,000,000.
+	// MinStep and MaxStep bound the segment size. Defaults 1,000 and 16,000,000.
 	MinStep, MaxStep int64
 	// Threshold is the fraction of the current segment used at which the next
 	// one is loaded, in (0, 1). Default 0.1, as Leaf.
@@ -91,7 +91,7 @@ func (c *Config) init() error {
 		c.MinStep = 1000
 	}
 	if c.MaxStep == 0 {
-		c.MaxStep = 4_000_000
+		c.MaxStep = 16_000_000
 	}
 	if c.MaxStep < c.MinStep {
 		c.MaxStep = c.MinStep
@@ -230,7 +230,12 @@ func (g *Generator) advance(ctx context.Context, s *segment) error {
 		if g.cur.CompareAndSwap(s, n) {
 			g.next.CompareAndSwap(n, nil)
 			g.switches.Add(1)
-			g.poke() // the new segment may already be past its trigger
+			// If n passed its trigger while it was still buffered, that poke
+			// found nothing to do; ask again. Otherwise leave the loader be:
+			// waking it at every switch would cost the switch a reschedule.
+			if n.pos.Load() >= n.trigger {
+				g.poke()
+			}
 		}
 		return nil
 	}

@@ -152,13 +152,13 @@ type Generator struct {
 	cur  atomic.Pointer[segment] // the segment Next serves from; never nil
 	next atomic.Pointer[segment] // the buffered next segment, or nil
 
-	kick chan struct{}                 // wakes the loader; capacity 1
-	wake atomic.Pointer[chan struct{}] // closed and replaced after every load attempt
-	down atomic.Bool                   // the last load failed
-	stop   chan struct{}               // closed by Close
-	cancel context.CancelFunc          // ends an Alloc in flight; called by Close
-	done   chan struct{}               // closed when the loader exits
-	once   sync.Once                   // guards close(stop)
+	kick   chan struct{}                 // wakes the loader; capacity 1
+	wake   atomic.Pointer[chan struct{}] // closed and replaced after every load attempt
+	down   atomic.Bool                   // the last load failed
+	stop   chan struct{}                 // closed by Close
+	cancel context.CancelFunc            // ends an Alloc in flight; called by Close
+	done   chan struct{}                 // closed when the loader exits
+	once   sync.Once                     // guards close(stop)
 
 	loads, loadErrors, stalls, refusals, switches atomic.Int64
 

@@ -1,0 +1,62 @@
+-- claim: one grab, atomic: return the user's grant or take one amount for them.
+--
+-- KEYS[1] meta       rain:{P:j}:meta       (hash: state, window, counters)
+-- KEYS[2] stock      rain:{P:j}:stock      (list of amounts in cents)
+-- KEYS[3] grants     rain:{P:j}:grants     (hash: user -> "state:amount:serial:deadline_ms")
+-- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
+-- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
+-- ARGV[1] user id   ARGV[2] serial for a new grant
+--
+-- Grant states: h held, c confirmed, r released. A user with a held or
+-- confirmed grant gets it back unchanged; a released grant does not count.
+-- Times come from the shard's clock (TIME), so rain instances' clocks do not matter.
+--
+-- Returns one of
+--   {"granted", amount, serial, deadline_ms}
+--   {"already", amount, serial, deadline_ms}
+--   {"empty"}                  no stock left in this sub-pool
+--   {"not_started", ms_left}   before the window
+--   {"ended"}                  after the window
+--   {"closed"}                 the sub-pool is not open (still loading)
+local meta, stock, grants, deadlines, outbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local user, serial = ARGV[1], ARGV[2]
+
+local g = redis.call('HGET', grants, user)
+if g then
+  local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
+  if st == nil then
+    return redis.error_reply('RAINSTATE bad grant record for ' .. user)
+  end
+  if st ~= 'r' then
+    return {'already', tonumber(amount), tonumber(ser), tonumber(deadline)}
+  end
+end
+
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index')
+if m[1] ~= 'open' then
+  return {'closed'}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local starts, ends = tonumber(m[3]), tonumber(m[4])
+if starts > 0 and now < starts then
+  return {'not_started', starts - now}
+end
+if ends > 0 and now >= ends then
+  return {'ended'}
+end
+
+local amount = redis.call('LPOP', stock)
+if not amount then
+  return {'empty'}
+end
+local deadline = string.format('%d', now + tonumber(m[2]))
+redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)
+redis.call('ZADD', deadlines, deadline, user)
+redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[5], 'sub', m[6], 'user', user,
+  'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+redis.call('HINCRBY', meta, 'stock_count', -1)
+redis.call('HINCRBY', meta, 'stock_cents', '-' .. amount)
+redis.call('HINCRBY', meta, 'held_count', 1)
+redis.call('HINCRBY', meta, 'held_cents', amount)
+return {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}

@@ -1,0 +1,262 @@
+// Package lua owns rain's Redis scripts (the *.lua files beside this one,
+// embedded) and their typed Go wrappers. Nothing else in rain talks Lua.
+//
+// Every script works on one sub-pool and takes all its keys in KEYS; the keys
+// of sub-pool j of pool P are built by SubPool.Keys alone and all carry the
+// hash tag {P:j}, so they would also share a Redis Cluster slot. Scripts run
+// with EVALSHA and fall back to EVAL on NOSCRIPT (go-redis Script.Run), so a
+// restarted shard with an empty script cache costs one extra round trip.
+//
+// Every count is an integer and every amount integer cents. Lua numbers are
+// doubles, exact to 2^53; rain caps a pool at 1e15 cents so sums stay exact.
+package lua
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed setup.lua
+	setupSrc string
+	//go:embed load.lua
+	loadSrc string
+	//go:embed open.lua
+	openSrc string
+	//go:embed claim.lua
+	claimSrc string
+	//go:embed audit.lua
+	auditSrc string
+
+	setupScript = redis.NewScript(setupSrc)
+	loadScript  = redis.NewScript(loadSrc)
+	openScript  = redis.NewScript(openSrc)
+	claimScript = redis.NewScript(claimSrc)
+	auditScript = redis.NewScript(auditSrc)
+)
+
+// ErrSpecMismatch is returned by Setup when the sub-pool exists with another
+// count or total.
+var ErrSpecMismatch = errors.New("lua: sub-pool exists with a different spec")
+
+// Client is what the wrappers need of a shard: *redis.Client satisfies it.
+type Client = redis.Scripter
+
+// SubPool names sub-pool Index of pool Pool.
+type SubPool struct {
+	Pool  string
+	Index int
+}
+
+// Keys are the Redis keys of one sub-pool.
+type Keys struct {
+	Meta      string // hash: spec, state, counters
+	Stock     string // list: pre-split amounts
+	Grants    string // hash: user -> "state:amount:serial:deadline_ms"
+	Deadlines string // zset: user by deadline_ms
+	Outbox    string // stream: grants for settlement
+}
+
+// Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
+func (s SubPool) Tag() string { return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "}" }
+
+// Keys builds the sub-pool's keys; they all carry Tag.
+func (s SubPool) Keys() Keys {
+	p := "rain:" + s.Tag() + ":"
+	return Keys{
+		Meta:      p + "meta",
+		Stock:     p + "stock",
+		Grants:    p + "grants",
+		Deadlines: p + "deadlines",
+		Outbox:    p + "outbox",
+	}
+}
+
+// Window is a sub-pool's grab rules, in the shard's milliseconds.
+type Window struct {
+	HoldMS, StartsMS, EndsMS int64 // StartsMS and EndsMS 0 mean none
+}
+
+// Setup creates the sub-pool's meta record, or checks the existing one has
+// the same count and cents. It returns the sub-pool's state ("loading" or
+// "open") and the next batch Load expects.
+func Setup(ctx context.Context, c Client, sp SubPool, count, cents int64, w Window) (state string, nextBatch int64, err error) {
+	k := sp.Keys()
+	res, err := setupScript.Run(ctx, c, []string{k.Meta},
+		sp.Pool, sp.Index, count, cents, w.HoldMS, w.StartsMS, w.EndsMS).Slice()
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "RAINSPEC") {
+			return "", 0, fmt.Errorf("%w: %s", ErrSpecMismatch, strings.TrimPrefix(err.Error(), "RAINSPEC "))
+		}
+		return "", 0, fmt.Errorf("setup %s: %w", sp.Tag(), err)
+	}
+	return str(res, 0), integer(res, 1), nil
+}
+
+// LoadResult says what Load did with a batch.
+type LoadResult string
+
+// Load results.
+const (
+	Loaded  LoadResult = "loaded"  // appended
+	Skipped LoadResult = "skipped" // not the next batch: already in, or out of order
+	Open    LoadResult = "open"    // the sub-pool is open; nothing appended
+)
+
+// LoadCmd queues batch number batch of amounts on pipe; its result is read
+// with ParseLoad after the pipeline runs. Batches apply in order, once each.
+// The pipeline sends EVALSHA; the caller must have loaded the script (see
+// LoadScripts) on the shard first.
+func LoadCmd(ctx context.Context, pipe redis.Pipeliner, sp SubPool, batch int64, amounts []int64) *redis.Cmd {
+	k := sp.Keys()
+	args := make([]any, 0, len(amounts)+1)
+	args = append(args, batch)
+	for _, a := range amounts {
+		args = append(args, a)
+	}
+	return loadScript.EvalSha(ctx, pipe, []string{k.Meta, k.Stock}, args...)
+}
+
+// ParseLoad reads the result of a LoadCmd.
+func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return "", 0, err
+	}
+	return LoadResult(str(res, 0)), integer(res, 1), nil
+}
+
+// LoadScripts loads every script into c's script cache, so that pipelined
+// EVALSHA finds them.
+func LoadScripts(ctx context.Context, c Client) error {
+	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript} {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("script load: %w", err)
+		}
+	}
+	return nil
+}
+
+// OpenSubPool opens the sub-pool if its stock is complete; if not, it says
+// what the stock holds.
+func OpenSubPool(ctx context.Context, c Client, sp SubPool) (opened bool, stockCount, stockCents int64, err error) {
+	res, err := openScript.Run(ctx, c, []string{sp.Keys().Meta}).Slice()
+	if err != nil {
+		return false, 0, 0, fmt.Errorf("open %s: %w", sp.Tag(), err)
+	}
+	if str(res, 0) == "open" {
+		return true, 0, 0, nil
+	}
+	return false, integer(res, 1), integer(res, 2), nil
+}
+
+// Outcome is the result of a claim.
+type Outcome uint8
+
+// Claim outcomes.
+const (
+	Granted    Outcome = iota + 1 // a new grant
+	Already                       // the user's existing grant
+	Empty                         // no stock left in this sub-pool
+	NotStarted                    // before the window; Claim.Wait says how long
+	Ended                         // after the window
+	Closed                        // the sub-pool is not open
+)
+
+// Claim is a claim's answer. Amount, Serial and DeadlineMS are set for
+// Granted and Already; WaitMS for NotStarted.
+type Claim struct {
+	Outcome    Outcome
+	Amount     int64
+	Serial     int64
+	DeadlineMS int64
+	WaitMS     int64
+}
+
+// ClaimGrant runs the claim script: the user's grant in the sub-pool if they
+// hold one, else a new one with serial, popped from the stock. One round trip.
+func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64) (Claim, error) {
+	res, err := claimScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, user, serial).Slice()
+	if err != nil {
+		return Claim{}, err
+	}
+	switch str(res, 0) {
+	case "granted":
+		return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "already":
+		return Claim{Outcome: Already, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "empty":
+		return Claim{Outcome: Empty}, nil
+	case "not_started":
+		return Claim{Outcome: NotStarted, WaitMS: integer(res, 1)}, nil
+	case "ended":
+		return Claim{Outcome: Ended}, nil
+	case "closed":
+		return Claim{Outcome: Closed}, nil
+	}
+	return Claim{}, fmt.Errorf("claim: unexpected reply %v", res)
+}
+
+// Audit is one sub-pool read whole: the meta counters beside recounts of the
+// stock list and the grants hash.
+type Audit struct {
+	Found                                 bool
+	State                                 string
+	Count, Cents                          int64 // what it was preloaded with
+	StockCount, StockCents                int64 // meta counters
+	ListLen, ListSum                      int64 // recount of the stock list
+	HeldCount, HeldCents                  int64 // meta counters
+	GrantsHeld, GrantsHeldCents           int64 // recount of held grants
+	ConfirmedCount, ConfirmedCents        int64
+	GrantsConfirmed, GrantsConfirmedCents int64
+	ReleasedCount, ReleasedCents          int64
+	GrantsReleased                        int64
+	Deadlines                             int64 // entries in the deadline index
+	DuplicateSerials                      int64
+	BadRecords                            int64
+}
+
+// AuditSubPool reads the sub-pool whole, atomically.
+func AuditSubPool(ctx context.Context, c Client, sp SubPool) (Audit, error) {
+	k := sp.Keys()
+	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines}).Slice()
+	if err != nil {
+		return Audit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
+	}
+	if integer(res, 0) == 0 {
+		return Audit{}, nil
+	}
+	n := func(i int) int64 { return integer(res, i) }
+	return Audit{
+		Found: true, State: str(res, 1), Count: n(2), Cents: n(3),
+		StockCount: n(4), StockCents: n(5), ListLen: n(6), ListSum: n(7),
+		HeldCount: n(8), HeldCents: n(9), GrantsHeld: n(10), GrantsHeldCents: n(11),
+		ConfirmedCount: n(12), ConfirmedCents: n(13), GrantsConfirmed: n(14), GrantsConfirmedCents: n(15),
+		ReleasedCount: n(16), ReleasedCents: n(17), GrantsReleased: n(18),
+		Deadlines: n(19), DuplicateSerials: n(20), BadRecords: n(21),
+	}, nil
+}
+
+func str(res []any, i int) string {
+	if i < len(res) {
+		if s, ok := res[i].(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+func integer(res []any, i int) int64 {
+	if i < len(res) {
+		if n, ok := res[i].(int64); ok {
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,182 @@
+package shard
+
+// This file owns the shard spec: its text form "name=weight@host:port", the
+// rules a spec must meet, and the parser for the comma-separated list the
+// operator gives on the command line.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Limits on the parts of a spec.
+const (
+	MaxNameLen = 64   // names are 1–MaxNameLen bytes of [A-Za-z0-9_.-]
+	MaxWeight  = 1000 // weights are integers 1–MaxWeight
+)
+
+// Spec names one shard: the ring places keys by Name and Weight; Addr is only
+// where the shard's Redis listens, so moving a shard to a new address moves no
+// keys.
+type Spec struct {
+	Name   string // 1–MaxNameLen bytes of [A-Za-z0-9_.-], unique within a ring
+	Weight int    // 1–MaxWeight; a shard's share of keys is Weight / Σ Weight
+	Addr   string // host:port, kept as written
+}
+
+// String formats s as "name=weight@host:port", the form ParseSpecs reads.
+func (s Spec) String() string {
+	return s.Name + "=" + strconv.Itoa(s.Weight) + "@" + s.Addr
+}
+
+// ParseSpecs parses a comma-separated list of "name=weight@host:port" items,
+// for example "s1=1@127.0.0.1:7001,s2=2@127.0.0.1:7002". Spaces around an item
+// are ignored; an empty item (as from a trailing comma) is an error. Names must
+// be unique. The specs are returned in the order written.
+//
+// Every error names the offending item and says what is wrong with it.
+func ParseSpecs(s string) ([]Spec, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("shard specs: none given (want name=weight@host:port,...)")
+	}
+	items := strings.Split(s, ",")
+	specs := make([]Spec, 0, len(items))
+	seen := make(map[string]bool, len(items))
+	for i, item := range items {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, fmt.Errorf("shard spec %d of %d: empty (stray comma?)", i+1, len(items))
+		}
+		sp, err := parseSpec(item)
+		if err != nil {
+			return nil, fmt.Errorf("shard spec %q: %w", item, err)
+		}
+		if seen[sp.Name] {
+			return nil, fmt.Errorf("shard spec %q: duplicate name %q", item, sp.Name)
+		}
+		seen[sp.Name] = true
+		specs = append(specs, sp)
+	}
+	return specs, nil
+}
+
+// parseSpec parses one trimmed item. Name and weight contain neither '=' nor
+// '@', so splitting at the first of each is unambiguous; whatever follows the
+// first '@' is the address.
+func parseSpec(item string) (Spec, error) {
+	name, rest, ok := strings.Cut(item, "=")
+	if !ok {
+		return Spec{}, errors.New(`missing "=" after the name (want name=weight@host:port)`)
+	}
+	weight, addr, ok := strings.Cut(rest, "@")
+	if !ok {
+		return Spec{}, errors.New(`missing "@" after the weight (want name=weight@host:port)`)
+	}
+	if err := checkName(name); err != nil {
+		return Spec{}, err
+	}
+	w, err := parseWeight(weight)
+	if err != nil {
+		return Spec{}, err
+	}
+	if err := checkAddr(addr); err != nil {
+		return Spec{}, err
+	}
+	return Spec{Name: name, Weight: w, Addr: addr}, nil
+}
+
+// validate checks s against the rules ParseSpecs enforces, for specs built in
+// code rather than parsed.
+func (s Spec) validate() error {
+	if err := checkName(s.Name); err != nil {
+		return err
+	}
+	if s.Weight < 1 || s.Weight > MaxWeight {
+		return fmt.Errorf("weight %d out of range 1-%d", s.Weight, MaxWeight)
+	}
+	return checkAddr(s.Addr)
+}
+
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("empty name")
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("name is %d bytes, longer than %d", len(name), MaxNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		if !isNameByte(name[i]) {
+			return fmt.Errorf("name %q: byte %q not allowed (want A-Z a-z 0-9 _ . -)", name, name[i])
+		}
+	}
+	return nil
+}
+
+func isNameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '_' || c == '.' || c == '-'
+}
+
+// parseWeight accepts only plain decimal digits without a leading zero, so
+// every weight has one spelling and String round-trips exactly.
+func parseWeight(s string) (int, error) {
+	if s == "" {
+		return 0, errors.New("empty weight")
+	}
+	if !allDigits(s) {
+		return 0, fmt.Errorf("weight %q is not a decimal integer", s)
+	}
+	if len(s) > 1 && s[0] == '0' {
+		return 0, fmt.Errorf("weight %q has a leading zero", s)
+	}
+	if len(s) > len(strconv.Itoa(MaxWeight)) {
+		return 0, fmt.Errorf("weight %s out of range 1-%d", s, MaxWeight)
+	}
+	w, _ := strconv.Atoi(s) // cannot fail: at most 4 digits
+	if w < 1 || w > MaxWeight {
+		return 0, fmt.Errorf("weight %d out of range 1-%d", w, MaxWeight)
+	}
+	return w, nil
+}
+
+// checkAddr accepts host:port as net.SplitHostPort reads it (IPv6 hosts in
+// brackets), with a non-empty host of hostname or IP characters and a decimal
+// port 1–65535 without a leading zero.
+func checkAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("bad address: %w", err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q: empty host", addr)
+	}
+	for i := 0; i < len(host); i++ {
+		if c := host[i]; !isNameByte(c) && c != ':' && c != '%' {
+			return fmt.Errorf("address %q: byte %q not allowed in host", addr, c)
+		}
+	}
+	switch {
+	case port == "":
+		return fmt.Errorf("address %q: empty port", addr)
+	case !allDigits(port):
+		return fmt.Errorf("address %q: port %q is not a decimal number", addr, port)
+	case len(port) > 1 && port[0] == '0':
+		return fmt.Errorf("address %q: port %q has a leading zero", addr, port)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("address %q: port %s out of range 1-65535", addr, port)
+	}
+	return nil
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}

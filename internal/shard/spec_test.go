@@ -1,0 +1,205 @@
+package shard
+
+import (
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestParseSpecs(t *testing.T) {
+	name64 := strings.Repeat("n", 64)
+	tests := []struct {
+		name string
+		in   string
+		want []Spec
+	}{
+		{"two", "s1=1@127.0.0.1:7001,s2=2@127.0.0.1:7002", []Spec{
+			{"s1", 1, "127.0.0.1:7001"}, {"s2", 2, "127.0.0.1:7002"},
+		}},
+		{"spaces around items", " s1=1@h:1 ,\ts2=1000@redis-2.internal:6379\n", []Spec{
+			{"s1", 1, "h:1"}, {"s2", 1000, "redis-2.internal:6379"},
+		}},
+		{"order kept", "b=1@h:2,a=1@h:1", []Spec{{"b", 1, "h:2"}, {"a", 1, "h:1"}}},
+		{"all name bytes", "a_b.c-D9=7@host:65535", []Spec{{"a_b.c-D9", 7, "host:65535"}}},
+		{"64-byte name", name64 + "=1@h:1", []Spec{{name64, 1, "h:1"}}},
+		{"ipv6", "s1=1@[::1]:6379", []Spec{{"s1", 1, "[::1]:6379"}}},
+		{"ipv6 zone", "s1=1@[fe80::1%eth0]:6379", []Spec{{"s1", 1, "[fe80::1%eth0]:6379"}}},
+		{"port 1", "s1=1@h:1", []Spec{{"s1", 1, "h:1"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseSpecs(tt.in)
+			if err != nil {
+				t.Fatalf("ParseSpecs(%q) error: %v", tt.in, err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("ParseSpecs(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseSpecsErrors(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // the whole error message, or its part after `...: ` when prefix
+	}{
+		{"", "shard specs: none given (want name=weight@host:port,...)"},
+		{" \t", "shard specs: none given (want name=weight@host:port,...)"},
+		{"s1=1@h:1,", "shard spec 2 of 2: empty (stray comma?)"},
+		{",s1=1@h:1", "shard spec 1 of 2: empty (stray comma?)"},
+		{"s1=1@h:1, ,s2=1@h:2", "shard spec 2 of 3: empty (stray comma?)"},
+		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
+		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
+		{"s1@h:1=1", `shard spec "s1@h:1=1": missing "@" after the weight (want name=weight@host:port)`},
+		{"=1@h:1", `shard spec "=1@h:1": empty name`},
+		{"s 1=1@h:1", `shard spec "s 1=1@h:1": name "s 1": byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
+		{"s#1=1@h:1", `shard spec "s#1=1@h:1": name "s#1": byte '#' not allowed (want A-Z a-z 0-9 _ . -)`},
+		{strings.Repeat("n", 65) + "=1@h:1", `name is 65 bytes, longer than 64`},
+		{"s1=0@h:1", `shard spec "s1=0@h:1": weight 0 out of range 1-1000`},
+		{"s1=1001@h:1", `shard spec "s1=1001@h:1": weight 1001 out of range 1-1000`},
+		{"s1=99999999999999999999@h:1", `weight 99999999999999999999 out of range 1-1000`},
+		{"s1=@h:1", `shard spec "s1=@h:1": empty weight`},
+		{"s1=-1@h:1", `weight "-1" is not a decimal integer`},
+		{"s1=+1@h:1", `weight "+1" is not a decimal integer`},
+		{"s1= 1@h:1", `weight " 1" is not a decimal integer`},
+		{"s1=1 @h:1", `weight "1 " is not a decimal integer`},
+		{"s1=1.5@h:1", `weight "1.5" is not a decimal integer`},
+		{"s1=0x10@h:1", `weight "0x10" is not a decimal integer`},
+		{"s1=01@h:1", `weight "01" has a leading zero`},
+		{"s1=1@h", `shard spec "s1=1@h": bad address: address h: missing port in address`},
+		{"s1=1@", `bad address: missing port in address`},
+		{"s1=1@::1:6379", `bad address: address ::1:6379: too many colons in address`},
+		{"s1=1@:6379", `shard spec "s1=1@:6379": address ":6379": empty host`},
+		{"s1=1@[]:6379", `address "[]:6379": empty host`},
+		{"s1=1@h:", `address "h:": empty port`},
+		{"s1=1@h:0", `address "h:0": port 0 out of range 1-65535`},
+		{"s1=1@h:65536", `address "h:65536": port 65536 out of range 1-65535`},
+		{"s1=1@h:99999999999999999999999", `port 99999999999999999999999 out of range 1-65535`},
+		{"s1=1@h:http", `address "h:http": port "http" is not a decimal number`},
+		{"s1=1@h:-1", `port "-1" is not a decimal number`},
+		{"s1=1@h:+1", `port "+1" is not a decimal number`},
+		{"s1=1@h:080", `port "080" has a leading zero`},
+		{"s1=1@h h:1", `address "h h:1": byte ' ' not allowed in host`},
+		{"s1=1@ h:1,s2=1@h:2", `shard spec "s1=1@ h:1": address " h:1": byte ' ' not allowed in host`},
+		{"s1=1@a@b:1", `address "a@b:1": byte '@' not allowed in host`},
+		{"s1=1@h:1,s1=2@h:2", `shard spec "s1=2@h:2": duplicate name "s1"`},
+		{"s1=1@h:1,s2=1@h:2,s1=1@h:1", `shard spec "s1=1@h:1": duplicate name "s1"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseSpecs(tt.in)
+			if err == nil {
+				t.Fatalf("ParseSpecs(%q) = %v, want error %q", tt.in, got, tt.want)
+			}
+			if msg := err.Error(); msg != tt.want && !strings.HasSuffix(msg, ": "+tt.want) {
+				t.Fatalf("ParseSpecs(%q) error %q, want %q", tt.in, msg, tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), "shard spec") {
+				t.Fatalf("ParseSpecs(%q) error %q does not start with %q", tt.in, err, "shard spec")
+			}
+		})
+	}
+}
+
+func TestSpecString(t *testing.T) {
+	tests := []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{"s1", 2, "10.0.0.5:6379"}, "s1=2@10.0.0.5:6379"},
+		{Spec{"a.b", 1000, "[::1]:1"}, "a.b=1000@[::1]:1"},
+	}
+	for _, tt := range tests {
+		if got := tt.spec.String(); got != tt.want {
+			t.Errorf("%#v.String() = %q, want %q", tt.spec, got, tt.want)
+		}
+		got, err := ParseSpecs(tt.spec.String())
+		if err != nil || len(got) != 1 || got[0] != tt.spec {
+			t.Errorf("ParseSpecs(%q) = %v, %v, want [%v]", tt.spec.String(), got, err, tt.spec)
+		}
+	}
+}
+
+func FuzzParseShards(f *testing.F) {
+	for _, s := range []string{
+		"s1=1@127.0.0.1:7001,s2=2@127.0.0.1:7002",
+		" s1=1@h:1 , s2=1000@redis-2.internal:6379 ",
+		"a_b.c-D9=7@[::1]:6379",
+		"x=1@[fe80::1%eth0]:65535",
+		"s1=0@h:1", "s1=01@h:1", "s1=+1@h:1", "s1=1@h:0", "s1=1@h:080",
+		"s1=1@h:1,", ",", "", "s1", "s1=1", "=@:", "s1=1@h:1,s1=1@h:1",
+		"s1=1@a@b:1", "s1=1@::1:6379", "s1=1@[]:1", "s1=1@h:99999999999",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		specs, err := ParseSpecs(s)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "shard spec") {
+				t.Fatalf("ParseSpecs(%q) error %q does not start with %q", s, err, "shard spec")
+			}
+			return
+		}
+		if len(specs) == 0 {
+			t.Fatalf("ParseSpecs(%q) = no specs and no error", s)
+		}
+		if n := strings.Count(s, ",") + 1; len(specs) != n {
+			t.Fatalf("ParseSpecs(%q) = %d specs, want %d (one per item)", s, len(specs), n)
+		}
+		seen := make(map[string]bool)
+		texts := make([]string, len(specs))
+		for i, sp := range specs {
+			if why := breaksRules(sp); why != "" {
+				t.Fatalf("ParseSpecs(%q) gave %#v: %s", s, sp, why)
+			}
+			if seen[sp.Name] {
+				t.Fatalf("ParseSpecs(%q) gave name %q twice", s, sp.Name)
+			}
+			seen[sp.Name] = true
+			texts[i] = sp.String()
+		}
+		joined := strings.Join(texts, ",")
+		again, err := ParseSpecs(joined)
+		if err != nil {
+			t.Fatalf("ParseSpecs(%q) (reformatted from %q) error: %v", joined, s, err)
+		}
+		if !slices.Equal(again, specs) {
+			t.Fatalf("ParseSpecs(%q) = %v, want %v (as parsed from %q)", joined, again, specs, s)
+		}
+		if _, err := NewRing(specs, 1); err != nil {
+			t.Fatalf("NewRing(ParseSpecs(%q)) error: %v", s, err)
+		}
+	})
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// breaksRules checks sp against the spec rules, written out independently of
+// the parser; it returns what is wrong, or "".
+func breaksRules(sp Spec) string {
+	if !nameRE.MatchString(sp.Name) {
+		return "bad name"
+	}
+	if sp.Weight < 1 || sp.Weight > 1000 {
+		return "weight out of range"
+	}
+	host, port, err := net.SplitHostPort(sp.Addr)
+	if err != nil {
+		return "address: " + err.Error()
+	}
+	if host == "" || strings.ContainsAny(host, " \t\r\n,@=") {
+		return "bad host"
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
+		return "bad port"
+	}
+	if strings.TrimSpace(sp.Addr) != sp.Addr {
+		return "address not trimmed"
+	}
+	return ""
+}

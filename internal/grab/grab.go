@@ -1,0 +1,169 @@
+package grab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/lua"
+	"rain/internal/shard"
+)
+
+// Serials hands out grant serials (internal/idgen's Generator).
+type Serials interface {
+	Next(ctx context.Context) (int64, error)
+}
+
+// Service grabs from, preloads, reports on and audits pools.
+type Service struct {
+	shards  *shard.Set
+	serials Serials
+
+	mu    sync.RWMutex     // guards pools
+	pools map[string]*pool // open pools; an open pool's record never changes
+
+	// afterTrip, when set (tests), runs after each pipelined round trip of a
+	// sub-pool's preload with the next batch it lacks; an error aborts the
+	// preload there, as a crash would.
+	afterTrip func(subPool int, nextBatch int64) error
+}
+
+// pool is what the grab path needs of an open pool, resolved once.
+type pool struct {
+	rec     *record
+	clients []*redis.Client // of sub-pool j
+	keys    []lua.Keys      // of sub-pool j
+}
+
+// New returns a service over shards, taking grant serials from serials.
+func New(shards *shard.Set, serials Serials) *Service {
+	return &Service{shards: shards, serials: serials, pools: map[string]*pool{}}
+}
+
+// Outcome is what a grab did.
+type Outcome uint8
+
+// Grab outcomes; the HTTP layer maps each to its status and code.
+const (
+	Granted        Outcome = iota + 1 // a new grant
+	AlreadyGranted                    // the user's first grant, again
+	SoldOut                           // no stock left
+	NotFound                          // no such pool
+	NotStarted                        // before the pool's start (or while it loads); see Result.RetryAfter
+	Ended                             // after the pool's end
+)
+
+// Result of a grab. Amount, Serial and ExpiresAt are set with a grant.
+type Result struct {
+	Outcome    Outcome
+	Amount     int64
+	Serial     int64
+	ExpiresAt  time.Time
+	RetryAfter time.Duration // NotStarted: until the start
+}
+
+// Grab claims a packet of poolID for userID, or returns the grant the user
+// already holds. Ids must be valid (ValidID). It returns ErrUnavailable when
+// a shard or the serial generator cannot answer; then nothing was granted.
+//
+// The common path is one script on one shard: the user's home sub-pool comes
+// from a hash of the user id, and dedup lives there.
+func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, error) {
+	p, err := s.pool(ctx, poolID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Result{Outcome: NotFound}, nil
+	case err != nil:
+		return Result{}, err
+	case p.rec.state != stateOpen:
+		return Result{Outcome: NotStarted, RetryAfter: time.Second}, nil
+	}
+	serial, err := s.serials.Next(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: serial: %w", ErrUnavailable, err)
+	}
+	j := int(xxhash.Sum64String(userID) % uint64(len(p.keys)))
+	c, err := lua.ClaimGrant(ctx, p.clients[j], &p.keys[j], userID, serial)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
+	}
+	switch c.Outcome {
+	case lua.Granted, lua.Already:
+		o := Granted
+		if c.Outcome == lua.Already {
+			o = AlreadyGranted
+		}
+		return Result{Outcome: o, Amount: c.Amount, Serial: c.Serial, ExpiresAt: time.UnixMilli(c.DeadlineMS).UTC()}, nil
+	case lua.Empty:
+		// Without spillover between sub-pools (K > 1 only when the operator
+		// asks), an empty home means sold out for this user.
+		return Result{Outcome: SoldOut}, nil
+	case lua.NotStarted:
+		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil
+	case lua.Ended:
+		return Result{Outcome: Ended}, nil
+	default: // lua.Closed: the sub-pool is still loading
+		return Result{Outcome: NotStarted, RetryAfter: time.Second}, nil
+	}
+}
+
+// pool returns the pool's grab-path view, from the cache when it is open.
+// A pool that is not open yet is read again on every call.
+func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
+	s.mu.RLock()
+	p := s.pools[id]
+	s.mu.RUnlock()
+	if p != nil {
+		return p, nil
+	}
+	rec, err := s.findRecord(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	p = &pool{rec: rec}
+	for j, name := range rec.placement {
+		c := s.shards.Client(name)
+		if c == nil {
+			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, id, j, name)
+		}
+		p.clients = append(p.clients, c)
+		p.keys = append(p.keys, lua.SubPool{Pool: id, Index: j}.Keys())
+	}
+	if rec.state == stateOpen {
+		s.mu.Lock()
+		s.pools[id] = p
+		s.mu.Unlock()
+	}
+	return p, nil
+}
+
+// findRecord reads the pool's record from the shards, arbiter first, and
+// returns the first found. ErrNotFound when no shard that answered has it;
+// ErrUnavailable when none has it and some did not answer.
+func (s *Service) findRecord(ctx context.Context, id string) (*record, error) {
+	var down []error
+	for _, name := range s.shards.Names() {
+		m, err := s.shards.Client(name).HGetAll(ctx, recordKey(id)).Result()
+		if err != nil {
+			down = append(down, fmt.Errorf("shard %s: %w", name, err))
+			continue
+		}
+		if len(m) > 0 {
+			return parseRecord(m)
+		}
+	}
+	if len(down) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
+	}
+	return nil, ErrNotFound
+}
+
+// client is the shard client of the record's sub-pool j.
+func (s *Service) client(rec *record, j int) *redis.Client {
+	return s.shards.Client(rec.placement[j])
+}

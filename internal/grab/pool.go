@@ -1,0 +1,195 @@
+// Package grab is rain's grab service: pools are preloaded into sub-pools on
+// the shards, users grab from them, operators read their status and audit
+// them. HTTP lives elsewhere (internal/api); this package speaks in domain
+// values and sentinel errors.
+//
+// A pool's record (spec, seed of its split, placement of its sub-pools, state)
+// is stored under rain:{P}:pool on every shard that exists when it is
+// preloaded, so a later change of the ring never strands it: the placement is
+// read back, never recomputed. Sub-pool j lives on the shard its placement
+// names, under keys tagged {P:j} (see internal/lua).
+package grab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"rain/internal/lua"
+	"rain/internal/split"
+)
+
+// Errors callers match. The HTTP layer turns them into status codes.
+var (
+	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
+	ErrInvalid = errors.New("invalid")
+	// ErrConflict is returned when a pool id exists with a different spec.
+	ErrConflict = errors.New("pool exists with a different spec")
+	// ErrNotFound is returned for a pool that does not exist.
+	ErrNotFound = errors.New("no such pool")
+	// ErrUnavailable is returned when a shard or the serial generator cannot
+	// answer: nothing was granted.
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// Limits of a pool spec.
+const (
+	MaxIDLen = 64
+	// MaxTotalCents keeps every sum exact in Lua, whose numbers are doubles
+	// (exact to 2^53 ≈ 9e15).
+	MaxTotalCents = 1_000_000_000_000_000
+	// MaxSubPools bounds the sub-pools of one pool.
+	MaxSubPools = 1024
+	// DefaultHoldSeconds is how long a grant waits for confirmation by default.
+	DefaultHoldSeconds = 600
+	// MaxHoldSeconds bounds hold_seconds (30 days).
+	MaxHoldSeconds = 30 * 24 * 3600
+)
+
+// ValidID reports whether s is a valid pool or user id: 1–64 characters from
+// A-Z a-z 0-9 _ - . : (ids end up inside Redis keys).
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > MaxIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '_', c == '-', c == '.', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Spec is an operator's pool, as POST /admin/pools takes it.
+type Spec struct {
+	PoolID      string     `json:"pool_id"`
+	TotalCents  int64      `json:"total_cents"`
+	Count       int64      `json:"count"`
+	MinCents    int64      `json:"min_cents"`    // 0 = 1 cent
+	MaxCents    int64      `json:"max_cents"`    // 0 = no maximum
+	SubPools    int        `json:"sub_pools"`    // 0 = chosen by rain
+	StartsAt    *time.Time `json:"starts_at"`    // nil = open at once
+	EndsAt      *time.Time `json:"ends_at"`      // nil = no end
+	HoldSeconds int64      `json:"hold_seconds"` // 0 = DefaultHoldSeconds
+}
+
+// Normalize fills defaults and validates. Every error wraps ErrInvalid with a
+// reason fit for the caller.
+func (s Spec) Normalize() (Spec, error) {
+	if !ValidID(s.PoolID) {
+		return s, fmt.Errorf("%w: pool_id %q must be 1-64 characters from A-Z a-z 0-9 _ - . :", ErrInvalid, s.PoolID)
+	}
+	if s.MinCents == 0 {
+		s.MinCents = 1
+	}
+	if s.HoldSeconds == 0 {
+		s.HoldSeconds = DefaultHoldSeconds
+	}
+	sp := split.Spec{TotalCents: s.TotalCents, Count: s.Count, MinCents: s.MinCents, MaxCents: s.MaxCents}
+	if err := sp.Validate(); err != nil {
+		return s, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), "split: impossible spec: "))
+	}
+	switch {
+	case s.TotalCents > MaxTotalCents:
+		return s, fmt.Errorf("%w: total_cents %d is more than the limit %d", ErrInvalid, s.TotalCents, int64(MaxTotalCents))
+	case s.SubPools < 0 || s.SubPools > MaxSubPools:
+		return s, fmt.Errorf("%w: sub_pools %d is not within 0-%d", ErrInvalid, s.SubPools, MaxSubPools)
+	case int64(s.SubPools) > s.Count:
+		return s, fmt.Errorf("%w: sub_pools %d is more than count %d", ErrInvalid, s.SubPools, s.Count)
+	case s.HoldSeconds < 0 || s.HoldSeconds > MaxHoldSeconds:
+		return s, fmt.Errorf("%w: hold_seconds %d is not within 1-%d", ErrInvalid, s.HoldSeconds, MaxHoldSeconds)
+	case s.StartsAt != nil && s.EndsAt != nil && !s.EndsAt.After(*s.StartsAt):
+		return s, fmt.Errorf("%w: ends_at must be after starts_at", ErrInvalid)
+	}
+	// Times are kept to the millisecond in UTC, as the shards compare them.
+	for _, t := range []**time.Time{&s.StartsAt, &s.EndsAt} {
+		if *t != nil {
+			if (*t).UnixMilli() <= 0 {
+				return s, fmt.Errorf("%w: times must be after 1970", ErrInvalid)
+			}
+			u := time.UnixMilli((*t).UnixMilli()).UTC()
+			*t = &u
+		}
+	}
+	return s, nil
+}
+
+// canonical is the normalized spec as stored; two preloads are "the same"
+// when their canonical forms are equal.
+func (s Spec) canonical() string {
+	b, _ := json.Marshal(s) // a struct of plain fields cannot fail
+	return string(b)
+}
+
+func (s Spec) window() lua.Window {
+	w := lua.Window{HoldMS: s.HoldSeconds * 1000}
+	if s.StartsAt != nil {
+		w.StartsMS = s.StartsAt.UnixMilli()
+	}
+	if s.EndsAt != nil {
+		w.EndsMS = s.EndsAt.UnixMilli()
+	}
+	return w
+}
+
+// Pool states, as stored in the pool record.
+const (
+	stateLoading = "loading"
+	stateOpen    = "open"
+)
+
+// record is a pool as stored under rain:{P}:pool.
+type record struct {
+	spec      Spec
+	specJSON  string
+	seed      uint64
+	placement []string // shard name of sub-pool j
+	state     string
+}
+
+func recordKey(pool string) string { return "rain:{" + pool + "}:pool" }
+
+// registryKey lists every pool id on a shard.
+const registryKey = "rain:pools"
+
+func parseRecord(m map[string]string) (*record, error) {
+	r := &record{specJSON: m["spec"], state: m["state"]}
+	if err := json.Unmarshal([]byte(r.specJSON), &r.spec); err != nil {
+		return nil, fmt.Errorf("pool record: spec: %w", err)
+	}
+	seed, err := strconv.ParseUint(m["seed"], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("pool record: seed: %w", err)
+	}
+	r.seed = seed
+	if m["placement"] == "" {
+		return nil, errors.New("pool record: no placement")
+	}
+	r.placement = strings.Split(m["placement"], ",")
+	return r, nil
+}
+
+// subPoolCounts splits count packets over k sub-pools: the first count%k get
+// one more.
+func subPoolCounts(count int64, k int) []int64 {
+	out := make([]int64, k)
+	for j := range out {
+		out[j] = count / int64(k)
+		if int64(j) < count%int64(k) {
+			out[j]++
+		}
+	}
+	return out
+}
+
+// autoSubPools is K when the operator leaves sub_pools at 0. Until sibling
+// spillover lands, a user can only grab from their home sub-pool, so rain
+// keeps a pool whole: K = 1.
+func autoSubPools(count int64, shards int) int { return 1 }

@@ -1,0 +1,340 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"rain/internal/api"
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/shard"
+)
+
+const usage = `usage: rain <command> [flags]
+
+commands:
+  serve     run the service (POST /grab and the operator API)
+  preload   load a pool of red packets
+  audit     check a pool's conservation; exits non-zero on a problem
+
+Every flag can also be set by the environment variable named in its help.
+Run "rain <command> -h" for a command's flags.`
+
+// run is main without the process: it returns an error instead of exiting.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], getenv, stderr)
+	case "preload":
+		return preload(ctx, args[1:], getenv, stdout, stderr)
+	case "audit":
+		return audit(ctx, args[1:], getenv, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
+	fmt.Fprintln(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// flags is a FlagSet whose flags also read an environment variable.
+type flags struct {
+	*flag.FlagSet
+	env map[string]string // flag name -> env var
+}
+
+func newFlags(name string, stderr io.Writer) *flags {
+	fs := flag.NewFlagSet("rain "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return &flags{FlagSet: fs, env: map[string]string{}}
+}
+
+// bindEnv notes that flag name also reads env var; help says so.
+func (f *flags) bindEnv(name, env string) {
+	f.env[name] = env
+	fl := f.Lookup(name)
+	fl.Usage += " [" + env + "]"
+}
+
+// parse sets flags from the environment, then from args, which win.
+func (f *flags) parse(args []string, getenv func(string) string) error {
+	for name, env := range f.env {
+		if v := getenv(env); v != "" {
+			if err := f.Set(name, v); err != nil {
+				return fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+		}
+	}
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", f.Args())
+	}
+	return nil
+}
+
+// serveConfig is everything `rain serve` takes.
+type serveConfig struct {
+	Listen          string
+	Redis           string
+	AdminToken      string
+	SerialShard     string
+	ShutdownTimeout time.Duration
+	LogLevel        string
+}
+
+func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
+	c := &serveConfig{}
+	f := newFlags("serve", stderr)
+	f.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to serve HTTP on")
+	f.StringVar(&c.Redis, "redis", "", "shards as name=weight@host:port, comma-separated; empty runs embedded in-memory shards (trying out only)")
+	f.StringVar(&c.AdminToken, "admin-token", "", "bearer token of the operator endpoints (generated and printed when running embedded)")
+	f.StringVar(&c.SerialShard, "serial-shard", "", "shard that holds the grant serial counter (default: the first in --redis); keep it when the shard list changes")
+	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
+	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	f.bindEnv("listen", "RAIN_LISTEN")
+	f.bindEnv("redis", "RAIN_REDIS")
+	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
+	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
+	f.bindEnv("shutdown-timeout", "RAIN_SHUTDOWN_TIMEOUT")
+	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
+	return f, c
+}
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	f, c := serveFlags(stderr)
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	specs, stopEmbedded, err := shardSpecs(c.Redis)
+	if err != nil {
+		return err
+	}
+	defer stopEmbedded()
+	if c.Redis == "" {
+		log.Warn("running on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit")
+		if c.AdminToken == "" {
+			c.AdminToken = newToken()
+		}
+		log.Info("admin token for this run", "admin_token", c.AdminToken)
+	} else if c.AdminToken == "" {
+		return errors.New("--admin-token (RAIN_ADMIN_TOKEN) is required with --redis")
+	}
+
+	set, err := shard.Open(specs, 0, shard.Options{})
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	serialShard := c.SerialShard
+	if serialShard == "" {
+		serialShard = specs[0].Name
+	}
+	if set.Client(serialShard) == nil {
+		return fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
+	}
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(serialShard), "rain:serial"), idgen.Config{})
+	if err != nil {
+		return err
+	}
+	defer gen.Close()
+
+	svc := grab.New(set, gen)
+	handler := api.New(api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log})
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("serving", "addr", ln.Addr().String(), "shards", len(specs), "serial_shard", serialShard)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// Shutdown order: stop taking requests and let in-flight grabs finish
+	// (each is one atomic script: none is left half done), then the deferred
+	// closes stop the serial loader and the shard clients.
+	log.Info("shutting down", "timeout", c.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// shardSpecs parses --redis, or starts 4 embedded in-memory shards when it
+// is empty. stop closes what was started.
+func shardSpecs(redis string) (specs []shard.Spec, stop func(), err error) {
+	if redis != "" {
+		specs, err = shard.ParseSpecs(redis)
+		return specs, func() {}, err
+	}
+	var mrs []*miniredis.Miniredis
+	stop = func() {
+		for _, m := range mrs {
+			m.Close()
+		}
+	}
+	for i := range 4 {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("embedded shard: %w", err)
+		}
+		mrs = append(mrs, m)
+		specs = append(specs, shard.Spec{Name: fmt.Sprintf("mem%d", i+1), Weight: 1, Addr: m.Addr()})
+	}
+	return specs, stop, nil
+}
+
+func newToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}
+
+// toolFlags are the flags shared by the operator tools.
+func toolFlags(name string, stderr io.Writer) (*flags, *string) {
+	f := newFlags(name, stderr)
+	redis := f.String("redis", "", "shards as name=weight@host:port, comma-separated (required)")
+	f.bindEnv("redis", "RAIN_REDIS")
+	return f, redis
+}
+
+func openTool(redis string) (*shard.Set, *grab.Service, error) {
+	if redis == "" {
+		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
+	}
+	specs, err := shard.ParseSpecs(redis)
+	if err != nil {
+		return nil, nil, err
+	}
+	set, err := shard.Open(specs, 0, shard.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	// The tools grant nothing, so they need no serials.
+	return set, grab.New(set, nil), nil
+}
+
+func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f, redis := toolFlags("preload", stderr)
+	var spec grab.Spec
+	var startsAt, endsAt string
+	f.StringVar(&spec.PoolID, "pool", "", "pool id (required)")
+	f.Int64Var(&spec.TotalCents, "total-cents", 0, "total of the pool in cents (required)")
+	f.Int64Var(&spec.Count, "count", 0, "number of packets (required)")
+	f.Int64Var(&spec.MinCents, "min-cents", 0, "smallest packet in cents (0 = 1)")
+	f.Int64Var(&spec.MaxCents, "max-cents", 0, "largest packet in cents (0 = no maximum)")
+	f.IntVar(&spec.SubPools, "sub-pools", 0, "number of sub-pools (0 = chosen by rain)")
+	f.StringVar(&startsAt, "starts-at", "", "RFC 3339 start time (empty = open at once)")
+	f.StringVar(&endsAt, "ends-at", "", "RFC 3339 end time (empty = no end)")
+	f.Int64Var(&spec.HoldSeconds, "hold-seconds", 0, "how long a grant waits for confirmation (0 = 600)")
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		flag string
+		in   string
+		out  **time.Time
+	}{{"--starts-at", startsAt, &spec.StartsAt}, {"--ends-at", endsAt, &spec.EndsAt}} {
+		if t.in == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339, t.in)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.flag, err)
+		}
+		*t.out = &v
+	}
+	set, svc, err := openTool(*redis)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	st, created, err := svc.Preload(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintf(stderr, "pool %s was already loaded with this spec\n", spec.PoolID)
+	}
+	return printJSON(stdout, st)
+}
+
+func audit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f, redis := toolFlags("audit", stderr)
+	pool := f.String("pool", "", "pool id (required)")
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	if !grab.ValidID(*pool) {
+		return fmt.Errorf("--pool %q: must be 1-64 characters from A-Z a-z 0-9 _ - . :", *pool)
+	}
+	set, svc, err := openTool(*redis)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	rep, err := svc.Audit(ctx, *pool)
+	if err != nil {
+		return err
+	}
+	if err := printJSON(stdout, rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		problems := make([]string, len(rep.Problems))
+		for i, p := range rep.Problems {
+			problems[i] = p.String()
+		}
+		return fmt.Errorf("audit of %s found %d problems: %s", *pool, len(rep.Problems), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,360 @@
+// Package api is rain's HTTP layer: the contract of shared/API.md, and the one
+// place where domain results and errors become status codes.
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"rain/internal/grab"
+)
+
+// MaxGrabBody is the largest POST /grab body accepted.
+const MaxGrabBody = 4 << 10
+
+// maxAdminBody bounds operator request bodies.
+const maxAdminBody = 64 << 10
+
+// Grabber is what the grab endpoint needs.
+type Grabber interface {
+	Grab(ctx context.Context, poolID, userID string) (grab.Result, error)
+}
+
+// Pools is what the operator endpoints need.
+type Pools interface {
+	Preload(ctx context.Context, spec grab.Spec) (*grab.Status, bool, error)
+	Status(ctx context.Context, id string) (*grab.Status, error)
+	Audit(ctx context.Context, id string) (*grab.Report, error)
+}
+
+// Config wires a Server. Every field is required but Logger (default: discard).
+type Config struct {
+	Grabber    Grabber
+	Pools      Pools
+	AdminToken string
+	// Ready reports whether every shard answers (GET /readyz).
+	Ready  func(ctx context.Context) error
+	Logger *slog.Logger
+}
+
+// Server serves rain's HTTP API. It is an http.Handler.
+type Server struct {
+	cfg     Config
+	mux     *http.ServeMux
+	token   []byte
+	metrics metrics
+}
+
+// New returns the API server.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), token: []byte(cfg.AdminToken)}
+	s.mux.HandleFunc("POST /grab", s.grab)
+	s.mux.HandleFunc("POST /admin/pools", s.admin(s.preload))
+	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
+	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Grab statuses of API.md, indexed for the metrics.
+type status int
+
+const (
+	stGranted status = iota
+	stAlreadyGranted
+	stSoldOut
+	stNotFound
+	stNotStarted
+	stEnded
+	stOverloaded
+	stInvalid
+	stError // not an API status: a 500, counted apart
+	nStatus
+)
+
+var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not_found",
+	"not_started", "ended", "overloaded", "invalid", "error"}
+
+var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 500}
+
+type metrics struct {
+	grabs [nStatus]atomic.Int64
+}
+
+// grabRequest is the POST /grab body.
+type grabRequest struct {
+	PoolID string `json:"pool_id"`
+	UserID string `json:"user_id"`
+}
+
+// errBodyTooLarge is returned by decodeGrab for a body over MaxGrabBody.
+var errBodyTooLarge = fmt.Errorf("body is larger than %d bytes", MaxGrabBody)
+
+// decodeGrab reads and validates a POST /grab body: one JSON object with
+// exactly the known fields, both ids valid, at most MaxGrabBody bytes.
+func decodeGrab(body io.Reader) (grabRequest, error) {
+	var req grabRequest
+	buf, err := io.ReadAll(io.LimitReader(body, MaxGrabBody+1))
+	if err != nil {
+		return req, fmt.Errorf("reading body: %w", err)
+	}
+	if len(buf) > MaxGrabBody {
+		return req, errBodyTooLarge
+	}
+	if err := decodeStrict(buf, &req); err != nil {
+		return req, err
+	}
+	switch {
+	case !grab.ValidID(req.PoolID):
+		return req, errors.New("pool_id must be 1-64 characters from A-Z a-z 0-9 _ - . :")
+	case !grab.ValidID(req.UserID):
+		return req, errors.New("user_id must be 1-64 characters from A-Z a-z 0-9 _ - . :")
+	}
+	return req, nil
+}
+
+// decodeStrict decodes exactly one JSON object with no unknown fields.
+func decodeStrict(buf []byte, v any) error {
+	if i := firstNonSpace(buf); i < 0 || buf[i] != '{' {
+		return errors.New("malformed JSON: the body must be an object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed JSON: %w", err)
+	}
+	if dec.More() {
+		return errors.New("malformed JSON: more than one value in the body")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("malformed JSON: trailing data after the object")
+	}
+	return nil
+}
+
+func firstNonSpace(b []byte) int {
+	for i, c := range b {
+		if c != ' ' && c != '\t' && c != '\r' && c != '\n' {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
+	req, err := decodeGrab(r.Body)
+	if err != nil {
+		s.metrics.grabs[stInvalid].Add(1)
+		writeJSON(w, http.StatusBadRequest, map[string]string{
+			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
+		return
+	}
+	res, err := s.cfg.Grabber.Grab(r.Context(), req.PoolID, req.UserID)
+	st := stError
+	switch {
+	case err == nil:
+		st = outcomeStatus(res.Outcome)
+	case errors.Is(err, grab.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		st = stOverloaded
+		res.RetryAfter = time.Second
+		s.cfg.Logger.Debug("grab unavailable", "pool_id", req.PoolID, "err", err)
+	default:
+		s.cfg.Logger.Error("grab failed", "pool_id", req.PoolID, "user_id", req.UserID, "err", err)
+	}
+	s.metrics.grabs[st].Add(1)
+	if st == stError {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{
+			"status": "error", "pool_id": req.PoolID, "user_id": req.UserID, "error": "internal error"})
+		return
+	}
+	if res.RetryAfter > 0 && (st == stNotStarted || st == stOverloaded) {
+		secs := int64((res.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(statusCodes[st])
+	_, _ = w.Write(appendGrab(make([]byte, 0, 192), st, req, res))
+}
+
+func outcomeStatus(o grab.Outcome) status {
+	switch o {
+	case grab.Granted:
+		return stGranted
+	case grab.AlreadyGranted:
+		return stAlreadyGranted
+	case grab.SoldOut:
+		return stSoldOut
+	case grab.NotFound:
+		return stNotFound
+	case grab.NotStarted:
+		return stNotStarted
+	case grab.Ended:
+		return stEnded
+	}
+	return stError
+}
+
+// appendGrab writes the grab response by hand: ids are validated to need no
+// JSON escaping, so this is exact and cheaper than encoding/json.
+func appendGrab(b []byte, st status, req grabRequest, res grab.Result) []byte {
+	b = append(b, `{"status":"`...)
+	b = append(b, statusNames[st]...)
+	b = append(b, `","pool_id":"`...)
+	b = append(b, req.PoolID...)
+	b = append(b, `","user_id":"`...)
+	b = append(b, req.UserID...)
+	b = append(b, '"')
+	if st == stGranted || st == stAlreadyGranted {
+		b = append(b, `,"amount_cents":`...)
+		b = strconv.AppendInt(b, res.Amount, 10)
+		b = append(b, `,"serial":`...)
+		b = strconv.AppendInt(b, res.Serial, 10)
+		b = append(b, `,"expires_at":"`...)
+		b = res.ExpiresAt.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	}
+	return append(b, "}\n"...)
+}
+
+// admin wraps an operator endpoint with the bearer token check.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || len(s.token) == 0 || subtle.ConstantTimeCompare([]byte(got), s.token) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil || len(buf) > maxAdminBody {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("body unreadable or larger than %d bytes", maxAdminBody))
+		return
+	}
+	var spec grab.Spec
+	if err := decodeStrict(buf, &spec); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	st, created, err := s.cfg.Pools.Preload(r.Context(), spec)
+	if err != nil {
+		s.adminError(w, "preload", spec.PoolID, err)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+		s.cfg.Logger.Info("pool preloaded", "pool_id", spec.PoolID, "count", spec.Count, "total_cents", spec.TotalCents)
+	}
+	writeJSON(w, code, st)
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if !grab.ValidID(id) {
+		writeError(w, http.StatusBadRequest, errors.New("pool_id must be 1-64 characters from A-Z a-z 0-9 _ - . :"))
+		return
+	}
+	st, err := s.cfg.Pools.Status(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "status", id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if !grab.ValidID(id) {
+		writeError(w, http.StatusBadRequest, errors.New("pool_id must be 1-64 characters from A-Z a-z 0-9 _ - . :"))
+		return
+	}
+	rep, err := s.cfg.Pools.Audit(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "audit", id, err)
+		return
+	}
+	if !rep.OK {
+		s.cfg.Logger.Warn("audit found problems", "pool_id", id, "problems", len(rep.Problems))
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// adminError maps a domain error of an operator endpoint to its status.
+func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
+	switch {
+	case errors.Is(err, grab.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, grab.ErrConflict):
+		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, grab.ErrNotFound):
+		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, grab.ErrUnavailable):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, err)
+	default:
+		s.cfg.Logger.Error(op+" failed", "pool_id", pool, "err", err)
+		writeError(w, http.StatusInternalServerError, errors.New("internal error"))
+	}
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Ready(r.Context()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	var b []byte
+	b = append(b, "# HELP rain_grabs_total Grab requests answered, by status.\n# TYPE rain_grabs_total counter\n"...)
+	for st := range nStatus {
+		b = fmt.Appendf(b, "rain_grabs_total{status=%q} %d\n", statusNames[st], s.metrics.grabs[st].Load())
+	}
+	_, _ = w.Write(b)
+}
+
+// GrabCounts returns the grab counters by status name (for tests and logs).
+func (s *Server) GrabCounts() map[string]int64 {
+	m := make(map[string]int64, nStatus)
+	for st := range nStatus {
+		m[statusNames[st]] = s.metrics.grabs[st].Load()
+	}
+	return m
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,379 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/redistest"
+	"rain/internal/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const token = "test-token"
+
+// stack is rain's HTTP API over real redis-server shards.
+type stack struct {
+	servers []*redistest.Server
+	shards  *shard.Set
+	api     *Server
+	ts      *httptest.Server
+	client  *http.Client
+}
+
+func newStack(t testing.TB, n int, opts redistest.Options) *stack {
+	t.Helper()
+	servers := redistest.StartN(t, n, opts)
+	specs := make([]shard.Spec, n)
+	for i, s := range servers {
+		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
+	}
+	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gen.Close() })
+	svc := grab.New(set, gen)
+	a := New(Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: set.Ping})
+	ts := httptest.NewServer(a)
+	t.Cleanup(ts.Close)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	return &stack{servers: servers, shards: set, api: a, ts: ts, client: client}
+}
+
+// response is a decoded answer.
+type response struct {
+	Code       int
+	RetryAfter string
+	Body       map[string]any
+}
+
+func (s *stack) do(t testing.TB, method, path, auth, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, s.ts.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", "Bearer "+auth)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Errorf("%s %s: %v", method, path, err)
+		return response{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := response{Code: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After")}
+	if resp.Header.Get("Content-Type") == "application/json" {
+		if err := json.Unmarshal(b, &r.Body); err != nil {
+			t.Errorf("%s %s: body %q is not JSON: %v", method, path, b, err)
+		}
+	}
+	return r
+}
+
+func (s *stack) grab(t testing.TB, pool, user string) response {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"pool_id": pool, "user_id": user})
+	return s.do(t, "POST", "/grab", "", string(body))
+}
+
+func (s *stack) preload(t testing.TB, body string) response {
+	t.Helper()
+	r := s.do(t, "POST", "/admin/pools", token, body)
+	if r.Code != http.StatusCreated {
+		t.Fatalf("POST /admin/pools %s = %d %v, want 201", body, r.Code, r.Body)
+	}
+	return r
+}
+
+func (s *stack) assertAudit(t testing.TB, pool string) {
+	t.Helper()
+	r := s.do(t, "GET", "/admin/pools/"+pool+"/audit", token, "")
+	if r.Code != 200 || r.Body["ok"] != true {
+		t.Fatalf("audit of %s = %d %v, want 200 ok", pool, r.Code, r.Body)
+	}
+}
+
+func num(v any) int64 {
+	f, _ := v.(float64)
+	return int64(f)
+}
+
+// TestConcurrentGrabs: 2,000 packets, 5,000 users each grabbing twice at once.
+func TestConcurrentGrabs(t *testing.T) {
+	for _, subPools := range []int{1, 3} {
+		t.Run(fmt.Sprintf("sub_pools=%d", subPools), func(t *testing.T) {
+			const packets, users, total = 2000, 5000, 1_000_000
+			s := newStack(t, 3, redistest.Options{})
+			pool := fmt.Sprintf("rain%d", subPools)
+			s.preload(t, fmt.Sprintf(`{"pool_id":%q,"total_cents":%d,"count":%d,"sub_pools":%d}`, pool, total, packets, subPools))
+
+			answers := make([][2]response, users)
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 64)
+			for u := range users {
+				for k := range 2 {
+					wg.Go(func() {
+						sem <- struct{}{}
+						defer func() { <-sem }()
+						answers[u][k] = s.grab(t, pool, fmt.Sprintf("user%d", u))
+					})
+				}
+			}
+			wg.Wait()
+
+			counts := map[string]int{}
+			serials := map[int64]string{}
+			var cents int64
+			for u, pair := range answers {
+				var grants []response
+				for _, a := range pair {
+					st, _ := a.Body["status"].(string)
+					counts[st]++
+					switch st {
+					case "granted":
+						if a.Code != 200 {
+							t.Fatalf("granted with HTTP %d", a.Code)
+						}
+						grants = append(grants, a)
+						cents += num(a.Body["amount_cents"])
+						serial := num(a.Body["serial"])
+						if other, dup := serials[serial]; dup {
+							t.Fatalf("serial %d granted to user%d and %s", serial, u, other)
+						}
+						serials[serial] = fmt.Sprintf("user%d", u)
+					case "already_granted":
+						grants = append(grants, a)
+					case "sold_out":
+						if a.Code != 410 {
+							t.Fatalf("sold_out with HTTP %d", a.Code)
+						}
+					default:
+						t.Fatalf("user%d got %d %v", u, a.Code, a.Body)
+					}
+				}
+				if len(grants) == 2 {
+					if grants[0].Body["status"] == grants[1].Body["status"] {
+						t.Fatalf("user%d: two answers %v and %v, want one granted and one already_granted", u, grants[0].Body, grants[1].Body)
+					}
+					for _, f := range []string{"amount_cents", "serial", "expires_at"} {
+						if grants[0].Body[f] != grants[1].Body[f] {
+							t.Fatalf("user%d: repeat differs in %s: %v vs %v", u, f, grants[0].Body, grants[1].Body)
+						}
+					}
+				} else if len(grants) == 1 {
+					t.Fatalf("user%d: one grant and one sold_out: %v / %v", u, pair[0].Body, pair[1].Body)
+				}
+			}
+			if counts["granted"] != packets || counts["already_granted"] != packets || counts["sold_out"] != 2*(users-packets) {
+				t.Fatalf("answers %v, want %d granted, %d already_granted, %d sold_out", counts, packets, packets, 2*(users-packets))
+			}
+			if cents != total {
+				t.Fatalf("granted cents = %d, want the pool's %d", cents, total)
+			}
+			s.assertAudit(t, pool)
+			st := s.do(t, "GET", "/admin/pools/"+pool, token, "")
+			if num(st.Body["remaining_count"]) != 0 || num(st.Body["held_count"]) != packets || num(st.Body["held_cents"]) != total {
+				t.Fatalf("status = %v, want 0 remaining, %d held, %d cents held", st.Body, packets, total)
+			}
+			got := s.api.GrabCounts()
+			for status, n := range counts {
+				if got[status] != int64(n) {
+					t.Fatalf("metrics %s = %d, want %d (all: %v)", status, got[status], n, got)
+				}
+			}
+		})
+	}
+}
+
+func TestEveryStatus(t *testing.T) {
+	s := newStack(t, 2, redistest.Options{})
+	later := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	ended := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	s.preload(t, `{"pool_id":"one","total_cents":100,"count":1}`)
+	s.preload(t, fmt.Sprintf(`{"pool_id":"later","total_cents":100,"count":1,"starts_at":%q}`, later))
+	s.preload(t, fmt.Sprintf(`{"pool_id":"over","total_cents":100,"count":1,"starts_at":%q,"ends_at":%q}`, past, ended))
+
+	check := func(name string, r response, code int, status string) {
+		t.Helper()
+		if r.Code != code || r.Body["status"] != status {
+			t.Fatalf("%s: %d %v, want %d %s", name, r.Code, r.Body, code, status)
+		}
+	}
+	r := s.grab(t, "one", "a")
+	check("first grab", r, 200, "granted")
+	if r.Body["pool_id"] != "one" || r.Body["user_id"] != "a" || num(r.Body["amount_cents"]) != 100 || num(r.Body["serial"]) <= 0 {
+		t.Fatalf("granted body %v, want pool_id, user_id, amount_cents 100, a serial", r.Body)
+	}
+	if _, err := time.Parse(time.RFC3339, r.Body["expires_at"].(string)); err != nil {
+		t.Fatalf("expires_at %v is not RFC 3339: %v", r.Body["expires_at"], err)
+	}
+	check("repeat", s.grab(t, "one", "a"), 200, "already_granted")
+	check("sold out", s.grab(t, "one", "b"), 410, "sold_out")
+	check("unknown pool", s.grab(t, "nope", "a"), 404, "not_found")
+	r = s.grab(t, "later", "a")
+	check("before start", r, 425, "not_started")
+	if r.RetryAfter == "" || r.RetryAfter == "0" {
+		t.Fatalf("not_started Retry-After = %q, want seconds until the start", r.RetryAfter)
+	}
+	check("after end", s.grab(t, "over", "a"), 410, "ended")
+	if r := s.grab(t, "one", "b"); r.Body["amount_cents"] != nil || r.Body["serial"] != nil || r.Body["expires_at"] != nil {
+		t.Fatalf("sold_out body %v carries grant fields", r.Body)
+	}
+
+	// A shard down: overloaded, with Retry-After, nothing granted.
+	for _, srv := range s.servers {
+		srv.Kill()
+	}
+	r = s.grab(t, "one", "c")
+	check("shards down", r, 503, "overloaded")
+	if r.RetryAfter == "" {
+		t.Fatal("overloaded without Retry-After")
+	}
+	if r := s.do(t, "GET", "/readyz", "", ""); r.Code != 503 {
+		t.Fatalf("/readyz with shards down = %d, want 503", r.Code)
+	}
+	if r := s.do(t, "GET", "/healthz", "", ""); r.Code != 200 {
+		t.Fatalf("/healthz = %d, want 200 while the process runs", r.Code)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	s := newStack(t, 1, redistest.Options{})
+	s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
+	keysBefore := s.keys(t)
+
+	for _, tc := range []struct{ name, body string }{
+		{"empty", ``},
+		{"not json", `hello`},
+		{"truncated", `{"pool_id":"p","user_id":"u"`},
+		{"array", `[{"pool_id":"p","user_id":"u"}]`},
+		{"null", `null`},
+		{"unknown field", `{"pool_id":"p","user_id":"u","amount":5}`},
+		{"two objects", `{"pool_id":"p","user_id":"u"}{"pool_id":"p","user_id":"v"}`},
+		{"trailing garbage", `{"pool_id":"p","user_id":"u"} x`},
+		{"missing user", `{"pool_id":"p"}`},
+		{"missing pool", `{"user_id":"u"}`},
+		{"number id", `{"pool_id":"p","user_id":5}`},
+		{"empty user", `{"pool_id":"p","user_id":""}`},
+		{"space in id", `{"pool_id":"p","user_id":"a b"}`},
+		{"brace in pool", `{"pool_id":"p}","user_id":"u"}`},
+		{"unicode id", `{"pool_id":"p","user_id":"ü"}`},
+		{"65-char id", fmt.Sprintf(`{"pool_id":"p","user_id":%q}`, strings.Repeat("u", 65))},
+		{"5 KiB body", fmt.Sprintf(`{"pool_id":"p","user_id":"u","pad":%q}`, strings.Repeat("x", 5<<10))},
+		{"5 KiB of spaces", `{"pool_id":"p","user_id":"u"}` + strings.Repeat(" ", 5<<10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := s.do(t, "POST", "/grab", "", tc.body)
+			if r.Code != 400 || r.Body["status"] != "invalid" || r.Body["error"] == "" || r.Body["error"] == nil {
+				t.Fatalf("POST /grab %.60q = %d %v, want 400 invalid with an error", tc.body, r.Code, r.Body)
+			}
+		})
+	}
+	if got := s.api.GrabCounts()["invalid"]; got != 18 {
+		t.Fatalf("invalid counter = %d, want 18", got)
+	}
+
+	// Operator endpoints without the right token: 401, nothing done.
+	for _, auth := range []string{"", "wrong", token + "x"} {
+		for _, req := range [][2]string{
+			{"POST", "/admin/pools"}, {"GET", "/admin/pools/p"}, {"GET", "/admin/pools/p/audit"},
+		} {
+			r := s.do(t, req[0], req[1], auth, `{"pool_id":"q","total_cents":100,"count":1}`)
+			if r.Code != 401 {
+				t.Fatalf("%s %s with token %q = %d, want 401", req[0], req[1], auth, r.Code)
+			}
+		}
+	}
+	// Bad operator input: 400 with a reason; same id other spec: 409; same spec: 200.
+	for _, body := range []string{
+		`{"pool_id":"q","total_cents":5,"count":10}`,
+		`{"pool_id":"q","total_cents":100,"count":0}`,
+		`{"pool_id":"q q","total_cents":100,"count":1}`,
+		`{"pool_id":"q","total_cents":100,"count":1,"bogus":1}`,
+		`{"pool_id":"q","total_cents":"100","count":1}`,
+		`{"pool_id":"q","total_cents":100,"count":1,"starts_at":"tomorrow"}`,
+		`{"pool_id":"q","total_cents":100,"count":10,"max_cents":5}`,
+	} {
+		r := s.do(t, "POST", "/admin/pools", token, body)
+		if r.Code != 400 || r.Body["error"] == nil {
+			t.Fatalf("POST /admin/pools %s = %d %v, want 400 with an error", body, r.Code, r.Body)
+		}
+	}
+	if got := s.keys(t); got != keysBefore {
+		t.Fatalf("keys after bad input = %d, want %d: nothing written", got, keysBefore)
+	}
+	if r := s.do(t, "POST", "/admin/pools", token, `{"pool_id":"p","total_cents":1000,"count":11}`); r.Code != 409 {
+		t.Fatalf("preload of p with another spec = %d %v, want 409", r.Code, r.Body)
+	}
+	if r := s.do(t, "POST", "/admin/pools", token, `{"pool_id":"p","total_cents":1000,"count":10}`); r.Code != 200 || num(r.Body["count"]) != 10 {
+		t.Fatalf("preload of p again = %d %v, want 200 with its status", r.Code, r.Body)
+	}
+	if r := s.do(t, "GET", "/admin/pools/none", token, ""); r.Code != 404 {
+		t.Fatalf("GET /admin/pools/none = %d, want 404", r.Code)
+	}
+	if r := s.do(t, "GET", "/admin/pools/b%20d", token, ""); r.Code != 400 {
+		t.Fatalf("GET /admin/pools/b%%20d = %d, want 400", r.Code)
+	}
+	if r := s.do(t, "GET", "/grab", "", ""); r.Code != 405 {
+		t.Fatalf("GET /grab = %d, want 405", r.Code)
+	}
+	st := s.do(t, "GET", "/admin/pools/p", token, "")
+	if num(st.Body["remaining_count"]) != 10 || num(st.Body["held_count"]) != 0 {
+		t.Fatalf("status after bad input = %v, want the pool untouched", st.Body)
+	}
+}
+
+// keys counts keys on every shard but the serial counter.
+func (s *stack) keys(t testing.TB) int {
+	t.Helper()
+	n := 0
+	for _, name := range s.shards.Names() {
+		keys, err := s.shards.Client(name).Keys(context.Background(), "*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if k != "rain:serial" {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestMetricsFormat(t *testing.T) {
+	s := newStack(t, 1, redistest.Options{})
+	s.grab(t, "nope", "u")
+	r, err := s.client.Get(s.ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	if !bytes.Contains(b, []byte(`rain_grabs_total{status="not_found"} 1`)) {
+		t.Fatalf("/metrics lacks the not_found counter:\n%s", b)
+	}
+}

@@ -1,0 +1,280 @@
+// Command baseline is the minimal design that rain's grab path is measured against
+// in scripts/bench.sh: one net/http server, one go-redis client, one Redis, no worker
+// pool, and exactly one Script.Run (EVALSHA, EVAL on NOSCRIPT) per POST /grab.
+//
+// It speaks just enough of ../shared/API.md to be loaded the same way as rain:
+//
+//	POST /admin/pools  {"pool_id","total_cents","count"} with Authorization: Bearer <token>
+//	POST /grab         {"pool_id","user_id"}
+//
+// A pool is a Redis list bl:{pool}:stock of pre-split amounts (an equal split, the
+// remainder spread over the first ones) and a hash bl:{pool}:grants of user -> amount.
+// It has no serials, holds, expiry, sub-pools or shards: that is rain's extra work per
+// grab, and the point of the comparison. Not for production.
+//
+//	go run ./loadtest/baseline -listen 127.0.0.1:8081 -redis 127.0.0.1:6379 -admin-token T
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// claimSrc is the whole grab in one round trip.
+//
+// KEYS[1] bl:{pool}:stock  list of amounts in cents
+// KEYS[2] bl:{pool}:grants hash user_id -> amount
+// KEYS[3] bl:{pool}:meta   set by preload; tells "sold out" from "no such pool"
+// ARGV[1] user_id
+// Returns {code, amount}: code 2 granted, 1 already granted, 0 sold out, -1 no such pool.
+const claimSrc = `
+local g = redis.call('HGET', KEYS[2], ARGV[1])
+if g then return {1, tonumber(g)} end
+local a = redis.call('LPOP', KEYS[1])
+if not a then
+  if redis.call('EXISTS', KEYS[3]) == 0 then return {-1, 0} end
+  return {0, 0}
+end
+redis.call('HSET', KEYS[2], ARGV[1], a)
+return {2, tonumber(a)}
+`
+
+// preloadBatch is how many amounts one RPUSH carries; preloadPipe is how many
+// RPUSHes go out in one pipelined round trip.
+const (
+	preloadBatch = 1000
+	preloadPipe  = 50
+)
+
+// maxBody is API.md's limit on a /grab body.
+const maxBody = 4 << 10
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "baseline:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("baseline", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8081", "HTTP listen address")
+	addr := fs.String("redis", "127.0.0.1:6379", "Redis address")
+	token := fs.String("admin-token", "", "bearer token for /admin/pools (required)")
+	poolSize := fs.Int("redis-pool", 0, "go-redis PoolSize; 0 = go-redis default (10 × GOMAXPROCS)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *token == "" {
+		return errors.New("-admin-token is required")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: *poolSize})
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("ping %s: %w", *addr, err)
+	}
+
+	s := &server{rdb: rdb, claim: redis.NewScript(claimSrc), token: []byte(*token), log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /grab", s.grab)
+	mux.HandleFunc("POST /admin/pools", s.preload)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("baseline listening", "listen", ln.Addr().String(), "redis", *addr)
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// In-flight grabs finish before Redis is closed (the deferred rdb.Close).
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("baseline stopped")
+	return nil
+}
+
+type server struct {
+	rdb   *redis.Client
+	claim *redis.Script
+	token []byte
+	log   *slog.Logger
+}
+
+type grabRequest struct {
+	PoolID string `json:"pool_id"`
+	UserID string `json:"user_id"`
+}
+
+type grabResponse struct {
+	Status      string `json:"status"`
+	PoolID      string `json:"pool_id"`
+	UserID      string `json:"user_id"`
+	AmountCents int64  `json:"amount_cents,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+func (s *server) grab(w http.ResponseWriter, r *http.Request) {
+	var req grabRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", Error: err.Error()})
+		return
+	}
+	if !validID(req.PoolID) || !validID(req.UserID) {
+		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", PoolID: req.PoolID, UserID: req.UserID, Error: "bad pool_id or user_id"})
+		return
+	}
+	resp := grabResponse{PoolID: req.PoolID, UserID: req.UserID}
+	res, err := s.claim.Run(r.Context(), s.rdb, keys(req.PoolID), req.UserID).Int64Slice()
+	if err != nil || len(res) != 2 {
+		// Not logged: this is the hot path, and a failing Redis shows up in the
+		// benchmark as 503s in grab.lua's status counts.
+		resp.Status = "overloaded"
+		w.Header().Set("Retry-After", "1")
+		reply(w, http.StatusServiceUnavailable, resp)
+		return
+	}
+	code := http.StatusOK
+	switch res[0] {
+	case 2:
+		resp.Status, resp.AmountCents = "granted", res[1]
+	case 1:
+		resp.Status, resp.AmountCents = "already_granted", res[1]
+	case 0:
+		resp.Status, code = "sold_out", http.StatusGone
+	default:
+		resp.Status, code = "not_found", http.StatusNotFound
+	}
+	reply(w, code, resp)
+}
+
+type preloadRequest struct {
+	PoolID     string `json:"pool_id"`
+	TotalCents int64  `json:"total_cents"`
+	Count      int64  `json:"count"`
+}
+
+// preload pushes count amounts into the pool's stock. A pool id already loaded
+// answers 200 and pushes nothing (SETNX on the meta key); it does not compare specs,
+// and a preload that dies midway is not finished by a second one. Grabs see the
+// stock as it arrives: scripts/bench.sh loads only after the preload has answered.
+func (s *server) preload(w http.ResponseWriter, r *http.Request) {
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), append([]byte("Bearer "), s.token...)) != 1 {
+		reply(w, http.StatusUnauthorized, map[string]string{"error": "missing or bad admin token"})
+		return
+	}
+	var req preloadRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
+		reply(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	if !validID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
+		reply(w, http.StatusBadRequest, map[string]string{"error": "need a valid pool_id, count > 0, total_cents >= count"})
+		return
+	}
+	ctx := r.Context()
+	k := keys(req.PoolID)
+	fresh, err := s.rdb.SetNX(ctx, k[2], req.Count, 0).Result()
+	if err != nil {
+		reply(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	if !fresh {
+		reply(w, http.StatusOK, map[string]string{"pool_id": req.PoolID})
+		return
+	}
+	start := time.Now()
+	if err := s.push(ctx, k[0], req.TotalCents, req.Count); err != nil {
+		s.log.Error("preload", "pool_id", req.PoolID, "err", err)
+		reply(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	s.log.Info("preloaded", "pool_id", req.PoolID, "count", req.Count, "took", time.Since(start))
+	reply(w, http.StatusCreated, map[string]string{"pool_id": req.PoolID})
+}
+
+// push RPUSHes count amounts summing to total: total/count each, one more cent on
+// the first total%count.
+func (s *server) push(ctx context.Context, stock string, total, count int64) error {
+	each, extra := total/count, total%count
+	pipe := s.rdb.Pipeline()
+	batch := make([]any, 0, preloadBatch)
+	for i := range count {
+		a := each
+		if i < extra {
+			a++
+		}
+		batch = append(batch, a)
+		if len(batch) == preloadBatch || i == count-1 {
+			pipe.RPush(ctx, stock, batch...)
+			batch = make([]any, 0, preloadBatch)
+		}
+		if pipe.Len() == preloadPipe || i == count-1 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return fmt.Errorf("rpush %s: %w", stock, err)
+			}
+		}
+	}
+	return nil
+}
+
+// keys returns the stock, grants and meta keys of a pool, under one hash tag.
+func keys(pool string) []string {
+	return []string{"bl:{" + pool + "}:stock", "bl:{" + pool + "}:grants", "bl:{" + pool + "}:meta"}
+}
+
+// validID reports whether id is 1–64 characters of A-Z a-z 0-9 _ - . : (API.md).
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func reply(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -164,6 +164,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	defer gen.Close()
 
 	svc := grab.New(set, gen)
+	defer svc.Close()
 	handler := api.New(api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log})
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
@@ -188,7 +189,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	// Shutdown order: stop taking requests and let in-flight grabs finish
 	// (each is one atomic script: none is left half done), then the deferred
-	// closes stop the serial loader and the shard clients.
+	// closes stop the claim batchers, the serial loader and the shard clients.
 	log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
@@ -292,6 +293,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	defer set.Close()
+	defer svc.Close()
 	st, created, err := svc.Preload(ctx, spec)
 	if err != nil {
 		return err
@@ -316,6 +318,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	defer set.Close()
+	defer svc.Close()
 	rep, err := svc.Audit(ctx, *pool)
 	if err != nil {
 		return err

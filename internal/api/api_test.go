@@ -52,6 +52,7 @@ func newStack(t testing.TB, n int, opts redistest.Options) *stack {
 	}
 	t.Cleanup(func() { gen.Close() })
 	svc := grab.New(set, gen)
+	t.Cleanup(svc.Close)
 	a := New(Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: set.Ping})
 	ts := httptest.NewServer(a)
 	t.Cleanup(ts.Close)

@@ -21,8 +21,12 @@ type Serials interface {
 
 // Service grabs from, preloads, reports on and audits pools.
 type Service struct {
-	shards  *shard.Set
-	serials Serials
+	shards   *shard.Set
+	serials  Serials
+	batchers map[string]*batcher // by shard name; immutable after New
+	stop     chan struct{}       // closed by Close
+	stopOnce sync.Once           // guards close(stop)
+	lanes    sync.WaitGroup      // batcher lanes
 
 	mu    sync.RWMutex     // guards pools
 	pools map[string]*pool // open pools; an open pool's record never changes
@@ -35,14 +39,32 @@ type Service struct {
 
 // pool is what the grab path needs of an open pool, resolved once.
 type pool struct {
-	rec     *record
-	clients []*redis.Client // of sub-pool j
-	keys    []lua.Keys      // of sub-pool j
+	rec      *record
+	batchers []*batcher // of sub-pool j
+	keys     []lua.Keys // of sub-pool j
 }
 
-// New returns a service over shards, taking grant serials from serials.
+// New returns a service over shards, taking grant serials from serials
+// (nil for a service that only preloads, reports and audits). It starts the
+// claim batchers; Close stops them.
 func New(shards *shard.Set, serials Serials) *Service {
-	return &Service{shards: shards, serials: serials, pools: map[string]*pool{}}
+	s := &Service{shards: shards, serials: serials, pools: map[string]*pool{},
+		batchers: map[string]*batcher{}, stop: make(chan struct{})}
+	for _, name := range shards.Names() {
+		b := newBatcher(shards.Client(name), s.stop)
+		s.batchers[name] = b
+		for range lanesPerShard {
+			s.lanes.Go(b.lane)
+		}
+	}
+	return s
+}
+
+// Close stops the claim batchers and waits for them. Call it after the last
+// Grab has returned (after the HTTP server's Shutdown).
+func (s *Service) Close() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.lanes.Wait()
 }
 
 // Outcome is what a grab did.
@@ -88,7 +110,7 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		return Result{}, fmt.Errorf("%w: serial: %w", ErrUnavailable, err)
 	}
 	j := int(xxhash.Sum64String(userID) % uint64(len(p.keys)))
-	c, err := lua.ClaimGrant(ctx, p.clients[j], &p.keys[j], userID, serial)
+	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial)
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
 	}
@@ -127,11 +149,11 @@ func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
 	}
 	p = &pool{rec: rec}
 	for j, name := range rec.placement {
-		c := s.shards.Client(name)
-		if c == nil {
+		b := s.batchers[name]
+		if b == nil {
 			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, id, j, name)
 		}
-		p.clients = append(p.clients, c)
+		p.batchers = append(p.batchers, b)
 		p.keys = append(p.keys, lua.SubPool{Pool: id, Index: j}.Keys())
 	}
 	if rec.state == stateOpen {

@@ -42,7 +42,9 @@ func newEnv(t testing.TB, n int, opts redistest.Options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gen.Close() })
-	return &env{servers: servers, shards: set, svc: New(set, gen)}
+	svc := New(set, gen)
+	t.Cleanup(svc.Close)
+	return &env{servers: servers, shards: set, svc: svc}
 }
 
 func (e *env) preload(t testing.TB, spec Spec) *Status {

@@ -182,10 +182,39 @@ type Claim struct {
 // ClaimGrant runs the claim script: the user's grant in the sub-pool if they
 // hold one, else a new one with serial, popped from the stock. One round trip.
 func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64) (Claim, error) {
-	res, err := claimScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, user, serial).Slice()
+	res, err := claimScript.Run(ctx, c, claimKeys(k), user, serial).Slice()
 	if err != nil {
 		return Claim{}, err
 	}
+	return parseClaim(res)
+}
+
+// ClaimCmd queues a claim on a pipeline as EVALSHA; read it with ParseClaim.
+// A shard whose script cache is empty answers NOSCRIPT (IsNoScript): load
+// the scripts (LoadScripts) and queue the claim again.
+func ClaimCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, user string, serial int64) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe, claimKeys(k), user, serial)
+}
+
+// ParseClaim reads the result of a ClaimCmd.
+func ParseClaim(cmd *redis.Cmd) (Claim, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return Claim{}, err
+	}
+	return parseClaim(res)
+}
+
+// IsNoScript reports whether err says the shard lacks the script.
+func IsNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+func claimKeys(k *Keys) []string {
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}
+}
+
+func parseClaim(res []any) (Claim, error) {
 	switch str(res, 0) {
 	case "granted":
 		return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, nil

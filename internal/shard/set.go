@@ -38,7 +38,10 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 	for _, sp := range specs {
 		s.names = append(s.names, sp.Name)
 		s.clients[sp.Name] = redis.NewClient(&redis.Options{
-			Addr:       sp.Addr,
+			Addr: sp.Addr,
+			// RESP2: rain uses no push notifications, and with RESP3 go-redis
+			// peeks the socket for them before every command (a syscall).
+			Protocol:   2,
 			PoolSize:   opts.PoolSize,
 			MaxRetries: opts.MaxRetries,
 		})

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"rain/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServe runs `rain serve` in the background until the test ends.
+func startServe(t *testing.T, args []string, environ map[string]string) (addr string, logs *syncBuffer) {
+	t.Helper()
+	addr = freeAddr(t)
+	logs = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"serve", "--listen", addr}, args...), env(environ), &bytes.Buffer{}, logs)
+	}()
+	t.Cleanup(func() {
+		cancel() // as SIGTERM does
+		if err := <-done; err != nil {
+			t.Errorf("serve returned %v after shutdown, want nil", err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return addr, logs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rain serve not healthy after 10s; logs:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func post(t *testing.T, url, token, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m
+}
+
+func TestServeEmbedded(t *testing.T) {
+	addr, logs := startServe(t, nil, nil)
+	first := strings.SplitN(logs.String(), "\n", 2)[0]
+	if !strings.Contains(first, "embedded in-memory shards") {
+		t.Fatalf("first log line %q does not say the shards are embedded", first)
+	}
+	i := strings.Index(logs.String(), "admin_token=")
+	if i < 0 {
+		t.Fatalf("no admin token printed:\n%s", logs)
+	}
+	token := strings.Fields(logs.String()[i+len("admin_token="):])[0]
+	if code, _ := post(t, "http://"+addr+"/admin/pools", "", `{"pool_id":"p","total_cents":100,"count":2}`); code != 401 {
+		t.Fatalf("preload without token = %d, want 401", code)
+	}
+	if code, body := post(t, "http://"+addr+"/admin/pools", token, `{"pool_id":"p","total_cents":100,"count":2}`); code != 201 {
+		t.Fatalf("preload = %d %v, want 201", code, body)
+	}
+	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"p","user_id":"u1"}`); code != 200 || body["status"] != "granted" {
+		t.Fatalf("grab = %d %v, want 200 granted", code, body)
+	}
+}
+
+func TestServeRedisFromEnvAndTools(t *testing.T) {
+	servers := redistest.StartN(t, 2, redistest.Options{})
+	shards := fmt.Sprintf("a=1@%s,b=2@%s", servers[0].Addr, servers[1].Addr)
+	environ := map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": "sekret"}
+	addr, logs := startServe(t, nil, environ)
+	if strings.Contains(logs.String(), "embedded") {
+		t.Fatalf("serve with RAIN_REDIS ran embedded:\n%s", logs)
+	}
+
+	// rain preload, then grabs through the server, then rain audit.
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"preload", "--pool", "cli", "--total-cents", "1000", "--count", "10"}, env(environ), &out, &errOut)
+	if err != nil {
+		t.Fatalf("rain preload: %v (%s)", err, errOut.String())
+	}
+	var st map[string]any
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || st["remaining_count"] != float64(10) {
+		t.Fatalf("rain preload printed %q, want a status with 10 remaining", out.String())
+	}
+	for i := range 3 {
+		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"cli","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d %v, want 200", code, body)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"audit", "--pool", "cli"}, env(environ), &out, &errOut); err != nil {
+		t.Fatalf("rain audit of a sound pool: %v\n%s", err, out.String())
+	}
+	// Corrupt the stock: audit must say so and fail.
+	for _, s := range servers {
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
+		keys, _ := rdb.Keys(context.Background(), "rain:{cli:0}:stock").Result()
+		if len(keys) == 1 {
+			rdb.RPush(context.Background(), keys[0], 999)
+		}
+		rdb.Close()
+	}
+	out.Reset()
+	err = run(context.Background(), []string{"audit", "--pool", "cli"}, env(environ), &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "stock_count") {
+		t.Fatalf("rain audit of a corrupted pool = %v, want an error naming stock_count\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), `"ok": false`) {
+		t.Fatalf("rain audit printed %s, want ok false", out.String())
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "no command"},
+		{[]string{"bogus"}, nil, "unknown command"},
+		{[]string{"serve", "--redis", "s1=0@127.0.0.1:1"}, nil, "weight"},
+		{[]string{"serve"}, map[string]string{"RAIN_REDIS": "s1=1@127.0.0.1:1"}, "admin-token"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "x", "--serial-shard", "zz"}, nil, "serial-shard"},
+		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
+		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
+		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
+		{[]string{"preload", "--pool", "p"}, nil, "--redis"},
+		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
+	} {
+		err := run(context.Background(), tc.args, env(tc.env), &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%v, env %v) = %v, want an error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}

@@ -3,6 +3,8 @@
 #
 #   scripts/bench.sh            every section
 #   scripts/bench.sh idgen      grant serials: Next vs one Redis INCR per ID
+#   scripts/bench.sh ring       shard ring Lookup (jump table) vs a plain sort.Search
+#   scripts/bench.sh preload    1,000,000 packets into 8 sub-pools on 4 shards vs bare RPUSH
 #   scripts/bench.sh grab       POST /grab over HTTP: rain on 4 shards vs the baseline
 #                               (loadtest/baseline: one handler, one EVALSHA, one Redis)
 #
@@ -22,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen grab)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C).
@@ -53,6 +55,16 @@ bench_idgen() {
   incr=$(awk '$1 ~ /^BenchmarkIncr-/ {print $3}' <<<"$out")
   awk -v n="$next" -v i="$incr" 'BEGIN {
     printf "idgen: Next %.2f ns/op, INCR baseline %.0f ns/op: Next is %.0fx faster (target <= 25 ns/op)\n", n, i, i / n }'
+}
+
+bench_ring() {
+  echo "== ring: go test -run x -bench . -benchmem ./internal/shard"
+  go test -run x -bench . -benchmem ./internal/shard | grep -E '^Benchmark'
+}
+
+bench_preload() {
+  echo "== preload: go test -run x -bench Preload -benchtime 5x ./internal/grab"
+  go test -run x -bench Preload -benchtime 5x ./internal/grab | grep -E '^Benchmark'
 }
 
 # free_port VAR sets VAR to a TCP port on 127.0.0.1 that nothing listens on, below
@@ -238,7 +250,9 @@ bench_grab() {
 for s in "${sections[@]}"; do
   case "$s" in
     idgen) bench_idgen ;;
+    ring) bench_ring ;;
+    preload) bench_preload ;;
     grab) bench_grab ;;
-    *) echo "bench.sh: unknown section $s (have: idgen grab)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab)" >&2; exit 2 ;;
   esac
 done

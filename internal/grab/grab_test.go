@@ -267,3 +267,44 @@ func TestWindow(t *testing.T) {
 		t.Fatalf("repeat Grab after end = %+v, %v; want already_granted", r, err)
 	}
 }
+
+// TestRingChangeKeepsPlacement: a pool preloaded on three shards is still
+// found and grabbed after a fourth joins the ring (its placement is stored,
+// never recomputed), and the same preload again is still "the same".
+func TestRingChangeKeepsPlacement(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 3, redistest.Options{})
+	var ids []string
+	for i := range 8 {
+		id := fmt.Sprintf("pool%d", i)
+		e.preload(t, Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2})
+		ids = append(ids, id)
+	}
+	extra := redistest.Start(t, redistest.Options{})
+	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // sorts first: a new arbiter
+	for i, s := range e.servers {
+		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
+	}
+	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	svc := New(set, e.svc.serials)
+	t.Cleanup(svc.Close)
+	for _, id := range ids {
+		if r, err := svc.Grab(ctx, id, "u"); err != nil || r.Outcome != Granted {
+			t.Fatalf("Grab(%s) after the ring changed = %+v, %v; want granted", id, r, err)
+		}
+		if _, created, err := svc.Preload(ctx, Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
+			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
+		}
+		if r, err := svc.Grab(ctx, id, "v"); err != nil || r.Outcome != Granted {
+			t.Fatalf("Grab(%s) after preloading it again on the new ring = %+v, %v; want granted", id, r, err)
+		}
+		r, err := svc.Audit(ctx, id)
+		if err != nil || !r.OK {
+			t.Fatalf("Audit(%s) after the ring changed = %+v, %v", id, r, err)
+		}
+	}
+}

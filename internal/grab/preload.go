@@ -87,7 +87,7 @@ func (s *Service) register(ctx context.Context, spec Spec) (*record, error) {
 	// Copy the record to every shard that lacks it, and list the pool.
 	fields := map[string]string{
 		"spec": existing.specJSON, "seed": strconv.FormatUint(existing.seed, 10),
-		"placement": strings.Join(existing.placement, ","), "state": stateLoading,
+		"placement": strings.Join(existing.placement, ","), "state": existing.state,
 	}
 	for _, name := range s.shards.Names() {
 		c := s.shards.Client(name)

@@ -299,12 +299,15 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		if _, created, err := svc.Preload(ctx, Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
 			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
 		}
-		if r, err := svc.Grab(ctx, id, "v"); err != nil || r.Outcome != Granted {
+		fresh := New(set, e.svc.serials) // an instance with nothing cached
+		r, err := fresh.Grab(ctx, id, "v")
+		fresh.Close()
+		if err != nil || r.Outcome != Granted {
 			t.Fatalf("Grab(%s) after preloading it again on the new ring = %+v, %v; want granted", id, r, err)
 		}
-		r, err := svc.Audit(ctx, id)
-		if err != nil || !r.OK {
-			t.Fatalf("Audit(%s) after the ring changed = %+v, %v", id, r, err)
+		rep, err := svc.Audit(ctx, id)
+		if err != nil || !rep.OK {
+			t.Fatalf("Audit(%s) after the ring changed = %+v, %v", id, rep, err)
 		}
 	}
 }

@@ -39,19 +39,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, usage)
 		return errors.New("no command given")
 	}
+	var err error
 	switch args[0] {
 	case "serve":
-		return serve(ctx, args[1:], getenv, stderr)
+		err = serve(ctx, args[1:], getenv, stderr)
 	case "preload":
-		return preload(ctx, args[1:], getenv, stdout, stderr)
+		err = preload(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
-		return audit(ctx, args[1:], getenv, stdout, stderr)
+		err = audit(ctx, args[1:], getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
+	default:
+		fmt.Fprintln(stderr, usage)
+		return fmt.Errorf("unknown command %q", args[0])
 	}
-	fmt.Fprintln(stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // -h printed the flags
+	}
+	return err
 }
 
 // flags is a FlagSet whose flags also read an environment variable.

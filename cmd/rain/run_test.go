@@ -164,6 +164,18 @@ func TestServeRedisFromEnvAndTools(t *testing.T) {
 	}
 }
 
+func TestHelp(t *testing.T) {
+	for _, cmd := range []string{"serve", "preload", "audit"} {
+		var errOut bytes.Buffer
+		if err := run(context.Background(), []string{cmd, "-h"}, env(nil), &bytes.Buffer{}, &errOut); err != nil {
+			t.Errorf("rain %s -h = %v, want nil", cmd, err)
+		}
+		if !strings.Contains(errOut.String(), "-redis") {
+			t.Errorf("rain %s -h printed %q, want the flags", cmd, errOut.String())
+		}
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

@@ -1,0 +1,144 @@
+package lua
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/redistest"
+)
+
+func TestKeysShareOneTag(t *testing.T) {
+	sp := SubPool{Pool: "cny:2027.a-b_c", Index: 7}
+	k := sp.Keys()
+	for _, key := range []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox} {
+		if !strings.Contains(key, "{cny:2027.a-b_c:7}") || strings.Count(key, "{") != 1 {
+			t.Fatalf("key %q does not carry exactly the tag {cny:2027.a-b_c:7}", key)
+		}
+	}
+}
+
+func newClient(t *testing.T) *redis.Client {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func load(t *testing.T, c *redis.Client, sp SubPool, batch int64, amounts ...int64) (LoadResult, int64) {
+	t.Helper()
+	pipe := c.Pipeline()
+	cmd := LoadCmd(context.Background(), pipe, sp, batch, amounts)
+	if _, err := pipe.Exec(context.Background()); err != nil {
+		t.Fatalf("load batch %d: %v", batch, err)
+	}
+	res, next, err := ParseLoad(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, next
+}
+
+func TestLoadBatchesOnceInOrder(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	sp := SubPool{Pool: "p", Index: 0}
+	if _, _, err := Setup(ctx, c, sp, 4, 10, Window{HoldMS: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Setup(ctx, c, sp, 5, 10, Window{HoldMS: 1000}); !errors.Is(err, ErrSpecMismatch) {
+		t.Fatalf("Setup with another count = %v, want ErrSpecMismatch", err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		batch   int64
+		amounts []int64
+		want    LoadResult
+		next    int64
+	}{
+		{1, []int64{3, 4}, Skipped, 0}, // out of order
+		{0, []int64{1, 2}, Loaded, 1},
+		{0, []int64{1, 2}, Skipped, 1}, // again: applied once
+		{1, []int64{3, 4}, Loaded, 2},
+	} {
+		if res, next := load(t, c, sp, step.batch, step.amounts...); res != step.want || next != step.next {
+			t.Fatalf("load batch %d = %s next %d, want %s next %d", step.batch, res, next, step.want, step.next)
+		}
+	}
+	if opened, _, _, err := OpenSubPool(ctx, c, sp); err != nil || !opened {
+		t.Fatalf("OpenSubPool = %v, %v; want opened", opened, err)
+	}
+	if res, _ := load(t, c, sp, 2, 9); res != Open {
+		t.Fatalf("load into an open sub-pool = %s, want open (nothing appended)", res)
+	}
+	k := sp.Keys()
+	if got, _ := c.LRange(ctx, k.Stock, 0, -1).Result(); strings.Join(got, ",") != "1,2,3,4" {
+		t.Fatalf("stock = %v, want 1,2,3,4", got)
+	}
+}
+
+func TestOpenRefusesPartialStock(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	sp := SubPool{Pool: "p", Index: 1}
+	if _, _, err := Setup(ctx, c, sp, 3, 6, Window{HoldMS: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	load(t, c, sp, 0, 1, 2)
+	opened, n, cents, err := OpenSubPool(ctx, c, sp)
+	if err != nil || opened || n != 2 || cents != 3 {
+		t.Fatalf("OpenSubPool with 2 of 3 packets = %v (%d, %d), %v; want refused with 2 packets, 3 cents", opened, n, cents, err)
+	}
+	k := sp.Keys()
+	if c, err := ClaimGrant(ctx, c, &k, "u", 1); err != nil || c.Outcome != Closed {
+		t.Fatalf("claim on a loading sub-pool = %+v, %v; want closed", c, err)
+	}
+}
+
+func TestClaimOutboxAndCounters(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	sp := SubPool{Pool: "p", Index: 0}
+	if _, _, err := Setup(ctx, c, sp, 1, 42, Window{HoldMS: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	load(t, c, sp, 0, 42)
+	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
+		t.Fatal(err)
+	}
+	k := sp.Keys()
+	got, err := ClaimGrant(ctx, c, &k, "u1", 77)
+	if err != nil || got.Outcome != Granted || got.Amount != 42 || got.Serial != 77 || got.DeadlineMS == 0 {
+		t.Fatalf("claim = %+v, %v; want granted 42 serial 77 with a deadline", got, err)
+	}
+	entries, err := c.XRange(ctx, k.Outbox, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("outbox = %v, %v; want one entry", entries, err)
+	}
+	v := entries[0].Values
+	if v["user"] != "u1" || v["amount"] != "42" || v["serial"] != "77" || v["pool"] != "p" || v["sub"] != "0" {
+		t.Fatalf("outbox entry = %v, want the grant's user, amount, serial, pool, sub-pool", v)
+	}
+	if again, _ := ClaimGrant(ctx, c, &k, "u1", 78); again.Outcome != Already || again.Serial != 77 {
+		t.Fatalf("second claim = %+v, want already with serial 77", again)
+	}
+	if empty, _ := ClaimGrant(ctx, c, &k, "u2", 79); empty.Outcome != Empty {
+		t.Fatalf("claim on an empty sub-pool = %+v, want empty", empty)
+	}
+	a, err := AuditSubPool(ctx, c, sp)
+	if err != nil || a.HeldCount != 1 || a.HeldCents != 42 || a.GrantsHeld != 1 || a.ListLen != 0 || a.StockCents != 0 || a.Deadlines != 1 {
+		t.Fatalf("audit = %+v, %v; want one held grant of 42, stock empty", a, err)
+	}
+}

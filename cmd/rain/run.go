@@ -21,6 +21,8 @@ import (
 	"rain/internal/api"
 	"rain/internal/grab"
 	"rain/internal/idgen"
+	"rain/internal/metrics"
+	"rain/internal/pool"
 	"rain/internal/shard"
 )
 
@@ -109,6 +111,10 @@ type serveConfig struct {
 	SerialShard     string
 	ShutdownTimeout time.Duration
 	LogLevel        string
+	Pool            string // "on" or "off"
+	PoolMin         int
+	PoolMax         int
+	PoolQueue       int
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -120,12 +126,20 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.SerialShard, "serial-shard", "", "shard that holds the grant serial counter (default: the first in --redis); keep it when the shard list changes")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&c.Pool, "pool", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
+	f.IntVar(&c.PoolMin, "pool-min", 8, "fewest workers of the grab pool")
+	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
+	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
 	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
 	f.bindEnv("shutdown-timeout", "RAIN_SHUTDOWN_TIMEOUT")
 	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
+	f.bindEnv("pool", "RAIN_POOL")
+	f.bindEnv("pool-min", "RAIN_POOL_MIN")
+	f.bindEnv("pool-max", "RAIN_POOL_MAX")
+	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	return f, c
 }
 
@@ -137,6 +151,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
+	}
+	if c.Pool != "on" && c.Pool != "off" {
+		return fmt.Errorf("--pool %q: want on or off", c.Pool)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	if getenv("GOGC") == "" {
@@ -180,7 +197,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	svc := grab.New(set, gen)
 	defer svc.Close()
-	handler := api.New(api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log})
+	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log,
+		Metrics: []func([]byte) []byte{serialMetrics(gen)}}
+	var workers *pool.Pool
+	if c.Pool == "on" {
+		workers, err = pool.New(pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer workers.Close(c.ShutdownTimeout) // no-op after the drain below
+		cfg.Runner = workers
+		cfg.Metrics = append(cfg.Metrics, workers.AppendMetrics)
+	} else {
+		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
+	}
+	handler := api.New(cfg)
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return err
@@ -203,8 +234,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case <-ctx.Done():
 	}
 	// Shutdown order: stop taking requests and let in-flight grabs finish
-	// (each is one atomic script: none is left half done), then the deferred
-	// closes stop the claim batchers, the serial loader and the shard clients.
+	// (each is one atomic script: none is left half done), drain the worker
+	// pool, then the deferred closes stop the claim batchers, the serial
+	// loader and the shard clients.
 	log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
@@ -213,6 +245,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err
+	}
+	if workers != nil {
+		if err := workers.Close(c.ShutdownTimeout); err != nil {
+			return err
+		}
 	}
 	log.Info("stopped")
 	return nil
@@ -241,6 +278,20 @@ func shardSpecs(redis string) (specs []shard.Spec, stop func(), err error) {
 		specs = append(specs, shard.Spec{Name: fmt.Sprintf("mem%d", i+1), Weight: 1, Addr: m.Addr()})
 	}
 	return specs, stop, nil
+}
+
+// serialMetrics appends the grant serial generator's figures.
+func serialMetrics(gen *idgen.Generator) func([]byte) []byte {
+	return func(b []byte) []byte {
+		st := gen.Stats()
+		return metrics.Append(b,
+			metrics.Metric{Name: "rain_serial_step", Kind: "gauge", Help: "IDs the next serial segment will reserve.", V: st.Step},
+			metrics.Metric{Name: "rain_serial_loads_total", Kind: "counter", Help: "Serial segments loaded.", V: st.Loads},
+			metrics.Metric{Name: "rain_serial_load_errors_total", Kind: "counter", Help: "Failed serial segment loads.", V: st.LoadErrors},
+			metrics.Metric{Name: "rain_serial_stalls_total", Kind: "counter", Help: "Times a grab waited for a serial segment.", V: st.Stalls},
+			metrics.Metric{Name: "rain_serial_refusals_total", Kind: "counter", Help: "Serial segments refused for going backwards.", V: st.Refusals},
+		)
+	}
 }
 
 func newToken() string {

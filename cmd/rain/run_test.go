@@ -18,7 +18,8 @@ import (
 	"rain/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// IgnoreCurrent: ants starts a default pool of its own at init.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
@@ -96,7 +97,13 @@ func post(t *testing.T, url, token, body string) (int, map[string]any) {
 }
 
 func TestServeEmbedded(t *testing.T) {
-	addr, logs := startServe(t, nil, nil)
+	for _, args := range [][]string{nil, {"--pool", "off"}} {
+		t.Run(fmt.Sprint(args), func(t *testing.T) { testServeEmbedded(t, args) })
+	}
+}
+
+func testServeEmbedded(t *testing.T, args []string) {
+	addr, logs := startServe(t, args, nil)
 	first := strings.SplitN(logs.String(), "\n", 2)[0]
 	if !strings.Contains(first, "embedded in-memory shards") {
 		t.Fatalf("first log line %q does not say the shards are embedded", first)
@@ -190,6 +197,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
 		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
 		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
+		{[]string{"serve", "--pool", "maybe"}, nil, "--pool"},
+		{[]string{"serve", "--pool-min", "50", "--pool-max", "10"}, nil, "min 50 and max 10"},
+		{[]string{"serve"}, map[string]string{"RAIN_POOL_QUEUE": "lots"}, "RAIN_POOL_QUEUE"},
 		{[]string{"preload", "--pool", "p"}, nil, "--redis"},
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
 	} {

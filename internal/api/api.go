@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"rain/internal/grab"
+	"rain/internal/pool"
 )
 
 // MaxGrabBody is the largest POST /grab body accepted.
@@ -39,14 +40,26 @@ type Pools interface {
 	Audit(ctx context.Context, id string) (*grab.Report, error)
 }
 
-// Config wires a Server. Every field is required but Logger (default: discard).
+// Runner runs a grab as a task (internal/pool's Pool) and waits for it.
+// It returns pool.ErrOverloaded when it sheds, pool.ErrPanicked when the task
+// panicked, or ctx's error when the client has gone.
+type Runner interface {
+	Do(ctx context.Context, fn func(ctx context.Context)) error
+}
+
+// Config wires a Server. Grabber, Pools, AdminToken and Ready are required.
 type Config struct {
 	Grabber    Grabber
 	Pools      Pools
 	AdminToken string
 	// Ready reports whether every shard answers (GET /readyz).
-	Ready  func(ctx context.Context) error
-	Logger *slog.Logger
+	Ready func(ctx context.Context) error
+	// Runner runs every grab; nil runs grabs on the handler goroutine
+	// (rain serve --pool=off, for comparison only).
+	Runner Runner
+	// Metrics append more Prometheus text to GET /metrics.
+	Metrics []func(b []byte) []byte
+	Logger  *slog.Logger
 }
 
 // Server serves rain's HTTP API. It is an http.Handler.
@@ -259,17 +272,37 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
 		return
 	}
-	res, err := s.cfg.Grabber.Grab(r.Context(), req.PoolID, req.UserID)
+	var res grab.Result
+	if s.cfg.Runner == nil {
+		res, err = s.cfg.Grabber.Grab(r.Context(), req.PoolID, req.UserID)
+	} else {
+		var tres grab.Result
+		var terr error
+		// tres and terr are read only when Do returns nil: the task has
+		// finished then; on any error it may still be running.
+		err = s.cfg.Runner.Do(r.Context(), func(ctx context.Context) {
+			tres, terr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
+		})
+		if err == nil {
+			res, err = tres, terr
+		}
+	}
 	st := stError
 	switch {
 	case err == nil:
 		st = outcomeStatus(res.Outcome)
+	case errors.Is(err, pool.ErrOverloaded):
+		st = stOverloaded
+	case errors.Is(err, pool.ErrPanicked):
+		// Logged by the pool; the request gets a 500 below.
 	case errors.Is(err, grab.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		st = stOverloaded
-		res.RetryAfter = time.Second
 		s.cfg.Logger.Debug("grab unavailable", "pool_id", req.PoolID, "err", err)
 	default:
 		s.cfg.Logger.Error("grab failed", "pool_id", req.PoolID, "user_id", req.UserID, "err", err)
+	}
+	if st == stOverloaded {
+		res.RetryAfter = time.Second
 	}
 	s.metrics.grabs[st].Add(1)
 	if st == stError {
@@ -426,6 +459,9 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	b = append(b, "# HELP rain_grabs_total Grab requests answered, by status.\n# TYPE rain_grabs_total counter\n"...)
 	for st := range nStatus {
 		b = fmt.Appendf(b, "rain_grabs_total{status=%q} %d\n", statusNames[st], s.metrics.grabs[st].Load())
+	}
+	for _, m := range s.cfg.Metrics {
+		b = m(b)
 	}
 	_, _ = w.Write(b)
 }

@@ -17,11 +17,13 @@ import (
 
 	"rain/internal/grab"
 	"rain/internal/idgen"
+	"rain/internal/pool"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// IgnoreCurrent: ants starts a default pool of its own at init.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
 
 const token = "test-token"
 
@@ -34,7 +36,9 @@ type stack struct {
 	client  *http.Client
 }
 
-func newStack(t testing.TB, n int, opts redistest.Options) *stack {
+// newStack starts n shards and the API on the worker pool; tweak, if not
+// nil, may change the config first.
+func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config)) *stack {
 	t.Helper()
 	servers := redistest.StartN(t, n, opts)
 	specs := make([]shard.Spec, n)
@@ -53,7 +57,17 @@ func newStack(t testing.TB, n int, opts redistest.Options) *stack {
 	t.Cleanup(func() { gen.Close() })
 	svc := grab.New(set, gen)
 	t.Cleanup(svc.Close)
-	a := New(Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: set.Ping})
+	workers, err := pool.New(pool.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { workers.Close(5 * time.Second) })
+	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: set.Ping, Runner: workers,
+		Metrics: []func([]byte) []byte{workers.AppendMetrics}}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	a := New(cfg)
 	ts := httptest.NewServer(a)
 	t.Cleanup(ts.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
@@ -374,7 +388,70 @@ func TestMetricsFormat(t *testing.T) {
 	}
 	defer r.Body.Close()
 	b, _ := io.ReadAll(r.Body)
-	if !bytes.Contains(b, []byte(`rain_grabs_total{status="not_found"} 1`)) {
-		t.Fatalf("/metrics lacks the not_found counter:\n%s", b)
+	for _, want := range []string{`rain_grabs_total{status="not_found"} 1`, "rain_pool_capacity 8", "rain_pool_shed_total 0"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, b)
+		}
+	}
+}
+
+// gated wraps the real service: a grab by user "slow" waits for release, one
+// by "boom" panics; every other grab goes through.
+type gated struct {
+	Grabber
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gated) Grab(ctx context.Context, pool, user string) (grab.Result, error) {
+	switch user {
+	case "slow":
+		g.entered <- struct{}{}
+		<-g.release
+	case "boom":
+		panic("boom")
+	}
+	return g.Grabber.Grab(ctx, pool, user)
+}
+
+func TestPoolShedsAndRecovers(t *testing.T) {
+	g := gated{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	var workers *pool.Pool
+	s := newStack(t, 1, redistest.Options{}, func(c *Config) {
+		var err error
+		// One worker, no queue: a second grab while the first runs is shed.
+		workers, err = pool.New(pool.Config{Min: 1, Max: 1, Queue: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { workers.Close(5 * time.Second) })
+		g.Grabber = c.Grabber
+		c.Grabber, c.Runner = g, workers
+	})
+	s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
+
+	slow := make(chan response, 1)
+	go func() { slow <- s.grab(t, "p", "slow") }()
+	<-g.entered
+	r := s.grab(t, "p", "u1")
+	if r.Code != 503 || r.Body["status"] != "overloaded" || r.RetryAfter == "" {
+		t.Fatalf("grab while the pool is full = %d %v (Retry-After %q), want 503 overloaded with Retry-After", r.Code, r.Body, r.RetryAfter)
+	}
+	close(g.release)
+	if r := <-slow; r.Code != 200 {
+		t.Fatalf("the slow grab = %d %v, want 200", r.Code, r.Body)
+	}
+	st := s.do(t, "GET", "/admin/pools/p", token, "")
+	if num(st.Body["held_count"]) != 1 {
+		t.Fatalf("held after one grant and one shed = %v, want 1: the shed grab granted nothing", st.Body)
+	}
+	if r := s.grab(t, "p", "boom"); r.Code != 500 || r.Body["status"] != "error" {
+		t.Fatalf("grab that panics = %d %v, want 500", r.Code, r.Body)
+	}
+	if r := s.grab(t, "p", "u1"); r.Code != 200 || r.Body["status"] != "granted" {
+		t.Fatalf("grab after a shed and a panic = %d %v, want 200 granted (the pool keeps serving)", r.Code, r.Body)
+	}
+	if got := workers.Stats(); got.Shed != 1 || got.Panics != 1 {
+		t.Fatalf("pool stats %+v, want 1 shed, 1 panic", got)
 	}
 }

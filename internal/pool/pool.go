@@ -1,0 +1,305 @@
+// Package pool runs every grab on one ants worker pool whose size follows the
+// load, and refuses at once what it cannot serve in time.
+//
+// In a red-packet rain the offered load jumps a hundredfold in a second.
+// Unbounded goroutines then pile up on Redis until every request times out;
+// a fixed small pool queues them until every request times out. Pool keeps
+// the work in flight near what the shards can absorb, from Little's law:
+// capacity = arrival rate × service time × headroom, re-estimated every
+// Config.Interval, clamped to [Min, Max], changed with ants' Tune in bounded
+// steps and only when the change is large enough (hysteresis), so it does not
+// flap. Callers beyond the workers wait in a bounded queue (ants'
+// MaxBlockingTasks); past that, Do returns ErrOverloaded in microseconds and
+// the HTTP layer answers 503 with Retry-After. Accepted requests keep a low
+// tail latency instead of everyone timing out.
+//
+// A panic in a task is recovered, counted and logged once per panic; Do
+// returns ErrPanicked and the pool keeps serving.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/ants/v2"
+
+	"rain/internal/metrics"
+)
+
+// Errors returned by Do.
+var (
+	// ErrOverloaded is returned when every worker is busy and the queue is
+	// full: the task was not run.
+	ErrOverloaded = errors.New("pool: overloaded")
+	// ErrPanicked is returned when the task panicked; the panic was
+	// recovered, counted and logged.
+	ErrPanicked = errors.New("pool: task panicked")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("pool: closed")
+)
+
+// Config tunes a Pool. Zero fields take the documented defaults.
+type Config struct {
+	// Min and Max bound the capacity (workers). Defaults 8 and 1024.
+	Min, Max int
+	// Queue is how many callers may wait for a worker before Do sheds.
+	// Default 1024; negative means none wait (shed as soon as all workers
+	// are busy).
+	Queue int
+	// Interval between two resizing decisions. Default 500ms.
+	Interval time.Duration
+	// Headroom multiplies the Little's-law estimate. Default 2.
+	Headroom float64
+	// Smoothing is the weight of the newest interval in the moving averages
+	// of arrival rate and service time, in (0, 1]. Default 0.5.
+	Smoothing float64
+	// MaxGrowth and MaxShrink bound one step: the capacity at most doubles
+	// (×2) and at most loses a quarter (×0.75) per interval, by default.
+	MaxGrowth, MaxShrink float64
+	// Hysteresis is the relative change below which the capacity is left
+	// alone. Default 0.1 (10%).
+	Hysteresis float64
+	// Logger receives panics and resizes (at debug). Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) init() error {
+	if c.Min == 0 {
+		c.Min = 8
+	}
+	if c.Max == 0 {
+		c.Max = 1024
+	}
+	if c.Queue == 0 {
+		c.Queue = 1024
+	}
+	if c.Interval == 0 {
+		c.Interval = 500 * time.Millisecond
+	}
+	if c.Headroom == 0 {
+		c.Headroom = 2
+	}
+	if c.Smoothing == 0 {
+		c.Smoothing = 0.5
+	}
+	if c.MaxGrowth == 0 {
+		c.MaxGrowth = 2
+	}
+	if c.MaxShrink == 0 {
+		c.MaxShrink = 0.75
+	}
+	if c.Hysteresis == 0 {
+		c.Hysteresis = 0.1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Min < 1 || c.Max < c.Min:
+		return fmt.Errorf("pool: min %d and max %d: want 1 ≤ min ≤ max", c.Min, c.Max)
+	case c.Max > math.MaxInt32:
+		return fmt.Errorf("pool: max %d too large", c.Max)
+	case c.Smoothing < 0 || c.Smoothing > 1:
+		return fmt.Errorf("pool: smoothing %v not in (0, 1]", c.Smoothing)
+	case c.MaxGrowth < 1 || c.MaxShrink <= 0 || c.MaxShrink > 1:
+		return fmt.Errorf("pool: growth %v and shrink %v: want growth ≥ 1, 0 < shrink ≤ 1", c.MaxGrowth, c.MaxShrink)
+	}
+	return nil
+}
+
+// Pool is a resizing ants pool. Create it with New, stop it with Close.
+type Pool struct {
+	cfg  Config
+	ants *ants.Pool
+
+	arrivals  atomic.Int64 // Do calls, ever
+	completed atomic.Int64 // tasks run to the end (or panicked), ever
+	busyNanos atomic.Int64 // total time tasks ran, ever
+	shed      atomic.Int64 // Do calls refused with ErrOverloaded, ever
+	panics    atomic.Int64 // tasks that panicked, ever
+	target    atomic.Int64 // the controller's last target
+
+	ctl  controller    // owned by the control goroutine (and tests)
+	stop chan struct{} // closed by Close
+	done chan struct{} // closed when the control goroutine exits
+	once sync.Once     // guards Close
+}
+
+// New starts a pool at Min workers and its controller.
+func New(cfg Config) (*Pool, error) {
+	if err := cfg.init(); err != nil {
+		return nil, err
+	}
+	p := &Pool{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	opts := []ants.Option{
+		ants.WithPanicHandler(p.antsPanic),
+		ants.WithLogger(discard{}),
+	}
+	if cfg.Queue < 0 {
+		opts = append(opts, ants.WithNonblocking(true))
+	} else {
+		opts = append(opts, ants.WithMaxBlockingTasks(cfg.Queue))
+	}
+	a, err := ants.NewPool(cfg.Min, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	p.ants = a
+	p.target.Store(int64(cfg.Min))
+	p.ctl = controller{cfg: &p.cfg}
+	go p.control()
+	return p, nil
+}
+
+// Do runs fn on a worker and waits for it to finish. It returns
+// ErrOverloaded at once when all workers are busy and the queue is full,
+// ErrPanicked if fn panicked, ErrClosed after Close, and ctx's error when ctx
+// ends first. fn gets ctx; if ctx has ended by the time a worker picks the
+// task up (the client has gone), fn is not called at all.
+//
+// A caller waiting in the queue waits inside ants, which cannot be woken by
+// ctx: it leaves when a worker frees up (the queue is bounded, so that is at
+// most Queue × service time / capacity), and then does no work.
+func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
+	p.arrivals.Add(1)
+	t := &task{done: make(chan error, 1)}
+	err := p.ants.Submit(func() { p.run(ctx, t, fn) })
+	switch {
+	case errors.Is(err, ants.ErrPoolOverload):
+		p.shed.Add(1)
+		return ErrOverloaded
+	case errors.Is(err, ants.ErrPoolClosed):
+		return ErrClosed
+	case err != nil:
+		return fmt.Errorf("pool: submit: %w", err)
+	}
+	select {
+	case err := <-t.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type task struct {
+	done chan error // capacity 1: the worker never blocks on it
+}
+
+// run is the task as a worker runs it.
+func (p *Pool) run(ctx context.Context, t *task, fn func(context.Context)) {
+	if err := ctx.Err(); err != nil {
+		t.done <- err
+		return
+	}
+	start := time.Now()
+	defer func() {
+		p.busyNanos.Add(int64(time.Since(start)))
+		p.completed.Add(1)
+		if r := recover(); r != nil {
+			p.panics.Add(1)
+			p.cfg.Logger.Error("task panicked; recovered", "panic", fmt.Sprint(r))
+			t.done <- ErrPanicked
+			return
+		}
+		t.done <- nil
+	}()
+	fn(ctx)
+}
+
+// antsPanic is ants' backstop: run recovers every panic itself, so this
+// fires only if ants' own code panics.
+func (p *Pool) antsPanic(r any) {
+	p.panics.Add(1)
+	p.cfg.Logger.Error("worker panicked outside a task; recovered", "panic", fmt.Sprint(r))
+}
+
+// control resizes the pool every Interval until Close.
+func (p *Pool) control() {
+	defer close(p.done)
+	t := time.NewTicker(p.cfg.Interval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-t.C:
+			p.step(now.Sub(last))
+			last = now
+		}
+	}
+}
+
+// step takes one resizing decision over an interval of length dt.
+func (p *Pool) step(dt time.Duration) {
+	capNow := p.ants.Cap()
+	next, target := p.ctl.decide(dt, capNow, sample{
+		arrivals:  p.arrivals.Load(),
+		completed: p.completed.Load(),
+		busyNanos: p.busyNanos.Load(),
+	})
+	p.target.Store(int64(target))
+	if next != capNow {
+		p.ants.Tune(next)
+		p.cfg.Logger.Debug("pool resized", "from", capNow, "to", next, "target", target)
+	}
+}
+
+// Close stops the controller and drains the pool: tasks running finish, and
+// Close waits up to timeout for them. It returns an error if they did not
+// finish in time. Call it after the HTTP server has stopped.
+func (p *Pool) Close(timeout time.Duration) error {
+	var err error
+	p.once.Do(func() {
+		close(p.stop)
+		<-p.done
+		if e := p.ants.ReleaseTimeout(timeout); e != nil {
+			err = fmt.Errorf("pool: drain: %w", e)
+		}
+	})
+	return err
+}
+
+// Stats is a snapshot for metrics.
+type Stats struct {
+	Capacity, Running, Waiting int
+	Target                     int
+	Arrivals, Shed, Panics     int64
+}
+
+// Stats returns a snapshot.
+func (p *Pool) Stats() Stats {
+	return Stats{
+		Capacity: p.ants.Cap(),
+		Running:  p.ants.Running(),
+		Waiting:  p.ants.Waiting(),
+		Target:   int(p.target.Load()),
+		Arrivals: p.arrivals.Load(),
+		Shed:     p.shed.Load(),
+		Panics:   p.panics.Load(),
+	}
+}
+
+// AppendMetrics appends the pool's metrics in Prometheus text format.
+func (p *Pool) AppendMetrics(b []byte) []byte {
+	s := p.Stats()
+	return metrics.Append(b,
+		metrics.Metric{Name: "rain_pool_capacity", Kind: "gauge", Help: "Workers the pool may run now.", V: int64(s.Capacity)},
+		metrics.Metric{Name: "rain_pool_target", Kind: "gauge", Help: "Capacity the controller aims at (rate x service time x headroom).", V: int64(s.Target)},
+		metrics.Metric{Name: "rain_pool_running", Kind: "gauge", Help: "Workers running a task.", V: int64(s.Running)},
+		metrics.Metric{Name: "rain_pool_waiting", Kind: "gauge", Help: "Callers waiting for a worker.", V: int64(s.Waiting)},
+		metrics.Metric{Name: "rain_pool_shed_total", Kind: "counter", Help: "Grabs refused because the pool and its queue were full.", V: s.Shed},
+		metrics.Metric{Name: "rain_pool_panics_total", Kind: "counter", Help: "Tasks that panicked (recovered).", V: s.Panics},
+	)
+}
+
+// discard silences ants' logger; rain logs what matters itself.
+type discard struct{}
+
+func (discard) Printf(string, ...any) {}

@@ -1,0 +1,334 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// IgnoreCurrent: ants starts a default pool of its own at init.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
+
+func newPool(t *testing.T, cfg Config) *Pool {
+	t.Helper()
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Hour // tests drive step by hand unless they say so
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(5 * time.Second); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return p
+}
+
+// TestControllerFollowsLoad drives the controller with made-up samples, as a
+// fake clock would: 500 ms intervals, 2 ms per task.
+func TestControllerFollowsLoad(t *testing.T) {
+	cfg := Config{Min: 8, Max: 1024}
+	if err := cfg.init(); err != nil {
+		t.Fatal(err)
+	}
+	c := controller{cfg: &cfg}
+	const dt = 500 * time.Millisecond
+	var s sample
+	capNow := cfg.Min
+	// tick feeds one interval at rate arrivals/s, each task taking svc.
+	tick := func(rate float64, svc time.Duration) (int, int) {
+		n := int64(rate * dt.Seconds())
+		s.arrivals += n
+		s.completed += n
+		s.busyNanos += n * int64(svc)
+		next, target := c.decide(dt, capNow, s)
+		if next < cfg.Min || next > cfg.Max {
+			t.Fatalf("capacity %d outside [%d, %d]", next, cfg.Min, cfg.Max)
+		}
+		if next > capNow && float64(next) > float64(capNow)*cfg.MaxGrowth+1 ||
+			next < capNow && float64(next) < float64(capNow)*cfg.MaxShrink-1 {
+			t.Fatalf("step %d -> %d exceeds the bounds ×%v / ×%v", capNow, next, cfg.MaxGrowth, cfg.MaxShrink)
+		}
+		capNow = next
+		return next, target
+	}
+	tick(0, 0) // primes
+
+	// 50,000 grabs/s × 2 ms × headroom 2 = 200 workers: reached within a few ticks.
+	var ticks int
+	for ticks = 1; ticks <= 10; ticks++ {
+		if next, _ := tick(50_000, 2*time.Millisecond); next == 200 {
+			break
+		}
+	}
+	if ticks > 6 {
+		t.Fatalf("capacity %d after %d ticks at 50k/s, want 200 within 6", capNow, ticks)
+	}
+	// Steady load: no flapping.
+	for range 10 {
+		if next, _ := tick(50_000*(1+0.05*(rand.Float64()-0.5)), 2*time.Millisecond); next != 200 {
+			t.Fatalf("capacity moved to %d under a steady load ±2.5%%, want it held at 200", next)
+		}
+	}
+	// A flood: target clamps at Max.
+	for range 10 {
+		tick(10_000_000, 2*time.Millisecond)
+	}
+	if capNow != cfg.Max {
+		t.Fatalf("capacity under a flood = %d, want Max %d", capNow, cfg.Max)
+	}
+	// Load gone: back down to Min.
+	for range 30 {
+		tick(0, 0)
+	}
+	if capNow != cfg.Min {
+		t.Fatalf("capacity when idle = %d, want Min %d", capNow, cfg.Min)
+	}
+}
+
+func TestSaturationSheds(t *testing.T) {
+	const workers, queue, callers = 4, 8, 100
+	p := newPool(t, Config{Min: workers, Max: workers, Queue: queue})
+	release := make(chan struct{})
+	var ran atomic.Int64
+	results := make(chan error, callers)
+	var slowest atomic.Int64 // nanoseconds of the slowest ErrOverloaded
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			start := time.Now()
+			err := p.Do(context.Background(), func(context.Context) {
+				ran.Add(1)
+				<-release
+			})
+			if errors.Is(err, ErrOverloaded) {
+				d := int64(time.Since(start))
+				for {
+					old := slowest.Load()
+					if d <= old || slowest.CompareAndSwap(old, d) {
+						break
+					}
+				}
+			}
+			results <- err
+		})
+	}
+	// Wait until the pool is full and everyone else has been refused.
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Stats().Shed < callers-workers-queue {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: want %d shed", p.Stats(), callers-workers-queue)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := p.Stats(); st.Running != workers || st.Waiting != queue {
+		t.Fatalf("stats while saturated = %+v, want %d running, %d waiting", st, workers, queue)
+	}
+	close(release)
+	wg.Wait()
+	close(results)
+	var ok, shed int
+	for err := range results {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrOverloaded):
+			shed++
+		default:
+			t.Fatalf("Do: %v", err)
+		}
+	}
+	if ok != workers+queue || shed != callers-workers-queue || ran.Load() != int64(ok) {
+		t.Fatalf("accepted %d (ran %d), shed %d; want %d accepted and run, %d shed", ok, ran.Load(), shed, workers+queue, callers-workers-queue)
+	}
+	// Shedding does not wait for a worker: far below a task's time here.
+	if d := time.Duration(slowest.Load()); d > 100*time.Millisecond {
+		t.Fatalf("slowest refusal took %v, want it at once", d)
+	}
+}
+
+func TestGoneClientDoesNoWork(t *testing.T) {
+	p := newPool(t, Config{Min: 1, Max: 1, Queue: 4})
+	block := make(chan struct{})
+	started := make(chan struct{})
+	go p.Do(context.Background(), func(context.Context) { close(started); <-block })
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	var called atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- p.Do(ctx, func(context.Context) { called.Store(true) }) }()
+	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	cancel()
+	// A caller queued inside ants cannot leave the queue early; when a
+	// worker frees up, its task sees the context ended and does nothing.
+	close(block)
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do with the client gone = %v, want context.Canceled", err)
+	}
+	waitFor(t, func() bool { return p.Stats().Running == 0 })
+	if called.Load() {
+		t.Fatal("the task of a client that had gone was run")
+	}
+}
+
+// TestPanicsInEveryWorker: every task panics, with callers queued behind
+// (ants #146 stalled here): each gets ErrPanicked, nobody stalls, and the pool
+// serves normally after.
+func TestPanicsInEveryWorker(t *testing.T) {
+	p := newPool(t, Config{Min: 2, Max: 2, Queue: 1000})
+	const n = 300
+	var wg sync.WaitGroup
+	var panicked atomic.Int64
+	for range n {
+		wg.Go(func() {
+			err := p.Do(context.Background(), func(context.Context) { panic("boom") })
+			if errors.Is(err, ErrPanicked) {
+				panicked.Add(1)
+			} else {
+				t.Errorf("Do(panicking task) = %v, want ErrPanicked", err)
+			}
+		})
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("stalled: %d of %d panicking tasks answered", panicked.Load(), n)
+	}
+	if got := p.Stats().Panics; got != n {
+		t.Fatalf("Panics = %d, want %d", got, n)
+	}
+	if err := p.Do(context.Background(), func(context.Context) {}); err != nil {
+		t.Fatalf("Do after panics = %v, want nil", err)
+	}
+}
+
+// TestTuneUnderLoad: Tune races with Submit (ants #374) and the counters must
+// come back to zero after frequent Tune (ants #196). Run with -race.
+func TestTuneUnderLoad(t *testing.T) {
+	p := newPool(t, Config{Min: 1, Max: 64, Queue: 10_000})
+	stop := make(chan struct{})
+	var tuner sync.WaitGroup
+	tuner.Go(func() {
+		r := rand.New(rand.NewPCG(1, 2))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p.ants.Tune(1 + r.IntN(64))
+			time.Sleep(50 * time.Microsecond)
+		}
+	})
+	var wg sync.WaitGroup
+	var ran atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for range 500 {
+				if err := p.Do(context.Background(), func(context.Context) { ran.Add(1) }); err != nil {
+					t.Errorf("Do: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	tuner.Wait()
+	if ran.Load() != 16*500 {
+		t.Fatalf("ran %d tasks, want %d", ran.Load(), 16*500)
+	}
+	waitFor(t, func() bool { st := p.Stats(); return st.Running == 0 && st.Waiting == 0 })
+}
+
+// TestTuneUpReleasesWaiters: callers blocked at capacity start as soon as the
+// capacity grows, without waiting for a running task to end.
+func TestTuneUpReleasesWaiters(t *testing.T) {
+	p := newPool(t, Config{Min: 1, Max: 16, Queue: 100})
+	block := make(chan struct{})
+	defer close(block)
+	started := make(chan struct{}, 10)
+	go p.Do(context.Background(), func(context.Context) { started <- struct{}{}; <-block })
+	<-started
+	for range 5 {
+		go p.Do(context.Background(), func(context.Context) { started <- struct{}{}; <-block })
+	}
+	waitFor(t, func() bool { return p.Stats().Waiting == 5 })
+	p.ants.Tune(8)
+	for i := range 5 {
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 5 waiters started after Tune(8)", i)
+		}
+	}
+}
+
+// TestControlLoopResizes: the real control goroutine, on a short interval,
+// grows the pool under load and shrinks it after.
+func TestControlLoopResizes(t *testing.T) {
+	p := newPool(t, Config{Min: 2, Max: 64, Interval: 20 * time.Millisecond})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = p.Do(context.Background(), func(context.Context) { time.Sleep(2 * time.Millisecond) })
+			}
+		})
+	}
+	waitFor(t, func() bool { return p.Stats().Capacity >= 16 })
+	close(stop)
+	wg.Wait()
+	waitFor(t, func() bool { return p.Stats().Capacity == 2 })
+}
+
+func TestClosedPool(t *testing.T) {
+	p, err := New(Config{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Do(context.Background(), func(context.Context) {}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do after Close = %v, want ErrClosed", err)
+	}
+	if err := p.Close(time.Second); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{{Min: 10, Max: 5}, {Min: -1}, {Smoothing: 2}, {MaxShrink: 1.5}} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) = nil error", cfg)
+		}
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,802 @@
+package rain_test
+
+// This file keeps docker-compose.yml, the Dockerfile and .dockerignore in
+// step with the code, so that the stack cannot drift from the binary it runs:
+//
+//   - every rain service's subcommand, --flags and RAIN_* variables exist in
+//     that subcommand's -h (built from cmd/rain here), and the values parse
+//     the way rain parses them (RAIN_REDIS with rain's own shard.ParseSpecs);
+//   - RAIN_REDIS names the Redis services of the file, every rain instance
+//     names the same shards with the same weights and serial shard (the ring
+//     places pools by name and weight), and waits for those shards' health;
+//   - each Redis shard runs with AOF, fsync every second, a named volume and a
+//     health check;
+//   - the Dockerfile builds with the Go of go.mod, statically, and runs
+//     /rain as a non-root user on an image that has the wget the health check
+//     calls.
+//
+// No YAML library is in go.mod, so parseCompose reads the subset of YAML the
+// compose file keeps to (its header says which) and refuses anything else.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"rain/internal/shard"
+)
+
+// ------------------------------------------------------------ YAML subset
+
+// ymap is a YAML block mapping, its keys in file order. A value is a string,
+// a []string (block or flow list of scalars), a *ymap, or nil (no value).
+type ymap struct {
+	keys []string
+	vals map[string]any
+}
+
+func (m *ymap) get(key string) any {
+	if m == nil {
+		return nil
+	}
+	return m.vals[key]
+}
+
+func (m *ymap) str(key string) string {
+	s, _ := m.get(key).(string)
+	return s
+}
+
+func (m *ymap) list(key string) []string {
+	l, _ := m.get(key).([]string)
+	return l
+}
+
+func (m *ymap) sub(key string) *ymap {
+	s, _ := m.get(key).(*ymap)
+	return s
+}
+
+type yline struct {
+	no     int // 1-based line number
+	indent int
+	text   string // without indentation
+}
+
+// parseCompose parses the YAML subset of docker-compose.yml: two-space
+// indentation; block mappings; block lists of scalars ("- item"); flow lists
+// of scalars on one line; plain, "double" or 'single' quoted scalars; whole-line
+// and trailing comments. Anchors, aliases, tags, flow mappings, multi-line
+// scalars and mappings inside lists are errors, never misread.
+func parseCompose(src string) (*ymap, error) {
+	var lines []yline
+	sc := bufio.NewScanner(strings.NewReader(src))
+	for no := 1; sc.Scan(); no++ {
+		raw := sc.Text()
+		body := strings.TrimLeft(raw, " ")
+		if strings.HasPrefix(body, "\t") {
+			return nil, fmt.Errorf("line %d: tab in indentation", no)
+		}
+		if body == "" || strings.HasPrefix(body, "#") {
+			continue
+		}
+		if body == "---" || body == "..." {
+			return nil, fmt.Errorf("line %d: document markers are not supported", no)
+		}
+		lines = append(lines, yline{no: no, indent: len(raw) - len(body), text: strings.TrimRight(body, " ")})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(lines) == 0 {
+		return nil, errors.New("empty file")
+	}
+	p := &yparser{lines: lines}
+	v, err := p.block(0)
+	if err != nil {
+		return nil, err
+	}
+	if p.i < len(p.lines) {
+		l := p.lines[p.i]
+		return nil, fmt.Errorf("line %d: unexpected indentation %d", l.no, l.indent)
+	}
+	m, ok := v.(*ymap)
+	if !ok {
+		return nil, errors.New("the top level is not a mapping")
+	}
+	return m, nil
+}
+
+type yparser struct {
+	lines []yline
+	i     int // next line
+}
+
+// block parses the mapping or list whose lines sit at indent.
+func (p *yparser) block(indent int) (any, error) {
+	first := p.lines[p.i]
+	if first.indent != indent {
+		return nil, fmt.Errorf("line %d: indentation %d, want %d", first.no, first.indent, indent)
+	}
+	if first.text == "-" || strings.HasPrefix(first.text, "- ") {
+		var items []string
+		for p.i < len(p.lines) && p.lines[p.i].indent == indent {
+			l := p.lines[p.i]
+			if l.text != "-" && !strings.HasPrefix(l.text, "- ") {
+				return nil, fmt.Errorf("line %d: a mapping key among list items", l.no)
+			}
+			item := strings.TrimSpace(strings.TrimPrefix(l.text, "-"))
+			if _, _, isMap := cutKey(item); isMap && !strings.HasPrefix(item, `"`) && !strings.HasPrefix(item, "'") {
+				return nil, fmt.Errorf("line %d: mappings inside lists are not supported (quote the item if it is a string)", l.no)
+			}
+			v, err := scalar(item, l.no)
+			if err != nil {
+				return nil, err
+			}
+			s, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("line %d: nested lists are not supported", l.no)
+			}
+			items = append(items, s)
+			p.i++
+		}
+		return items, nil
+	}
+	m := &ymap{vals: map[string]any{}}
+	for p.i < len(p.lines) && p.lines[p.i].indent == indent {
+		l := p.lines[p.i]
+		key, rest, ok := cutKey(l.text)
+		if !ok {
+			return nil, fmt.Errorf("line %d: want key: value, have %q", l.no, l.text)
+		}
+		if strings.HasPrefix(key, "- ") {
+			return nil, fmt.Errorf("line %d: a list item among mapping keys", l.no)
+		}
+		if _, dup := m.vals[key]; dup {
+			return nil, fmt.Errorf("line %d: key %q twice", l.no, key)
+		}
+		p.i++
+		var v any
+		switch {
+		case rest != "":
+			var err error
+			if v, err = scalar(rest, l.no); err != nil {
+				return nil, err
+			}
+		case p.i < len(p.lines) && p.lines[p.i].indent > indent:
+			if p.lines[p.i].indent != indent+2 {
+				return nil, fmt.Errorf("line %d: indent by two spaces under %q", p.lines[p.i].no, key)
+			}
+			var err error
+			if v, err = p.block(indent + 2); err != nil {
+				return nil, err
+			}
+		}
+		m.keys = append(m.keys, key)
+		m.vals[key] = v
+	}
+	if p.i < len(p.lines) && p.lines[p.i].indent > indent {
+		l := p.lines[p.i]
+		return nil, fmt.Errorf("line %d: indentation %d under a key with a value", l.no, l.indent)
+	}
+	return m, nil
+}
+
+// cutKey splits "key: rest" or "key:" at the first colon followed by a space
+// or the end of the line; rest has its trailing comment removed.
+func cutKey(s string) (key, rest string, ok bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == ':' && (i+1 == len(s) || s[i+1] == ' ') {
+			return strings.TrimSpace(s[:i]), strings.TrimSpace(stripComment(s[i+1:])), true
+		}
+	}
+	return "", "", false
+}
+
+// stripComment removes a " #..." comment outside quotes.
+func stripComment(s string) string {
+	var quote byte
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			} else if c == '\\' && quote == '"' {
+				i++
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#' && (i == 0 || s[i-1] == ' '):
+			return strings.TrimSpace(s[:i])
+		}
+	}
+	return s
+}
+
+// scalar parses a value on one line: a quoted or plain string, or a flow
+// list of them.
+func scalar(s string, no int) (any, error) {
+	s = strings.TrimSpace(stripComment(s))
+	if s == "" {
+		return "", nil
+	}
+	switch s[0] {
+	case '[':
+		if !strings.HasSuffix(s, "]") {
+			return nil, fmt.Errorf("line %d: a flow list must close on its line", no)
+		}
+		items := []string{}
+		inner := strings.TrimSpace(s[1 : len(s)-1])
+		for inner != "" {
+			item, rest, err := nextFlowItem(inner, no)
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, item)
+			inner = rest
+		}
+		return items, nil
+	case '"':
+		if len(s) < 2 || !strings.HasSuffix(s, `"`) {
+			return nil, fmt.Errorf("line %d: unterminated double quote", no)
+		}
+		v, err := strconv.Unquote(s)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %s: %w", no, s, err)
+		}
+		return v, nil
+	case '\'':
+		if len(s) < 2 || !strings.HasSuffix(s, "'") {
+			return nil, fmt.Errorf("line %d: unterminated single quote", no)
+		}
+		return strings.ReplaceAll(s[1:len(s)-1], "''", "'"), nil
+	case '{', '&', '*', '!', '|', '>', '%', '@', '`':
+		return nil, fmt.Errorf("line %d: %q: flow mappings, anchors, aliases, tags and block scalars are not supported", no, s)
+	}
+	return s, nil
+}
+
+// nextFlowItem reads one item of a flow list and the text after its comma.
+func nextFlowItem(s string, no int) (item, rest string, err error) {
+	s = strings.TrimSpace(s)
+	var after string
+	if s[0] == '"' || s[0] == '\'' {
+		i := 1
+		for ; i < len(s); i++ {
+			if s[i] == '\\' && s[0] == '"' {
+				i++ // an escaped character
+			} else if s[i] == '\'' && s[0] == '\'' && i+1 < len(s) && s[i+1] == '\'' {
+				i++ // '' is a quote inside single quotes
+			} else if s[i] == s[0] {
+				break
+			}
+		}
+		if i >= len(s) {
+			return "", "", fmt.Errorf("line %d: unterminated quote in a flow list", no)
+		}
+		v, err := scalar(s[:i+1], no)
+		if err != nil {
+			return "", "", err
+		}
+		item, after = v.(string), strings.TrimSpace(s[i+1:])
+		if after != "" && after[0] != ',' {
+			return "", "", fmt.Errorf("line %d: text after a quoted item in a flow list", no)
+		}
+	} else {
+		raw := s
+		if end := strings.IndexByte(s, ','); end >= 0 {
+			raw, after = s[:end], s[end:]
+		}
+		if strings.ContainsAny(raw, "[]{}") {
+			return "", "", fmt.Errorf("line %d: nested flow collections are not supported", no)
+		}
+		item = strings.TrimSpace(raw)
+	}
+	if after == "" {
+		return item, "", nil
+	}
+	rest = strings.TrimSpace(after[1:])
+	if rest == "" {
+		return "", "", fmt.Errorf("line %d: trailing comma in a flow list", no)
+	}
+	return item, rest, nil
+}
+
+func TestParseCompose(t *testing.T) {
+	good := `# comment
+name: x
+services:
+  a:
+    command: ["serve", "--x=1", 'it''s']   # trailing comment
+    environment:
+      K: "v # not a comment"
+      E:
+    ports:
+      - "127.0.0.1:1:2"
+      - plain:value
+volumes:
+  v:
+`
+	m, err := parseCompose(good)
+	if err != nil {
+		t.Fatalf("parseCompose: %v", err)
+	}
+	a := m.sub("services").sub("a")
+	if got, want := a.list("command"), []string{"serve", "--x=1", "it's"}; !slices.Equal(got, want) {
+		t.Errorf("command = %q, want %q", got, want)
+	}
+	if got := a.sub("environment").str("K"); got != "v # not a comment" {
+		t.Errorf("K = %q", got)
+	}
+	if got := a.sub("environment").get("E"); got != nil {
+		t.Errorf("E = %#v, want nil", got)
+	}
+	if got, want := a.list("ports"), []string{"127.0.0.1:1:2", "plain:value"}; !slices.Equal(got, want) {
+		t.Errorf("ports = %q, want %q", got, want)
+	}
+	if m.str("name") != "x" || !slices.Equal(m.keys, []string{"name", "services", "volumes"}) || m.sub("volumes") == nil {
+		t.Errorf("top level = %v %v", m.keys, m.vals)
+	}
+
+	for name, src := range map[string]string{
+		"anchor":             "a: &x 1\n",
+		"alias":              "a: *x\n",
+		"flow mapping":       "a: {b: 1}\n",
+		"block scalar":       "a: |\n  text\n",
+		"tab":                "a:\n\tb: 1\n",
+		"odd indent":         "a:\n   b: 1\n",
+		"deeper after value": "a: 1\n  b: 2\n",
+		"mapping in list":    "a:\n  - b: 1\n",
+		"list among keys":    "a:\n  b: 1\n  - c\n",
+		"duplicate key":      "a: 1\na: 2\n",
+		"unclosed flow":      "a: [1, 2\n",
+		"nested flow":        "a: [[1]]\n",
+		"trailing comma":     "a: [1, ]\n",
+		"not key value":      "just text\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if m, err := parseCompose(src); err == nil {
+				t.Errorf("parseCompose(%q) = %v, want an error", src, m.vals)
+			}
+		})
+	}
+}
+
+// ------------------------------------------------------------ rain's flags
+
+// rainHelp is what `rain <cmd> -h` says: flag names and the env var of each.
+type rainHelp struct {
+	flags map[string]string // flag name -> env var ("" if none)
+}
+
+func (h rainHelp) envs() []string {
+	var es []string
+	for _, e := range h.flags {
+		if e != "" {
+			es = append(es, e)
+		}
+	}
+	slices.Sort(es)
+	return es
+}
+
+var (
+	helpFlagRE = regexp.MustCompile(`^\s+-{1,2}([A-Za-z0-9][A-Za-z0-9-]*)\b`)
+	helpEnvRE  = regexp.MustCompile(`\[(RAIN_[A-Z0-9_]+)\]`)
+)
+
+// helpOf runs `bin cmd -h`, which prints each flag with its env var in
+// brackets to stderr and exits 0.
+func helpOf(t *testing.T, bin, cmd string) rainHelp {
+	t.Helper()
+	c := exec.Command(bin, cmd, "-h")
+	var stderr strings.Builder
+	c.Stderr = &stderr
+	if err := c.Run(); err != nil {
+		t.Fatalf("rain %s -h: %v (want exit 0; is %q one of rain's subcommands?)\n%s", cmd, err, cmd, stderr.String())
+	}
+	h := rainHelp{flags: map[string]string{}}
+	last := ""
+	for line := range strings.SplitSeq(stderr.String(), "\n") {
+		if m := helpFlagRE.FindStringSubmatch(line); m != nil {
+			last = m[1]
+			h.flags[last] = ""
+		}
+		if m := helpEnvRE.FindStringSubmatch(line); m != nil && last != "" {
+			h.flags[last] = m[1]
+		}
+	}
+	if len(h.flags) == 0 {
+		t.Fatalf("rain %s -h listed no flags:\n%s", cmd, stderr.String())
+	}
+	return h
+}
+
+// buildRain builds cmd/rain into a temporary directory.
+func buildRain(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "rain")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/rain").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/rain: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// interpolate resolves compose's ${VAR:-default}, ${VAR-default}, ${VAR} and
+// $VAR to their defaults (or ""), as with nothing set in the environment: the
+// file must work as written.
+func interpolate(s string) string {
+	re := regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
+	return re.ReplaceAllStringFunc(s, func(m string) string { return re.FindStringSubmatch(m)[2] })
+}
+
+// ------------------------------------------------------------ the stack
+
+func readCompose(t *testing.T) *ymap {
+	t.Helper()
+	b, err := os.ReadFile("docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := parseCompose(string(b))
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v (keep it to the subset its header describes)", err)
+	}
+	return m
+}
+
+// isShard says whether a service is a Redis shard; isRain whether it runs
+// the rain image built from this repository.
+func isShard(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "redis:") }
+func isRain(svc *ymap) bool  { return svc.str("build") == "." }
+
+func TestComposeMatchesRain(t *testing.T) {
+	compose := readCompose(t)
+	services := compose.sub("services")
+	if services == nil {
+		t.Fatal("docker-compose.yml has no services")
+	}
+	bin := buildRain(t)
+	helps := map[string]rainHelp{}
+
+	type instance struct {
+		name   string
+		specs  []shard.Spec
+		serial string
+	}
+	var serves []instance
+	usedShards := map[string]bool{}
+
+	for _, name := range services.keys {
+		svc := services.sub(name)
+		switch {
+		case isShard(svc), svc == nil:
+			continue
+		case !isRain(svc):
+			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (build: .): teach compose_test.go about it", name)
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			cmd := svc.list("command")
+			if len(cmd) == 0 {
+				t.Fatalf("no command: say which rain subcommand it runs")
+			}
+			sub := cmd[0]
+			h, ok := helps[sub]
+			if !ok {
+				h = helpOf(t, bin, sub)
+				helps[sub] = h
+			}
+			for _, arg := range cmd[1:] {
+				if !strings.HasPrefix(arg, "-") {
+					continue
+				}
+				flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+				if _, ok := h.flags[flag]; !ok {
+					t.Errorf("command flag %s: rain %s has no --%s (its flags: %v)", arg, sub, flag, keysOf(h.flags))
+				}
+			}
+			envs := svc.sub("environment")
+			if envs == nil {
+				t.Fatal("no environment mapping")
+			}
+			env := map[string]string{}
+			for _, k := range envs.keys {
+				env[k] = interpolate(envs.str(k))
+				if strings.HasPrefix(k, "RAIN_") && !slices.Contains(h.envs(), k) {
+					t.Errorf("environment %s: rain %s reads no such variable (it reads %v)", k, sub, h.envs())
+				}
+			}
+
+			specs, err := shard.ParseSpecs(env["RAIN_REDIS"])
+			if err != nil {
+				t.Fatalf("RAIN_REDIS=%q: %v", env["RAIN_REDIS"], err)
+			}
+			deps := svc.sub("depends_on")
+			for _, sp := range specs {
+				host, port, _ := net.SplitHostPort(sp.Addr)
+				target := services.sub(host)
+				switch {
+				case target == nil:
+					t.Errorf("RAIN_REDIS shard %s points at %s: no service %q in the file", sp.Name, sp.Addr, host)
+				case !isShard(target):
+					t.Errorf("RAIN_REDIS shard %s points at %s, which is not a Redis service", sp.Name, host)
+				case port != "6379":
+					t.Errorf("RAIN_REDIS shard %s: port %s, but the Redis services listen on 6379", sp.Name, port)
+				}
+				usedShards[host] = true
+				if deps.sub(host).str("condition") != "service_healthy" {
+					t.Errorf("depends_on: want %s with condition service_healthy (rain serves only when every shard answers)", host)
+				}
+			}
+			serial := env["RAIN_SERIAL_SHARD"]
+			if serial == "" {
+				serial = specs[0].Name
+			} else if !slices.ContainsFunc(specs, func(s shard.Spec) bool { return s.Name == serial }) {
+				t.Errorf("RAIN_SERIAL_SHARD=%s is not one of RAIN_REDIS's shards", serial)
+			}
+			if v, ok := env["RAIN_LOG_LEVEL"]; ok {
+				var l slog.Level
+				if err := l.UnmarshalText([]byte(v)); err != nil {
+					t.Errorf("RAIN_LOG_LEVEL=%s: %v", v, err)
+				}
+			}
+			if sub != "serve" {
+				return
+			}
+			serves = append(serves, instance{name, specs, serial})
+			checkServe(t, svc, env)
+		})
+	}
+
+	// Every instance must place pools the same way and draw serials from the
+	// same counter: same shard names and weights (addresses may differ), same
+	// serial shard.
+	for _, in := range serves[min(1, len(serves)):] {
+		ring := func(ss []shard.Spec) []string {
+			var r []string
+			for _, s := range ss {
+				r = append(r, fmt.Sprintf("%s=%d", s.Name, s.Weight))
+			}
+			slices.Sort(r)
+			return r
+		}
+		if a, b := ring(serves[0].specs), ring(in.specs); !slices.Equal(a, b) || serves[0].serial != in.serial {
+			t.Errorf("%s and %s disagree: shards %v vs %v, serial shard %s vs %s",
+				serves[0].name, in.name, a, b, serves[0].serial, in.serial)
+		}
+	}
+	if len(serves) < 2 {
+		t.Errorf("%d rain serve instances, want at least 2", len(serves))
+	}
+	for _, name := range services.keys {
+		if isShard(services.sub(name)) && !usedShards[name] {
+			t.Errorf("Redis service %s is in no rain instance's RAIN_REDIS", name)
+		}
+	}
+}
+
+// checkServe checks what `rain serve` needs in a container: an admin token
+// (required with --redis), a listen address reachable through the published
+// port, ports on 127.0.0.1 only, a /readyz health check on that port, and a
+// stop grace period longer than rain's own shutdown timeout.
+func checkServe(t *testing.T, svc *ymap, env map[string]string) {
+	if env["RAIN_ADMIN_TOKEN"] == "" {
+		t.Error("RAIN_ADMIN_TOKEN is empty: rain serve refuses --redis without an admin token")
+	}
+	host, port, err := net.SplitHostPort(env["RAIN_LISTEN"])
+	if err != nil {
+		t.Fatalf("RAIN_LISTEN=%q: %v", env["RAIN_LISTEN"], err)
+	}
+	if host != "0.0.0.0" && host != "" {
+		t.Errorf("RAIN_LISTEN=%s: listen on 0.0.0.0 in a container, or the published port reaches nothing", env["RAIN_LISTEN"])
+	}
+	ports := svc.list("ports")
+	if len(ports) == 0 {
+		t.Error("no ports published")
+	}
+	for _, p := range ports {
+		parts := strings.Split(p, ":")
+		if len(parts) != 3 || parts[0] != "127.0.0.1" || parts[2] != port {
+			t.Errorf("port %q: want 127.0.0.1:HOST:%s (load only ever targets 127.0.0.1)", p, port)
+		}
+	}
+	test := strings.Join(svc.sub("healthcheck").list("test"), " ")
+	if !strings.Contains(test, "http://127.0.0.1:"+port+"/readyz") {
+		t.Errorf("healthcheck %q: want GET http://127.0.0.1:%s/readyz", test, port)
+	}
+	if strings.Contains(test, "wget") && !runtimeHasWget(t) {
+		t.Error("the healthcheck calls wget, but the Dockerfile's runtime image is neither alpine nor busybox")
+	}
+	if v, ok := env["RAIN_SHUTDOWN_TIMEOUT"]; ok {
+		shutdown, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("RAIN_SHUTDOWN_TIMEOUT=%s: %v", v, err)
+		}
+		grace, err := time.ParseDuration(svc.str("stop_grace_period"))
+		if err != nil || grace <= shutdown {
+			t.Errorf("stop_grace_period %q: want longer than RAIN_SHUTDOWN_TIMEOUT %s, so grabs finish before SIGKILL", svc.str("stop_grace_period"), v)
+		}
+	}
+}
+
+func keysOf[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+func TestComposeShards(t *testing.T) {
+	compose := readCompose(t)
+	services := compose.sub("services")
+	volumes := compose.sub("volumes")
+	n := 0
+	for _, name := range services.keys {
+		svc := services.sub(name)
+		if !isShard(svc) {
+			continue
+		}
+		n++
+		t.Run(name, func(t *testing.T) {
+			cmd := svc.list("command")
+			for _, want := range [][2]string{{"--appendonly", "yes"}, {"--appendfsync", "everysec"}} {
+				i := slices.Index(cmd, want[0])
+				if i < 0 || i+1 >= len(cmd) || cmd[i+1] != want[1] {
+					t.Errorf("command %q: want %s %s (a grant answered is in the AOF)", cmd, want[0], want[1])
+				}
+			}
+			if test := strings.Join(svc.sub("healthcheck").list("test"), " "); !strings.Contains(test, "redis-cli ping") {
+				t.Errorf("healthcheck %q: want redis-cli ping", test)
+			}
+			data := ""
+			for _, v := range svc.list("volumes") {
+				if src, dst, _ := strings.Cut(v, ":"); dst == "/data" {
+					data = src
+				}
+			}
+			if data == "" || volumes == nil || !slices.Contains(volumes.keys, data) {
+				t.Errorf("volumes %q: want a named volume (declared under volumes:) on /data", svc.list("volumes"))
+			}
+		})
+	}
+	if n < 2 {
+		t.Errorf("%d Redis shards, want several", n)
+	}
+}
+
+// --------------------------------------------------------------- Dockerfile
+
+// dockerStages reads the Dockerfile into stages: each a FROM line and the
+// instructions after it, continuation lines joined.
+func dockerStages(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stages [][]string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if s, ok := strings.CutSuffix(line, `\`); ok {
+			cur.WriteString(s + " ")
+			continue
+		}
+		cur.WriteString(line)
+		ins := cur.String()
+		cur.Reset()
+		if strings.HasPrefix(strings.ToUpper(ins), "FROM ") {
+			stages = append(stages, nil)
+		}
+		if len(stages) == 0 {
+			t.Fatalf("Dockerfile: %q before the first FROM", ins)
+		}
+		stages[len(stages)-1] = append(stages[len(stages)-1], ins)
+	}
+	if len(stages) < 2 {
+		t.Fatalf("Dockerfile has %d stages, want a build stage and a small runtime stage", len(stages))
+	}
+	return stages
+}
+
+// fromImage is the image of a FROM instruction, without --platform.
+func fromImage(from string) string {
+	for _, f := range strings.Fields(from)[1:] {
+		if !strings.HasPrefix(f, "--") {
+			return f
+		}
+	}
+	return ""
+}
+
+func runtimeHasWget(t *testing.T) bool {
+	stages := dockerStages(t)
+	img := fromImage(stages[len(stages)-1][0])
+	return strings.HasPrefix(img, "alpine:") || strings.HasPrefix(img, "busybox:")
+}
+
+func TestDockerfile(t *testing.T) {
+	stages := dockerStages(t)
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("go.mod has no go directive")
+	}
+	goVersion := string(m[1])
+
+	build := strings.Join(stages[0], "\n")
+	if img := fromImage(stages[0][0]); !strings.HasPrefix(img, "golang:"+goVersion) {
+		t.Errorf("build stage FROM %s: want golang:%s (go.mod says go %s)", img, goVersion, goVersion)
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags="-s -w"`, "-o /rain ./cmd/rain"} {
+		if !strings.Contains(build, want) {
+			t.Errorf("build stage lacks %s", want)
+		}
+	}
+
+	final := stages[len(stages)-1]
+	if !slices.Contains(final, `ENTRYPOINT ["/rain"]`) {
+		t.Errorf(`runtime stage lacks ENTRYPOINT ["/rain"]: %q`, final)
+	}
+	user := ""
+	for _, ins := range final {
+		if u, ok := strings.CutPrefix(ins, "USER "); ok {
+			user = strings.TrimSpace(u)
+		}
+	}
+	if name, _, _ := strings.Cut(user, ":"); name == "" || name == "root" || name == "0" {
+		t.Errorf("runtime stage runs as %q, want a non-root USER", user)
+	}
+}
+
+func TestDockerignore(t *testing.T) {
+	b, err := os.ReadFile(".dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			patterns = append(patterns, strings.TrimPrefix(line, "/"))
+		}
+	}
+	excluded := func(path string) bool {
+		for _, p := range patterns {
+			p = strings.TrimSuffix(p, "/")
+			if ok, _ := filepath.Match(p, path); ok || strings.HasPrefix(path, p+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, need := range []string{"go.mod", "go.sum", "cmd/rain/main.go", "internal/api/api.go"} {
+		if excluded(need) {
+			t.Errorf(".dockerignore excludes %s, which the build needs", need)
+		}
+	}
+	for _, out := range []string{".git", "bench-out", "rain"} {
+		if !excluded(out) {
+			t.Errorf(".dockerignore lets %s into the build context", out)
+		}
+	}
+}

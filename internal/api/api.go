@@ -38,6 +38,7 @@ type Pools interface {
 	Preload(ctx context.Context, spec grab.Spec) (*grab.Status, bool, error)
 	Status(ctx context.Context, id string) (*grab.Status, error)
 	Audit(ctx context.Context, id string) (*grab.Report, error)
+	Confirm(ctx context.Context, poolID, userID string, serial int64) error
 }
 
 // Runner runs a grab as a task (internal/pool's Pool) and waits for it.
@@ -80,6 +81,7 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST /admin/pools", s.admin(s.preload))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
+	s.mux.HandleFunc("POST /admin/grants/confirm", s.admin(s.confirm))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -425,6 +427,48 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Logger.Warn("audit found problems", "pool_id", id, "problems", len(rep.Problems))
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// confirmRequest is the POST /admin/grants/confirm body.
+type confirmRequest struct {
+	PoolID string `json:"pool_id"`
+	UserID string `json:"user_id"`
+	Serial int64  `json:"serial"`
+}
+
+func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+	if err != nil || len(buf) > maxAdminBody {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("body unreadable or larger than %d bytes", maxAdminBody))
+		return
+	}
+	var req confirmRequest
+	if err := decodeStrict(buf, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	switch {
+	case !grab.ValidID(req.PoolID):
+		writeError(w, http.StatusBadRequest, errors.New("pool_id must be 1-64 characters from A-Z a-z 0-9 _ - . :"))
+		return
+	case !grab.ValidID(req.UserID):
+		writeError(w, http.StatusBadRequest, errors.New("user_id must be 1-64 characters from A-Z a-z 0-9 _ - . :"))
+		return
+	case req.Serial <= 0:
+		writeError(w, http.StatusBadRequest, errors.New("serial must be a positive integer"))
+		return
+	}
+	err = s.cfg.Pools.Confirm(r.Context(), req.PoolID, req.UserID, req.Serial)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "confirmed"})
+	case errors.Is(err, grab.ErrGrantReleased), errors.Is(err, grab.ErrSerialMismatch):
+		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, grab.ErrNoGrant):
+		writeError(w, http.StatusNotFound, err)
+	default:
+		s.adminError(w, "confirm", req.PoolID, err)
+	}
 }
 
 // adminError maps a domain error of an operator endpoint to its status.

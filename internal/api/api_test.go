@@ -31,6 +31,7 @@ const token = "test-token"
 type stack struct {
 	servers []*redistest.Server
 	shards  *shard.Set
+	svc     *grab.Service
 	api     *Server
 	ts      *httptest.Server
 	client  *http.Client
@@ -72,7 +73,7 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 	t.Cleanup(ts.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
-	return &stack{servers: servers, shards: set, api: a, ts: ts, client: client}
+	return &stack{servers: servers, shards: set, svc: svc, api: a, ts: ts, client: client}
 }
 
 // response is a decoded answer.
@@ -454,4 +455,56 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 	if got := workers.Stats(); got.Shed != 1 || got.Panics != 1 {
 		t.Fatalf("pool stats %+v, want 1 shed, 1 panic", got)
 	}
+}
+
+func TestConfirm(t *testing.T) {
+	s := newStack(t, 2, redistest.Options{})
+	s.preload(t, `{"pool_id":"c","total_cents":1000,"count":10,"hold_seconds":1}`)
+	a := s.grab(t, "c", "alice")
+	b := s.grab(t, "c", "bob")
+	confirm := func(pool, user string, serial any) response {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"pool_id": pool, "user_id": user, "serial": serial})
+		return s.do(t, "POST", "/admin/grants/confirm", token, string(body))
+	}
+	if r := confirm("c", "alice", a.Body["serial"]); r.Code != 200 || r.Body["status"] != "confirmed" {
+		t.Fatalf("confirm = %d %v, want 200 confirmed", r.Code, r.Body)
+	}
+	if r := confirm("c", "alice", a.Body["serial"]); r.Code != 200 || r.Body["status"] != "confirmed" {
+		t.Fatalf("confirm again = %d %v, want 200 confirmed (idempotent)", r.Code, r.Body)
+	}
+	if r := confirm("c", "bob", num(b.Body["serial"])+1000); r.Code != 409 {
+		t.Fatalf("confirm with a wrong serial = %d %v, want 409", r.Code, r.Body)
+	}
+	if r := confirm("c", "carol", 5); r.Code != 404 {
+		t.Fatalf("confirm of no grant = %d %v, want 404", r.Code, r.Body)
+	}
+	if r := confirm("nope", "alice", 5); r.Code != 404 {
+		t.Fatalf("confirm in an unknown pool = %d %v, want 404", r.Code, r.Body)
+	}
+	for _, body := range []string{`{"pool_id":"c","user_id":"alice"}`, `{"pool_id":"c","user_id":"a b","serial":1}`,
+		`{"pool_id":"c","user_id":"alice","serial":"1"}`, `{"pool_id":"c","user_id":"alice","serial":1,"x":1}`} {
+		if r := s.do(t, "POST", "/admin/grants/confirm", token, body); r.Code != 400 {
+			t.Fatalf("confirm %s = %d, want 400", body, r.Code)
+		}
+	}
+	if r := s.do(t, "POST", "/admin/grants/confirm", "", `{"pool_id":"c","user_id":"bob","serial":1}`); r.Code != 401 {
+		t.Fatalf("confirm without token = %d, want 401", r.Code)
+	}
+	// Past its deadline and released, bob's grant can no longer be confirmed.
+	time.Sleep(1100 * time.Millisecond)
+	if sw, err := s.svc.ReleaseExpired(context.Background()); err != nil || sw.Released != 1 {
+		t.Fatalf("ReleaseExpired = %+v, %v; want bob's grant released", sw, err)
+	}
+	if r := confirm("c", "bob", b.Body["serial"]); r.Code != 409 {
+		t.Fatalf("confirm of a released grant = %d %v, want 409", r.Code, r.Body)
+	}
+	if r := s.grab(t, "c", "bob"); r.Code != 200 || r.Body["status"] != "granted" {
+		t.Fatalf("bob grabs again after the release = %d %v, want a new grant", r.Code, r.Body)
+	}
+	st := s.do(t, "GET", "/admin/pools/c", token, "")
+	if num(st.Body["confirmed_count"]) != 1 || num(st.Body["released_count"]) != 1 || num(st.Body["held_count"]) != 1 {
+		t.Fatalf("status = %v, want 1 confirmed, 1 released, 1 held", st.Body)
+	}
+	s.assertAudit(t, "c")
 }

@@ -40,8 +40,14 @@ type Service struct {
 // pool is what the grab path needs of an open pool, resolved once.
 type pool struct {
 	rec      *record
-	batchers []*batcher // of sub-pool j
-	keys     []lua.Keys // of sub-pool j
+	batchers []*batcher      // of sub-pool j
+	clients  []*redis.Client // of sub-pool j
+	keys     []lua.Keys      // of sub-pool j
+}
+
+// home is the sub-pool that holds userID's grant in a pool of k sub-pools.
+func home(userID string, k int) int {
+	return int(xxhash.Sum64String(userID) % uint64(k))
 }
 
 // New returns a service over shards, taking grant serials from serials
@@ -109,7 +115,7 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: serial: %w", ErrUnavailable, err)
 	}
-	j := int(xxhash.Sum64String(userID) % uint64(len(p.keys)))
+	j := home(userID, len(p.keys))
 	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial)
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
@@ -154,6 +160,7 @@ func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
 			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, id, j, name)
 		}
 		p.batchers = append(p.batchers, b)
+		p.clients = append(p.clients, s.shards.Client(name))
 		p.keys = append(p.keys, lua.SubPool{Pool: id, Index: j}.Keys())
 	}
 	if rec.state == stateOpen {

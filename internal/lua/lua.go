@@ -33,12 +33,18 @@ var (
 	claimSrc string
 	//go:embed audit.lua
 	auditSrc string
+	//go:embed confirm.lua
+	confirmSrc string
+	//go:embed release.lua
+	releaseSrc string
 
-	setupScript = redis.NewScript(setupSrc)
-	loadScript  = redis.NewScript(loadSrc)
-	openScript  = redis.NewScript(openSrc)
-	claimScript = redis.NewScript(claimSrc)
-	auditScript = redis.NewScript(auditSrc)
+	setupScript   = redis.NewScript(setupSrc)
+	loadScript    = redis.NewScript(loadSrc)
+	openScript    = redis.NewScript(openSrc)
+	claimScript   = redis.NewScript(claimSrc)
+	auditScript   = redis.NewScript(auditSrc)
+	confirmScript = redis.NewScript(confirmSrc)
+	releaseScript = redis.NewScript(releaseSrc)
 )
 
 // ErrSpecMismatch is returned by Setup when the sub-pool exists with another
@@ -135,7 +141,7 @@ func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
 // LoadScripts loads every script into c's script cache, so that pipelined
 // EVALSHA finds them.
 func LoadScripts(ctx context.Context, c Client) error {
-	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript} {
+	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript, confirmScript, releaseScript} {
 		if err := s.Load(ctx, c).Err(); err != nil {
 			return fmt.Errorf("script load: %w", err)
 		}
@@ -230,6 +236,60 @@ func parseClaim(res []any) (Claim, error) {
 		return Claim{Outcome: Closed}, nil
 	}
 	return Claim{}, fmt.Errorf("claim: unexpected reply %v", res)
+}
+
+// Confirmation is what a confirm did.
+type Confirmation uint8
+
+// Confirm results.
+const (
+	Confirmed        Confirmation = iota + 1 // held, now confirmed
+	AlreadyConfirmed                         // confirmed before: nothing to do
+	WasReleased                              // released at its deadline: too late
+	SerialMismatch                           // the user's grant has another serial
+	UnknownGrant                             // the user holds no grant here
+)
+
+// Confirm moves the user's held grant with serial to confirmed.
+func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) (Confirmation, error) {
+	res, err := confirmScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, user, serial).Slice()
+	if err != nil {
+		return 0, err
+	}
+	switch str(res, 0) {
+	case "confirmed":
+		return Confirmed, nil
+	case "already":
+		return AlreadyConfirmed, nil
+	case "released":
+		return WasReleased, nil
+	case "mismatch":
+		return SerialMismatch, nil
+	case "unknown":
+		return UnknownGrant, nil
+	}
+	return 0, fmt.Errorf("confirm: unexpected reply %v", res)
+}
+
+// Release is what one release call did.
+type Release struct {
+	Count, Cents int64
+	// OldestOverdueMS is how long past its deadline the oldest overdue grant
+	// was when the call began; 0 if none was.
+	OldestOverdueMS int64
+	// More is true when the batch was full: more grants may be due.
+	More bool
+}
+
+// ReleaseExpired releases up to limit grants of the sub-pool that are still
+// held and past their deadline (by the shard's clock): amounts back to the
+// stock, grants marked released, counters, an outbox record each.
+func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Release, error) {
+	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, limit).Slice()
+	if err != nil {
+		return Release{}, err
+	}
+	return Release{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1}, nil
 }
 
 // Audit is one sub-pool read whole: the meta counters beside recounts of the

@@ -1,0 +1,152 @@
+package grab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"rain/internal/lua"
+)
+
+// Errors of Confirm.
+var (
+	// ErrGrantReleased is returned when the grant was released at its
+	// deadline before it was confirmed: its amount is back in the stock.
+	ErrGrantReleased = errors.New("grant was released")
+	// ErrSerialMismatch is returned when the user's grant has another serial.
+	ErrSerialMismatch = errors.New("serial does not match the user's grant")
+	// ErrNoGrant is returned when the user holds no grant in the pool.
+	ErrNoGrant = errors.New("no such grant")
+)
+
+// Confirm marks the user's held grant with serial as confirmed: settlement
+// has paid it, and it will never be released. Confirming a confirmed grant
+// again succeeds. It returns ErrNotFound for an unknown pool, ErrNoGrant,
+// ErrGrantReleased or ErrSerialMismatch.
+func (s *Service) Confirm(ctx context.Context, poolID, userID string, serial int64) error {
+	p, err := s.pool(ctx, poolID)
+	if err != nil {
+		return err
+	}
+	j := home(userID, len(p.keys))
+	res, err := lua.Confirm(ctx, p.clients[j], &p.keys[j], userID, serial)
+	if err != nil {
+		return fmt.Errorf("%w: confirm %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
+	}
+	return confirmErr(res)
+}
+
+// confirmErr maps a confirm script result to Confirm's errors.
+func confirmErr(res lua.Confirmation) error {
+	switch res {
+	case lua.Confirmed, lua.AlreadyConfirmed:
+		return nil
+	case lua.WasReleased:
+		return ErrGrantReleased
+	case lua.SerialMismatch:
+		return ErrSerialMismatch
+	default:
+		return ErrNoGrant
+	}
+}
+
+// releaseBatch is the most grants one release script call handles, so no
+// call blocks a shard for long.
+const releaseBatch = 500
+
+// Sweep is what one ReleaseExpired pass did.
+type Sweep struct {
+	Released, ReleasedCents int64
+	// OldestOverdue is how long past its deadline the oldest overdue grant
+	// was when the pass reached it: the reaper's lag.
+	OldestOverdue time.Duration
+}
+
+// ReleaseExpired makes one pass over every sub-pool of every pool and
+// releases the grants still held past their deadline, in batches. It stops at
+// once, with ctx's error, when ctx ends; sub-pools it cannot reach are
+// skipped and their errors returned, joined, with what it did. Each release is checked inside its
+// script (still held, past the deadline by the shard's clock), so two passes
+// at once, or a stale one, never release a grant twice.
+func (s *Service) ReleaseExpired(ctx context.Context) (Sweep, error) {
+	var sw Sweep
+	subs, err := s.SubPools(ctx)
+	errs := []error{err}
+	for _, sp := range subs {
+		c, k := s.shards.Client(sp.Shard), sp.Keys()
+		for more := true; more; {
+			if err := ctx.Err(); err != nil {
+				return sw, err
+			}
+			r, err := lua.ReleaseExpired(ctx, c, &k, releaseBatch)
+			if err != nil {
+				// A shard down: go on with the others; the next pass retries.
+				errs = append(errs, fmt.Errorf("%w: release %s: %w", ErrUnavailable, sp.Tag(), err))
+				break
+			}
+			sw.Released += r.Count
+			sw.ReleasedCents += r.Cents
+			sw.OldestOverdue = max(sw.OldestOverdue, time.Duration(r.OldestOverdueMS)*time.Millisecond)
+			more = r.More
+		}
+	}
+	return sw, errors.Join(errs...)
+}
+
+// SubPoolRef names a sub-pool and the shard that holds it.
+type SubPoolRef struct {
+	lua.SubPool
+	Shard string
+}
+
+// SubPools lists the sub-pools of every pool the shards' registries know,
+// with their shards. Pools that cannot be read now (a shard down, or one not
+// configured here) are left out and their errors returned, joined, beside
+// the others.
+func (s *Service) SubPools(ctx context.Context) ([]SubPoolRef, error) {
+	ids, err := s.poolIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []SubPoolRef
+	var errs []error
+	for _, id := range ids {
+		p, err := s.pool(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err) // skip it now, list the others
+			continue
+		}
+		for j, name := range p.rec.placement {
+			out = append(out, SubPoolRef{SubPool: lua.SubPool{Pool: id, Index: j}, Shard: name})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// poolIDs lists every pool in the registries of the shards that answer.
+func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	var ids []string
+	var errs []error
+	for _, name := range s.shards.Names() {
+		members, err := s.shards.Client(name).SMembers(ctx, registryKey).Result()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shard %s: %w", name, err))
+			continue
+		}
+		for _, id := range members {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(errs) == len(s.shards.Names()) {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(errs...))
+	}
+	return ids, nil
+}

@@ -1,0 +1,54 @@
+-- release: return the amounts of expired grants to the stock (the reaper).
+--
+-- KEYS[1] meta       rain:{P:j}:meta
+-- KEYS[2] stock      rain:{P:j}:stock
+-- KEYS[3] grants     rain:{P:j}:grants
+-- KEYS[4] deadlines  rain:{P:j}:deadlines
+-- KEYS[5] outbox     rain:{P:j}:outbox
+-- ARGV[1] most grants to release in this call
+--
+-- Deadlines are read on the shard's clock (TIME). Each grant is released only
+-- if it is still held and past its deadline, checked here, atomically: a
+-- stale or concurrent reaper can never release a grant twice, nor one that
+-- was confirmed. A released user may grab again.
+-- Returns {released, released_cents, oldest_overdue_ms, more}: oldest_overdue_ms
+-- is how long past its deadline the oldest overdue grant was (0 if none);
+-- more is 1 when the batch was full and more may be due.
+local meta, stock, grants, deadlines, outbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local limit = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local oldest = 0
+if #due > 0 then
+  oldest = now - tonumber(due[2])
+end
+local m = redis.call('HMGET', meta, 'pool', 'index')
+local n, cents = 0, 0
+for i = 1, #due, 2 do
+  local user = due[i]
+  local g = redis.call('HGET', grants, user)
+  redis.call('ZREM', deadlines, user)
+  if g then
+    local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
+    if st == 'h' and tonumber(deadline) <= now then
+      redis.call('RPUSH', stock, amount)
+      redis.call('HSET', grants, user, 'r:' .. amount .. ':' .. ser .. ':' .. deadline)
+      redis.call('HINCRBY', meta, 'held_count', -1)
+      redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
+      redis.call('HINCRBY', meta, 'stock_count', 1)
+      redis.call('HINCRBY', meta, 'stock_cents', amount)
+      redis.call('HINCRBY', meta, 'released_count', 1)
+      redis.call('HINCRBY', meta, 'released_cents', amount)
+      redis.call('XADD', outbox, '*', 'type', 'release', 'pool', m[1], 'sub', m[2], 'user', user,
+        'amount', amount, 'serial', ser, 'deadline_ms', deadline)
+      n = n + 1
+      cents = cents + tonumber(amount)
+    end
+  end
+end
+local more = 0
+if #due / 2 >= limit then
+  more = 1
+end
+return {n, cents, oldest, more}

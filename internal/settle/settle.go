@@ -1,0 +1,387 @@
+// Package settle hands every grant to the wallet side, exactly once in
+// effect, through the sub-pools' outbox streams.
+//
+// A Worker reads each shard's outbox streams with a Redis consumer group and,
+// for every grant entry, in this order:
+//
+//  1. confirms the grant (confirm script): from then on the reaper can never
+//     release it. If the reaper released it first, it is not paid: skip.
+//  2. delivers it to the Sink (a ledger file, a wallet webhook), which
+//     dedupes by serial.
+//  3. acknowledges the entry (XACK).
+//
+// Confirm comes before delivery on purpose: the other order lets the reaper
+// release a grant between the payout and the confirm, and the same cents
+// would then be paid and back in the stock. A crash anywhere leaves the entry
+// pending: the worker itself re-reads its pending entries, and entries
+// pending on a dead consumer for Config.ClaimAfter are taken over
+// (XAUTOCLAIM). Confirm is idempotent and sinks dedupe by serial, so a
+// redelivery pays nothing twice. Release entries are acknowledged as they
+// come: a released grant is not paid.
+package settle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/grab"
+	"rain/internal/lua"
+	"rain/internal/shard"
+)
+
+// Grant is one grant of an outbox, as a sink receives it.
+type Grant struct {
+	Serial      int64  `json:"serial"`
+	PoolID      string `json:"pool_id"`
+	SubPool     int    `json:"sub_pool"`
+	UserID      string `json:"user_id"`
+	AmountCents int64  `json:"amount_cents"`
+	DeadlineMS  int64  `json:"deadline_ms"`
+}
+
+// Sink receives confirmed grants. Deliver may see a grant more than once
+// (after a crash) and must pay it once: dedupe by Serial. An error leaves the
+// grant to be delivered again later.
+type Sink interface {
+	Deliver(ctx context.Context, g Grant) error
+}
+
+// SubPools lists the sub-pools to settle (grab.Service does).
+type SubPools interface {
+	SubPools(ctx context.Context) ([]grab.SubPoolRef, error)
+}
+
+// Config tunes a Worker. Zero fields take the documented defaults.
+type Config struct {
+	// Group is the consumer group. Default "settle".
+	Group string
+	// Consumer names this worker in the group; give each process its own.
+	// Default hostname-pid.
+	Consumer string
+	// Batch is the most entries read per stream per call. Default 100.
+	Batch int64
+	// Block is how long one read waits for new entries. Default 1s.
+	Block time.Duration
+	// ClaimAfter is how long an entry stays pending on another consumer
+	// before this one takes it over. Default 30s.
+	ClaimAfter time.Duration
+	// Refresh is how often the list of outbox streams is read again, to pick
+	// up new pools. Default 2s.
+	Refresh time.Duration
+	// RetryDelay is the pause after a failed delivery. Default 1s.
+	RetryDelay time.Duration
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) init() {
+	if c.Group == "" {
+		c.Group = "settle"
+	}
+	if c.Consumer == "" {
+		host, _ := os.Hostname()
+		c.Consumer = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.Batch == 0 {
+		c.Batch = 100
+	}
+	if c.Block == 0 {
+		c.Block = time.Second
+	}
+	if c.ClaimAfter == 0 {
+		c.ClaimAfter = 30 * time.Second
+	}
+	if c.Refresh == 0 {
+		c.Refresh = 2 * time.Second
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Stats counts what a Worker did.
+type Stats struct {
+	Delivered int64 // grants confirmed and delivered
+	Expired   int64 // grant entries whose grant had been released: not paid
+	Anomalies int64 // grant entries with no matching grant (logged)
+	Failures  int64 // failed deliveries (retried)
+}
+
+// Worker settles the outboxes of every shard.
+type Worker struct {
+	shards *shard.Set
+	subs   SubPools
+	sink   Sink
+	cfg    Config
+
+	delivered, expired, anomalies, failures atomic.Int64
+
+	// hook, when set (tests), runs after each step of an entry ("confirmed",
+	// "delivered"); an error stops the worker there, as a crash would.
+	hook func(step string, g Grant) error
+}
+
+// New returns a worker; Run starts it.
+func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
+	cfg.init()
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg}
+}
+
+// Stats returns what the worker did so far.
+func (w *Worker) Stats() Stats {
+	return Stats{Delivered: w.delivered.Load(), Expired: w.expired.Load(),
+		Anomalies: w.anomalies.Load(), Failures: w.failures.Load()}
+}
+
+// errStopped is how a test hook's error stops a shard loop.
+var errStopped = errors.New("settle: stopped by hook")
+
+// Run settles until ctx ends (then it returns nil) or a shard loop fails for
+// good. It runs one loop per shard.
+func (w *Worker) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	names := w.shards.Names()
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			if err := w.loop(ctx, name); err != nil && ctx.Err() == nil {
+				errs[i] = fmt.Errorf("shard %s: %w", name, err)
+				cancel() // one loop down stops the worker: let it restart whole
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// loop settles one shard's outboxes.
+func (w *Worker) loop(ctx context.Context, name string) error {
+	c := w.shards.Client(name)
+	var streams []string
+	known := map[string]bool{}
+	var nextRefresh, nextClaim time.Time
+	for ctx.Err() == nil {
+		now := time.Now()
+		if now.After(nextRefresh) {
+			fresh, err := w.streams(ctx, c, name, known)
+			if err != nil {
+				w.cfg.Logger.Warn("settle: listing outboxes", "shard", name, "err", err)
+			}
+			streams = append(streams, fresh...)
+			nextRefresh = now.Add(w.cfg.Refresh)
+		}
+		if len(streams) == 0 {
+			sleep(ctx, w.cfg.Refresh)
+			continue
+		}
+		// Own pending entries first (a failed delivery, or a restart under
+		// the same consumer name), then those abandoned by others.
+		if err := w.read(ctx, c, streams, "0"); err != nil {
+			return err
+		}
+		if now.After(nextClaim) {
+			if err := w.claim(ctx, c, streams); err != nil {
+				return err
+			}
+			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
+		}
+		if err := w.read(ctx, c, streams, ">"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// streams returns the outbox keys on shard name not yet in known, creating
+// the consumer group on each.
+func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, known map[string]bool) ([]string, error) {
+	subs, err := w.subs.SubPools(ctx)
+	var fresh []string
+	for _, sp := range subs {
+		key := sp.Keys().Outbox
+		if sp.Shard != name || known[key] {
+			continue
+		}
+		err := c.XGroupCreateMkStream(ctx, key, w.cfg.Group, "0").Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			return fresh, fmt.Errorf("create group on %s: %w", key, err)
+		}
+		known[key] = true
+		fresh = append(fresh, key)
+	}
+	return fresh, err
+}
+
+// read reads entries from streams at id (">" new, "0" own pending) and
+// handles them.
+func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string) error {
+	args := make([]string, 0, 2*len(streams))
+	args = append(args, streams...)
+	for range streams {
+		args = append(args, id)
+	}
+	block := time.Duration(-1) // no BLOCK: pending entries are there or not
+	if id == ">" {
+		block = w.cfg.Block
+	}
+	res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
+	}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
+		w.cfg.Logger.Warn("settle: read", "err", err)
+		sleep(ctx, w.cfg.RetryDelay)
+		return nil // a shard down: keep trying
+	}
+	for _, st := range res {
+		if err := w.handleAll(ctx, c, st.Stream, st.Messages); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claim takes over entries pending on other consumers for ClaimAfter.
+func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) error {
+	for _, key := range streams {
+		start := "0-0"
+		for {
+			msgs, next, err := c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+				Stream: key, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
+				MinIdle: w.cfg.ClaimAfter, Start: start, Count: w.cfg.Batch,
+			}).Result()
+			if err != nil {
+				if ctx.Err() == nil {
+					w.cfg.Logger.Warn("settle: claim", "stream", key, "err", err)
+				}
+				break
+			}
+			if err := w.handleAll(ctx, c, key, msgs); err != nil {
+				return err
+			}
+			if next == "0-0" || len(msgs) == 0 {
+				break
+			}
+			start = next
+		}
+	}
+	return nil
+}
+
+func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage) error {
+	for _, m := range msgs {
+		if err := w.handle(ctx, c, stream, m); err != nil {
+			if errors.Is(err, errStopped) || ctx.Err() != nil {
+				return err
+			}
+			// Left pending: retried on the next pass over own pending entries.
+			w.failures.Add(1)
+			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)
+			sleep(ctx, w.cfg.RetryDelay)
+			return nil
+		}
+	}
+	return nil
+}
+
+// handle settles one entry: confirm, deliver, acknowledge.
+func (w *Worker) handle(ctx context.Context, c *redis.Client, stream string, m redis.XMessage) error {
+	if m.Values["type"] != "grant" {
+		return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
+	}
+	g, err := parseGrant(m.Values)
+	if err != nil {
+		w.anomalies.Add(1)
+		w.cfg.Logger.Error("settle: unreadable outbox entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
+		return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
+	}
+	k := lua.SubPool{Pool: g.PoolID, Index: g.SubPool}.Keys()
+	res, err := lua.Confirm(ctx, c, &k, g.UserID, g.Serial)
+	if err != nil {
+		return fmt.Errorf("confirm serial %d: %w", g.Serial, err)
+	}
+	switch res {
+	case lua.Confirmed, lua.AlreadyConfirmed:
+		if err := w.step("confirmed", g); err != nil {
+			return err
+		}
+		if err := w.sink.Deliver(ctx, g); err != nil {
+			return fmt.Errorf("deliver serial %d: %w", g.Serial, err)
+		}
+		w.delivered.Add(1)
+		if err := w.step("delivered", g); err != nil {
+			return err
+		}
+	case lua.WasReleased:
+		w.expired.Add(1)
+	default:
+		w.anomalies.Add(1)
+		w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
+			"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
+	}
+	return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
+}
+
+func (w *Worker) step(name string, g Grant) error {
+	if w.hook == nil {
+		return nil
+	}
+	if err := w.hook(name, g); err != nil {
+		return fmt.Errorf("%w: %w", errStopped, err)
+	}
+	return nil
+}
+
+func parseGrant(v map[string]any) (Grant, error) {
+	s := func(k string) string { x, _ := v[k].(string); return x }
+	n := func(k string) (int64, error) { return strconv.ParseInt(s(k), 10, 64) }
+	g := Grant{PoolID: s("pool"), UserID: s("user")}
+	var err error
+	var sub int64
+	if g.Serial, err = n("serial"); err != nil {
+		return g, fmt.Errorf("serial: %w", err)
+	}
+	if g.AmountCents, err = n("amount"); err != nil {
+		return g, fmt.Errorf("amount: %w", err)
+	}
+	if g.DeadlineMS, err = n("deadline_ms"); err != nil {
+		return g, fmt.Errorf("deadline_ms: %w", err)
+	}
+	if sub, err = n("sub"); err != nil {
+		return g, fmt.Errorf("sub: %w", err)
+	}
+	g.SubPool = int(sub)
+	if !grab.ValidID(g.PoolID) || !grab.ValidID(g.UserID) {
+		return g, errors.New("bad pool or user id")
+	}
+	return g, nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

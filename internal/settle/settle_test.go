@@ -1,0 +1,345 @@
+package settle
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/redistest"
+	"rain/internal/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type env struct {
+	shards *shard.Set
+	svc    *grab.Service
+}
+
+// newEnv preloads pool "p" (count packets, 2 sub-pools on 2 shards) and
+// grabs them all; it returns the grants by serial.
+func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
+	t.Helper()
+	servers := redistest.StartN(t, 2, redistest.Options{})
+	specs := []shard.Spec{{Name: "s1", Weight: 1, Addr: servers[0].Addr}, {Name: "s2", Weight: 1, Addr: servers[1].Addr}}
+	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gen.Close() })
+	svc := grab.New(set, gen)
+	t.Cleanup(svc.Close)
+	ctx := context.Background()
+	if _, _, err := svc.Preload(ctx, grab.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+		t.Fatal(err)
+	}
+	grants := map[int64]grab.Result{}
+	for u := 0; len(grants) < count; u++ {
+		r, err := svc.Grab(ctx, "p", fmt.Sprintf("u%d", u))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome == grab.Granted {
+			grants[r.Serial] = r
+		}
+		if u > 100*count {
+			t.Fatalf("only %d of %d packets granted", len(grants), count)
+		}
+	}
+	return &env{shards: set, svc: svc}, grants
+}
+
+// run starts a worker until the returned stop is called; stop returns Run's error.
+func run(t *testing.T, w *Worker) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 20s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) confirmed(t *testing.T) int64 {
+	t.Helper()
+	st, err := e.svc.Status(context.Background(), "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.ConfirmedCount
+}
+
+func (e *env) assertAudit(t *testing.T) {
+	t.Helper()
+	r, err := e.svc.Audit(context.Background(), "p")
+	if err != nil || !r.OK {
+		t.Fatalf("audit = %+v, %v", r, err)
+	}
+}
+
+// readLedger returns the serials of the ledger's lines, failing on a repeat.
+func readLedger(t *testing.T, path string) map[int64]Grant {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[int64]Grant{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var g Grant
+		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
+			t.Fatalf("ledger line %q: %v", sc.Text(), err)
+		}
+		if _, dup := out[g.Serial]; dup {
+			t.Fatalf("serial %d has two ledger lines", g.Serial)
+		}
+		out[g.Serial] = g
+	}
+	return out
+}
+
+func checkLedger(t *testing.T, path string, grants map[int64]grab.Result) {
+	t.Helper()
+	lines := readLedger(t, path)
+	if len(lines) != len(grants) {
+		t.Fatalf("ledger has %d lines, want one per grant: %d", len(lines), len(grants))
+	}
+	for serial, r := range grants {
+		if lines[serial].AmountCents != r.Amount {
+			t.Fatalf("ledger line of serial %d = %+v, want amount %d", serial, lines[serial], r.Amount)
+		}
+	}
+}
+
+func fastConfig(consumer string) Config {
+	return Config{Consumer: consumer, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
+		ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond}
+}
+
+func TestSettleToLedger(t *testing.T) {
+	e, grants := newEnv(t, 100, 0)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := New(e.shards, e.svc, l, fastConfig("a"))
+	stop := run(t, w)
+	waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
+	waitFor(t, "all delivered", func() bool { return w.Stats().Delivered == 100 })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	checkLedger(t, path, grants)
+	e.assertAudit(t)
+}
+
+// TestCrashAtEveryStep: a worker dies right after confirming, or right after
+// delivering (before the ack); a second worker takes the pending entries
+// over. Exactly one ledger line per serial, every grant confirmed.
+func TestCrashAtEveryStep(t *testing.T) {
+	for _, step := range []string{"confirmed", "delivered"} {
+		t.Run(step, func(t *testing.T) {
+			e, grants := newEnv(t, 60, 0)
+			path := filepath.Join(t.TempDir(), "ledger.jsonl")
+			l, err := OpenLedger(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crash := errors.New("crash")
+			first := New(e.shards, e.svc, l, fastConfig("first"))
+			var mu sync.Mutex
+			n := 0
+			first.hook = func(s string, _ Grant) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if s == step {
+					if n++; n == 10 {
+						return crash
+					}
+				}
+				return nil
+			}
+			if err := first.Run(context.Background()); !errors.Is(err, crash) {
+				t.Fatalf("first worker's Run = %v, want the crash", err)
+			}
+			l.Close()
+			if e.confirmed(t) == 60 {
+				t.Fatal("the first worker settled everything before its crash: the test proves nothing")
+			}
+
+			// The process restarts: the ledger is read again, another consumer takes over.
+			l2, err := OpenLedger(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l2.Close()
+			second := New(e.shards, e.svc, l2, fastConfig("second"))
+			stop := run(t, second)
+			waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
+			waitFor(t, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
+			if err := stop(); err != nil {
+				t.Fatalf("second worker's Run: %v", err)
+			}
+			checkLedger(t, path, grants)
+			e.assertAudit(t)
+		})
+	}
+}
+
+// pending counts entries pending in the settle group on every outbox.
+func pending(t *testing.T, e *env) int64 {
+	t.Helper()
+	subs, err := e.svc.SubPools(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sp := range subs {
+		p, err := e.shards.Client(sp.Shard).XPending(context.Background(), sp.Keys().Outbox, "settle").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += p.Count
+	}
+	return n
+}
+
+func TestLedgerTornTail(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, s := range []int64{1, 2, 2, 3} {
+		if err := l.Deliver(ctx, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	// A crash mid-write leaves half a line.
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"serial":4,"pool_`)
+	f.Close()
+	l, err = OpenLedger(path)
+	if err != nil {
+		t.Fatalf("OpenLedger after a torn write: %v", err)
+	}
+	for _, s := range []int64{3, 4} {
+		if err := l.Deliver(ctx, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	if got := readLedger(t, path); len(got) != 4 {
+		t.Fatalf("ledger serials = %v, want 1-4 once each", got)
+	}
+	os.WriteFile(path, []byte("not json\n"), 0o644)
+	if _, err := OpenLedger(path); err == nil {
+		t.Fatal("OpenLedger of a corrupt ledger succeeded, want an error")
+	}
+}
+
+// TestWebhookRetriesAndDedupes: the wallet fails the first two tries of each
+// grant; settlement retries; the wallet sees every serial, and pays once.
+func TestWebhookRetriesAndDedupes(t *testing.T) {
+	e, grants := newEnv(t, 30, 0)
+	var mu sync.Mutex
+	tries := map[string]int{}
+	paid := map[int64]int64{}
+	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		var g Grant
+		if err := json.NewDecoder(r.Body).Decode(&g); err != nil || key != fmt.Sprint(g.Serial) {
+			http.Error(w, "bad request", 400)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if tries[key]++; tries[key] <= 2 {
+			http.Error(w, "try again", 503)
+			return
+		}
+		if _, ok := paid[g.Serial]; !ok {
+			paid[g.Serial] = g.AmountCents
+		}
+	}))
+	defer wallet.Close()
+	w := New(e.shards, e.svc, &Webhook{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
+	stop := run(t, w)
+	waitFor(t, "all grants confirmed and paid", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(paid) == 30 && e.confirmed(t) == 30
+	})
+	stop()
+	for serial, r := range grants {
+		if paid[serial] != r.Amount {
+			t.Fatalf("wallet paid %d for serial %d, want %d", paid[serial], serial, r.Amount)
+		}
+	}
+	e.assertAudit(t)
+}
+
+// TestReleasedGrantIsNotPaid: a grant released at its deadline before
+// settlement saw it is acknowledged, not delivered.
+func TestReleasedGrantIsNotPaid(t *testing.T) {
+	e, _ := newEnv(t, 20, 1)
+	time.Sleep(1100 * time.Millisecond)
+	sw, err := e.svc.ReleaseExpired(context.Background())
+	if err != nil || sw.Released != 20 {
+		t.Fatalf("ReleaseExpired = %+v, %v; want 20 released", sw, err)
+	}
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := New(e.shards, e.svc, l, fastConfig("a"))
+	stop := run(t, w)
+	waitFor(t, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
+	stop()
+	if got := readLedger(t, path); len(got) != 0 {
+		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
+	}
+	e.assertAudit(t)
+}

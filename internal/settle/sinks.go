@@ -1,0 +1,170 @@
+package settle
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Ledger is a Sink that appends one JSON line per grant to a file and fsyncs
+// it before Deliver returns. It holds exactly one line per serial, across
+// redeliveries and crashes: it reads the serials already in the file when it
+// opens, and cuts off a torn last line a crash may have left (that grant is
+// then delivered again and written whole).
+type Ledger struct {
+	mu   sync.Mutex     // guards f and seen
+	f    *os.File       // opened for append
+	seen map[int64]bool // serials in the file
+}
+
+// ledgerLine is one line of the ledger.
+type ledgerLine struct {
+	Grant
+	SettledAt time.Time `json:"settled_at"`
+}
+
+// OpenLedger opens or creates the ledger at path.
+func OpenLedger(path string) (*Ledger, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	l := &Ledger{f: f, seen: map[int64]bool{}}
+	if err := l.load(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// load reads the serials in the file and truncates a torn tail.
+func (l *Ledger) load() error {
+	r := bufio.NewReader(l.f)
+	var good int64 // bytes of whole, valid lines
+	for {
+		line, err := r.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			break // a tail without '\n' is torn
+		}
+		if err != nil {
+			return fmt.Errorf("ledger: read: %w", err)
+		}
+		var ll ledgerLine
+		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
+			return fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
+		}
+		l.seen[ll.Serial] = true
+		good += int64(len(line))
+	}
+	if err := l.f.Truncate(good); err != nil {
+		return fmt.Errorf("ledger: truncate torn tail: %w", err)
+	}
+	if _, err := l.f.Seek(good, io.SeekStart); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	return nil
+}
+
+// Deliver appends g unless its serial is already in the ledger.
+func (l *Ledger) Deliver(_ context.Context, g Grant) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[g.Serial] {
+		return nil
+	}
+	b, err := json.Marshal(ledgerLine{Grant: g, SettledAt: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := l.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("ledger: write: %w", err)
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("ledger: fsync: %w", err)
+	}
+	l.seen[g.Serial] = true
+	return nil
+}
+
+// Close closes the file.
+func (l *Ledger) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Close()
+}
+
+// Webhook is a Sink that POSTs each grant as JSON to a wallet URL, with the
+// serial in an Idempotency-Key header: the wallet dedupes by serial. Any
+// answer but 2xx is retried with exponential backoff, Tries times in all;
+// then Deliver fails and the worker delivers the grant again later.
+type Webhook struct {
+	URL    string
+	Client *http.Client // default: a client with a 10s timeout
+	// Tries per Deliver (default 5); Backoff before the first retry,
+	// doubling (default 100ms).
+	Tries   int
+	Backoff time.Duration
+}
+
+var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
+
+// Deliver posts g until the wallet answers 2xx or the tries run out.
+func (w *Webhook) Deliver(ctx context.Context, g Grant) error {
+	client, tries, backoff := w.Client, w.Tries, w.Backoff
+	if client == nil {
+		client = defaultWebhookClient
+	}
+	if tries <= 0 {
+		tries = 5
+	}
+	if backoff <= 0 {
+		backoff = 100 * time.Millisecond
+	}
+	body, err := json.Marshal(g)
+	if err != nil {
+		return err
+	}
+	var last error
+	for try := range tries {
+		if try > 0 {
+			sleep(ctx, backoff)
+			backoff *= 2
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		last = w.post(ctx, client, body, g.Serial)
+		if last == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("webhook: %d tries: %w", tries, last)
+}
+
+func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, serial int64) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", strconv.FormatInt(serial, 10))
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("wallet answered %s", resp.Status)
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"rain/internal/idgen"
 	"rain/internal/metrics"
 	"rain/internal/pool"
+	"rain/internal/settle"
 	"rain/internal/shard"
 )
 
@@ -32,6 +34,7 @@ commands:
   serve     run the service (POST /grab and the operator API)
   preload   load a pool of red packets
   audit     check a pool's conservation; exits non-zero on a problem
+  settle    confirm grants and hand them to the wallet side (ledger file or webhook)
 
 Every flag can also be set by the environment variable named in its help.
 Run "rain <command> -h" for a command's flags.`
@@ -50,6 +53,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = preload(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		err = audit(ctx, args[1:], getenv, stdout, stderr)
+	case "settle":
+		err = settleCmd(ctx, args[1:], getenv, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -406,4 +411,55 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	f, redis := toolFlags("settle", stderr)
+	var cfg settle.Config
+	var ledger, webhook, logLevel string
+	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
+	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL (Idempotency-Key: serial)")
+	f.StringVar(&cfg.Group, "group", "settle", "consumer group on the outbox streams")
+	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
+	f.DurationVar(&cfg.ClaimAfter, "claim-after", 30*time.Second, "take over entries pending this long on a dead consumer")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.bindEnv("ledger", "RAIN_LEDGER")
+	f.bindEnv("webhook", "RAIN_WEBHOOK")
+	f.bindEnv("group", "RAIN_SETTLE_GROUP")
+	f.bindEnv("consumer", "RAIN_SETTLE_CONSUMER")
+	f.bindEnv("claim-after", "RAIN_CLAIM_AFTER")
+	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var sink settle.Sink
+	switch {
+	case (ledger == "") == (webhook == ""):
+		return errors.New("give exactly one of --ledger and --webhook")
+	case ledger != "":
+		l, err := settle.OpenLedger(ledger)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		sink = l
+	default:
+		if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--webhook %q: want an http(s) URL", webhook)
+		}
+		sink = &settle.Webhook{URL: webhook}
+	}
+	set, svc, err := openTool(*redis)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	defer svc.Close()
+	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
+	return settle.New(set, svc, sink, cfg).Run(ctx)
 }

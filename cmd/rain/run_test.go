@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -201,11 +202,65 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve", "--pool-min", "50", "--pool-max", "10"}, nil, "min 50 and max 10"},
 		{[]string{"serve"}, map[string]string{"RAIN_POOL_QUEUE": "lots"}, "RAIN_POOL_QUEUE"},
 		{[]string{"preload", "--pool", "p"}, nil, "--redis"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1"}, nil, "exactly one"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--ledger", "x", "--webhook", "http://127.0.0.1:1"}, nil, "exactly one"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "ftp://x"}, nil, "--webhook"},
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
 	} {
 		err := run(context.Background(), tc.args, env(tc.env), &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%v, env %v) = %v, want an error containing %q", tc.args, tc.env, err, tc.want)
 		}
+	}
+}
+
+func TestSettleCommand(t *testing.T) {
+	servers := redistest.StartN(t, 2, redistest.Options{})
+	environ := map[string]string{
+		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
+		"RAIN_ADMIN_TOKEN": "sekret",
+	}
+	addr, _ := startServe(t, nil, environ)
+	if code, body := post(t, "http://"+addr+"/admin/pools", "sekret", `{"pool_id":"s","total_cents":500,"count":5}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 5 {
+		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"s","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d %v", code, body)
+		}
+	}
+	ledger := t.TempDir() + "/ledger.jsonl"
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &syncBuffer{}
+	go func() { done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, logs) }()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		b, _ := os.ReadFile(ledger)
+		if bytes.Count(b, []byte("\n")) == 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("ledger has %q after 15s, want 5 lines; logs:\n%s", b, logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("rain settle returned %v after cancel, want nil", err)
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/admin/pools/s", nil)
+	req.Header.Set("Authorization", "Bearer sekret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st map[string]any
+	json.NewDecoder(resp.Body).Decode(&st)
+	if st["confirmed_count"] != float64(5) {
+		t.Fatalf("status after settling = %v, want 5 confirmed", st)
 	}
 }

@@ -21,7 +21,10 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     go build -trimpath -ldflags="-s -w" -o /rain ./cmd/rain
 
 FROM alpine:3.23
-RUN addgroup -S -g 10001 rain && adduser -S -D -H -u 10001 -G rain -s /sbin/nologin rain
+RUN addgroup -S -g 10001 rain && adduser -S -D -H -u 10001 -G rain -s /sbin/nologin rain \
+ && mkdir /ledger && chown 10001:10001 /ledger
+# /ledger is where `rain settle` keeps its ledger in docker-compose.yml; a named
+# volume mounted there takes this directory's owner, so the non-root user can write.
 COPY --from=build /rain /rain
 # rain serve listens on 127.0.0.1 unless told otherwise; in a container it
 # must listen on every interface to be reachable through a published port.

@@ -423,6 +423,9 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
 	f.DurationVar(&cfg.ClaimAfter, "claim-after", 30*time.Second, "take over entries pending this long on a dead consumer")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	var listen string
+	f.StringVar(&listen, "listen", "", "serve GET /healthz and GET /metrics on this address (empty: none)")
+	f.bindEnv("listen", "RAIN_SETTLE_LISTEN")
 	f.bindEnv("ledger", "RAIN_LEDGER")
 	f.bindEnv("webhook", "RAIN_WEBHOOK")
 	f.bindEnv("group", "RAIN_SETTLE_GROUP")
@@ -461,5 +464,45 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	defer set.Close()
 	defer svc.Close()
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
-	return settle.New(set, svc, sink, cfg).Run(ctx)
+	w := settle.New(set, svc, sink, cfg)
+	if listen != "" {
+		stop, err := serveHealth(listen, func(b []byte) []byte {
+			st := w.Stats()
+			return metrics.Append(b,
+				metrics.Metric{Name: "rain_settle_delivered_total", Kind: "counter", Help: "Grants confirmed and delivered to the sink.", V: st.Delivered},
+				metrics.Metric{Name: "rain_settle_expired_total", Kind: "counter", Help: "Outbox grants already released at their deadline: not paid.", V: st.Expired},
+				metrics.Metric{Name: "rain_settle_anomalies_total", Kind: "counter", Help: "Outbox entries with no matching grant.", V: st.Anomalies},
+				metrics.Metric{Name: "rain_settle_failures_total", Kind: "counter", Help: "Failed deliveries (retried).", V: st.Failures},
+			)
+		})
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	return w.Run(ctx)
+}
+
+// serveHealth serves GET /healthz and GET /metrics on addr in the
+// background; stop shuts it down.
+func serveHealth(addr string, appendMetrics func([]byte) []byte) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		w.Write(appendMetrics(nil))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ln) }()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-done
+	}, nil
 }

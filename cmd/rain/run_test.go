@@ -233,7 +233,9 @@ func TestSettleCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	logs := &syncBuffer{}
-	go func() { done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, logs) }()
+	go func() {
+		done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, logs)
+	}()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		b, _ := os.ReadFile(ledger)

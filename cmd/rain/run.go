@@ -18,12 +18,15 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"rain/internal/api"
 	"rain/internal/grab"
 	"rain/internal/idgen"
+	"rain/internal/lock"
 	"rain/internal/metrics"
 	"rain/internal/pool"
+	"rain/internal/reaper"
 	"rain/internal/settle"
 	"rain/internal/shard"
 )
@@ -216,6 +219,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
 	}
+	// The reaper competes for its lock in every instance; one sweeps.
+	var clients []*redis.Client
+	for _, name := range set.Names() {
+		clients = append(clients, set.Client(name))
+	}
+	reap := reaper.New(svc, lock.New(clients, lock.Config{Logger: log}), reaper.Config{Logger: log})
+	cfg.Metrics = append(cfg.Metrics, reap.AppendMetrics)
+	reapCtx, stopReaping := context.WithCancel(context.Background())
+	reaped := make(chan struct{})
+	go func() { defer close(reaped); reap.Run(reapCtx) }()
+	defer func() { stopReaping(); <-reaped }() // before the closes deferred above
+
 	handler := api.New(cfg)
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
@@ -240,8 +255,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	// Shutdown order: stop taking requests and let in-flight grabs finish
 	// (each is one atomic script: none is left half done), drain the worker
-	// pool, then the deferred closes stop the claim batchers, the serial
-	// loader and the shard clients.
+	// pool, then the deferred calls stop the reaper (releasing its lock), the
+	// claim batchers, the serial loader and the shard clients.
 	log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -264,5 +265,37 @@ func TestSettleCommand(t *testing.T) {
 	json.NewDecoder(resp.Body).Decode(&st)
 	if st["confirmed_count"] != float64(5) {
 		t.Fatalf("status after settling = %v, want 5 confirmed", st)
+	}
+}
+
+// TestServeReaps: rain serve's reaper releases grants not confirmed by their
+// deadline, and /metrics says so.
+func TestServeReaps(t *testing.T) {
+	addr, logs := startServe(t, nil, nil)
+	i := strings.Index(logs.String(), "admin_token=")
+	token := strings.Fields(logs.String()[i+len("admin_token="):])[0]
+	if code, body := post(t, "http://"+addr+"/admin/pools", token, `{"pool_id":"r","total_cents":300,"count":3,"hold_seconds":1}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 2 {
+		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"r","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d %v", code, body)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if bytes.Contains(b, []byte("rain_reaper_released_total 2\n")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no release within 10s of a 1s hold; metrics:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -41,9 +41,12 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 			Addr: sp.Addr,
 			// RESP2: rain uses no push notifications, and with RESP3 go-redis
 			// peeks the socket for them before every command (a syscall).
-			Protocol:   2,
-			PoolSize:   opts.PoolSize,
-			MaxRetries: opts.MaxRetries,
+			Protocol: 2,
+			// Socket reads and writes honour ctx deadlines, so a hung shard
+			// cannot hold a grab, or the reaper lock's extension, past them.
+			ContextTimeoutEnabled: true,
+			PoolSize:              opts.PoolSize,
+			MaxRetries:            opts.MaxRetries,
 		})
 	}
 	slices.Sort(s.names)

@@ -1,0 +1,258 @@
+// Package lock is rain's distributed lock: a redsync (Redlock) mutex over the
+// shards, a watchdog that keeps it alive while its holder works, and a fencing
+// token per acquisition.
+//
+// Why a watchdog of our own: redsync has no auto-renewal (go-redsync/redsync
+// PR #153 was closed as won't fix) and bsm/redislock leaves refreshing to the
+// caller. Like Redisson's, a Lease's watchdog extends the lock every TTL/3.
+// Unlike a bare mutex, a Lease tells its holder the moment the lock is lost —
+// an extension failed or was refused, or the lock's validity ran out before an
+// extension came back — by cancelling Lease.Context, so the holder stops at
+// once instead of working on under a lock another may hold by now.
+//
+// A lock alone does not make writes safe: a holder can pause (GC, swap, a slow
+// disk) past its TTL and wake after another took over. Writers that must not
+// be overtaken check Lease.Token, which strictly increases across the
+// acquisitions of a name (a Redis INCR, like Redisson's fenced lock); and
+// rain's release script releases only a grant that is still held and past its
+// deadline, so a stale reaper cannot release twice.
+//
+// The rules of a lease:
+//   - Its context derives from the ctx given to Acquire: cancelling that ctx
+//     ends the lease. A reaper whose run ctx is cancelled stops at once and,
+//     with the deferred Release, frees the lock for the next instance.
+//   - Its context is cancelled, and Lease.Err says why, when the lock is lost
+//     (ErrLost), MaxHold is reached (ErrMaxHold), Release is called
+//     (ErrReleased), or Acquire's ctx ends (that ctx's cause).
+//   - Once its context is cancelled nothing extends the lock: it frees itself
+//     at most TTL later. Release frees it at once, and does so even when
+//     passed a cancelled ctx, so defer lease.Release(ctx) is the usual form.
+//   - The watchdog is one goroutine per lease. It returns by itself when the
+//     lease ends for any reason, and Release waits for it, so it never
+//     outlives its holder.
+//
+// A lock is held when a majority of the shards (N/2+1, redsync's quorum) hold
+// it, so one shard in three may be down. The fence counter lives on one shard
+// (Config.FenceClient): while that shard is down Acquire fails even with a
+// quorum, because a lease without a token would be unsafe for writers that
+// check it.
+//
+// Every extension and unlock is bounded by TTL/3 through its ctx, so a dead
+// shard (connection refused) costs at most that. A shard that hangs instead
+// holds a call up until the client's ReadTimeout, because go-redis applies
+// ctx deadlines to sockets only with Options.ContextTimeoutEnabled: give the
+// shard clients a ReadTimeout under TTL/3, or enable that option, or the
+// watchdog may hear of a loss late (the validity timer still ends the lease
+// before the lock can expire).
+//
+// How the reaper uses it:
+//
+//	func runReaper(ctx context.Context, locker *lock.Locker) {
+//		for {
+//			// Waits while another instance reaps; fails only when ctx ends.
+//			lease, err := locker.Acquire(ctx, "rain:reaper:lock")
+//			if err != nil {
+//				return
+//			}
+//			reap(lease.Context(), lease.Token()) // returns as soon as the context is cancelled
+//			// Works with a cancelled ctx; an error only means the lock
+//			// expires by itself within TTL.
+//			_ = lease.Release(ctx)
+//			// lease.Err() says why it ended; if it was lost, take it again.
+//		}
+//	}
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	rsredis "github.com/go-redsync/redsync/v4/redis"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors. ErrNotAcquired is returned by Acquire and TryAcquire; the others
+// are the causes Lease.Err reports (match them with errors.Is).
+var (
+	// ErrNotAcquired is returned when the lock could not be taken: another
+	// holds it, no quorum of shards answered, the fence counter could not be
+	// incremented, or Acquire's ctx ended (the error then wraps its cause too).
+	ErrNotAcquired = errors.New("lock: not acquired")
+	// ErrLost is the cause when an extension failed or was refused (the key
+	// was deleted, expired or taken over on a quorum of shards), or when the
+	// lock's validity ran out before an extension came back.
+	ErrLost = errors.New("lock: lost")
+	// ErrMaxHold is the cause when the lease was held for Config.MaxHold.
+	ErrMaxHold = errors.New("lock: max hold reached")
+	// ErrReleased is the cause after Release.
+	ErrReleased = errors.New("lock: released")
+)
+
+// Config configures a Locker. The zero value is usable: every field
+// documents its default.
+type Config struct {
+	// TTL is how long the lock lives on a shard without an extension: the
+	// watchdog extends it every TTL/3, and a crashed holder's lock frees
+	// itself at most TTL later. Default 8s (redsync's).
+	TTL time.Duration
+	// Tries caps the attempts of Acquire. 0 (the default) means no cap:
+	// Acquire retries until it gets the lock or its ctx ends.
+	Tries int
+	// RetryDelay is the mean pause between two attempts of Acquire; each
+	// pause is drawn from [RetryDelay/2, 3*RetryDelay/2) so contenders do not
+	// stay in step. Default 200ms.
+	RetryDelay time.Duration
+	// MaxHold caps how long one lease is held: when it is reached, the
+	// lease's context is cancelled with ErrMaxHold and the watchdog stops
+	// extending. 0 (the default) is no cap.
+	MaxHold time.Duration
+	// FenceKey is the key of the counter fencing tokens come from, INCRed
+	// once per acquisition. Default "<name>:fence", one counter per lock name.
+	// A fixed key shared by several names works too: one counter is
+	// increasing for each of them.
+	FenceKey string
+	// FenceClient is the shard the fence counter lives on. Default: the first
+	// of the clients given to New.
+	FenceClient *redis.Client
+	// Logger gets a line when a lease is lost or reaches MaxHold. Default:
+	// discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) init(clients []*redis.Client) {
+	if c.TTL <= 0 {
+		c.TTL = 8 * time.Second
+	}
+	if c.Tries < 0 {
+		c.Tries = 0
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = 200 * time.Millisecond
+	}
+	if c.MaxHold < 0 {
+		c.MaxHold = 0
+	}
+	if c.FenceClient == nil {
+		c.FenceClient = clients[0]
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Locker takes locks over a fixed set of shards. It is safe for concurrent
+// use; it owns no goroutine and nothing to close (the clients stay the
+// caller's).
+type Locker struct {
+	rs  *redsync.Redsync
+	cfg Config
+}
+
+// New returns a Locker over clients, one per shard, in a fixed order (every
+// instance must pass the same shards). It panics if clients is empty: a lock
+// over no shards is a programming error.
+func New(clients []*redis.Client, cfg Config) *Locker {
+	if len(clients) == 0 {
+		panic("lock: New needs at least one client")
+	}
+	cfg.init(clients)
+	pools := make([]rsredis.Pool, len(clients))
+	for i, c := range clients {
+		pools[i] = goredis.NewPool(c)
+	}
+	return &Locker{rs: redsync.New(pools...), cfg: cfg}
+}
+
+// Acquire takes the lock name (the Redis key on every shard), retrying every
+// RetryDelay until it gets it, Tries runs out, or ctx ends. Errors wrap
+// ErrNotAcquired (and ctx's cause when ctx ended).
+//
+// The lease's context derives from ctx, so ctx is the lifetime of the work,
+// not of the wait: a deadline on ctx ends the lease too. Bound the wait with
+// Tries instead.
+func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
+	for try := 1; ; try++ {
+		lease, err := l.TryAcquire(ctx, name)
+		if err == nil || ctx.Err() != nil || (l.cfg.Tries > 0 && try >= l.cfg.Tries) {
+			return lease, err
+		}
+		if err := sleep(ctx, l.cfg.RetryDelay/2+rand.N(l.cfg.RetryDelay)); err != nil {
+			return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, err)
+		}
+	}
+}
+
+// sleep waits for d or until ctx ends, whichever comes first, and returns
+// ctx's cause in the second case.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// TryAcquire makes one attempt at the lock name and returns at once. It
+// follows Acquire's rules otherwise.
+func (l *Locker) TryAcquire(ctx context.Context, name string) (*Lease, error) {
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, context.Cause(ctx))
+	}
+	// Not WithFailFast: with it redsync returns at a quorum, and the cancel
+	// of the call's ctx then aborts the command to the slowest shard before
+	// it is sent. A SET or DEL left undone there stalls the next acquirer
+	// until it expires (measured: the contention test ran up to 4x slower),
+	// and an extension left undone drops a shard of redundancy while all are
+	// up.
+	m := l.rs.NewMutex(name, redsync.WithExpiry(l.cfg.TTL), redsync.WithTries(1))
+	if err := m.TryLockContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, err)
+	}
+	token, err := l.fence(ctx, name, m)
+	if err != nil {
+		// Best effort: what is not unlocked expires within TTL.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
+		_, _ = m.UnlockContext(uctx)
+		cancel()
+		return nil, fmt.Errorf("lock %s: %w: fence: %w", name, ErrNotAcquired, err)
+	}
+	return newLease(ctx, name, token, m, l.cfg), nil
+}
+
+// fence increments the fence counter for a lock just taken in m. The token
+// counts only if the INCR came back while the lock was still valid: then it
+// ran before any later holder could take the lock, so before that holder's
+// INCR, and tokens follow the order of acquisition. Like an extension, the
+// INCR gets TTL/3 at most, so a dead fence shard does not stall Acquire.
+func (l *Locker) fence(ctx context.Context, name string, m *redsync.Mutex) (int64, error) {
+	key := l.cfg.FenceKey
+	if key == "" {
+		key = name + ":fence"
+	}
+	deadline := time.Now().Add(l.cfg.TTL / 3)
+	if until := m.Until(); until.Before(deadline) {
+		deadline = until
+	}
+	fctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	token, err := l.cfg.FenceClient.Incr(fctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("incr %s: %w", key, err)
+	}
+	if !time.Now().Before(m.Until()) {
+		return 0, fmt.Errorf("incr %s: lock expired before the token came back", key)
+	}
+	return token, nil
+}

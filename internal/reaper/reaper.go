@@ -1,0 +1,180 @@
+// Package reaper returns to the stock the amount of every grant not
+// confirmed by its deadline. It runs inside every `rain serve`; exactly one
+// instance reaps at a time, the one holding the lock, and it stops at once
+// when the lock is lost (the lease's context ends).
+//
+// Safety does not rest on the lock: the release script releases only a grant
+// still held and past its deadline, checked atomically on the shard, so two
+// reapers at once (a stale holder that has not noticed yet) never release a
+// grant twice. The lock keeps the work from being done N times over.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"rain/internal/grab"
+	"rain/internal/lock"
+	"rain/internal/metrics"
+)
+
+// Sweeper releases expired grants (grab.Service does).
+type Sweeper interface {
+	ReleaseExpired(ctx context.Context) (grab.Sweep, error)
+}
+
+// Locker takes the reaper's lock (lock.Locker does).
+type Locker interface {
+	Acquire(ctx context.Context, name string) (*lock.Lease, error)
+}
+
+// Config tunes a Reaper. Zero fields take the documented defaults.
+type Config struct {
+	// Interval between two sweeps. Default 1s.
+	Interval time.Duration
+	// LockName is the lock every instance competes for. Default "rain:reaper".
+	LockName string
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+// Reaper sweeps while it holds the lock.
+type Reaper struct {
+	sweeper Sweeper
+	locker  Locker
+	cfg     Config
+
+	leader                 atomic.Bool  // holds the lock now
+	sweeps, errs           atomic.Int64 // passes made, passes with an error
+	released, releasedCts  atomic.Int64 // grants and cents released
+	lagMS                  atomic.Int64 // oldest overdue grant at the last pass
+	acquisitions, lostLock atomic.Int64
+
+	// abandon, when set (tests), makes Run return without releasing the lock,
+	// as a killed process would: the lock then frees itself after its TTL.
+	abandon bool
+}
+
+// New returns a reaper; Run starts it.
+func New(s Sweeper, l Locker, cfg Config) *Reaper {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.LockName == "" {
+		cfg.LockName = "rain:reaper"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Reaper{sweeper: s, locker: l, cfg: cfg}
+}
+
+// Run competes for the lock and sweeps every Interval while it holds it,
+// until ctx ends; then it releases the lock and returns nil.
+func (r *Reaper) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		lease, err := r.locker.Acquire(ctx, r.cfg.LockName)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.cfg.Logger.Warn("reaper: lock", "err", err)
+			sleep(ctx, r.cfg.Interval)
+			continue
+		}
+		r.acquisitions.Add(1)
+		r.leader.Store(true)
+		r.cfg.Logger.Info("reaper: leading", "fence_token", lease.Token())
+		r.lead(lease.Context())
+		r.leader.Store(false)
+		if r.abandon {
+			return nil
+		}
+		if errors.Is(lease.Err(), lock.ErrLost) {
+			r.lostLock.Add(1)
+			r.cfg.Logger.Warn("reaper: lock lost; sweeping stopped", "err", lease.Err())
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = lease.Release(rctx) // an error only means the lock expires by itself
+		cancel()
+	}
+	return nil
+}
+
+// lead sweeps every Interval until ctx (the lease's) ends.
+func (r *Reaper) lead(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		r.sweep(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Reaper) sweep(ctx context.Context) {
+	sw, err := r.sweeper.ReleaseExpired(ctx)
+	r.sweeps.Add(1)
+	r.released.Add(sw.Released)
+	r.releasedCts.Add(sw.ReleasedCents)
+	r.lagMS.Store(sw.OldestOverdue.Milliseconds())
+	if sw.Released > 0 {
+		r.cfg.Logger.Info("reaper: released expired grants", "count", sw.Released, "cents", sw.ReleasedCents)
+	}
+	if err != nil && ctx.Err() == nil {
+		r.errs.Add(1)
+		r.cfg.Logger.Warn("reaper: sweep", "err", err)
+	}
+}
+
+// Stats is what the reaper did.
+type Stats struct {
+	Leader                  bool
+	Sweeps, Errors          int64
+	Released, ReleasedCents int64
+	Lag                     time.Duration // oldest overdue grant at the last sweep
+	Acquisitions, LostLocks int64
+}
+
+// Stats returns a snapshot.
+func (r *Reaper) Stats() Stats {
+	return Stats{
+		Leader: r.leader.Load(), Sweeps: r.sweeps.Load(), Errors: r.errs.Load(),
+		Released: r.released.Load(), ReleasedCents: r.releasedCts.Load(),
+		Lag:          time.Duration(r.lagMS.Load()) * time.Millisecond,
+		Acquisitions: r.acquisitions.Load(), LostLocks: r.lostLock.Load(),
+	}
+}
+
+// AppendMetrics appends the reaper's metrics in Prometheus text format.
+func (r *Reaper) AppendMetrics(b []byte) []byte {
+	s := r.Stats()
+	leader := int64(0)
+	if s.Leader {
+		leader = 1
+	}
+	return metrics.Append(b,
+		metrics.Metric{Name: "rain_reaper_leader", Kind: "gauge", Help: "1 while this instance holds the reaper lock.", V: leader},
+		metrics.Metric{Name: "rain_reaper_released_total", Kind: "counter", Help: "Expired grants released back to the stock.", V: s.Released},
+		metrics.Metric{Name: "rain_reaper_released_cents_total", Kind: "counter", Help: "Cents of expired grants released back to the stock.", V: s.ReleasedCents},
+		metrics.Metric{Name: "rain_reaper_overdue_lag_ms", Kind: "gauge", Help: "How long past its deadline the oldest overdue grant was at the last sweep.", V: s.Lag.Milliseconds()},
+		metrics.Metric{Name: "rain_reaper_sweeps_total", Kind: "counter", Help: "Sweeps made.", V: s.Sweeps},
+		metrics.Metric{Name: "rain_reaper_sweep_errors_total", Kind: "counter", Help: "Sweeps that met an error (a shard down).", V: s.Errors},
+		metrics.Metric{Name: "rain_reaper_lost_locks_total", Kind: "counter", Help: "Times the lock was lost while sweeping.", V: s.LostLocks},
+	)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,246 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/lock"
+	"rain/internal/redistest"
+	"rain/internal/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type env struct {
+	shards  *shard.Set
+	clients []*redis.Client
+	svc     *grab.Service
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	servers := redistest.StartN(t, 3, redistest.Options{})
+	var specs []shard.Spec
+	for i, s := range servers {
+		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
+	}
+	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gen.Close() })
+	svc := grab.New(set, gen)
+	t.Cleanup(svc.Close)
+	e := &env{shards: set, svc: svc}
+	for _, name := range set.Names() {
+		e.clients = append(e.clients, set.Client(name))
+	}
+	return e
+}
+
+// grabAll preloads pool id and grabs every packet; it returns the grants by user.
+func (e *env) grabAll(t *testing.T, id string, count int, hold int64) map[string]grab.Result {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := e.svc.Preload(ctx, grab.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+		t.Fatal(err)
+	}
+	// Users whose home sub-pool is already empty are sold out: go on with
+	// more users until every packet is granted.
+	out := map[string]grab.Result{}
+	for i := 0; len(out) < count; i++ {
+		user := fmt.Sprintf("%s-u%d", id, i)
+		r, err := e.svc.Grab(ctx, id, user)
+		if err != nil || i > 100*count {
+			t.Fatalf("Grab(%s) = %+v, %v", user, r, err)
+		}
+		if r.Outcome == grab.Granted {
+			out[user] = r
+		}
+	}
+	return out
+}
+
+func (e *env) locker(ttl time.Duration) *lock.Locker {
+	return lock.New(e.clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
+}
+
+func (e *env) status(t *testing.T, id string) *grab.Status {
+	t.Helper()
+	st, err := e.svc.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (e *env) assertAudit(t *testing.T, id string) {
+	t.Helper()
+	r, err := e.svc.Audit(context.Background(), id)
+	if err != nil || !r.OK {
+		t.Fatalf("Audit(%s) = %+v, %v", id, r, err)
+	}
+}
+
+// start runs r until the test ends; stop ends it early.
+func start(t *testing.T, r *Reaper) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	begin := time.Now()
+	for !cond() {
+		if time.Since(begin) > within {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(begin)
+}
+
+// TestExpiredGrantsReleased: hold_seconds=2, 100 grants, 50 confirmed; the
+// other 50 go back to the stock, and their users may grab again.
+func TestExpiredGrantsReleased(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	grants := e.grabAll(t, "p", 100, 2)
+	var confirmedCents, releasedCents int64
+	expiring := map[string]grab.Result{}
+	for user, g := range grants {
+		if len(expiring) < 50 {
+			expiring[user] = g
+			releasedCents += g.Amount
+			continue
+		}
+		if err := e.svc.Confirm(ctx, "p", user, g.Serial); err != nil {
+			t.Fatalf("Confirm(%s): %v", user, err)
+		}
+		confirmedCents += g.Amount
+	}
+	r := New(e.svc, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
+	start(t, r)
+	waitFor(t, "50 grants released", 10*time.Second, func() bool { return r.Stats().Released == 50 })
+
+	st := e.status(t, "p")
+	if st.RemainingCount != 50 || st.RemainingCents != releasedCents || st.ReleasedCount != 50 || st.ReleasedCents != releasedCents ||
+		st.ConfirmedCount != 50 || st.ConfirmedCents != confirmedCents || st.HeldCount != 0 {
+		t.Fatalf("status after the release = %+v; want 50 back in stock (%d cents), 50 confirmed (%d cents), none held", st, releasedCents, confirmedCents)
+	}
+	if got := r.Stats().ReleasedCents; got != releasedCents {
+		t.Fatalf("ReleasedCents = %d, want %d", got, releasedCents)
+	}
+	e.assertAudit(t, "p")
+	for user, g := range expiring {
+		if err := e.svc.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, grab.ErrGrantReleased) {
+			t.Fatalf("Confirm of %s's released grant = %v, want ErrGrantReleased", user, err)
+		}
+		again, err := e.svc.Grab(ctx, "p", user)
+		if err != nil || again.Outcome != grab.Granted || again.Serial == g.Serial {
+			t.Fatalf("Grab by released user %s = %+v, %v; want a new grant", user, again, err)
+		}
+	}
+	e.assertAudit(t, "p")
+}
+
+// TestTwoSweepsAtOnce: two reapers forced to run at once, without the lock,
+// never release a grant twice.
+func TestTwoSweepsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	grants := e.grabAll(t, "p", 400, 1)
+	var cents int64
+	for _, g := range grants {
+		cents += g.Amount
+	}
+	time.Sleep(1100 * time.Millisecond)
+	var mu sync.Mutex
+	var released, releasedCents int64
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 20 {
+				sw, err := e.svc.ReleaseExpired(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				released += sw.Released
+				releasedCents += sw.ReleasedCents
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if released != 400 || releasedCents != cents {
+		t.Fatalf("two sweeps released %d grants, %d cents; want each grant once: 400, %d", released, releasedCents, cents)
+	}
+	st := e.status(t, "p")
+	if st.RemainingCount != 400 || st.RemainingCents != cents {
+		t.Fatalf("status = %+v, want all 400 packets back, %d cents", st, cents)
+	}
+	e.assertAudit(t, "p")
+}
+
+// TestTakeoverAfterKill: the leading reaper dies mid-sweep without releasing
+// its lock; another instance takes over within the lock's TTL and releases
+// what is due.
+func TestTakeoverAfterKill(t *testing.T) {
+	const ttl = 600 * time.Millisecond
+	e := newEnv(t)
+	a := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
+	a.abandon = true
+	stopA := start(t, a)
+	waitFor(t, "a leads", 5*time.Second, func() bool { return a.Stats().Leader })
+
+	b := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
+	start(t, b)
+	time.Sleep(2 * ttl)
+	if b.Stats().Leader {
+		t.Fatal("b leads while a holds the lock")
+	}
+	e.grabAll(t, "p", 20, 1)
+	stopA() // killed: its watchdog stops, the lock is not released
+	took := waitFor(t, "b takes over", ttl+2*time.Second, func() bool { return b.Stats().Leader })
+	t.Logf("b took over %v after a died (TTL %v)", took, ttl)
+	waitFor(t, "b releases the expired grants", 5*time.Second, func() bool { return b.Stats().Released == 20 })
+	e.assertAudit(t, "p")
+}
+
+// TestLostLockStopsSweeping: when the lock is taken away, the reaper stops
+// leading at once and competes again.
+func TestLostLockStopsSweeping(t *testing.T) {
+	const ttl = 600 * time.Millisecond
+	e := newEnv(t)
+	r := New(e.svc, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
+	start(t, r)
+	waitFor(t, "r leads", 5*time.Second, func() bool { return r.Stats().Leader })
+	for _, c := range e.clients {
+		if err := c.Del(context.Background(), "rain:reaper").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the loss is noticed", ttl, func() bool { return r.Stats().LostLocks == 1 })
+	waitFor(t, "r leads again", 5*time.Second, func() bool { return r.Stats().Leader && r.Stats().Acquisitions == 2 })
+}

@@ -297,7 +297,8 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		st = stOverloaded
 	case errors.Is(err, pool.ErrPanicked):
 		// Logged by the pool; the request gets a 500 below.
-	case errors.Is(err, grab.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case errors.Is(err, grab.ErrUnavailable), errors.Is(err, grab.ErrBusy),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		st = stOverloaded
 		s.cfg.Logger.Debug("grab unavailable", "pool_id", req.PoolID, "err", err)
 	default:

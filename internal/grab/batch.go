@@ -30,6 +30,8 @@ type claimReq struct {
 	keys   *lua.Keys
 	user   string
 	serial int64
+	token  string // spill token, "" for pools of one sub-pool
+	valid  int64  // spill reservation validity, ms
 	res    lua.Claim
 	err    error
 	done   chan struct{} // capacity 1; receives once per use
@@ -51,9 +53,9 @@ func newBatcher(c *redis.Client, stop <-chan struct{}) *batcher {
 // claim queues a claim and waits for its answer. A claim whose ctx is done
 // before its batch is sent does no Redis work; once sent, the caller waits
 // for the answer (bounded by batchTimeout), so the result is never lost.
-func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64) (lua.Claim, error) {
+func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
 	r := reqPool.Get().(*claimReq)
-	r.ctx, r.keys, r.user, r.serial = ctx, k, user, serial
+	r.ctx, r.keys, r.user, r.serial, r.token, r.valid = ctx, k, user, serial, token, valid
 	select {
 	case b.reqs <- r:
 	case <-ctx.Done():
@@ -120,7 +122,7 @@ func (b *batcher) run(batch []*claimReq, cmds []*redis.Cmd) []*redis.Cmd {
 			continue
 		}
 		live = append(live, r)
-		cmds = append(cmds, lua.ClaimCmd(ctx, pipe, r.keys, r.user, r.serial))
+		cmds = append(cmds, lua.ClaimCmd(ctx, pipe, r.keys, r.user, r.serial, r.token, r.valid))
 	}
 	if len(live) == 0 {
 		return cmds
@@ -141,7 +143,7 @@ func (b *batcher) run(batch []*claimReq, cmds []*redis.Cmd) []*redis.Cmd {
 		err := lua.LoadScripts(ctx, b.c)
 		for _, r := range retry {
 			if err == nil {
-				r.res, r.err = lua.ClaimGrant(ctx, b.c, r.keys, r.user, r.serial)
+				r.res, r.err = lua.ClaimGrant(ctx, b.c, r.keys, r.user, r.serial, r.token, r.valid)
 			} else {
 				r.err = err
 			}

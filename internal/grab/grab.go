@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -35,7 +36,26 @@ type Service struct {
 	// sub-pool's preload with the next batch it lacks; an error aborts the
 	// preload there, as a crash would.
 	afterTrip func(subPool int, nextBatch int64) error
+
+	// spillValidity is how long a spill reservation lasts (T), spillMargin
+	// how much older than T a transfer must be before the reaper resolves
+	// it: more than the shards' clocks may differ. Tests shorten them.
+	spillValidity, spillMargin time.Duration
+	// spillHook, when set (tests), runs after each step of a spill
+	// ("reserved", "taken", "adopted", "acked"); an error stops the grab
+	// there, as a crash would.
+	spillHook func(step string) error
 }
+
+// Spill timing defaults.
+const (
+	defaultSpillValidity = 3 * time.Second
+	defaultSpillMargin   = 5 * time.Second
+)
+
+// ErrBusy is returned by Grab when the same user has a grab in flight that
+// is taking stock from a sibling sub-pool: retry shortly. Nothing was granted.
+var ErrBusy = errors.New("a grab of this user is in flight")
 
 // pool is what the grab path needs of an open pool, resolved once.
 type pool struct {
@@ -55,7 +75,8 @@ func home(userID string, k int) int {
 // claim batchers; Close stops them.
 func New(shards *shard.Set, serials Serials) *Service {
 	s := &Service{shards: shards, serials: serials, pools: map[string]*pool{},
-		batchers: map[string]*batcher{}, stop: make(chan struct{})}
+		batchers: map[string]*batcher{}, stop: make(chan struct{}),
+		spillValidity: defaultSpillValidity, spillMargin: defaultSpillMargin}
 	for _, name := range shards.Names() {
 		b := newBatcher(shards.Client(name), s.stop)
 		s.batchers[name] = b
@@ -116,9 +137,26 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		return Result{}, fmt.Errorf("%w: serial: %w", ErrUnavailable, err)
 	}
 	j := home(userID, len(p.keys))
-	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial)
+	var token string
+	if len(p.keys) > 1 {
+		// The serial is unique across instances: it names the spill too.
+		token = strconv.FormatInt(serial, 10)
+	}
+	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial, token, s.spillValidity.Milliseconds())
 	if err != nil {
 		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
+	}
+	switch c.Outcome {
+	case lua.Reserved:
+		if err := s.step("reserved"); err != nil {
+			return Result{}, err
+		}
+		c, err = s.spill(ctx, p, userID, j, serial, token)
+		if err != nil {
+			return Result{}, err
+		}
+	case lua.Busy:
+		return Result{}, ErrBusy
 	}
 	switch c.Outcome {
 	case lua.Granted, lua.Already:
@@ -128,8 +166,8 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		}
 		return Result{Outcome: o, Amount: c.Amount, Serial: c.Serial, ExpiresAt: time.UnixMilli(c.DeadlineMS).UTC()}, nil
 	case lua.Empty:
-		// Without spillover between sub-pools (K > 1 only when the operator
-		// asks), an empty home means sold out for this user.
+		// The home had none and, for a pool of several sub-pools, no
+		// sibling had any either.
 		return Result{Outcome: SoldOut}, nil
 	case lua.NotStarted:
 		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil

@@ -71,24 +71,40 @@ type Sweep struct {
 // at once, or a stale one, never release a grant twice.
 func (s *Service) ReleaseExpired(ctx context.Context) (Sweep, error) {
 	var sw Sweep
-	subs, err := s.SubPools(ctx)
+	ids, err := s.poolIDs(ctx)
 	errs := []error{err}
-	for _, sp := range subs {
-		c, k := s.shards.Client(sp.Shard), sp.Keys()
-		for more := true; more; {
+	for _, id := range ids {
+		p, err := s.pool(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err) // a shard down: the next pass retries
+			continue
+		}
+		for j := range p.keys {
 			if err := ctx.Err(); err != nil {
 				return sw, err
 			}
-			r, err := lua.ReleaseExpired(ctx, c, &k, releaseBatch)
-			if err != nil {
-				// A shard down: go on with the others; the next pass retries.
-				errs = append(errs, fmt.Errorf("%w: release %s: %w", ErrUnavailable, sp.Tag(), err))
-				break
+			if len(p.keys) > 1 {
+				if err := s.recoverSpills(ctx, p, j); err != nil {
+					errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", ErrUnavailable, id, j, err))
+				}
 			}
-			sw.Released += r.Count
-			sw.ReleasedCents += r.Cents
-			sw.OldestOverdue = max(sw.OldestOverdue, time.Duration(r.OldestOverdueMS)*time.Millisecond)
-			more = r.More
+			for more := true; more; {
+				if err := ctx.Err(); err != nil {
+					return sw, err
+				}
+				r, err := lua.ReleaseExpired(ctx, p.clients[j], &p.keys[j], releaseBatch)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", ErrUnavailable, id, j, err))
+					break
+				}
+				sw.Released += r.Count
+				sw.ReleasedCents += r.Cents
+				sw.OldestOverdue = max(sw.OldestOverdue, time.Duration(r.OldestOverdueMS)*time.Millisecond)
+				more = r.More
+			}
 		}
 	}
 	return sw, errors.Join(errs...)

@@ -104,7 +104,8 @@ func (p Problem) String() string {
 }
 
 // Audit checks conservation, in count and in cents, for every sub-pool and the
-// pool: stock left + held + confirmed = preloaded; the counters agree with a
+// pool: stock left + held + confirmed (+ what moved between sub-pools and
+// what is in flight) = preloaded; the counters agree with a
 // recount of the stock and the grants; every held grant is indexed by its
 // deadline; no serial appears twice; the sub-pools add up to the spec.
 // Each sub-pool is read atomically (one script), so a live pool audits
@@ -116,6 +117,9 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 	}
 	r := &Report{PoolID: id, Problems: []Problem{}}
 	var count, cents int64
+	// Spills between sub-pools: received and sent are what moved and was
+	// acknowledged; in flight what left a sibling and is not acknowledged.
+	var recvN, recvC, sentN, sentC, flightN, flightC int64
 	for j, name := range rec.placement {
 		c := s.shards.Client(name)
 		if c == nil {
@@ -148,10 +152,16 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		add("deadline index entries", a.GrantsHeld, a.Deadlines)
 		add("duplicate serials", 0, a.DuplicateSerials)
 		add("unreadable grant records", 0, a.BadRecords)
+		add("inflight_count (transfers)", a.InflightCount, a.Transfers)
+		add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
 		if a.State == stateOpen {
-			add("count = stock + held + confirmed", a.Count, a.ListLen+a.GrantsHeld+a.GrantsConfirmed)
-			add("cents = stock + held + confirmed", a.Cents, a.ListSum+a.GrantsHeldCents+a.GrantsConfirmedCents)
+			add("count + received - sent = stock + held + confirmed + in flight",
+				a.Count+a.ReceivedCount-a.SentCount, a.ListLen+a.GrantsHeld+a.GrantsConfirmed+a.Transfers)
+			add("cents + received - sent = stock + held + confirmed + in flight",
+				a.Cents+a.ReceivedCents-a.SentCents, a.ListSum+a.GrantsHeldCents+a.GrantsConfirmedCents+a.TransfersCents)
 		}
+		recvN, recvC, sentN, sentC = recvN+a.ReceivedCount, recvC+a.ReceivedCents, sentN+a.SentCount, sentC+a.SentCents
+		flightN, flightC = flightN+a.Transfers, flightC+a.TransfersCents
 	}
 	if rec.state == stateOpen {
 		whole := func(q string, want, got int64) {
@@ -161,6 +171,15 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		}
 		whole("count (sum of sub-pools)", rec.spec.Count, count)
 		whole("total_cents (sum of sub-pools)", rec.spec.TotalCents, cents)
+		// Everything received was sent, or is still in flight (adopted at
+		// the home, not yet acknowledged at the sibling): nothing created,
+		// nothing lost between sub-pools.
+		if d := recvN - sentN; d < 0 || d > flightN {
+			r.Problems = append(r.Problems, Problem{Quantity: "received - sent packets within [0, in flight]", Expected: flightN, Found: d})
+		}
+		if d := recvC - sentC; d < 0 || d > flightC {
+			r.Problems = append(r.Problems, Problem{Quantity: "received - sent cents within [0, in flight]", Expected: flightC, Found: d})
+		}
 	}
 	r.OK = len(r.Problems) == 0
 	return r, nil

@@ -5,7 +5,10 @@
 -- KEYS[3] grants     rain:{P:j}:grants     (hash: user -> "state:amount:serial:deadline_ms")
 -- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
 -- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
+-- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
 -- ARGV[1] user id   ARGV[2] serial for a new grant
+-- ARGV[3] spill token ("" when the pool has one sub-pool: no reservation)
+-- ARGV[4] reservation validity in ms (T)
 --
 -- Grant states: h held, c confirmed, r released. A user with a held or
 -- confirmed grant gets it back unchanged; a released grant does not count.
@@ -15,15 +18,19 @@
 --   {"granted", amount, serial, deadline_ms}
 --   {"already", amount, serial, deadline_ms}
 --   {"empty"}                  no stock left in this sub-pool
+--   {"reserved"}               none left here; a reservation with the token is
+--                              recorded for a spill from a sibling (valid T ms)
+--   {"busy"}                   a reservation younger than T exists: the same
+--                              user has a spill in flight; retry shortly
 --   {"not_started", ms_left}   before the window
 --   {"ended"}                  after the window
 --   {"closed"}                 the sub-pool is not open (still loading)
-local meta, stock, grants, deadlines, outbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local user, serial = ARGV[1], ARGV[2]
+local meta, stock, grants, deadlines, outbox, reserve = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local user, serial, token, validity = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 local g = redis.call('HGET', grants, user)
 if g then
-  local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
+  local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)')
   if st == nil then
     return redis.error_reply('RAINSTATE bad grant record for ' .. user)
   end
@@ -48,7 +55,18 @@ end
 
 local amount = redis.call('LPOP', stock)
 if not amount then
-  return {'empty'}
+  if token == '' then
+    return {'empty'}
+  end
+  local r = redis.call('HGET', reserve, user)
+  if r then
+    local ts = tonumber(string.match(r, ':(%d+)$'))
+    if ts and now - ts < validity then
+      return {'busy'}
+    end
+  end
+  redis.call('HSET', reserve, user, token .. ':' .. now)
+  return {'reserved'}
 end
 local deadline = string.format('%d', now + tonumber(m[2]))
 redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)

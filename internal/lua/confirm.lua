@@ -16,7 +16,7 @@ local g = redis.call('HGET', grants, user)
 if not g then
   return {'unknown'}
 end
-local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
+local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)')
 if st == nil then
   return redis.error_reply('RAINSTATE bad grant record for ' .. user)
 end
@@ -29,7 +29,7 @@ end
 if st == 'r' then
   return {'released'}
 end
-redis.call('HSET', grants, user, 'c:' .. amount .. ':' .. ser .. ':' .. deadline)
+redis.call('HSET', grants, user, 'c' .. string.sub(g, 2)) -- keeps a spill token
 redis.call('ZREM', deadlines, user)
 redis.call('HINCRBY', meta, 'held_count', -1)
 redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)

@@ -37,14 +37,29 @@ var (
 	confirmSrc string
 	//go:embed release.lua
 	releaseSrc string
+	//go:embed take.lua
+	takeSrc string
+	//go:embed adopt.lua
+	adoptSrc string
+	//go:embed ack.lua
+	ackSrc string
+	//go:embed abort.lua
+	abortSrc string
+	//go:embed transfers.lua
+	transfersSrc string
 
-	setupScript   = redis.NewScript(setupSrc)
-	loadScript    = redis.NewScript(loadSrc)
-	openScript    = redis.NewScript(openSrc)
-	claimScript   = redis.NewScript(claimSrc)
-	auditScript   = redis.NewScript(auditSrc)
-	confirmScript = redis.NewScript(confirmSrc)
-	releaseScript = redis.NewScript(releaseSrc)
+	setupScript     = redis.NewScript(setupSrc)
+	loadScript      = redis.NewScript(loadSrc)
+	openScript      = redis.NewScript(openSrc)
+	claimScript     = redis.NewScript(claimSrc)
+	auditScript     = redis.NewScript(auditSrc)
+	confirmScript   = redis.NewScript(confirmSrc)
+	releaseScript   = redis.NewScript(releaseSrc)
+	takeScript      = redis.NewScript(takeSrc)
+	adoptScript     = redis.NewScript(adoptSrc)
+	ackScript       = redis.NewScript(ackSrc)
+	abortScript     = redis.NewScript(abortSrc)
+	transfersScript = redis.NewScript(transfersSrc)
 )
 
 // ErrSpecMismatch is returned by Setup when the sub-pool exists with another
@@ -67,6 +82,8 @@ type Keys struct {
 	Grants    string // hash: user -> "state:amount:serial:deadline_ms"
 	Deadlines string // zset: user by deadline_ms
 	Outbox    string // stream: grants for settlement
+	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
+	Transfers string // hash: token -> "amount:home:user:ms", spills out (as a sibling)
 }
 
 // Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
@@ -81,6 +98,8 @@ func (s SubPool) Keys() Keys {
 		Grants:    p + "grants",
 		Deadlines: p + "deadlines",
 		Outbox:    p + "outbox",
+		Reserve:   p + "reserve",
+		Transfers: p + "transfers",
 	}
 }
 
@@ -141,7 +160,8 @@ func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
 // LoadScripts loads every script into c's script cache, so that pipelined
 // EVALSHA finds them.
 func LoadScripts(ctx context.Context, c Client) error {
-	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript, confirmScript, releaseScript} {
+	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript, confirmScript,
+		releaseScript, takeScript, adoptScript, ackScript, abortScript, transfersScript} {
 		if err := s.Load(ctx, c).Err(); err != nil {
 			return fmt.Errorf("script load: %w", err)
 		}
@@ -173,6 +193,8 @@ const (
 	NotStarted                    // before the window; Claim.Wait says how long
 	Ended                         // after the window
 	Closed                        // the sub-pool is not open
+	Reserved                      // empty; a spill reservation was recorded
+	Busy                          // the user has a spill in flight: retry
 )
 
 // Claim is a claim's answer. Amount, Serial and DeadlineMS are set for
@@ -187,8 +209,10 @@ type Claim struct {
 
 // ClaimGrant runs the claim script: the user's grant in the sub-pool if they
 // hold one, else a new one with serial, popped from the stock. One round trip.
-func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64) (Claim, error) {
-	res, err := claimScript.Run(ctx, c, claimKeys(k), user, serial).Slice()
+// With a spill token (pools of several sub-pools), an empty sub-pool records
+// a reservation valid for validityMS and answers Reserved.
+func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
+	res, err := claimScript.Run(ctx, c, claimKeys(k), user, serial, token, validityMS).Slice()
 	if err != nil {
 		return Claim{}, err
 	}
@@ -198,8 +222,8 @@ func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int6
 // ClaimCmd queues a claim on a pipeline as EVALSHA; read it with ParseClaim.
 // A shard whose script cache is empty answers NOSCRIPT (IsNoScript): load
 // the scripts (LoadScripts) and queue the claim again.
-func ClaimCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, user string, serial int64) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, claimKeys(k), user, serial)
+func ClaimCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, user string, serial int64, token string, validityMS int64) *redis.Cmd {
+	return claimScript.EvalSha(ctx, pipe, claimKeys(k), user, serial, token, validityMS)
 }
 
 // ParseClaim reads the result of a ClaimCmd.
@@ -217,7 +241,7 @@ func IsNoScript(err error) bool {
 }
 
 func claimKeys(k *Keys) []string {
-	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve}
 }
 
 func parseClaim(res []any) (Claim, error) {
@@ -234,6 +258,10 @@ func parseClaim(res []any) (Claim, error) {
 		return Claim{Outcome: Ended}, nil
 	case "closed":
 		return Claim{Outcome: Closed}, nil
+	case "reserved":
+		return Claim{Outcome: Reserved}, nil
+	case "busy":
+		return Claim{Outcome: Busy}, nil
 	}
 	return Claim{}, fmt.Errorf("claim: unexpected reply %v", res)
 }
@@ -292,6 +320,99 @@ func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Release,
 	return Release{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1}, nil
 }
 
+// Take moves one amount of sibling sub-pool k into an in-flight transfer
+// for user, whose home sub-pool is home. It returns the amount, or 0 when the
+// sub-pool is empty (or not open). Taking again with a token returns the same
+// transfer.
+func Take(ctx context.Context, c Client, k *Keys, token string, home int, user string) (int64, error) {
+	res, err := takeScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers}, token, home, user).Slice()
+	if err != nil {
+		return 0, err
+	}
+	if str(res, 0) != "taken" {
+		return 0, nil
+	}
+	return integer(res, 1), nil
+}
+
+// Adopt turns user's reservation at home (keys k) into a held grant of
+// amount from sibling origin, if the reservation still carries token and is
+// younger than validityMS. ok is false when it is stale.
+func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
+	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve},
+		user, token, serial, amount, origin, validityMS).Slice()
+	if err != nil {
+		return Claim{}, false, err
+	}
+	if str(res, 0) != "granted" {
+		return Claim{}, false, nil
+	}
+	return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, true, nil
+}
+
+// Ack drops a transfer the home granted; Untake puts one the home did not
+// back in the stock. Both are idempotent; done is false when the transfer was
+// already gone.
+func Ack(ctx context.Context, c Client, k *Keys, token string) (done bool, err error) {
+	return settleTransfer(ctx, c, k, token, "ack")
+}
+
+// Untake: see Ack.
+func Untake(ctx context.Context, c Client, k *Keys, token string) (done bool, err error) {
+	return settleTransfer(ctx, c, k, token, "untake")
+}
+
+func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (bool, error) {
+	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers}, token, op).Slice()
+	if err != nil {
+		return false, err
+	}
+	return str(res, 0) != "gone", nil
+}
+
+// Abort drops user's reservation at home if it still carries token.
+func Abort(ctx context.Context, c Client, k *Keys, user, token string) error {
+	return abortScript.Run(ctx, c, []string{k.Reserve}, user, token).Err()
+}
+
+// StaleTransfer is a transfer out of a sub-pool old enough to resolve.
+type StaleTransfer struct {
+	Token string
+	Home  int
+	User  string
+}
+
+// StaleTransfers drops the sub-pool's reservations older than validityMS and
+// lists its transfers older than validityMS + marginMS.
+func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, marginMS int64) (dropped int64, stale []StaleTransfer, err error) {
+	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, marginMS).Slice()
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := 1; i+2 < len(res); i += 3 {
+		home, _ := strconv.Atoi(str(res, i+1))
+		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2)})
+	}
+	return integer(res, 0), stale, nil
+}
+
+// GrantToken returns the spill token a grant record carries, if any: the
+// transfer that token names was adopted.
+func GrantToken(ctx context.Context, c redis.Cmdable, k *Keys, user string) (string, error) {
+	g, err := c.HGet(ctx, k.Grants, user).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	parts := strings.Split(g, ":")
+	if len(parts) < 5 {
+		return "", nil
+	}
+	return parts[4], nil
+}
+
 // Audit is one sub-pool read whole: the meta counters beside recounts of the
 // stock list and the grants hash.
 type Audit struct {
@@ -309,12 +430,16 @@ type Audit struct {
 	Deadlines                             int64 // entries in the deadline index
 	DuplicateSerials                      int64
 	BadRecords                            int64
+	ReceivedCount, ReceivedCents          int64 // granted here, taken from siblings
+	SentCount, SentCents                  int64 // taken from here, granted at siblings
+	InflightCount, InflightCents          int64 // taken from here, not yet acknowledged
+	Transfers, TransfersCents             int64 // recount of the transfers hash
 }
 
 // AuditSubPool reads the sub-pool whole, atomically.
 func AuditSubPool(ctx context.Context, c Client, sp SubPool) (Audit, error) {
 	k := sp.Keys()
-	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines}).Slice()
+	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Transfers}).Slice()
 	if err != nil {
 		return Audit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
 	}
@@ -329,6 +454,8 @@ func AuditSubPool(ctx context.Context, c Client, sp SubPool) (Audit, error) {
 		ConfirmedCount: n(12), ConfirmedCents: n(13), GrantsConfirmed: n(14), GrantsConfirmedCents: n(15),
 		ReleasedCount: n(16), ReleasedCents: n(17), GrantsReleased: n(18),
 		Deadlines: n(19), DuplicateSerials: n(20), BadRecords: n(21),
+		ReceivedCount: n(22), ReceivedCents: n(23), SentCount: n(24), SentCents: n(25),
+		InflightCount: n(26), InflightCents: n(27), Transfers: n(28), TransfersCents: n(29),
 	}, nil
 }
 

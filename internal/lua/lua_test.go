@@ -99,7 +99,7 @@ func TestOpenRefusesPartialStock(t *testing.T) {
 		t.Fatalf("OpenSubPool with 2 of 3 packets = %v (%d, %d), %v; want refused with 2 packets, 3 cents", opened, n, cents, err)
 	}
 	k := sp.Keys()
-	if c, err := ClaimGrant(ctx, c, &k, "u", 1); err != nil || c.Outcome != Closed {
+	if c, err := ClaimGrant(ctx, c, &k, "u", 1, "", 0); err != nil || c.Outcome != Closed {
 		t.Fatalf("claim on a loading sub-pool = %+v, %v; want closed", c, err)
 	}
 }
@@ -119,7 +119,7 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := sp.Keys()
-	got, err := ClaimGrant(ctx, c, &k, "u1", 77)
+	got, err := ClaimGrant(ctx, c, &k, "u1", 77, "", 0)
 	if err != nil || got.Outcome != Granted || got.Amount != 42 || got.Serial != 77 || got.DeadlineMS == 0 {
 		t.Fatalf("claim = %+v, %v; want granted 42 serial 77 with a deadline", got, err)
 	}
@@ -131,10 +131,10 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 	if v["user"] != "u1" || v["amount"] != "42" || v["serial"] != "77" || v["pool"] != "p" || v["sub"] != "0" {
 		t.Fatalf("outbox entry = %v, want the grant's user, amount, serial, pool, sub-pool", v)
 	}
-	if again, _ := ClaimGrant(ctx, c, &k, "u1", 78); again.Outcome != Already || again.Serial != 77 {
+	if again, _ := ClaimGrant(ctx, c, &k, "u1", 78, "", 0); again.Outcome != Already || again.Serial != 77 {
 		t.Fatalf("second claim = %+v, want already with serial 77", again)
 	}
-	if empty, _ := ClaimGrant(ctx, c, &k, "u2", 79); empty.Outcome != Empty {
+	if empty, _ := ClaimGrant(ctx, c, &k, "u2", 79, "", 0); empty.Outcome != Empty {
 		t.Fatalf("claim on an empty sub-pool = %+v, want empty", empty)
 	}
 	a, err := AuditSubPool(ctx, c, sp)

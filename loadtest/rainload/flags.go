@@ -1,0 +1,166 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"rain/loadtest/rainload/internal/schedule"
+)
+
+// config is a load test as the flags describe it, checked.
+type config struct {
+	base        *url.URL // -url; http only
+	addr        string   // host:port to dial
+	pool        string
+	startRate   float64
+	stages      []schedule.Stage // a constant -rate is one stage
+	users       int64
+	userPrefix  string
+	repeat      float64
+	maxInflight int
+	conns       int
+	timeout     time.Duration
+	summary     string
+	timeline    string
+	progress    time.Duration
+	adminToken  string
+	scrape      bool
+	preload     bool
+	preloadN    int64 // packets
+	preloadSum  int64 // cents
+}
+
+// parseLoad reads the flags of a load test. Errors say which flag is wrong; -h
+// prints the flags and returns flag.ErrHelp.
+func parseLoad(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("rainload run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rawURL := fs.String("url", "http://127.0.0.1:8080", "base `URL` of the target (http only); the driver POSTs {url}/grab")
+	pool := fs.String("pool", "", "pool `id` to grab from (required; 1-64 of A-Z a-z 0-9 _ - . :)")
+	rate := fs.Float64("rate", 0, "constant arrival `rate` in requests per second, with -duration (or use -stages)")
+	duration := fs.Duration("duration", 0, "length of a constant -rate load")
+	stages := fs.String("stages", "", "ramping arrival rate: comma-separated `DURATION:RATE` stages, each ramping linearly to RATE over DURATION from where the last ended, e.g. 5s:1000,10s:8000,5s:8000,5s:0 (instead of -rate and -duration)")
+	startRate := fs.Float64("start-rate", 0, "arrival `rate` at which -stages start")
+	users := fs.Int64("users", 10_000_000, "size of the user-id space: new users are PREFIX0, PREFIX1, ... up to PREFIX(users-1), then around again")
+	prefix := fs.String("user-prefix", "u", "user id `prefix`; give each run its own to meet only new users")
+	repeat := fs.Float64("repeat", 0.2, "`share` of requests, in [0, 1], that reuse a user id already sent (retries and double taps)")
+	maxInflight := fs.Int("max-inflight", 10_000, "virtual users: at most `N` requests in flight; an arrival that finds N in flight is dropped and counted")
+	conns := fs.Int("conns", 256, "at most `N` keep-alive TCP connections; requests in flight beyond that wait for one (the wait counts in their latency)")
+	timeout := fs.Duration("timeout", 5*time.Second, "a request not answered this long after it was due (waiting for a connection included) fails as a transport error; the end of the run waits as long for requests in flight")
+	summary := fs.String("summary", "", "write the run's JSON summary to `FILE`")
+	timeline := fs.String("timeline", "", "write one JSON line per second of the run to `FILE`")
+	progress := fs.Duration("progress", time.Second, "print a progress line on stderr this often, rounded up to whole seconds; 0 for none")
+	token := fs.String("admin-token", "", "bearer `token` for -preload and -scrape")
+	scrape := fs.Bool("scrape", false, "every second, GET /metrics (rain_pool_* gauges) and GET /admin/pools/{pool} (remaining stock) into the timeline; needs -admin-token")
+	preload := fs.String("preload", "", "POST /admin/pools with `COUNT:TOTAL_CENTS` before the load (201 or 200 are fine); needs -admin-token")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	c := &config{
+		pool: *pool, startRate: *startRate, users: *users, userPrefix: *prefix, repeat: *repeat,
+		maxInflight: *maxInflight, conns: *conns, timeout: *timeout, summary: *summary,
+		timeline: *timeline, progress: *progress, adminToken: *token, scrape: *scrape,
+	}
+	u, err := url.Parse(*rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("-url: %w", err)
+	}
+	if u.Scheme != "http" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("-url %q: want http://HOST[:PORT][/PATH]", *rawURL)
+	}
+	c.base, c.addr = u, u.Host
+	if u.Port() == "" {
+		c.addr = u.Host + ":80"
+	}
+	if !validID(c.pool) {
+		return nil, fmt.Errorf("-pool %q: want 1-64 characters of A-Z a-z 0-9 _ - . :", c.pool)
+	}
+
+	switch {
+	case *stages != "" && (set["rate"] || set["duration"]):
+		return nil, errors.New("give -rate and -duration, or -stages, not both")
+	case *stages != "":
+		if c.stages, err = schedule.Parse(*stages); err != nil {
+			return nil, fmt.Errorf("-stages: %w", err)
+		}
+		if _, err := schedule.New(c.startRate, c.stages); err != nil {
+			return nil, fmt.Errorf("-stages: %w", err)
+		}
+	case set["start-rate"]:
+		return nil, errors.New("-start-rate goes with -stages")
+	default:
+		if !(*rate > 0) || math.IsInf(*rate, 0) || *duration <= 0 {
+			return nil, errors.New("give -rate > 0 and -duration > 0, or -stages")
+		}
+		c.startRate = *rate
+		c.stages = []schedule.Stage{{Duration: *duration, Target: *rate}}
+	}
+
+	if c.users < 1 {
+		return nil, fmt.Errorf("-users %d: want >= 1", c.users)
+	}
+	if c.userPrefix == "" || !validID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
+		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be 1-64 characters of A-Z a-z 0-9 _ - . :", c.userPrefix, c.users)
+	}
+	if !(c.repeat >= 0 && c.repeat <= 1) {
+		return nil, fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)
+	}
+	if c.maxInflight < 1 {
+		return nil, fmt.Errorf("-max-inflight %d: want >= 1", c.maxInflight)
+	}
+	if c.conns < 1 {
+		return nil, fmt.Errorf("-conns %d: want >= 1", c.conns)
+	}
+	c.conns = min(c.conns, c.maxInflight) // more could never be busy
+	if c.timeout <= 0 {
+		return nil, fmt.Errorf("-timeout %v: want > 0", c.timeout)
+	}
+	if c.progress < 0 {
+		return nil, fmt.Errorf("-progress %v: want >= 0", c.progress)
+	}
+	if *preload != "" {
+		n, sum, ok := strings.Cut(*preload, ":")
+		c.preloadN, err = strconv.ParseInt(n, 10, 64)
+		if err == nil {
+			c.preloadSum, err = strconv.ParseInt(sum, 10, 64)
+		}
+		if !ok || err != nil || c.preloadN < 1 || c.preloadSum < 1 {
+			return nil, fmt.Errorf("-preload %q: want COUNT:TOTAL_CENTS, both > 0", *preload)
+		}
+		c.preload = true
+	}
+	if (c.preload || c.scrape) && c.adminToken == "" {
+		return nil, errors.New("-preload and -scrape need -admin-token")
+	}
+	return c, nil
+}
+
+// validID reports whether id is 1-64 characters of A-Z a-z 0-9 _ - . : (API.md).
+// Pool and user ids are checked once here so that the hot path can put them into
+// JSON without escaping.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -50,8 +50,12 @@ type Config struct {
 	Min, Max int
 	// Queue is how many callers may wait for a worker before Do sheds.
 	// Default 1024; negative means none wait (shed as soon as all workers
-	// are busy).
+	// are busy). The queue in force is also at most QueueFactor × the
+	// capacity, so the wait it can cause stays a few service times long.
 	Queue int
+	// QueueFactor bounds the queue to this many times the capacity.
+	// Default 4.
+	QueueFactor int
 	// Interval between two resizing decisions. Default 500ms.
 	Interval time.Duration
 	// Headroom multiplies the Little's-law estimate. Default 2.
@@ -78,6 +82,9 @@ func (c *Config) init() error {
 	}
 	if c.Queue == 0 {
 		c.Queue = 1024
+	}
+	if c.QueueFactor == 0 {
+		c.QueueFactor = 4
 	}
 	if c.Interval == 0 {
 		c.Interval = 500 * time.Millisecond
@@ -119,6 +126,7 @@ type Pool struct {
 	ants *ants.Pool
 
 	arrivals  atomic.Int64 // Do calls, ever
+	admitted  atomic.Int64 // tasks submitted and not yet finished (running or queued)
 	completed atomic.Int64 // tasks run to the end (or panicked), ever
 	busyNanos atomic.Int64 // total time tasks ran, ever
 	shed      atomic.Int64 // Do calls refused with ErrOverloaded, ever
@@ -168,8 +176,16 @@ func New(cfg Config) (*Pool, error) {
 // most Queue × service time / capacity), and then does no work.
 func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
 	p.arrivals.Add(1)
+	if p.admitted.Add(1) > p.limit() {
+		p.admitted.Add(-1)
+		p.shed.Add(1)
+		return ErrOverloaded
+	}
 	t := &task{done: make(chan error, 1)}
 	err := p.ants.Submit(func() { p.run(ctx, t, fn) })
+	if err != nil {
+		p.admitted.Add(-1)
+	}
 	switch {
 	case errors.Is(err, ants.ErrPoolOverload):
 		p.shed.Add(1)
@@ -191,8 +207,20 @@ type task struct {
 	done chan error // capacity 1: the worker never blocks on it
 }
 
+// limit is how many tasks may be admitted at once: the workers plus the
+// queue in force.
+func (p *Pool) limit() int64 {
+	c := int64(p.ants.Cap())
+	q := int64(p.cfg.Queue)
+	if q < 0 {
+		return c
+	}
+	return c + min(q, c*int64(p.cfg.QueueFactor))
+}
+
 // run is the task as a worker runs it.
 func (p *Pool) run(ctx context.Context, t *task, fn func(context.Context)) {
+	defer p.admitted.Add(-1)
 	if err := ctx.Err(); err != nil {
 		t.done <- err
 		return

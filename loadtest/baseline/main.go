@@ -76,6 +76,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	addr := fs.String("redis", "127.0.0.1:6379", "Redis address")
 	token := fs.String("admin-token", "", "bearer token for /admin/pools (required)")
 	poolSize := fs.Int("redis-pool", 0, "go-redis PoolSize; 0 = go-redis default (10 × GOMAXPROCS)")
+	fixed := fs.Bool("fixed", false, "POST /grab only decodes and validates the request and answers a fixed sold_out JSON, "+
+		"touching no Redis: the ceiling of a handler that answers locally (bench.sh soldout)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,7 +95,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("ping %s: %w", *addr, err)
 	}
 
-	s := &server{rdb: rdb, claim: redis.NewScript(claimSrc), token: []byte(*token), log: log}
+	s := &server{rdb: rdb, claim: redis.NewScript(claimSrc), token: []byte(*token), log: log, fixed: *fixed}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /grab", s.grab)
 	mux.HandleFunc("POST /admin/pools", s.preload)
@@ -131,6 +133,7 @@ type server struct {
 	claim *redis.Script
 	token []byte
 	log   *slog.Logger
+	fixed bool // answer every valid grab sold_out without Redis
 }
 
 type grabRequest struct {
@@ -159,6 +162,11 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := grabResponse{PoolID: req.PoolID, UserID: req.UserID}
+	if s.fixed {
+		resp.Status = "sold_out"
+		reply(w, http.StatusGone, resp)
+		return
+	}
 	res, err := s.claim.Run(r.Context(), s.rdb, keys(req.PoolID), req.UserID).Int64Slice()
 	if err != nil || len(res) != 2 {
 		// Not logged: this is the hot path, and a failing Redis shows up in the

@@ -311,3 +311,17 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		}
 	}
 }
+
+func TestAutoSubPools(t *testing.T) {
+	for _, tc := range []struct {
+		count  int64
+		shards int
+		want   int
+	}{
+		{1, 4, 1}, {100_000, 4, 1}, {100_001, 4, 2}, {350_000, 4, 4}, {1_000_000, 4, 4}, {1_000_000, 16, 10}, {5, 1, 1},
+	} {
+		if got := autoSubPools(tc.count, tc.shards); got != tc.want {
+			t.Errorf("autoSubPools(%d, %d) = %d, want %d", tc.count, tc.shards, got, tc.want)
+		}
+	}
+}

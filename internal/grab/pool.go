@@ -189,7 +189,15 @@ func subPoolCounts(count int64, k int) []int64 {
 	return out
 }
 
-// autoSubPools is K when the operator leaves sub_pools at 0. Until sibling
-// spillover lands, a user can only grab from their home sub-pool, so rain
-// keeps a pool whole: K = 1.
-func autoSubPools(count int64, shards int) int { return 1 }
+// packetsPerSubPool is how many packets rain puts in one sub-pool when it
+// chooses K: a sub-pool is one Redis key set, and a hot key melts a flash
+// sale; about 100k packets keep each one's load and audit time modest.
+const packetsPerSubPool = 100_000
+
+// autoSubPools is K when the operator leaves sub_pools at 0: one sub-pool per
+// ~100k packets, at most one per shard, at least one. Spillover between
+// sub-pools keeps a user from seeing sold out while a sibling has stock.
+func autoSubPools(count int64, shards int) int {
+	k := int((count + packetsPerSubPool - 1) / packetsPerSubPool)
+	return max(1, min(k, shards))
+}

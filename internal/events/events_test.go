@@ -1,0 +1,244 @@
+package events_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"rain/internal/events"
+	"rain/internal/events/eventstest"
+	"rain/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		in   string
+		want events.Event
+		ok   bool
+	}{
+		{"pool p1", events.Event{Kind: events.Pool, Pool: "p1"}, true},
+		{"pool a:b.c-d_e", events.Event{Kind: events.Pool, Pool: "a:b.c-d_e"}, true},
+		{"stock p1 0", events.Event{Kind: events.Stock, Pool: "p1"}, true},
+		{"stock p1 17", events.Event{Kind: events.Stock, Pool: "p1", Sub: 17}, true},
+		{"stock p1 999999999", events.Event{Kind: events.Stock, Pool: "p1", Sub: 999999999}, true},
+		{"", events.Event{}, false},
+		{"pool", events.Event{}, false},
+		{"pool ", events.Event{}, false},
+		{"pool a b", events.Event{}, false},
+		{"pool  a", events.Event{}, false},
+		{"pool a\n", events.Event{}, false},
+		{"POOL a", events.Event{}, false},
+		{"stock p1", events.Event{}, false},
+		{"stock p1 ", events.Event{}, false},
+		{"stock  1", events.Event{}, false},
+		{"stock p1 -1", events.Event{}, false},
+		{"stock p1 +1", events.Event{}, false},
+		{"stock p1 01", events.Event{}, false},
+		{"stock p1 1 2", events.Event{}, false},
+		{"stock p1 1x", events.Event{}, false},
+		{"stock p1 1000000000", events.Event{}, false},
+		{"sold p1 1", events.Event{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := events.Parse(tt.in)
+			if !tt.ok {
+				if !errors.Is(err, events.ErrMalformed) {
+					t.Fatalf("events.Parse(%q) = %+v, %v; want events.ErrMalformed", tt.in, got, err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("events.Parse(%q) = %+v, %v; want %+v", tt.in, got, err, tt.want)
+			}
+			if s := got.String(); s != tt.in {
+				t.Fatalf("events.Parse(%q).String() = %q", tt.in, s)
+			}
+		})
+	}
+}
+
+// FuzzParse: Parse never panics, accepts only canonical messages, and
+// String inverts it.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"pool p1", "stock p1 3", "stock p 0", "pool", "stock p1 01", "pool a b", "stock p1 -1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		e, err := events.Parse(s)
+		if err != nil {
+			if !errors.Is(err, events.ErrMalformed) {
+				t.Fatalf("events.Parse(%q) error %v is not events.ErrMalformed", s, err)
+			}
+			return
+		}
+		if got := e.String(); got != s {
+			t.Fatalf("events.Parse(%q).String() = %q", s, got)
+		}
+		if e.Sub < 0 || e.Pool == "" || (e.Kind != events.Pool && e.Kind != events.Stock) {
+			t.Fatalf("events.Parse(%q) = %+v", s, e)
+		}
+	})
+}
+
+func TestPublishRefusesMalformed(t *testing.T) {
+	for _, e := range []events.Event{
+		{Kind: events.Pool},
+		{Kind: events.Pool, Pool: "a b"},
+		{Kind: events.Stock, Pool: "p", Sub: -1},
+		{Kind: 9, Pool: "p"},
+	} {
+		// No clients are needed: nothing may be sent.
+		if err := events.Publish(context.Background(), nil, "", e); !errors.Is(err, events.ErrMalformed) {
+			t.Errorf("events.Publish(%+v) = %v, want events.ErrMalformed", e, err)
+		}
+	}
+}
+
+// A shard that is down does not stop the notice on the others, and its
+// error names it.
+func TestPublishJoinsShardErrors(t *testing.T) {
+	srvs := redistest.StartN(t, 2, redistest.Options{})
+	up := clients(t, srvs[:1])[0]
+	down := redis.NewClient(&redis.Options{Addr: srvs[1].Addr, MaxRetries: -1}) // fail fast
+	t.Cleanup(func() { _ = down.Close() })
+	var r recorder
+	listen(t, clients(t, srvs[:1]), "", r.handlers())
+	eventstest.WaitSubscribed(t, []*redis.Client{up}, "", 1)
+	srvs[1].Kill()
+
+	err := events.Publish(context.Background(), []*redis.Client{down, up}, "", events.Event{Kind: events.Pool, Pool: "p1"})
+	if err == nil || !strings.Contains(err.Error(), srvs[1].Addr) {
+		t.Fatalf("Publish with %s down = %v, want its error", srvs[1].Addr, err)
+	}
+	waitFor(t, &r, []string{"pool p1"})
+}
+
+// recorder collects what the handlers got.
+type recorder struct {
+	mu  sync.Mutex // guards got
+	got []string
+}
+
+func (r *recorder) handlers() events.Handlers {
+	return events.Handlers{
+		Pool:  func(id string) { r.add(events.Event{Kind: events.Pool, Pool: id}) },
+		Stock: func(pool string, j int) { r.add(events.Event{Kind: events.Stock, Pool: pool, Sub: j}) },
+	}
+}
+
+func (r *recorder) add(e events.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, e.String())
+}
+
+func (r *recorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(slices.Values(r.got))
+}
+
+func TestListenDispatches(t *testing.T) {
+	srvs := redistest.StartN(t, 2, redistest.Options{})
+	sub, pub := clients(t, srvs), clients(t, srvs)
+	var r recorder
+	listen(t, sub, "ch", r.handlers())
+	eventstest.WaitSubscribed(t, pub, "ch", 1)
+
+	ctx := context.Background()
+	if err := events.Publish(ctx, pub, "ch", events.Event{Kind: events.Pool, Pool: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Publish(ctx, pub, "ch", events.Event{Kind: events.Stock, Pool: "p1", Sub: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// Malformed messages and other channels are dropped.
+	pub[0].Publish(ctx, "ch", "pool a b")
+	pub[0].Publish(ctx, "other", "pool p2")
+
+	// Each notice arrives once per shard.
+	waitFor(t, &r, []string{"pool p1", "pool p1", "stock p1 2", "stock p1 2"})
+}
+
+// waitFor waits up to a second for the handlers to have got want (sorted).
+func waitFor(t *testing.T, r *recorder, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for !slices.Equal(r.snapshot(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("handlers got %q, want %q", r.snapshot(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestListenWithoutClientsReturns(t *testing.T) {
+	done := make(chan error)
+	go func() { done <- events.Listen(context.Background(), nil, events.Config{}, events.Handlers{}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("events.Listen(no clients) = %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("events.Listen(no clients) did not return")
+	}
+}
+
+// clients returns one client per server, closed when the test ends (before
+// the servers are killed: cleanups run last-in first-out).
+func clients(t *testing.T, srvs []*redistest.Server) []*redis.Client {
+	t.Helper()
+	cs := make([]*redis.Client, len(srvs))
+	for i, s := range srvs {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	return cs
+}
+
+// listen runs Listen until the test ends and checks that it returns.
+func listen(t *testing.T, cs []*redis.Client, channel string, h events.Handlers) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- events.Listen(ctx, cs, events.Config{Channel: channel}, h) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Listen = %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Listen did not return after cancel")
+		}
+	})
+}
+
+// A shard that is down when Listen starts is subscribed to once it is up.
+func TestListenShardDownAtStart(t *testing.T) {
+	srvs := redistest.StartN(t, 1, redistest.Options{})
+	srvs[0].Kill()
+	var r recorder
+	listen(t, clients(t, srvs), "", r.handlers())
+	time.Sleep(50 * time.Millisecond) // Listen is retrying
+	srvs[0].Restart()
+	pub := clients(t, srvs)
+	eventstest.WaitSubscribed(t, pub, "", 1)
+	if err := events.Publish(context.Background(), pub, "", events.Event{Kind: events.Stock, Pool: "p", Sub: 0}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, &r, []string{"stock p 0"})
+}

@@ -239,6 +239,7 @@ func TestEveryStatus(t *testing.T) {
 	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	ended := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	s.preload(t, `{"pool_id":"one","total_cents":100,"count":1}`)
+	s.preload(t, `{"pool_id":"more","total_cents":1000,"count":10}`)
 	s.preload(t, fmt.Sprintf(`{"pool_id":"later","total_cents":100,"count":1,"starts_at":%q}`, later))
 	s.preload(t, fmt.Sprintf(`{"pool_id":"over","total_cents":100,"count":1,"starts_at":%q,"ends_at":%q}`, past, ended))
 
@@ -269,11 +270,12 @@ func TestEveryStatus(t *testing.T) {
 		t.Fatalf("sold_out body %v carries grant fields", r.Body)
 	}
 
-	// A shard down: overloaded, with Retry-After, nothing granted.
+	// Shards down: overloaded, with Retry-After, nothing granted. (The
+	// sold-out pool "one" is answered locally; "more" needs its shard.)
 	for _, srv := range s.servers {
 		srv.Kill()
 	}
-	r = s.grab(t, "one", "c")
+	r = s.grab(t, "more", "c")
 	check("shards down", r, 503, "overloaded")
 	if r.RetryAfter == "" {
 		t.Fatal("overloaded without Retry-After")

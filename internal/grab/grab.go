@@ -11,8 +11,11 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
+	"rain/internal/events"
+	"rain/internal/known"
 	"rain/internal/lua"
 	"rain/internal/shard"
+	"rain/internal/soldout"
 )
 
 // Serials hands out grant serials (internal/idgen's Generator).
@@ -31,6 +34,14 @@ type Service struct {
 
 	mu    sync.RWMutex     // guards pools
 	pools map[string]*pool // open pools; an open pool's record never changes
+
+	// known answers "no such pool" without Redis; empty remembers sub-pools
+	// that answered empty, briefly, so a sold-out pool is answered locally.
+	// Run keeps both current across instances.
+	known   *known.Filter
+	empty   *soldout.Cache
+	holders sync.Map       // pool id -> *holderState, for sold-out pools
+	bg      sync.WaitGroup // background readers of holders; Close waits
 
 	// afterTrip, when set (tests), runs after each pipelined round trip of a
 	// sub-pool's preload with the next batch it lacks; an error aborts the
@@ -76,7 +87,8 @@ func home(userID string, k int) int {
 func New(shards *shard.Set, serials Serials) *Service {
 	s := &Service{shards: shards, serials: serials, pools: map[string]*pool{},
 		batchers: map[string]*batcher{}, stop: make(chan struct{}),
-		spillValidity: defaultSpillValidity, spillMargin: defaultSpillMargin}
+		spillValidity: defaultSpillValidity, spillMargin: defaultSpillMargin,
+		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
 		b := newBatcher(shards.Client(name), s.stop)
 		s.batchers[name] = b
@@ -92,6 +104,7 @@ func New(shards *shard.Set, serials Serials) *Service {
 func (s *Service) Close() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.lanes.Wait()
+	s.bg.Wait()
 }
 
 // Outcome is what a grab did.
@@ -123,6 +136,9 @@ type Result struct {
 // The common path is one script on one shard: the user's home sub-pool comes
 // from a hash of the user id, and dedup lives there.
 func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, error) {
+	if !s.known.MayContain(poolID) {
+		return Result{Outcome: NotFound}, nil // unknown or forged: no Redis
+	}
 	p, err := s.pool(ctx, poolID)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -131,6 +147,11 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		return Result{}, err
 	case p.rec.state != stateOpen:
 		return Result{Outcome: NotStarted, RetryAfter: time.Second}, nil
+	case s.empty.AllEmpty(poolID, len(p.keys)) && s.surelyNotHolder(p, userID):
+		// Every sub-pool answered empty within the last second, no release
+		// has returned stock since, and this user holds no grant here: the
+		// flood after a sell-out is answered without Redis.
+		return Result{Outcome: SoldOut}, nil
 	}
 	serial, err := s.serials.Next(ctx)
 	if err != nil {
@@ -167,7 +188,8 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		return Result{Outcome: o, Amount: c.Amount, Serial: c.Serial, ExpiresAt: time.UnixMilli(c.DeadlineMS).UTC()}, nil
 	case lua.Empty:
 		// The home had none and, for a pool of several sub-pools, no
-		// sibling had any either.
+		// sibling had any either (spill marked them).
+		s.empty.MarkEmpty(poolID, j)
 		return Result{Outcome: SoldOut}, nil
 	case lua.NotStarted:
 		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil
@@ -206,6 +228,7 @@ func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
 		s.pools[id] = p
 		s.mu.Unlock()
 	}
+	s.known.Add(id)
 	return p, nil
 }
 
@@ -233,4 +256,28 @@ func (s *Service) findRecord(ctx context.Context, id string) (*record, error) {
 // client is the shard client of the record's sub-pool j.
 func (s *Service) client(rec *record, j int) *redis.Client {
 	return s.shards.Client(rec.placement[j])
+}
+
+// Run keeps this instance's local answers current until ctx ends: it hears
+// rain:events on every shard (a new pool is known at once; stock returned to
+// a sub-pool makes it no longer known empty) and lists the pool registries
+// every second, so a lost notice costs at most a second. Run it in one
+// goroutine beside serving grabs; it returns nil when ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	var clients []*redis.Client
+	for _, name := range s.shards.Names() {
+		clients = append(clients, s.shards.Client(name))
+	}
+	refresh := known.NewSync(s.known, s.poolIDs, known.SyncConfig{})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = refresh.Run(ctx) })
+	err := events.Listen(ctx, clients, events.Config{}, events.Handlers{
+		Pool: s.known.Add,
+		Stock: func(pool string, j int) {
+			s.empty.Forget(pool, j)
+			s.dropHolders(pool, j)
+		},
+	})
+	wg.Wait()
+	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain/internal/known"
 	"rain/internal/lua"
 	"rain/internal/split"
 )
@@ -164,11 +165,18 @@ func (s *Service) fill(ctx context.Context, rec *record) error {
 			return fmt.Errorf("sub-pool %d holds %d packets, %d cents after loading: %w", j, n, cents, ErrUnavailable)
 		}
 	}
+	var clients []*redis.Client
 	for _, name := range s.shards.Names() {
-		if err := s.shards.Client(name).HSet(ctx, recordKey(spec.PoolID), "state", stateOpen).Err(); err != nil {
+		c := s.shards.Client(name)
+		if err := c.HSet(ctx, recordKey(spec.PoolID), "state", stateOpen).Err(); err != nil {
 			return fmt.Errorf("shard %s: %w: %w", name, ErrUnavailable, err)
 		}
+		clients = append(clients, c)
 	}
+	// Every instance learns the pool now; the registry refresh covers a
+	// notice that is lost.
+	_ = known.Publish(ctx, clients, spec.PoolID)
+	s.known.Add(spec.PoolID)
 	return nil
 }
 

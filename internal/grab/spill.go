@@ -20,13 +20,18 @@ func (s *Service) spill(ctx context.Context, p *pool, userID string, h int, seri
 	id := p.rec.spec.PoolID
 	k := len(p.keys)
 	valid := s.spillValidity.Milliseconds()
+	s.empty.MarkEmpty(id, h)
 	for step := 1; step < k; step++ {
 		j := (h + step) % k
+		if s.empty.Empty(id, j) {
+			continue // answered empty within the last second, no stock back since
+		}
 		amount, err := lua.Take(ctx, p.clients[j], &p.keys[j], token, h, userID)
 		if err != nil {
 			return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
 		}
 		if amount == 0 {
+			s.empty.MarkEmpty(id, j)
 			continue
 		}
 		if err := s.step("taken"); err != nil {

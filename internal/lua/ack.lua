@@ -26,4 +26,7 @@ end
 redis.call('RPUSH', stock, amount)
 redis.call('HINCRBY', meta, 'stock_count', 1)
 redis.call('HINCRBY', meta, 'stock_cents', amount)
+-- Every instance hears it (internal/events): this sub-pool is no longer empty.
+local m = redis.call('HMGET', meta, 'pool', 'index')
+redis.call('PUBLISH', 'rain:events', 'stock ' .. m[1] .. ' ' .. m[2])
 return {'returned'}

@@ -47,6 +47,10 @@ for i = 1, #due, 2 do
     end
   end
 end
+if n > 0 then
+  -- Every instance hears it (internal/events): this sub-pool is no longer empty.
+  redis.call('PUBLISH', 'rain:events', 'stock ' .. m[1] .. ' ' .. m[2])
+end
 local more = 0
 if #due / 2 >= limit then
   more = 1

@@ -1,0 +1,184 @@
+package grab
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"rain/internal/idgen"
+	"rain/internal/redistest"
+)
+
+// instance is a second Service on env's shards, running its local caches.
+func (e *env) instance(t *testing.T) *Service {
+	t.Helper()
+	gen, err := idgen.New(idgen.NewRedisAllocator(e.shards.Client("s1"), "rain:serial"), idgen.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gen.Close() })
+	s := New(e.shards, gen)
+	t.Cleanup(s.Close)
+	e.run(t, s)
+	return s
+}
+
+// run starts s.Run until the test ends and waits for its first registry read.
+func (e *env) run(t *testing.T, s *Service) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(5 * time.Second)
+	for s.known.MayContain("never-preloaded-anywhere") {
+		if time.Now().After(deadline) {
+			t.Fatal("the known-pools filter was not built within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestNewPoolKnownEverywhere: a pool preloaded through one instance is
+// grabbed through another within a second.
+func TestNewPoolKnownEverywhere(t *testing.T) {
+	e := newEnv(t, 2, redistest.Options{})
+	e.run(t, e.svc)
+	other := e.instance(t)
+	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != NotFound {
+		t.Fatalf("Grab before the preload = %+v, %v; want not_found", r, err)
+	}
+	e.preload(t, Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
+	start := time.Now()
+	for {
+		r, err := other.Grab(context.Background(), "fresh", "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome == Granted {
+			break
+		}
+		if time.Since(start) > time.Second {
+			t.Fatalf("the other instance still answers %+v a second after the preload", r)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("known on the other instance %v after the preload", time.Since(start))
+}
+
+// commandCalls sums INFO commandstats calls of the given commands over every shard.
+func (e *env) commandCalls(t *testing.T, cmds ...string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, name := range e.shards.Names() {
+		info, err := e.shards.Client(name).Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			for _, c := range cmds {
+				if rest, ok := strings.CutPrefix(line, "cmdstat_"+c+":calls="); ok {
+					n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+					out[c] += n
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestFloodAnsweredLocally: after a sell-out, 10,000 more grabs and 10,000
+// grabs of bogus pool ids leave the shards' grab commands untouched; a user
+// who holds a grant still gets it back.
+func TestFloodAnsweredLocally(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	e.run(t, e.svc)
+	e.preload(t, Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
+	var holder string
+	var held Result
+	for u := 0; ; u++ {
+		r := grabRetrying(t, e.svc, "hot", fmt.Sprintf("h%d", u))
+		if r.Outcome == Granted {
+			holder, held = fmt.Sprintf("h%d", u), r
+		}
+		if r.Outcome == SoldOut {
+			break
+		}
+	}
+	// The sell-out starts the read of the holders; wait for it, then one
+	// grab at Redis marks the pool empty again for a second.
+	deadline := time.Now().Add(5 * time.Second)
+	for st := e.svc.holderState("hot"); st.set.Load() == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("holders of the sold-out pool not read within 5s")
+		}
+		grabRetrying(t, e.svc, "hot", "prime")
+		time.Sleep(10 * time.Millisecond)
+	}
+	grabRetrying(t, e.svc, "hot", "prime")
+
+	cmds := []string{"evalsha", "eval", "hgetall", "hget", "hscan", "hlen", "lpop"}
+	before := e.commandCalls(t, cmds...)
+	start := time.Now()
+	for i := range 10_000 {
+		if r, err := e.svc.Grab(ctx, "hot", fmt.Sprintf("late%d", i)); err != nil || r.Outcome != SoldOut {
+			t.Fatalf("grab after the sell-out = %+v, %v; want sold_out", r, err)
+		}
+		if r, err := e.svc.Grab(ctx, fmt.Sprintf("bogus%d", i), "u"); err != nil || r.Outcome != NotFound {
+			t.Fatalf("grab of a bogus pool = %+v, %v; want not_found", r, err)
+		}
+	}
+	elapsed := time.Since(start)
+	after := e.commandCalls(t, cmds...)
+	if elapsed < 900*time.Millisecond { // within the sold-out memory's second
+		for _, c := range cmds {
+			if after[c] != before[c] {
+				t.Fatalf("%s calls went from %d to %d during 20,000 locally answered grabs", c, before[c], after[c])
+			}
+		}
+	} else {
+		t.Fatalf("20,000 local answers took %v: too slow to check within the 1s memory", elapsed)
+	}
+	t.Logf("20,000 grabs answered locally in %v", elapsed)
+	if r := grabRetrying(t, e.svc, "hot", holder); r.Outcome != AlreadyGranted || r.Serial != held.Serial {
+		t.Fatalf("the holder's repeat grab after the sell-out = %+v, want already_granted %+v", r, held)
+	}
+}
+
+// TestReleasedStockIsSeen: stock coming back to a sub-pool known empty is
+// grabbed at once through another instance, not a second later.
+func TestReleasedStockIsSeen(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	e.run(t, e.svc)
+	other := e.instance(t)
+	e.preload(t, Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
+	for u := range 3 {
+		if r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u)); r.Outcome != Granted {
+			t.Fatalf("grab %d = %+v", u, r)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond) // the grants are past their deadline
+	if r := grabRetrying(t, other, "back", "late"); r.Outcome != SoldOut {
+		t.Fatalf("grab on the sold-out pool = %+v, want sold_out", r)
+	}
+	if sw, err := e.svc.ReleaseExpired(ctx); err != nil || sw.Released != 3 {
+		t.Fatalf("ReleaseExpired = %+v, %v", sw, err)
+	}
+	start := time.Now()
+	for {
+		r := grabRetrying(t, other, "back", "late")
+		if r.Outcome == Granted {
+			break
+		}
+		if time.Since(start) > 500*time.Millisecond {
+			t.Fatalf("the other instance answered %+v %v after the release; the stock notice should reach it at once", r, time.Since(start))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Logf("released stock granted through the other instance %v after the release", time.Since(start))
+}

@@ -205,6 +205,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	svc := grab.New(set, gen)
 	defer svc.Close()
+	// Local answers (unknown pools, sold-out pools) kept current across
+	// instances; stopped after the reaper, before the closes.
+	localCtx, stopLocal := context.WithCancel(context.Background())
+	local := make(chan struct{})
+	go func() { defer close(local); svc.Run(localCtx) }()
+	defer func() { stopLocal(); <-local }()
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log,
 		Metrics: []func([]byte) []byte{serialMetrics(gen)}}
 	var workers *pool.Pool

@@ -11,6 +11,8 @@
 #                               beside the rate rain sustains, in the same run
 #   scripts/bench.sh pool       overload: 2x and 4x rain's peak, open-loop, worker pool
 #                               on and --pool=off side by side (see bench_pool)
+#   scripts/bench.sh soldout    answers/s on a sold-out pool vs a handler that only
+#                               decodes and answers a fixed JSON (see bench_soldout)
 #
 # grab and driver load their targets with loadtest/rainload, an open-loop driver:
 # requests are due at the times of a fixed arrival rate, whatever the answers, and
@@ -68,7 +70,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab driver pool)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -342,7 +344,7 @@ print_row() {
     -v sched="$(total "$name" "$kind" scheduled)" -v err="$(total "$name" "$kind" errors)" 'BEGIN {
       printf "%s %-8s %7.0f grabs/s  p50 %6.2f ms  p99 %6.2f ms  p99.9 %6.2f ms  shed %.0f/s  errors %d  dropped %.1f%% of %.0f/s offered\n",
         l, n, g, p50, p99, p999, shed, err, sched ? 100 * drop / sched : 0, off }')"
-  [ "$(total "$name" "$kind" sold_out)" = 0 ] ||
+  [ "$section" = soldout ] || [ "$(total "$name" "$kind" sold_out)" = 0 ] ||
     echo "$section: warning: $name sold out during a $kind run: raise PACKETS or shorten DURATION" >&2
 }
 
@@ -462,6 +464,48 @@ bench_pool() {
         100 * g / peak, p99, err }')"
 }
 
+# bench_soldout: issue 7's flood after a sell-out. rain on 4 shards with a pool
+# sold out, saturated with grabs of new users (every answer sold_out, from the
+# local memory of empty sub-pools and the holders' filter), beside the baseline
+# started with -fixed, a net/http handler that only decodes and validates the
+# request and answers a fixed sold_out JSON: the ceiling of answering locally.
+# Same saturated load as grab (RATE/s offered, INFLIGHT over CONNS), in
+# alternating rounds; answers/s are medians. Target: rain >= 0.9x the ceiling.
+bench_soldout() {
+  need_tools redis-server curl
+  local section=soldout rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local rport fp br r n order
+  start_rain rport
+  # -fixed answers without Redis, but the baseline pings its Redis at start.
+  start_redis br "$tmp/fixed-redis"
+  free_port fp
+  "$bin/baseline" -fixed -listen "127.0.0.1:$fp" -redis "127.0.0.1:$br" -admin-token "$token" \
+    >"$tmp/fixed.log" 2>&1 &
+  started+=($!)
+  wait_port $! "$fp" "baseline -fixed" "$tmp/fixed.log"
+  # Sell the pool out: 1,000 packets, then a second of grabs.
+  warm rain "$rport" -pool gone -admin-token "$token" -preload "1000:100000" \
+    -rate 20000 -conns 64 -user-prefix sell -repeat 0
+  for ((r = 1; r <= rounds; r++)); do
+    order="rain fixed"
+    ((r % 2)) || order="fixed rain"
+    for n in $order; do
+      local port=$rport
+      [ "$n" = fixed ] && port=$fp
+      load "$n" sat "$r" "$port" -pool gone -rate "$rate" -duration "$duration" \
+        -max-inflight "$inflight" -conns "$conns" -user-prefix "f$r." -repeat 0
+    done
+  done
+  echo "== soldout: $rounds round(s) of $duration, $rate/s offered, -max-inflight $inflight -conns $conns"
+  print_row "soldout:" rain sat
+  print_row "soldout:" fixed sat
+  figure "$(awk -v r="$(med rain sat goodput_rps)" -v f="$(med fixed sat goodput_rps)" 'BEGIN {
+    printf "soldout: rain answers a sold-out pool at %.2fx the fixed-answer handler (target >= 0.90x)\n", r / f }')"
+  cleanup
+}
+
 # bench_driver: issue 4 asks that the driver sustain at least twice the rate rain
 # reaches on this machine, against a fixed-answer server. Both are measured the
 # same way, saturated (DRIVER_RATE/s and RATE/s offered, INFLIGHT in flight over
@@ -539,7 +583,8 @@ for s in "${sections[@]}"; do
     grab) bench_grab ;;
     driver) bench_driver ;;
     pool) bench_pool ;;
-    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab driver pool)" >&2; exit 2 ;;
+    soldout) bench_soldout ;;
+    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab driver pool soldout)" >&2; exit 2 ;;
   esac
 done
 write_report

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"rain/internal/grab"
-	"rain/internal/idgen"
+	"rain/internal/grabtest"
 	"rain/internal/pool"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -41,23 +41,8 @@ type stack struct {
 // nil, may change the config first.
 func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config)) *stack {
 	t.Helper()
-	servers := redistest.StartN(t, n, opts)
-	specs := make([]shard.Spec, n)
-	for i, s := range servers {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
-	}
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, gen)
-	t.Cleanup(svc.Close)
+	e := grabtest.Start(t, n, opts)
+	servers, set, svc := e.Servers, e.Shards, e.Service
 	workers, err := pool.New(pool.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -50,12 +50,8 @@ type Config struct {
 	Min, Max int
 	// Queue is how many callers may wait for a worker before Do sheds.
 	// Default 1024; negative means none wait (shed as soon as all workers
-	// are busy). The queue in force is also at most QueueFactor × the
-	// capacity, so the wait it can cause stays a few service times long.
+	// are busy).
 	Queue int
-	// QueueFactor bounds the queue to this many times the capacity.
-	// Default 4.
-	QueueFactor int
 	// Interval between two resizing decisions. Default 500ms.
 	Interval time.Duration
 	// Headroom multiplies the Little's-law estimate. Default 2.
@@ -82,9 +78,6 @@ func (c *Config) init() error {
 	}
 	if c.Queue == 0 {
 		c.Queue = 1024
-	}
-	if c.QueueFactor == 0 {
-		c.QueueFactor = 4
 	}
 	if c.Interval == 0 {
 		c.Interval = 500 * time.Millisecond
@@ -123,7 +116,7 @@ func (c *Config) init() error {
 // Pool is a resizing ants pool. Create it with New, stop it with Close.
 type Pool struct {
 	cfg  Config
-	ants *ants.Pool
+	ants *ants.PoolWithFuncGeneric[*task] // runs Pool.run on each task
 
 	arrivals  atomic.Int64 // Do calls, ever
 	admitted  atomic.Int64 // tasks submitted and not yet finished (running or queued)
@@ -154,7 +147,7 @@ func New(cfg Config) (*Pool, error) {
 	} else {
 		opts = append(opts, ants.WithMaxBlockingTasks(cfg.Queue))
 	}
-	a, err := ants.NewPool(cfg.Min, opts...)
+	a, err := ants.NewPoolWithFuncGeneric(cfg.Min, p.run, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
@@ -181,10 +174,13 @@ func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
 		p.shed.Add(1)
 		return ErrOverloaded
 	}
-	t := &task{done: make(chan error, 1)}
-	err := p.ants.Submit(func() { p.run(ctx, t, fn) })
+	t := taskPool.Get().(*task)
+	t.ctx, t.fn = ctx, fn
+	err := p.ants.Invoke(t)
 	if err != nil {
 		p.admitted.Add(-1)
+		t.ctx, t.fn = nil, nil
+		taskPool.Put(t)
 	}
 	switch {
 	case errors.Is(err, ants.ErrPoolOverload):
@@ -197,29 +193,32 @@ func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
 	}
 	select {
 	case err := <-t.done:
+		t.ctx, t.fn = nil, nil
+		taskPool.Put(t) // the worker is done with it
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return ctx.Err() // the worker still holds t: it is not reused
 	}
 }
 
+// task is one Do in flight. Reused through taskPool once its answer is read.
 type task struct {
+	ctx  context.Context
+	fn   func(ctx context.Context)
 	done chan error // capacity 1: the worker never blocks on it
 }
 
+var taskPool = sync.Pool{New: func() any { return &task{done: make(chan error, 1)} }}
+
 // limit is how many tasks may be admitted at once: the workers plus the
-// queue in force.
+// queue.
 func (p *Pool) limit() int64 {
-	c := int64(p.ants.Cap())
-	q := int64(p.cfg.Queue)
-	if q < 0 {
-		return c
-	}
-	return c + min(q, c*int64(p.cfg.QueueFactor))
+	return int64(p.ants.Cap()) + int64(max(p.cfg.Queue, 0))
 }
 
 // run is the task as a worker runs it.
-func (p *Pool) run(ctx context.Context, t *task, fn func(context.Context)) {
+func (p *Pool) run(t *task) {
+	ctx, fn := t.ctx, t.fn
 	defer p.admitted.Add(-1)
 	if err := ctx.Err(); err != nil {
 		t.done <- err

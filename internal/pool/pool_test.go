@@ -183,7 +183,7 @@ func TestGoneClientDoesNoWork(t *testing.T) {
 // (ants #146 stalled here): each gets ErrPanicked, nobody stalls, and the pool
 // serves normally after.
 func TestPanicsInEveryWorker(t *testing.T) {
-	p := newPool(t, Config{Min: 2, Max: 2, Queue: 1000, QueueFactor: 1000})
+	p := newPool(t, Config{Min: 2, Max: 2, Queue: 1000})
 	const n = 300
 	var wg sync.WaitGroup
 	var panicked atomic.Int64
@@ -215,7 +215,7 @@ func TestPanicsInEveryWorker(t *testing.T) {
 // TestTuneUnderLoad: Tune races with Submit (ants #374) and the counters must
 // come back to zero after frequent Tune (ants #196). Run with -race.
 func TestTuneUnderLoad(t *testing.T) {
-	p := newPool(t, Config{Min: 1, Max: 64, Queue: 10_000, QueueFactor: 1_000_000})
+	p := newPool(t, Config{Min: 1, Max: 64, Queue: 10_000})
 	stop := make(chan struct{})
 	var tuner sync.WaitGroup
 	tuner.Go(func() {
@@ -254,7 +254,7 @@ func TestTuneUnderLoad(t *testing.T) {
 // TestTuneUpReleasesWaiters: callers blocked at capacity start as soon as the
 // capacity grows, without waiting for a running task to end.
 func TestTuneUpReleasesWaiters(t *testing.T) {
-	p := newPool(t, Config{Min: 1, Max: 16, Queue: 100, QueueFactor: 100})
+	p := newPool(t, Config{Min: 1, Max: 16, Queue: 100})
 	block := make(chan struct{})
 	defer close(block)
 	started := make(chan struct{}, 10)
@@ -330,32 +330,5 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(time.Millisecond)
-	}
-}
-
-// TestQueueBoundedByCapacity: the queue in force is at most QueueFactor ×
-// the capacity, so a small pool does not let a long queue build.
-func TestQueueBoundedByCapacity(t *testing.T) {
-	p := newPool(t, Config{Min: 2, Max: 2, Queue: 100, QueueFactor: 4})
-	release := make(chan struct{})
-	var wg sync.WaitGroup
-	results := make(chan error, 30)
-	for range 30 {
-		wg.Go(func() {
-			results <- p.Do(context.Background(), func(context.Context) { <-release })
-		})
-	}
-	waitFor(t, func() bool { return p.Stats().Shed == 30-2-8 })
-	close(release)
-	wg.Wait()
-	close(results)
-	ok := 0
-	for err := range results {
-		if err == nil {
-			ok++
-		}
-	}
-	if ok != 10 {
-		t.Fatalf("%d accepted, want 2 workers + 4×2 queued = 10", ok)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"rain/internal/grab"
-	"rain/internal/idgen"
+	"rain/internal/grabtest"
 	"rain/internal/lock"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -28,28 +28,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	servers := redistest.StartN(t, 3, redistest.Options{})
-	var specs []shard.Spec
-	for i, s := range servers {
-		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
-	}
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, gen)
-	t.Cleanup(svc.Close)
-	e := &env{shards: set, svc: svc}
-	for _, name := range set.Names() {
-		e.clients = append(e.clients, set.Client(name))
-	}
-	return e
+	ge := grabtest.Start(t, 3, redistest.Options{})
+	return &env{shards: ge.Shards, clients: ge.Clients, svc: ge.Service}
 }
 
 // grabAll preloads pool id and grabs every packet; it returns the grants by user.

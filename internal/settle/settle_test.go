@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"rain/internal/grab"
-	"rain/internal/idgen"
+	"rain/internal/grabtest"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
@@ -33,20 +33,8 @@ type env struct {
 // grabs them all; it returns the grants by serial.
 func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 	t.Helper()
-	servers := redistest.StartN(t, 2, redistest.Options{})
-	specs := []shard.Spec{{Name: "s1", Weight: 1, Addr: servers[0].Addr}, {Name: "s2", Weight: 1, Addr: servers[1].Addr}}
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, gen)
-	t.Cleanup(svc.Close)
+	ge := grabtest.Start(t, 2, redistest.Options{})
+	set, svc := ge.Shards, ge.Service
 	ctx := context.Background()
 	if _, _, err := svc.Preload(ctx, grab.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)

@@ -62,10 +62,12 @@ func TestShardKilledMidGrab(t *testing.T) {
 				}
 				if granted.Add(1) == packets/3 {
 					killOnce.Do(func() {
+						// Killed here, before this worker grabs again: the
+						// others keep grabbing while it is down.
+						killed.Store(true)
+						victim.Kill()
 						go func() {
 							defer close(restartDone)
-							killed.Store(true)
-							victim.Kill()
 							time.Sleep(300 * time.Millisecond)
 							victim.Restart()
 						}()

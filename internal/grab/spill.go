@@ -51,10 +51,12 @@ func (s *Service) spill(ctx context.Context, p *pool, userID string, h int, seri
 			return lua.Claim{}, err
 		}
 		// The grant stands; a failed ack leaves the transfer to the reaper,
-		// which finds the token in the grant and acknowledges it.
-		_, _ = lua.Ack(ctx, p.clients[j], &p.keys[j], token)
-		if err := s.step("acked"); err != nil {
-			return lua.Claim{}, err
+		// which finds the token in the home's adopted set and acks it.
+		if _, err := lua.Ack(ctx, p.clients[j], &p.keys[j], token); err == nil {
+			if err := s.step("acked"); err != nil {
+				return lua.Claim{}, err
+			}
+			_ = lua.ForgetAdopted(ctx, p.clients[h], &p.keys[h], token)
 		}
 		return c, nil
 	}
@@ -72,9 +74,10 @@ func (s *Service) step(name string) error {
 }
 
 // recoverSpills drops expired reservations of sub-pool j and resolves its
-// transfers old enough that no adopt can still succeed: a grant at the home
-// carrying the transfer's token means it was adopted (ack), anything else
-// means it was not (untake).
+// transfers old enough that no adopt can still succeed: the token in the
+// home's adopted set means it was adopted (ack), anything else means it was
+// not (untake). The adopted set outlives the grant (a release, a new grab),
+// so the answer does not depend on what became of the grant.
 func (s *Service) recoverSpills(ctx context.Context, p *pool, j int) error {
 	_, stale, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillMargin.Milliseconds())
 	if err != nil {
@@ -84,16 +87,20 @@ func (s *Service) recoverSpills(ctx context.Context, p *pool, j int) error {
 		if t.Home < 0 || t.Home >= len(p.keys) {
 			return fmt.Errorf("transfer %s names home %d of %d sub-pools", t.Token, t.Home, len(p.keys))
 		}
-		tok, err := lua.GrantToken(ctx, p.clients[t.Home], &p.keys[t.Home], t.User)
+		adopted, err := lua.WasAdopted(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token)
 		if err != nil {
 			return err
 		}
-		if tok == t.Token {
-			_, err = lua.Ack(ctx, p.clients[j], &p.keys[j], t.Token)
-		} else {
-			_, err = lua.Untake(ctx, p.clients[j], &p.keys[j], t.Token)
+		if !adopted {
+			if _, err := lua.Untake(ctx, p.clients[j], &p.keys[j], t.Token); err != nil {
+				return err
+			}
+			continue
 		}
-		if err != nil {
+		if _, err := lua.Ack(ctx, p.clients[j], &p.keys[j], t.Token); err != nil {
+			return err
+		}
+		if err := lua.ForgetAdopted(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token); err != nil {
 			return err
 		}
 	}

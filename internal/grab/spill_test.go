@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/lua"
 	"rain/internal/redistest"
 )
 
@@ -160,11 +161,65 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 	}
 }
 
-func (e *env) status(t *testing.T) *Status {
+func (e *env) status(t *testing.T, pool ...string) *Status {
 	t.Helper()
-	st, err := e.svc.Status(context.Background(), "crash")
+	id := "crash"
+	if len(pool) > 0 {
+		id = pool[0]
+	}
+	st, err := e.svc.Status(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// TestSpillAdoptedThenRegrabbed: a grab dies after adopt, before the ack; its
+// grant expires and is released, the user grabs again; only then does the
+// reaper resolve the transfer. It must ack it (the grant was made), not put
+// the amount back at the sibling a second time.
+func TestSpillAdoptedThenRegrabbed(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	e.svc.spillValidity, e.svc.spillMargin = 300*time.Millisecond, 200*time.Millisecond
+	e.preload(t, Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
+	crash := errors.New("crash")
+	crashed := false
+	e.svc.spillHook = func(s string) error {
+		if s == "adopted" && !crashed {
+			crashed = true
+			return crash
+		}
+		return nil
+	}
+	var victim string
+	for u := 0; victim == "" && u < 1000; u++ {
+		user := fmt.Sprintf("u%d", u)
+		if _, err := e.svc.Grab(ctx, "re", user); errors.Is(err, crash) {
+			victim = user
+		}
+	}
+	if victim == "" {
+		t.Fatal("no grab reached a spill")
+	}
+	time.Sleep(1200 * time.Millisecond) // past the hold, T and the margin
+	p, err := e.svc.pool(ctx, "re")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := home(victim, 2)
+	if _, err := lua.ReleaseExpired(ctx, p.clients[h], &p.keys[h], 100); err != nil {
+		t.Fatal(err)
+	}
+	if r := grabRetrying(t, e.svc, "re", victim); r.Outcome != Granted {
+		t.Fatalf("the victim's grab after the release = %+v, want a new grant", r)
+	}
+	if _, err := e.svc.ReleaseExpired(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.assertAudit(t, "re")
+	st := e.status(t, "re")
+	if st.RemainingCount+st.HeldCount+st.ConfirmedCount != 4 || st.RemainingCents+st.HeldCents+st.ConfirmedCents != 400 {
+		t.Fatalf("status %+v: stock + held + confirmed must stay 4 packets, 400 cents", st)
+	}
 }

@@ -6,16 +6,19 @@
 -- KEYS[3] deadlines  rain:{P:h}:deadlines
 -- KEYS[4] outbox     rain:{P:h}:outbox
 -- KEYS[5] reserve    rain:{P:h}:reserve
+-- KEYS[6] adopted    rain:{P:h}:adopted    (hash: token -> user, until the sibling acks)
 -- ARGV[1] user  ARGV[2] token  ARGV[3] serial  ARGV[4] amount  ARGV[5] origin j
 -- ARGV[6] reservation validity in ms (T)
 --
 -- Only if the user's reservation still carries this token and is younger
--- than T by this shard's clock; after T nothing can adopt it, which is what
--- lets the reaper undo a transfer older than T. The grant record carries the
--- token (":token" after the deadline), so the reaper can tell an adopted
--- transfer from an abandoned one. Dedup stays here: a user never holds two.
+-- than T by this shard's clock, and the user holds no grant; after T nothing
+-- can adopt it, which is what lets the reaper undo a transfer older than T.
+-- The token goes into the adopted hash, kept until the sibling has acked, so
+-- the reaper can tell an adopted transfer from an abandoned one even after
+-- the grant was released and the user grabbed again. Dedup stays here: a
+-- user never holds two.
 -- Returns {"granted", amount, serial, deadline_ms} | {"stale"}
-local meta, grants, deadlines, outbox, reserve = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local meta, grants, deadlines, outbox, reserve, adopted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local validity = tonumber(ARGV[6])
 local r = redis.call('HGET', reserve, user)
@@ -28,9 +31,15 @@ local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 if rtoken ~= token or now - tonumber(ts) >= validity then
   return {'stale'}
 end
+local g = redis.call('HGET', grants, user)
+if g and string.sub(g, 1, 1) ~= 'r' then
+  redis.call('HDEL', reserve, user)
+  return {'stale'} -- the user holds a grant already: the caller puts the amount back
+end
 local m = redis.call('HMGET', meta, 'hold_ms', 'pool', 'index')
 local deadline = string.format('%d', now + tonumber(m[1]))
-redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline .. ':' .. token)
+redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)
+redis.call('HSET', adopted, token, user)
 redis.call('ZADD', deadlines, deadline, user)
 redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[2], 'sub', m[3], 'user', user,
   'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
@@ -39,4 +48,6 @@ redis.call('HINCRBY', meta, 'held_cents', amount)
 redis.call('HINCRBY', meta, 'received_count', 1)
 redis.call('HINCRBY', meta, 'received_cents', amount)
 redis.call('HDEL', reserve, user)
+-- A new holder: instances that read this pool's holders drop them (events).
+redis.call('PUBLISH', 'rain:events', 'stock ' .. m[2] .. ' ' .. m[3])
 return {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}

@@ -53,17 +53,22 @@ if ends > 0 and now >= ends then
   return {'ended'}
 end
 
-local amount = redis.call('LPOP', stock)
-if not amount then
-  if token == '' then
-    return {'empty'}
-  end
+-- A reservation younger than T means a grab of this user is taking stock
+-- from a sibling right now: granting here too would give the user two.
+if token ~= '' then
   local r = redis.call('HGET', reserve, user)
   if r then
     local ts = tonumber(string.match(r, ':(%d+)$'))
     if ts and now - ts < validity then
       return {'busy'}
     end
+    redis.call('HDEL', reserve, user) -- older than T: it can no longer be adopted
+  end
+end
+local amount = redis.call('LPOP', stock)
+if not amount then
+  if token == '' then
+    return {'empty'}
   end
   redis.call('HSET', reserve, user, token .. ':' .. now)
   return {'reserved'}

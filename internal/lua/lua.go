@@ -84,6 +84,7 @@ type Keys struct {
 	Outbox    string // stream: grants for settlement
 	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
 	Transfers string // hash: token -> "amount:home:user:ms", spills out (as a sibling)
+	Adopted   string // hash: token -> user, spills in not yet acked (as a home)
 }
 
 // Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
@@ -100,6 +101,7 @@ func (s SubPool) Keys() Keys {
 		Outbox:    p + "outbox",
 		Reserve:   p + "reserve",
 		Transfers: p + "transfers",
+		Adopted:   p + "adopted",
 	}
 }
 
@@ -339,7 +341,7 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 // amount from sibling origin, if the reservation still carries token and is
 // younger than validityMS. ok is false when it is stale.
 func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
-	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve},
+	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Adopted},
 		user, token, serial, amount, origin, validityMS).Slice()
 	if err != nil {
 		return Claim{}, false, err
@@ -396,21 +398,16 @@ func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, marginMS
 	return integer(res, 0), stale, nil
 }
 
-// GrantToken returns the spill token a grant record carries, if any: the
-// transfer that token names was adopted.
-func GrantToken(ctx context.Context, c redis.Cmdable, k *Keys, user string) (string, error) {
-	g, err := c.HGet(ctx, k.Grants, user).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	parts := strings.Split(g, ":")
-	if len(parts) < 5 {
-		return "", nil
-	}
-	return parts[4], nil
+// WasAdopted reports whether the home (keys k) adopted the transfer token:
+// its grant was made, whatever became of it since.
+func WasAdopted(ctx context.Context, c redis.Cmdable, k *Keys, token string) (bool, error) {
+	return c.HExists(ctx, k.Adopted, token).Result()
+}
+
+// ForgetAdopted drops token from the home's adopted set once the sibling has
+// acked it.
+func ForgetAdopted(ctx context.Context, c redis.Cmdable, k *Keys, token string) error {
+	return c.HDel(ctx, k.Adopted, token).Err()
 }
 
 // Audit is one sub-pool read whole: the meta counters beside recounts of the

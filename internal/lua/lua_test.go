@@ -3,8 +3,10 @@ package lua
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -140,5 +142,54 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 	a, err := AuditSubPool(ctx, c, sp)
 	if err != nil || a.HeldCount != 1 || a.HeldCents != 42 || a.GrantsHeld != 1 || a.ListLen != 0 || a.StockCents != 0 || a.Deadlines != 1 {
 		t.Fatalf("audit = %+v, %v; want one held grant of 42, stock empty", a, err)
+	}
+}
+
+// TestSecondRequestDuringSpill: while a user's spill is in flight (a
+// reservation younger than T), stock coming back to the home must not grant
+// the same user a second time: the claim answers busy, and the spill's adopt
+// stands alone.
+func TestSecondRequestDuringSpill(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	sp := SubPool{Pool: "p", Index: 0}
+	if _, _, err := Setup(ctx, c, sp, 1, 50, Window{HoldMS: 300}); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	load(t, c, sp, 0, 50)
+	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
+		t.Fatal(err)
+	}
+	k := sp.Keys()
+	const valid = 10_000
+	if got, _ := ClaimGrant(ctx, c, &k, "first", 1, "t1", valid); got.Outcome != Granted {
+		t.Fatalf("first claim = %+v, want granted", got)
+	}
+	if got, _ := ClaimGrant(ctx, c, &k, "u", 2, "t2", valid); got.Outcome != Reserved {
+		t.Fatalf("claim on an empty home = %+v, want reserved", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if r, err := ReleaseExpired(ctx, c, &k, 10); err != nil || r.Count != 1 {
+		t.Fatalf("release = %+v, %v; want the first grant back in stock", r, err)
+	}
+	if got, _ := ClaimGrant(ctx, c, &k, "u", 3, "t3", valid); got.Outcome != Busy {
+		t.Fatalf("the same user's second request while spilling = %+v, want busy", got)
+	}
+	// The spill's adopt goes through (the amount came from a sibling).
+	if got, ok, err := Adopt(ctx, c, &k, "u", "t2", 2, 70, 1, valid); err != nil || !ok || got.Serial != 2 {
+		t.Fatalf("adopt = %+v, %v, %v; want the grant with serial 2", got, ok, err)
+	}
+	if got, _ := ClaimGrant(ctx, c, &k, "u", 4, "t4", valid); got.Outcome != Already || got.Serial != 2 {
+		t.Fatalf("claim after the adopt = %+v, want already with serial 2", got)
+	}
+	// A second adopt for a user who holds a grant is refused.
+	if _, err := c.HSet(ctx, k.Reserve, "u", "t5:"+strconv.FormatInt(time.Now().UnixMilli(), 10)).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := Adopt(ctx, c, &k, "u", "t5", 5, 70, 1, valid); ok {
+		t.Fatal("adopt for a user who holds a grant succeeded, want stale")
 	}
 }

@@ -108,11 +108,11 @@ func TestPublishRefusesMalformed(t *testing.T) {
 // error names it.
 func TestPublishJoinsShardErrors(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
-	up := clients(t, srvs[:1])[0]
+	up := redistest.Clients(t, srvs[:1])[0]
 	down := redis.NewClient(&redis.Options{Addr: srvs[1].Addr, MaxRetries: -1}) // fail fast
 	t.Cleanup(func() { _ = down.Close() })
 	var r recorder
-	listen(t, clients(t, srvs[:1]), "", r.handlers())
+	listen(t, redistest.Clients(t, srvs[:1]), "", r.handlers())
 	eventstest.WaitSubscribed(t, []*redis.Client{up}, "", 1)
 	srvs[1].Kill()
 
@@ -150,7 +150,7 @@ func (r *recorder) snapshot() []string {
 
 func TestListenDispatches(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
-	sub, pub := clients(t, srvs), clients(t, srvs)
+	sub, pub := redistest.Clients(t, srvs), redistest.Clients(t, srvs)
 	var r recorder
 	listen(t, sub, "ch", r.handlers())
 	eventstest.WaitSubscribed(t, pub, "ch", 1)
@@ -195,19 +195,6 @@ func TestListenWithoutClientsReturns(t *testing.T) {
 	}
 }
 
-// clients returns one client per server, closed when the test ends (before
-// the servers are killed: cleanups run last-in first-out).
-func clients(t *testing.T, srvs []*redistest.Server) []*redis.Client {
-	t.Helper()
-	cs := make([]*redis.Client, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	return cs
-}
-
 // listen runs Listen until the test ends and checks that it returns.
 func listen(t *testing.T, cs []*redis.Client, channel string, h events.Handlers) {
 	t.Helper()
@@ -232,10 +219,10 @@ func TestListenShardDownAtStart(t *testing.T) {
 	srvs := redistest.StartN(t, 1, redistest.Options{})
 	srvs[0].Kill()
 	var r recorder
-	listen(t, clients(t, srvs), "", r.handlers())
+	listen(t, redistest.Clients(t, srvs), "", r.handlers())
 	time.Sleep(50 * time.Millisecond) // Listen is retrying
 	srvs[0].Restart()
-	pub := clients(t, srvs)
+	pub := redistest.Clients(t, srvs)
 	eventstest.WaitSubscribed(t, pub, "", 1)
 	if err := events.Publish(context.Background(), pub, "", events.Event{Kind: events.Stock, Pool: "p", Sub: 0}); err != nil {
 		t.Fatal(err)

@@ -34,20 +34,6 @@ func (r *registry) list(context.Context) ([]string, error) {
 	return slices.Clone(r.ids), r.err
 }
 
-// clients returns one client per server, closed when the test ends (before
-// the servers are killed: cleanups run last-in first-out). Every simulated
-// instance gets its own set, as separate processes would.
-func clients(t *testing.T, srvs []*redistest.Server) []*redis.Client {
-	t.Helper()
-	cs := make([]*redis.Client, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	return cs
-}
-
 // run runs s until the test ends and checks that Run returns.
 func run(t *testing.T, s *Sync) {
 	t.Helper()
@@ -83,7 +69,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) ti
 // instance is one simulated rain instance: its own clients, filter and Sync.
 func instance(t *testing.T, srvs []*redistest.Server, reg *registry, refresh time.Duration) (*Filter, []*redis.Client) {
 	t.Helper()
-	cs := clients(t, srvs)
+	cs := redistest.Clients(t, srvs)
 	f := New(Config{})
 	run(t, NewSync(f, reg.list, SyncConfig{Refresh: refresh, Clients: cs}))
 	// Until the first Reset the filter lets everything pass.
@@ -144,7 +130,7 @@ func TestSyncSurvivesShardRestart(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
 	reg := &registry{}
 	f, _ := instance(t, srvs, reg, time.Hour)
-	pub := clients(t, srvs)
+	pub := redistest.Clients(t, srvs)
 	eventstest.WaitSubscribed(t, pub, "", 1)
 
 	srvs[0].Kill()

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"rain/internal/redistest"
@@ -33,23 +32,6 @@ const (
 	// ttl: a lost lock is reported by the watchdog, not by the validity timer.
 	slack = 250 * time.Millisecond
 )
-
-// clients returns one client per server, closed when the test ends (before
-// the servers are killed: cleanups run last-in first-out). Every simulated
-// instance gets its own set, as separate processes would.
-func clients(t *testing.T, srvs []*redistest.Server) []*redis.Client {
-	t.Helper()
-	cs := make([]*redis.Client, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		t.Cleanup(func() { c.Close() })
-		if err := c.Ping(t.Context()).Err(); err != nil {
-			t.Fatalf("Ping(%s) = %v, want nil", s.Addr, err)
-		}
-		cs[i] = c
-	}
-	return cs
-}
 
 // acquire takes name at once or fails the test; the lease is released when
 // the test ends, if the test did not.
@@ -89,7 +71,7 @@ func held(t *testing.T, lease *Lease, d time.Duration) {
 
 func TestLostLock(t *testing.T) {
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	cs := clients(t, srvs)
+	cs := redistest.Clients(t, srvs)
 	l := New(cs, Config{TTL: ttl})
 	tests := []struct {
 		name     string
@@ -159,7 +141,7 @@ func TestNoTwoHolders(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for i := range wins {
-		l := New(clients(t, srvs), Config{TTL: ttl, RetryDelay: 2 * time.Millisecond})
+		l := New(redistest.Clients(t, srvs), Config{TTL: ttl, RetryDelay: 2 * time.Millisecond})
 		wg.Go(func() {
 			for {
 				mu.Lock()
@@ -219,7 +201,7 @@ func TestShardsDown(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srvs := redistest.StartN(t, 3, redistest.Options{})
-			cs := clients(t, srvs)
+			cs := redistest.Clients(t, srvs)
 			l := New(cs, Config{TTL: ttl})
 			for _, i := range tt.kill {
 				srvs[i].Kill()
@@ -255,7 +237,7 @@ func TestShardsDown(t *testing.T) {
 // holder hears of the loss before the lock can expire.
 func TestShardsDieWhileHeld(t *testing.T) {
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	l := New(clients(t, srvs), Config{TTL: ttl})
+	l := New(redistest.Clients(t, srvs), Config{TTL: ttl})
 	lease := acquire(t, l, t.Context(), "lock:test:dying")
 	srvs[2].Kill()
 	held(t, lease, 2*ttl)
@@ -272,8 +254,8 @@ func TestShardsDieWhileHeld(t *testing.T) {
 
 func TestRelease(t *testing.T) {
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	a := New(clients(t, srvs), Config{TTL: ttl})
-	b := New(clients(t, srvs), Config{TTL: ttl})
+	a := New(redistest.Clients(t, srvs), Config{TTL: ttl})
+	b := New(redistest.Clients(t, srvs), Config{TTL: ttl})
 	before := goleak.IgnoreCurrent()
 	name := "lock:test:release"
 
@@ -312,8 +294,8 @@ func TestRelease(t *testing.T) {
 func TestMaxHold(t *testing.T) {
 	const maxHold = 2 * ttl // past several extensions
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	a := New(clients(t, srvs), Config{TTL: ttl, MaxHold: maxHold})
-	b := New(clients(t, srvs), Config{TTL: ttl})
+	a := New(redistest.Clients(t, srvs), Config{TTL: ttl, MaxHold: maxHold})
+	b := New(redistest.Clients(t, srvs), Config{TTL: ttl})
 	name := "lock:test:maxhold"
 
 	start := time.Now()
@@ -347,8 +329,8 @@ func TestMaxHold(t *testing.T) {
 // Acquire waits until the lock is free or ctx ends.
 func TestAcquireContext(t *testing.T) {
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	a := New(clients(t, srvs), Config{TTL: ttl})
-	b := New(clients(t, srvs), Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
+	a := New(redistest.Clients(t, srvs), Config{TTL: ttl})
+	b := New(redistest.Clients(t, srvs), Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
 
 	t.Run("cancel ends the lease", func(t *testing.T) {
 		name := "lock:test:" + t.Name()
@@ -411,7 +393,7 @@ func TestAcquireContext(t *testing.T) {
 	t.Run("tries", func(t *testing.T) {
 		name := "lock:test:" + t.Name()
 		acquire(t, a, t.Context(), name)
-		c := New(clients(t, srvs), Config{TTL: ttl, Tries: 3, RetryDelay: 10 * time.Millisecond})
+		c := New(redistest.Clients(t, srvs), Config{TTL: ttl, Tries: 3, RetryDelay: 10 * time.Millisecond})
 		if _, err := c.Acquire(t.Context(), name); !errors.Is(err, ErrNotAcquired) {
 			t.Errorf("Acquire() = %v, want ErrNotAcquired", err)
 		}
@@ -420,7 +402,7 @@ func TestAcquireContext(t *testing.T) {
 
 func TestToken(t *testing.T) {
 	srvs := redistest.StartN(t, 3, redistest.Options{})
-	cs := clients(t, srvs)
+	cs := redistest.Clients(t, srvs)
 	tests := []struct {
 		name   string
 		cfg    Config

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Missing is the message a test fails with when redis-server cannot be found.
@@ -235,4 +237,19 @@ func ping(addr string) error {
 		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
 	}
 	return nil
+}
+
+// Clients returns a go-redis client per server, in order, closed in tb's
+// cleanup (before the servers are killed: cleanups run last-in first-out).
+// Call it once per simulated instance: separate processes have separate
+// connections.
+func Clients(tb testing.TB, servers []*Server) []*redis.Client {
+	tb.Helper()
+	cs := make([]*redis.Client, len(servers))
+	for i, s := range servers {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		tb.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	return cs
 }

@@ -135,6 +135,18 @@ func checkLedger(t *testing.T, path string, grants map[int64]grab.Result) {
 	}
 }
 
+// openLedger opens the ledger at path, closed when the test ends (a test
+// may close it earlier, as a crash would, and open it again).
+func openLedger(t *testing.T, path string) *Ledger {
+	t.Helper()
+	l, err := OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
 func fastConfig(consumer string) Config {
 	return Config{Consumer: consumer, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond}
@@ -143,11 +155,7 @@ func fastConfig(consumer string) Config {
 func TestSettleToLedger(t *testing.T) {
 	e, grants := newEnv(t, 100, 0)
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l, err := OpenLedger(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t, path)
 	w := New(e.shards, e.svc, l, fastConfig("a"))
 	stop := run(t, w)
 	waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
@@ -167,10 +175,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			e, grants := newEnv(t, 60, 0)
 			path := filepath.Join(t.TempDir(), "ledger.jsonl")
-			l, err := OpenLedger(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := openLedger(t, path)
 			crash := errors.New("crash")
 			first := New(e.shards, e.svc, l, fastConfig("first"))
 			var mu sync.Mutex
@@ -194,11 +199,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			}
 
 			// The process restarts: the ledger is read again, another consumer takes over.
-			l2, err := OpenLedger(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l2.Close()
+			l2 := openLedger(t, path)
 			second := New(e.shards, e.svc, l2, fastConfig("second"))
 			stop := run(t, second)
 			waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
@@ -232,10 +233,7 @@ func pending(t *testing.T, e *env) int64 {
 
 func TestLedgerTornTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l, err := OpenLedger(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openLedger(t, path)
 	ctx := context.Background()
 	for _, s := range []int64{1, 2, 2, 3} {
 		if err := l.Deliver(ctx, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
@@ -247,7 +245,7 @@ func TestLedgerTornTail(t *testing.T) {
 	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	f.WriteString(`{"serial":4,"pool_`)
 	f.Close()
-	l, err = OpenLedger(path)
+	l, err := OpenLedger(path)
 	if err != nil {
 		t.Fatalf("OpenLedger after a torn write: %v", err)
 	}
@@ -317,11 +315,7 @@ func TestReleasedGrantIsNotPaid(t *testing.T) {
 		t.Fatalf("ReleaseExpired = %+v, %v; want 20 released", sw, err)
 	}
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l, err := OpenLedger(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t, path)
 	w := New(e.shards, e.svc, l, fastConfig("a"))
 	stop := run(t, w)
 	waitFor(t, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })

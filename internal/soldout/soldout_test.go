@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"rain/internal/events/eventstest"
@@ -321,7 +320,7 @@ func TestConcurrent(t *testing.T) {
 // the notice can clear the mark.
 func TestListenForgetsOnStock(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
-	csA, csB := clients(t, srvs), clients(t, srvs)
+	csA, csB := redistest.Clients(t, srvs), redistest.Clients(t, srvs)
 	b := New(Config{Now: newClock().Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -350,17 +349,4 @@ func TestListenForgetsOnStock(t *testing.T) {
 	if !b.Empty("p", 0) {
 		t.Error("Empty(p, 0) = false: a notice for sub-pool 1 forgot sub-pool 0")
 	}
-}
-
-// clients returns one client per server, closed when the test ends (before
-// the servers are killed: cleanups run last-in first-out).
-func clients(t *testing.T, srvs []*redistest.Server) []*redis.Client {
-	t.Helper()
-	cs := make([]*redis.Client, len(srvs))
-	for i, s := range srvs {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		t.Cleanup(func() { _ = c.Close() })
-		cs[i] = c
-	}
-	return cs
 }

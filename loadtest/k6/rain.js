@@ -86,22 +86,14 @@ export const options = {
       gracefulStop: '10s',
     },
   },
-  thresholds: {
-    // Grab latency only: setup's preload and teardown's audit are operator
-    // calls that may take seconds, and are not what a phone waits for.
-    'http_req_duration{endpoint:grab}': [`p(99)<${P99_MS}`],
-    // 503 and 410 are answers (see setResponseCallback below); what fails is
-    // a timeout, a refused connection, a 500 or a 400. A rain that is down
-    // stops the run after 10 s instead of hammering on.
-    http_req_failed: [{ threshold: `rate<${MAX_FAILED}`, abortOnFail: true, delayAbortEval: '10s' }],
-    // Iterations k6 could not start on time (no free VU): the rain was
-    // not played as planned, so the other figures understate the load.
-    dropped_iterations: [`count<=${Math.floor(PLANNED * MAX_DROPPED)}`],
-    checks: ['rate>0.99'],
-    [rain.M.shed]: [`rate<${MAX_SHED}`],
-    // A repeat answered with a second grant is money out of thin air.
-    [rain.M.doubleGrants]: ['count<1'],
-  },
+  thresholds: rain.grabThresholds({
+    p99Ms: P99_MS,
+    maxFailed: MAX_FAILED,
+    abortAfter: '10s',
+    maxDropped: Math.floor(PLANNED * MAX_DROPPED),
+    checksRate: 0.99,
+    maxShed: MAX_SHED,
+  }),
   summaryTrendStats: rain.SUMMARY_TREND_STATS,
   setupTimeout: '5m',
   teardownTimeout: '5m',
@@ -111,17 +103,13 @@ export const options = {
 http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 503));
 
 export function setup() {
-  rain.waitReady();
-  const poolID = POOL || rain.newPoolID('rain-k6');
-  const spec = rain.poolSpec({
-    poolID,
+  const { poolID, res } = rain.loadPool(POOL, 'rain-k6', {
     packets: PACKETS,
     totalCents: TOTAL_CENTS,
     subPools: SUB_POOLS,
     holdSeconds: HOLD_SECONDS,
     startIn: START_IN,
   });
-  const res = rain.preload(spec);
   console.log(`pool ${poolID}: ${res.status === 201 ? 'loaded' : 'already loaded'}, ${PACKETS} packets, ` +
     `${TOTAL_CENTS} cents; ${PLANNED} arrivals planned, peak ${RATE}/s`);
   return { pool_id: poolID, planned: PLANNED };

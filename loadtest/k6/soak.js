@@ -58,14 +58,14 @@ export const options = {
       gracefulStop: '10s',
     },
   },
-  thresholds: {
-    'http_req_duration{endpoint:grab}': [`p(99)<${P99_MS}`],
-    http_req_failed: [{ threshold: `rate<${MAX_FAILED}`, abortOnFail: true, delayAbortEval: '1m' }],
-    dropped_iterations: [`count<=${Math.floor(PLANNED * MAX_DROPPED)}`],
-    checks: ['rate>0.999'],
-    [rain.M.shed]: [`rate<${MAX_SHED}`],
-    [rain.M.doubleGrants]: ['count<1'],
-  },
+  thresholds: rain.grabThresholds({
+    p99Ms: P99_MS,
+    maxFailed: MAX_FAILED,
+    abortAfter: '1m',
+    maxDropped: Math.floor(PLANNED * MAX_DROPPED),
+    checksRate: 0.999,
+    maxShed: MAX_SHED,
+  }),
   summaryTrendStats: rain.SUMMARY_TREND_STATS,
   setupTimeout: '10m',
   teardownTimeout: '10m',
@@ -74,16 +74,12 @@ export const options = {
 http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 503));
 
 export function setup() {
-  rain.waitReady();
-  const poolID = POOL || rain.newPoolID('soak-k6');
-  const spec = rain.poolSpec({
-    poolID,
+  const { poolID, res } = rain.loadPool(POOL, 'soak-k6', {
     packets: PACKETS,
     totalCents: TOTAL_CENTS,
     subPools: SUB_POOLS,
     holdSeconds: HOLD_SECONDS,
   });
-  const res = rain.preload(spec);
   console.log(`pool ${poolID}: ${res.status === 201 ? 'loaded' : 'already loaded'}, ${PACKETS} packets; ` +
     `${RATE}/s for ${DURATION}`);
   return { pool_id: poolID, planned: PLANNED };

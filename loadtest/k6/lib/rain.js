@@ -229,6 +229,37 @@ export function preload(spec) {
   return res;
 }
 
+// loadPool is the setup() of the grab scripts: rain ready, then the pool
+// POOL, or a new one named after prefix, preloaded. It returns the pool id
+// and preload's answer.
+export function loadPool(pool, prefix, { packets, totalCents, subPools = 0, holdSeconds = 0, startIn = 0 }) {
+  waitReady();
+  const poolID = pool || newPoolID(prefix);
+  const res = preload(poolSpec({ poolID, packets, totalCents, subPools, holdSeconds, startIn }));
+  return { poolID, res };
+}
+
+// grabThresholds are the thresholds of the grab scripts:
+//   - grab latency only (setup's preload and teardown's audit are operator
+//     calls that may take seconds, and are not what a phone waits for);
+//   - failures: 503 and 410 are answers (see GRAB_CODES); what fails is a
+//     timeout, a refused connection, a 500 or a 400, and a rain that is down
+//     stops the run after abortAfter instead of hammering on;
+//   - dropped iterations (k6 could not start them on time: the rain was not
+//     played as planned, so the other figures understate the load);
+//   - checks, the share of overloaded answers, and never a second grant (a
+//     repeat answered with another grant is money out of thin air).
+export function grabThresholds({ p99Ms, maxFailed, abortAfter, maxDropped, checksRate, maxShed }) {
+  return {
+    'http_req_duration{endpoint:grab}': [`p(99)<${p99Ms}`],
+    http_req_failed: [{ threshold: `rate<${maxFailed}`, abortOnFail: true, delayAbortEval: abortAfter }],
+    dropped_iterations: [`count<=${maxDropped}`],
+    checks: [`rate>${checksRate}`],
+    [M.shed]: [`rate<${maxShed}`],
+    [M.doubleGrants]: ['count<1'],
+  };
+}
+
 export function getPool(poolID) {
   return http.get(`${BASE_URL}/admin/pools/${poolID}`, adminParams('GET /admin/pools/{pool_id}'));
 }

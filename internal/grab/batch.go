@@ -2,6 +2,8 @@ package grab
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,6 +19,9 @@ import (
 // costs what a plain call costs; under a flood the batch grows while the
 // previous one is in flight, and the syscalls per grab fall on both sides.
 // Each claim is still its own atomic script: batching changes no semantics.
+// go-redis sends a pipeline whose answers were lost again, whole; every claim
+// answers a re-send as it answered the first run (same serial, same token),
+// so a retried batch grants nothing twice.
 const (
 	// lanesPerShard: two pipelines in flight per shard. Measured with
 	// scripts/bench.sh grab on 2 cores: 4 lanes gave 0.90–0.93× the
@@ -53,9 +58,13 @@ func newBatcher(c *redis.Client, stop <-chan struct{}) *batcher {
 	return &batcher{c: c, reqs: make(chan *claimReq, maxBatch*lanesPerShard), stop: stop}
 }
 
+// errNotSent wraps the error of a claim that never reached its shard.
+var errNotSent = errors.New("claim not sent")
+
 // claim queues a claim and waits for its answer. A claim whose ctx is done
-// before its batch is sent does no Redis work; once sent, the caller waits
-// for the answer (bounded by batchTimeout), so the result is never lost.
+// before its batch is sent does no Redis work (its error wraps errNotSent);
+// once sent, the caller waits for the answer (bounded by batchTimeout), so
+// an answer that arrives is never lost.
 func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
 	r := reqPool.Get().(*claimReq)
 	r.ctx, r.keys, r.user, r.serial, r.token, r.valid = ctx, k, user, serial, token, valid
@@ -64,11 +73,11 @@ func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial in
 	case <-ctx.Done():
 		r.ctx, r.keys = nil, nil
 		reqPool.Put(r)
-		return lua.Claim{}, ctx.Err()
+		return lua.Claim{}, fmt.Errorf("%w: %w", errNotSent, ctx.Err())
 	case <-b.stop:
 		r.ctx, r.keys = nil, nil
 		reqPool.Put(r)
-		return lua.Claim{}, ErrUnavailable
+		return lua.Claim{}, fmt.Errorf("%w: service closed", errNotSent)
 	}
 	<-r.done
 	res, err := r.res, r.err
@@ -91,7 +100,7 @@ func (b *batcher) lane() {
 			for {
 				select {
 				case r := <-b.reqs:
-					r.err = ErrUnavailable
+					r.err = fmt.Errorf("%w: service closed", errNotSent)
 					r.done <- struct{}{}
 				default:
 					return
@@ -120,7 +129,7 @@ func (b *batcher) run(batch []*claimReq, cmds []*redis.Cmd) []*redis.Cmd {
 	pipe := b.c.Pipeline()
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
-			r.err = err
+			r.err = fmt.Errorf("%w: %w", errNotSent, err)
 			r.done <- struct{}{}
 			continue
 		}

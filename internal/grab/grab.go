@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -23,17 +24,33 @@ type Serials interface {
 	Next(ctx context.Context) (int64, error)
 }
 
+// Config wires a Service. Zero fields take the documented defaults.
+type Config struct {
+	// Serials hands out grant serials. Nil for a service that only
+	// preloads, reports and audits (Grab then fails).
+	Serials Serials
+	// Arbiter names the shard whose pool records decide: a preload writes a
+	// pool's record there first, and what is stored there wins. Every
+	// instance must name the same one (rain uses the serial shard), even
+	// with different shard lists. Default: the first shard by name.
+	Arbiter string
+	// Logger for the background work (local answers, holders). Default: discard.
+	Logger *slog.Logger
+}
+
 // Service grabs from, preloads, reports on and audits pools.
 type Service struct {
 	shards   *shard.Set
 	serials  Serials
+	arbiter  string
+	log      *slog.Logger
 	batchers map[string]*batcher // by shard name; immutable after New
 	stop     chan struct{}       // closed by Close
 	stopOnce sync.Once           // guards close(stop)
 	lanes    sync.WaitGroup      // batcher lanes
 
-	mu    sync.RWMutex     // guards pools
-	pools map[string]*pool // open pools; an open pool's record never changes
+	mu    sync.RWMutex         // guards pools
+	pools map[string]*poolView // open pools; an open pool's record never changes
 
 	// known answers "no such pool" without Redis; empty remembers sub-pools
 	// that answered empty, briefly, so a sold-out pool is answered locally.
@@ -48,10 +65,12 @@ type Service struct {
 	// preload there, as a crash would.
 	afterTrip func(subPool int, nextBatch int64) error
 
-	// spillValidity is how long a spill reservation lasts (T), spillMargin
-	// how much older than T a transfer must be before the reaper resolves
-	// it: more than the shards' clocks may differ. Tests shorten them.
-	spillValidity, spillMargin time.Duration
+	// spillValidity is how long a spill reservation lasts (T); spillAge is
+	// how long a transfer stays in flight before the reaper resolves it (it
+	// asks the home for its verdict, which refuses the token if the home has
+	// not decided it: safe at any age, but an early verdict would turn away
+	// a spill still in progress). Tests shorten them.
+	spillValidity, spillAge time.Duration
 	// spillHook, when set (tests), runs after each step of a spill
 	// ("reserved", "taken", "adopted", "acked"); an error stops the grab
 	// there, as a crash would.
@@ -61,15 +80,16 @@ type Service struct {
 // Spill timing defaults.
 const (
 	defaultSpillValidity = 3 * time.Second
-	defaultSpillMargin   = 5 * time.Second
+	defaultSpillAge      = 8 * time.Second
 )
 
 // ErrBusy is returned by Grab when the same user has a grab in flight that
-// is taking stock from a sibling sub-pool: retry shortly. Nothing was granted.
+// is taking stock from a sibling sub-pool: retry shortly. Nothing was
+// granted by this request.
 var ErrBusy = errors.New("a grab of this user is in flight")
 
-// pool is what the grab path needs of an open pool, resolved once.
-type pool struct {
+// poolView is what the grab path needs of an open pool, resolved once.
+type poolView struct {
 	rec      *record
 	batchers []*batcher      // of sub-pool j
 	clients  []*redis.Client // of sub-pool j
@@ -81,13 +101,18 @@ func home(userID string, k int) int {
 	return int(xxhash.Sum64String(userID) % uint64(k))
 }
 
-// New returns a service over shards, taking grant serials from serials
-// (nil for a service that only preloads, reports and audits). It starts the
-// claim batchers; Close stops them.
-func New(shards *shard.Set, serials Serials) *Service {
-	s := &Service{shards: shards, serials: serials, pools: map[string]*pool{},
-		batchers: map[string]*batcher{}, stop: make(chan struct{}),
-		spillValidity: defaultSpillValidity, spillMargin: defaultSpillMargin,
+// New returns a service over shards. It starts the claim batchers; Close
+// stops them.
+func New(shards *shard.Set, cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Arbiter == "" || shards.Client(cfg.Arbiter) == nil {
+		cfg.Arbiter = shards.Names()[0]
+	}
+	s := &Service{shards: shards, serials: cfg.Serials, arbiter: cfg.Arbiter, log: cfg.Logger,
+		pools: map[string]*poolView{}, batchers: map[string]*batcher{}, stop: make(chan struct{}),
+		spillValidity: defaultSpillValidity, spillAge: defaultSpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
 		b := newBatcher(shards.Client(name), s.stop)
@@ -131,7 +156,10 @@ type Result struct {
 
 // Grab claims a packet of poolID for userID, or returns the grant the user
 // already holds. Ids must be valid (ValidID). It returns ErrUnavailable when
-// a shard or the serial generator cannot answer; then nothing was granted.
+// a shard or the serial generator cannot answer and nothing was granted,
+// ErrOutcomeUnknown when a step that may have granted lost its answer (a
+// retry returns the grant if there is one), and ErrBusy while the user's
+// own spill is in flight.
 //
 // The common path is one script on one shard: the user's home sub-pool comes
 // from a hash of the user id, and dedup lives there.
@@ -165,7 +193,7 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 	}
 	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial, token, s.spillValidity.Milliseconds())
 	if err != nil {
-		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
+		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, j, err)
 	}
 	switch c.Outcome {
 	case lua.Reserved:
@@ -200,9 +228,22 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 	}
 }
 
+// sentErr classifies the error of a step that may grant: ErrUnavailable
+// when the step certainly did not run or ran and refused (it never reached
+// the shard, or the shard answered with an error: scripts fail before they
+// write), ErrOutcomeUnknown when it may have run (its answer was lost: a
+// timeout, a broken connection, whatever go-redis's retries last saw).
+func sentErr(err error) error {
+	var rerr redis.Error
+	if errors.Is(err, errNotSent) || errors.As(err, &rerr) {
+		return ErrUnavailable
+	}
+	return ErrOutcomeUnknown
+}
+
 // pool returns the pool's grab-path view, from the cache when it is open.
 // A pool that is not open yet is read again on every call.
-func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
+func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	s.mu.RLock()
 	p := s.pools[id]
 	s.mu.RUnlock()
@@ -213,7 +254,7 @@ func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p = &pool{rec: rec}
+	p = &poolView{rec: rec}
 	for j, name := range rec.placement {
 		b := s.batchers[name]
 		if b == nil {
@@ -232,12 +273,16 @@ func (s *Service) pool(ctx context.Context, id string) (*pool, error) {
 	return p, nil
 }
 
-// findRecord reads the pool's record from the shards, arbiter first, and
-// returns the first found. ErrNotFound when no shard that answered has it;
+// findRecord reads the pool's record from the shards, the arbiter first,
+// and returns the first found. ErrNotFound when no shard that answered has it;
 // ErrUnavailable when none has it and some did not answer.
 func (s *Service) findRecord(ctx context.Context, id string) (*record, error) {
 	var down []error
-	for _, name := range s.shards.Names() {
+	names := append([]string{s.arbiter}, s.shards.Names()...)
+	for i, name := range names {
+		if i > 0 && name == s.arbiter {
+			continue
+		}
 		m, err := s.shards.Client(name).HGetAll(ctx, recordKey(id)).Result()
 		if err != nil {
 			down = append(down, fmt.Errorf("shard %s: %w", name, err))

@@ -32,19 +32,30 @@ func newEnv(t testing.TB, n int, opts redistest.Options) *env {
 	for i, s := range servers {
 		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
 	}
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	// The options of rain serve, go-redis's retries included.
+	set, err := shard.Open(specs, 0, shard.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
+	e := &env{servers: servers, shards: set}
+	e.svc = e.service(t)
+	return e
+}
+
+// service is one rain instance on env's shards, as rain serve wires it: its
+// own serial generator on s1 with watermark copies on the others, and s1 as
+// the arbiter of pool records.
+func (e *env) service(t testing.TB) *Service {
+	t.Helper()
+	gen, err := idgen.New(idgen.NewRedisAllocator(e.shards.Client("s1"), idgen.Key, e.shards.Except("s1")...), idgen.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gen.Close() })
-	svc := New(set, gen)
+	svc := New(e.shards, Config{Serials: gen, Arbiter: "s1"})
 	t.Cleanup(svc.Close)
-	return &env{servers: servers, shards: set, svc: svc}
+	return svc
 }
 
 func (e *env) preload(t testing.TB, spec Spec) *Status {
@@ -166,7 +177,7 @@ func TestPreloadInvalid(t *testing.T) {
 	}
 	// Nothing was written (the serial counter aside).
 	keys, err := e.shards.Client("s1").Keys(context.Background(), "*").Result()
-	keys = slices.DeleteFunc(keys, func(k string) bool { return k == "rain:serial" })
+	keys = slices.DeleteFunc(keys, func(k string) bool { return k == idgen.Key })
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys after invalid preloads = %v, %v; want none but rain:serial", keys, err)
 	}
@@ -281,16 +292,16 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		ids = append(ids, id)
 	}
 	extra := redistest.Start(t, redistest.Options{})
-	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // sorts first: a new arbiter
+	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // sorts first; the arbiter stays s1
 	for i, s := range e.servers {
 		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
 	}
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	set, err := shard.Open(specs, 0, shard.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	svc := New(set, e.svc.serials)
+	svc := New(set, Config{Serials: e.svc.serials, Arbiter: "s1"})
 	t.Cleanup(svc.Close)
 	for _, id := range ids {
 		if r, err := svc.Grab(ctx, id, "u"); err != nil || r.Outcome != Granted {
@@ -299,7 +310,7 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		if _, created, err := svc.Preload(ctx, Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
 			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
 		}
-		fresh := New(set, e.svc.serials) // an instance with nothing cached
+		fresh := New(set, Config{Serials: e.svc.serials, Arbiter: "s1"}) // an instance with nothing cached
 		r, err := fresh.Grab(ctx, id, "v")
 		fresh.Close()
 		if err != nil || r.Outcome != Granted {

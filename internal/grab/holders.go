@@ -44,7 +44,7 @@ func (s *Service) holderState(poolID string) *holderState {
 // surelyNotHolder reports whether userID certainly holds no grant in the
 // sold-out pool p. When the holders are not known yet it starts reading them
 // and answers false (ask Redis).
-func (s *Service) surelyNotHolder(p *pool, userID string) bool {
+func (s *Service) surelyNotHolder(p *poolView, userID string) bool {
 	st := s.holderState(p.rec.spec.PoolID)
 	set := st.set.Load()
 	if set == nil || time.Since(set.built) > holdersTTL {
@@ -62,7 +62,7 @@ func (s *Service) dropHolders(poolID string, _ int) {
 }
 
 // buildHolders reads the pool's holders in the background, once at a time.
-func (s *Service) buildHolders(p *pool, st *holderState) {
+func (s *Service) buildHolders(p *poolView, st *holderState) {
 	if !st.building.CompareAndSwap(false, true) {
 		return
 	}
@@ -87,7 +87,7 @@ func (s *Service) buildHolders(p *pool, st *holderState) {
 }
 
 // readHolders scans every sub-pool's grants hash.
-func (s *Service) readHolders(ctx context.Context, p *pool) (*holderSet, error) {
+func (s *Service) readHolders(ctx context.Context, p *poolView) (*holderSet, error) {
 	var n uint
 	for j := range p.keys {
 		l, err := p.clients[j].HLen(ctx, p.keys[j].Grants).Result()

@@ -8,20 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/idgen"
 	"rain/internal/redistest"
 )
 
 // instance is a second Service on env's shards, running its local caches.
 func (e *env) instance(t *testing.T) *Service {
 	t.Helper()
-	gen, err := idgen.New(idgen.NewRedisAllocator(e.shards.Client("s1"), "rain:serial"), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	s := New(e.shards, gen)
-	t.Cleanup(s.Close)
+	s := e.service(t)
 	e.run(t, s)
 	return s
 }

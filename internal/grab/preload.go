@@ -53,9 +53,11 @@ func (s *Service) Preload(ctx context.Context, in Spec) (st *Status, created boo
 	return st, created, err
 }
 
-// register finds the pool's record or writes it. The first shard by name is
-// the arbiter: a record there decides; two concurrent preloads of one id
-// converge on the one that reached it first, field by field (HSETNX).
+// register finds the pool's record or writes it. The arbiter shard (the
+// serial shard in rain serve) decides: the record is written there first, in
+// one atomic step unless one is there, and what is stored there wins, so two
+// concurrent preloads of one id, even from instances with different shard
+// lists, end with one record.
 func (s *Service) register(ctx context.Context, spec Spec) (*record, error) {
 	existing, err := s.findRecord(ctx, spec.PoolID)
 	if err != nil && !errors.Is(err, ErrNotFound) {
@@ -72,8 +74,7 @@ func (s *Service) register(ctx context.Context, spec Spec) (*record, error) {
 			"placement": strings.Join(s.place(spec.PoolID, k), ","),
 			"state":     stateLoading,
 		}
-		arbiter := s.shards.Client(s.shards.Names()[0])
-		if existing, err = s.putRecord(ctx, arbiter, spec.PoolID, fresh); err != nil {
+		if existing, err = s.putRecord(ctx, s.shards.Client(s.arbiter), spec.PoolID, fresh); err != nil {
 			return nil, err
 		}
 	}
@@ -102,22 +103,12 @@ func (s *Service) register(ctx context.Context, spec Spec) (*record, error) {
 	return existing, nil
 }
 
-// putRecord writes each field only where it is missing, then reads the
-// record back: what is stored wins.
+// putRecord writes the record unless one is there, atomically, and returns
+// what is stored: what is stored wins.
 func (s *Service) putRecord(ctx context.Context, c *redis.Client, pool string, fields map[string]string) (*record, error) {
-	key := recordKey(pool)
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, f := range []string{"spec", "seed", "placement", "state"} {
-			p.HSetNX(ctx, key, f, fields[f])
-		}
-		return nil
-	})
+	m, err := lua.PutRecord(ctx, c, recordKey(pool), fields)
 	if err != nil {
 		return nil, fmt.Errorf("%w: write pool record: %w", ErrUnavailable, err)
-	}
-	m, err := c.HGetAll(ctx, key).Result()
-	if err != nil {
-		return nil, fmt.Errorf("%w: read pool record: %w", ErrUnavailable, err)
 	}
 	return parseRecord(m)
 }
@@ -218,7 +209,7 @@ func (s *Service) fillSubPool(ctx context.Context, rec *record, j int, amounts [
 			if err != nil {
 				return fmt.Errorf("%w: load %s: %w", ErrUnavailable, sp.Tag(), err)
 			}
-			if res == lua.Open {
+			if res == lua.AlreadyOpen {
 				return nil
 			}
 			next = n // loaded or skipped, the script says which batch comes next

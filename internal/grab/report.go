@@ -2,8 +2,11 @@ package grab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/redis/go-redis/v9"
 
 	"rain/internal/lua"
 )
@@ -86,10 +89,11 @@ type Report struct {
 }
 
 // Problem is one difference the audit found. SubPool is nil for a problem of
-// the whole pool.
+// the whole pool; Token names the spill a problem of a transfer is about.
 type Problem struct {
 	SubPool  *int   `json:"sub_pool,omitempty"`
 	Shard    string `json:"shard,omitempty"`
+	Token    string `json:"token,omitempty"`
 	Quantity string `json:"quantity"`
 	Expected int64  `json:"expected"`
 	Found    int64  `json:"found"`
@@ -100,35 +104,48 @@ func (p Problem) String() string {
 	if p.SubPool != nil {
 		where = fmt.Sprintf("sub-pool %d on %s", *p.SubPool, p.Shard)
 	}
+	if p.Token != "" {
+		where += " spill token " + p.Token
+	}
 	return fmt.Sprintf("%s: %s expected %d, found %d", where, p.Quantity, p.Expected, p.Found)
 }
 
-// Audit checks conservation, in count and in cents, for every sub-pool and the
-// pool: stock left + held + confirmed (+ what moved between sub-pools and
-// what is in flight) = preloaded; the counters agree with a
-// recount of the stock and the grants; every held grant is indexed by its
-// deadline; no serial appears twice; the sub-pools add up to the spec.
-// Each sub-pool is read atomically (one script), so a live pool audits
-// consistently sub-pool by sub-pool.
+// Audit checks conservation, in count and in cents.
+//
+// Per sub-pool, from one atomic read: the counters agree with recounts of
+// the stock list, the grants, the transfers and the verdicts; every held
+// grant is indexed by its deadline; no serial appears twice; and
+// count + received - sent = stock + held + confirmed + in flight.
+//
+// Across sub-pools, spill by spill: every transfer a sibling acked was
+// adopted by its home from that sibling with that amount; no transfer a
+// sibling put back was adopted; every adopted token has its transfer. With
+// the per-sub-pool equations this is conservation of the pool: nothing
+// created or lost between sub-pools. Sub-pools are read one after another
+// on a live pool, but a spill's records only ever move forward (in flight,
+// then acked or untaken; undecided, then adopted or refused), so a token
+// that looks wrong is read again on both sides before it is reported: a
+// spill that moved between the reads is not a false alarm, and a real
+// mismatch is pinned to its token. And the sub-pools add up to the spec.
 func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 	rec, err := s.findRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	r := &Report{PoolID: id, Problems: []Problem{}}
-	var count, cents int64
-	// Spills between sub-pools: received and sent are what moved and was
-	// acknowledged; in flight what left a sibling and is not acknowledged.
-	var recvN, recvC, sentN, sentC, flightN, flightC int64
+	subs := make([]lua.SubPoolAudit, len(rec.placement))
 	for j, name := range rec.placement {
 		c := s.shards.Client(name)
 		if c == nil {
 			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
 		}
-		a, err := lua.AuditSubPool(ctx, c, lua.SubPool{Pool: id, Index: j})
-		if err != nil {
+		if subs[j], err = lua.AuditSubPool(ctx, c, lua.SubPool{Pool: id, Index: j}); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
+	}
+	var count, cents int64
+	for j, a := range subs {
+		name := rec.placement[j]
 		add := func(q string, want, got int64) {
 			if want != got {
 				r.Problems = append(r.Problems, Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
@@ -149,19 +166,30 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		add("held_cents (grants)", a.HeldCents, a.GrantsHeldCents)
 		add("confirmed_count (grants)", a.ConfirmedCount, a.GrantsConfirmed)
 		add("confirmed_cents (grants)", a.ConfirmedCents, a.GrantsConfirmedCents)
-		add("deadline index entries", a.GrantsHeld, a.Deadlines)
+		// A released user may grab again, which replaces the released
+		// record: the counters count every release, the records only those
+		// not grabbed again.
+		if a.ReleasedCount < a.GrantsReleased {
+			add("released_count (at least the released grant records)", a.GrantsReleased, a.ReleasedCount)
+		}
+		if a.ReleasedCents < a.GrantsReleasedCents {
+			add("released_cents (at least the released grant records)", a.GrantsReleasedCents, a.ReleasedCents)
+		}
+		add("deadline index entries", a.GrantsHeld, a.DeadlineEntries)
 		add("duplicate serials", 0, a.DuplicateSerials)
-		add("unreadable grant records", 0, a.BadRecords)
+		add("unreadable grant or spill records", 0, a.BadRecords)
 		add("inflight_count (transfers)", a.InflightCount, a.Transfers)
 		add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
+		add("sent_count (acked transfers)", a.SentCount, a.Acked)
+		add("sent_cents (acked transfers)", a.SentCents, a.AckedCents)
+		add("received_count (adopted verdicts)", a.ReceivedCount, a.Adopted)
+		add("received_cents (adopted verdicts)", a.ReceivedCents, a.AdoptedCents)
 		if a.State == stateOpen {
 			add("count + received - sent = stock + held + confirmed + in flight",
 				a.Count+a.ReceivedCount-a.SentCount, a.ListLen+a.GrantsHeld+a.GrantsConfirmed+a.Transfers)
 			add("cents + received - sent = stock + held + confirmed + in flight",
 				a.Cents+a.ReceivedCents-a.SentCents, a.ListSum+a.GrantsHeldCents+a.GrantsConfirmedCents+a.TransfersCents)
 		}
-		recvN, recvC, sentN, sentC = recvN+a.ReceivedCount, recvC+a.ReceivedCents, sentN+a.SentCount, sentC+a.SentCents
-		flightN, flightC = flightN+a.Transfers, flightC+a.TransfersCents
 	}
 	if rec.state == stateOpen {
 		whole := func(q string, want, got int64) {
@@ -171,16 +199,163 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		}
 		whole("count (sum of sub-pools)", rec.spec.Count, count)
 		whole("total_cents (sum of sub-pools)", rec.spec.TotalCents, cents)
-		// Everything received was sent, or is still in flight (adopted at
-		// the home, not yet acknowledged at the sibling): nothing created,
-		// nothing lost between sub-pools.
-		if d := recvN - sentN; d < 0 || d > flightN {
-			r.Problems = append(r.Problems, Problem{Quantity: "received - sent packets within [0, in flight]", Expected: flightN, Found: d})
-		}
-		if d := recvC - sentC; d < 0 || d > flightC {
-			r.Problems = append(r.Problems, Problem{Quantity: "received - sent cents within [0, in flight]", Expected: flightC, Found: d})
-		}
 	}
+	spills, err := s.auditSpills(ctx, id, rec, subs)
+	if err != nil {
+		return nil, err
+	}
+	r.Problems = append(r.Problems, spills...)
 	r.OK = len(r.Problems) == 0
 	return r, nil
+}
+
+// spillSide is what one sub-pool says of one spill token.
+type spillSide struct {
+	transfer *lua.TransferRecord // at the sibling: in flight or settled; nil if none
+	verdict  *lua.Verdict        // at the home; nil if undecided
+}
+
+// auditSpills matches every spill token across its two sub-pools (see
+// Audit). Tokens that look wrong are read again, both sides, before they
+// are reported.
+func (s *Service) auditSpills(ctx context.Context, id string, rec *record, subs []lua.SubPoolAudit) ([]Problem, error) {
+	type key struct {
+		token        string
+		home, origin int
+	}
+	var suspects []key
+	seen := map[key]bool{}
+	suspect := func(k key) {
+		if !seen[k] {
+			seen[k] = true
+			suspects = append(suspects, k)
+		}
+	}
+	transfer := func(j int, token string) *lua.TransferRecord {
+		if j < 0 || j >= len(subs) {
+			return nil
+		}
+		if v, ok := subs[j].TransferRecords[token]; ok {
+			t, err := lua.ParseTransfer(v, false)
+			if err == nil {
+				return &t
+			}
+		}
+		if v, ok := subs[j].SettledRecords[token]; ok {
+			t, err := lua.ParseTransfer(v, true)
+			if err == nil {
+				return &t
+			}
+		}
+		return nil
+	}
+	verdict := func(h int, token string) *lua.Verdict {
+		if h < 0 || h >= len(subs) {
+			return nil
+		}
+		if v, ok := subs[h].VerdictRecords[token]; ok {
+			if vd, err := lua.ParseVerdict(v); err == nil {
+				return &vd
+			}
+		}
+		return nil
+	}
+	for j, a := range subs {
+		for _, m := range []map[string]string{a.TransferRecords, a.SettledRecords} {
+			for token := range m {
+				t := transfer(j, token)
+				if t == nil {
+					continue // unreadable: counted in bad_records
+				}
+				if spillProblem(j, t, verdict(t.Home, token)) != "" {
+					suspect(key{token, t.Home, j})
+				}
+			}
+		}
+		for token, v := range a.VerdictRecords {
+			vd, err := lua.ParseVerdict(v)
+			if err != nil || !vd.Adopted {
+				continue
+			}
+			if spillProblem(vd.Origin, transfer(vd.Origin, token), &vd) != "" {
+				suspect(key{token, j, vd.Origin})
+			}
+		}
+	}
+	var problems []Problem
+	for _, k := range suspects {
+		side, err := s.readSpill(ctx, id, rec, k.token, k.home, k.origin)
+		if err != nil {
+			return nil, err
+		}
+		if q := spillProblem(k.origin, side.transfer, side.verdict); q != "" {
+			origin := k.origin
+			p := Problem{SubPool: &origin, Shard: rec.placement[origin], Token: k.token, Quantity: q}
+			if side.transfer != nil {
+				p.Found = side.transfer.Amount
+			}
+			if side.verdict != nil {
+				p.Expected = side.verdict.Amount
+			}
+			problems = append(problems, p)
+		}
+	}
+	return problems, nil
+}
+
+// spillProblem says what is wrong with a spill token whose transfer out of
+// sibling j is t (nil: none) and whose verdict at its home is v (nil:
+// undecided); "" when nothing is.
+func spillProblem(j int, t *lua.TransferRecord, v *lua.Verdict) string {
+	adoptedHere := v != nil && v.Adopted && v.Origin == j
+	switch {
+	case t == nil && adoptedHere:
+		return "adopted at its home with no transfer out of this sibling: created"
+	case t == nil:
+		return ""
+	case adoptedHere && v.Amount != t.Amount:
+		return "adopted at its home with another amount than taken here"
+	case t.State == 'a' && !adoptedHere:
+		return "acked here but not adopted from here at its home: lost"
+	case t.State == 'u' && adoptedHere:
+		return "adopted at its home and also put back here: doubled"
+	}
+	return ""
+}
+
+// readSpill reads one token's records again: the transfer at sibling
+// origin, then the verdict at home.
+func (s *Service) readSpill(ctx context.Context, id string, rec *record, token string, home, origin int) (spillSide, error) {
+	var side spillSide
+	if origin >= 0 && origin < len(rec.placement) {
+		k := lua.SubPool{Pool: id, Index: origin}.Keys()
+		c := s.client(rec, origin)
+		if v, err := c.HGet(ctx, k.Transfers, token).Result(); err == nil {
+			if t, err := lua.ParseTransfer(v, false); err == nil {
+				side.transfer = &t
+			}
+		} else if !errors.Is(err, redis.Nil) {
+			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if side.transfer == nil {
+			if v, err := c.HGet(ctx, k.Settled, token).Result(); err == nil {
+				if t, err := lua.ParseTransfer(v, true); err == nil {
+					side.transfer = &t
+				}
+			} else if !errors.Is(err, redis.Nil) {
+				return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+		}
+	}
+	if home >= 0 && home < len(rec.placement) {
+		k := lua.SubPool{Pool: id, Index: home}.Keys()
+		if v, err := s.client(rec, home).HGet(ctx, k.Verdicts, token).Result(); err == nil {
+			if vd, err := lua.ParseVerdict(v); err == nil {
+				side.verdict = &vd
+			}
+		} else if !errors.Is(err, redis.Nil) {
+			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	}
+	return side, nil
 }

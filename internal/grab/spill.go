@@ -2,6 +2,7 @@ package grab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"rain/internal/lua"
@@ -11,59 +12,115 @@ import (
 // sub-pool h, by the crash-safe protocol of DESIGN.md: the claim at h has
 // recorded a reservation (token, h's clock); take at sibling j moves an
 // amount into an in-flight transfer; adopt at h turns the reservation into a
-// held grant, only while it is younger than T; ack at j drops the transfer.
-// A stale reservation means untake at j; no sibling with stock means abort
-// at h and sold out. Each step is one idempotent script on one shard, and the
-// reaper finishes or undoes whatever a crash leaves (ReleaseExpired).
-// Dedup stays at h: the user can never get two grants.
-func (s *Service) spill(ctx context.Context, p *pool, userID string, h int, serial int64, token string) (lua.Claim, error) {
+// held grant and records the verdict "adopted"; ack at j marks the transfer
+// sent. A refused adopt (the reservation is stale, or the user holds a grant)
+// means untake at j; no sibling with stock means abort at h and sold out.
+//
+// Each step is one script on one shard and answers a re-send as it answered
+// the first run. The home decides every token once, by adopt or by decide
+// (the reaper's, or ours after a lost answer), and the sibling follows the
+// home's verdict, so whatever a crash or a lost reply leaves, the reaper
+// finishes it without comparing clocks (recoverSpills). Dedup stays at h:
+// the user can never get two grants.
+func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, serial int64, token string) (lua.Claim, error) {
 	id := p.rec.spec.PoolID
 	k := len(p.keys)
-	valid := s.spillValidity.Milliseconds()
 	s.empty.MarkEmpty(id, h)
 	for step := 1; step < k; step++ {
 		j := (h + step) % k
 		if s.empty.Empty(id, j) {
 			continue // answered empty within the last second, no stock back since
 		}
-		amount, err := lua.Take(ctx, p.clients[j], &p.keys[j], token, h, userID)
+		taken, amount, err := lua.Take(ctx, p.clients[j], &p.keys[j], token, h, userID)
 		if err != nil {
+			// The amount may be in flight; no adopt was sent, so nothing is
+			// granted under this token. Refuse it at home so the user may
+			// retry at once; the reaper returns the amount.
+			s.abort(ctx, p, userID, h, token)
 			return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
 		}
-		if amount == 0 {
+		switch taken {
+		case lua.TakeEmpty:
 			s.empty.MarkEmpty(id, j)
 			continue
+		case lua.TakeSettled, lua.TakeConflict:
+			// A token this request has not used before: a serial handed out
+			// twice, or a shard that lost writes. Take nothing under it.
+			s.log.Error("spill token already used at a sibling", "pool_id", id, "sub_pool", j, "token", token, "user_id", userID, "settled", taken == lua.TakeSettled)
+			s.abort(ctx, p, userID, h, token)
+			return lua.Claim{}, fmt.Errorf("%w: spill token %s of %s is already used at sub-pool %d", ErrUnavailable, token, id, j)
 		}
 		if err := s.step("taken"); err != nil {
 			return lua.Claim{}, err
 		}
-		c, ok, err := lua.Adopt(ctx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, valid)
+		c, ok, err := lua.Adopt(ctx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.spillValidity.Milliseconds())
 		if err != nil {
-			return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrUnavailable, id, h, err)
+			// The adopt may have run. Ask the home for its verdict, which
+			// refuses the token if it has not: then we know.
+			v, derr := lua.Decide(ctx, p.clients[h], &p.keys[h], token, userID)
+			if derr != nil {
+				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrOutcomeUnknown, id, h, errors.Join(err, derr))
+			}
+			if !v.Adopted || v.Origin != j || v.Amount != amount {
+				s.settle(ctx, p, j, token, false)
+				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrUnavailable, id, h, err)
+			}
+			c, ok = lua.Claim{Outcome: lua.Granted, Amount: v.Amount, Serial: serial, DeadlineMS: v.DeadlineMS}, true
 		}
 		if !ok {
-			// Too late: the reservation is older than T. Put the amount back;
-			// if that fails too, the reaper does it.
-			_, _ = lua.Untake(ctx, p.clients[j], &p.keys[j], token)
-			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s took longer than %v", ErrUnavailable, userID, id, s.spillValidity)
+			// Refused: the reservation is older than T, or the user holds a
+			// grant. The amount goes back; if that fails the reaper does it.
+			s.settle(ctx, p, j, token, false)
+			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s refused at home: its reservation lapsed (T = %v) or the user holds a grant", ErrUnavailable, userID, id, s.spillValidity)
 		}
 		if err := s.step("adopted"); err != nil {
 			return lua.Claim{}, err
 		}
-		// The grant stands; a failed ack leaves the transfer to the reaper,
-		// which finds the token in the home's adopted set and acks it.
-		if _, err := lua.Ack(ctx, p.clients[j], &p.keys[j], token); err == nil {
+		// The grant stands. A failed ack leaves the transfer to the reaper,
+		// which reads the home's verdict and acks it.
+		if s.settle(ctx, p, j, token, true) {
 			if err := s.step("acked"); err != nil {
 				return lua.Claim{}, err
 			}
-			_ = lua.ForgetAdopted(ctx, p.clients[h], &p.keys[h], token)
 		}
 		return c, nil
 	}
-	if err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token); err != nil {
-		return lua.Claim{}, fmt.Errorf("%w: abort at %s sub-pool %d: %w", ErrUnavailable, id, h, err)
-	}
+	// No sibling had stock: nothing was taken, so nothing can be granted
+	// under this token. If the abort fails, the reservation lapses after T.
+	s.abort(ctx, p, userID, h, token)
 	return lua.Claim{Outcome: lua.Empty}, nil
+}
+
+// abort refuses token at home h and drops the user's reservation; errors are
+// logged: the reservation lapses after T by itself.
+func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, token string) {
+	adopted, err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token)
+	switch {
+	case err != nil:
+		s.log.Debug("spill abort failed; the reservation lapses after T", "pool_id", p.rec.spec.PoolID, "sub_pool", h, "err", err)
+	case adopted:
+		s.log.Error("spill abort found the token adopted", "pool_id", p.rec.spec.PoolID, "sub_pool", h, "token", token)
+	}
+}
+
+// settle acks (the home adopted) or untakes (it refused) the transfer of
+// token at sibling j, and reports whether it did. A failure is left to the
+// reaper, which follows the home's verdict.
+func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, adopted bool) bool {
+	op, f := "untake", lua.Untake
+	if adopted {
+		op, f = "ack", lua.Ack
+	}
+	res, err := f(ctx, p.clients[j], &p.keys[j], token)
+	switch {
+	case err != nil:
+		s.log.Debug("spill "+op+" failed; the reaper finishes it", "pool_id", p.rec.spec.PoolID, "sub_pool", j, "token", token, "err", err)
+		return false
+	case res == lua.SettleConflict || res == lua.NoTransfer:
+		s.log.Error("spill "+op+" found the transfer settled the other way, or gone", "pool_id", p.rec.spec.PoolID, "sub_pool", j, "token", token)
+		return false
+	}
+	return true
 }
 
 func (s *Service) step(name string) error {
@@ -74,35 +131,45 @@ func (s *Service) step(name string) error {
 }
 
 // recoverSpills drops expired reservations of sub-pool j and resolves its
-// transfers old enough that no adopt can still succeed: the token in the
-// home's adopted set means it was adopted (ack), anything else means it was
-// not (untake). The adopted set outlives the grant (a release, a new grab),
-// so the answer does not depend on what became of the grant.
-func (s *Service) recoverSpills(ctx context.Context, p *pool, j int) error {
-	_, stale, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillMargin.Milliseconds())
+// transfers in flight for longer than spillAge: the home's verdict (decide
+// refuses the token if the home has not decided it) says ack (adopted from
+// j with this amount) or untake (anything else). The verdict is recorded
+// once and kept for the pool's life, so the answer does not depend on clocks
+// or on what became of the grant since.
+func (s *Service) recoverSpills(ctx context.Context, p *poolView, j int) error {
+	_, stale, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillAge.Milliseconds())
 	if err != nil {
 		return err
 	}
+	var errs []error
 	for _, t := range stale {
-		if t.Home < 0 || t.Home >= len(p.keys) {
-			return fmt.Errorf("transfer %s names home %d of %d sub-pools", t.Token, t.Home, len(p.keys))
-		}
-		adopted, err := lua.WasAdopted(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token)
-		if err != nil {
-			return err
-		}
-		if !adopted {
-			if _, err := lua.Untake(ctx, p.clients[j], &p.keys[j], t.Token); err != nil {
-				return err
-			}
+		if t.Home < 0 || t.Home >= len(p.keys) || t.Home == j {
+			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d names home %d of %d sub-pools", t.Token, j, t.Home, len(p.keys)))
 			continue
 		}
-		if _, err := lua.Ack(ctx, p.clients[j], &p.keys[j], t.Token); err != nil {
-			return err
+		v, err := lua.Decide(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token, t.User)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		if err := lua.ForgetAdopted(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token); err != nil {
-			return err
+		adopted := v.Adopted && v.Origin == j && v.Amount == t.Amount
+		if v.Adopted && !adopted {
+			s.log.Error("spill token adopted from another sibling or with another amount; untaking here",
+				"pool_id", p.rec.spec.PoolID, "sub_pool", j, "home", t.Home, "token", t.Token,
+				"verdict_origin", v.Origin, "verdict_amount", v.Amount, "transfer_amount", t.Amount)
+		}
+		f := lua.Untake
+		if adopted {
+			f = lua.Ack
+		}
+		res, err := f(ctx, p.clients[j], &p.keys[j], t.Token)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if res == lua.SettleConflict {
+			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was settled the other way", t.Token, j))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -97,7 +97,7 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			ctx := context.Background()
 			e := newEnv(t, 2, redistest.Options{})
-			e.svc.spillValidity, e.svc.spillMargin = 300*time.Millisecond, 200*time.Millisecond
+			e.svc.spillValidity, e.svc.spillAge = 300*time.Millisecond, 200*time.Millisecond
 			const count, total = 8, 800
 			e.preload(t, Spec{PoolID: "crash", TotalCents: total, Count: count, SubPools: 4})
 			crash := errors.New("crash")
@@ -129,7 +129,7 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 			}
 			e.assertAudit(t, "crash") // consistent even mid-protocol
 
-			time.Sleep(e.svc.spillValidity + e.svc.spillMargin + 100*time.Millisecond)
+			time.Sleep(e.svc.spillValidity + e.svc.spillAge + 100*time.Millisecond)
 			if _, err := e.svc.ReleaseExpired(ctx); err != nil {
 				t.Fatalf("ReleaseExpired: %v", err)
 			}
@@ -181,7 +181,7 @@ func (e *env) status(t *testing.T, pool ...string) *Status {
 func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	e.svc.spillValidity, e.svc.spillMargin = 300*time.Millisecond, 200*time.Millisecond
+	e.svc.spillValidity, e.svc.spillAge = 300*time.Millisecond, 200*time.Millisecond
 	e.preload(t, Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
 	crash := errors.New("crash")
 	crashed := false

@@ -33,18 +33,18 @@ func Start(tb testing.TB, n int, opts redistest.Options) *Env {
 	for i, s := range servers {
 		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
 	}
-	// MaxRetries -1: fault tests want errors at once, not go-redis's retries.
-	set, err := shard.Open(specs, 0, shard.Options{MaxRetries: -1})
+	// The options of rain serve, go-redis's retries included.
+	set, err := shard.Open(specs, 0, shard.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), "rain:serial"), idgen.Config{})
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, gen)
+	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1"})
 	tb.Cleanup(svc.Close)
 	e := &Env{Servers: servers, Shards: set, Serials: gen, Service: svc}
 	for _, name := range set.Names() {

@@ -1,28 +1,43 @@
--- ack: step 4 of a spill, at sibling j: the home granted the transfer; drop it.
--- untake: the home did not (stale, or abandoned): put the amount back.
+-- ack: step 4 of a spill, at sibling j: the home adopted the transfer; it is
+-- now sent. untake: the home refused it: put the amount back in the stock.
 --
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] stock      rain:{P:j}:stock
--- KEYS[3] transfers  rain:{P:j}:transfers
+-- KEYS[3] transfers  rain:{P:j}:transfers  (in flight)
+-- KEYS[4] settled    rain:{P:j}:settled    (token -> "a|u:amount:home:ms:user")
 -- ARGV[1] token   ARGV[2] "ack" or "untake"
 --
--- Both are idempotent: a transfer already gone answers "gone".
--- Returns {"acked"} | {"returned"} | {"gone"}
-local meta, stock, transfers = KEYS[1], KEYS[2], KEYS[3]
+-- The transfer moves to the settled hash, marked a (acked) or u (untaken).
+-- Both steps are idempotent: re-sent, each answers as the first run did. The
+-- caller acts on the home's verdict only, so an ack of an untaken transfer,
+-- or the other way round, means a bug or a shard that lost writes: it
+-- changes nothing and answers "conflict".
+-- Returns {"acked"} | {"returned"} | {"gone"} (no such transfer) | {"conflict"}
+local meta, stock, transfers, settled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, op = ARGV[1], ARGV[2]
 local t = redis.call('HGET', transfers, token)
 if not t then
-  return {'gone'}
+  local s = redis.call('HGET', settled, token)
+  if not s then
+    return {'gone'}
+  end
+  local st = string.sub(s, 1, 1)
+  if (st == 'a') == (op == 'ack') then
+    return {st == 'a' and 'acked' or 'returned'}
+  end
+  return {'conflict'}
 end
 local amount = string.match(t, '^(%d+):')
 redis.call('HDEL', transfers, token)
 redis.call('HINCRBY', meta, 'inflight_count', -1)
 redis.call('HINCRBY', meta, 'inflight_cents', '-' .. amount)
 if op == 'ack' then
+  redis.call('HSET', settled, token, 'a:' .. t)
   redis.call('HINCRBY', meta, 'sent_count', 1)
   redis.call('HINCRBY', meta, 'sent_cents', amount)
   return {'acked'}
 end
+redis.call('HSET', settled, token, 'u:' .. t)
 redis.call('RPUSH', stock, amount)
 redis.call('HINCRBY', meta, 'stock_count', 1)
 redis.call('HINCRBY', meta, 'stock_cents', amount)

@@ -6,40 +6,56 @@
 -- KEYS[3] deadlines  rain:{P:h}:deadlines
 -- KEYS[4] outbox     rain:{P:h}:outbox
 -- KEYS[5] reserve    rain:{P:h}:reserve
--- KEYS[6] adopted    rain:{P:h}:adopted    (hash: token -> user, until the sibling acks)
+-- KEYS[6] verdicts   rain:{P:h}:verdicts   (hash: token -> verdict, kept for the pool's life)
 -- ARGV[1] user  ARGV[2] token  ARGV[3] serial  ARGV[4] amount  ARGV[5] origin j
 -- ARGV[6] reservation validity in ms (T)
 --
--- Only if the user's reservation still carries this token and is younger
--- than T by this shard's clock, and the user holds no grant; after T nothing
--- can adopt it, which is what lets the reaper undo a transfer older than T.
--- The token goes into the adopted hash, kept until the sibling has acked, so
--- the reaper can tell an adopted transfer from an abandoned one even after
--- the grant was released and the user grabbed again. Dedup stays here: a
--- user never holds two.
+-- The home decides each spill token once, here or in decide.lua, and
+-- records the verdict: "a:origin:amount:deadline_ms:user" (adopted: the
+-- amount taken from origin is a grant here) or "r:user" (refused: the
+-- sibling must put the amount back). Whichever of adopt and decide runs
+-- first wins, atomically on this one shard, so no clock decides whether a
+-- transfer was granted.
+--
+-- Adopt grants only if the user's reservation still carries this token and
+-- is younger than T by this shard's clock, and the user holds no grant;
+-- otherwise it records a refusal. Re-sent, it answers as the first run did:
+-- the same grant, or stale.
 -- Returns {"granted", amount, serial, deadline_ms} | {"stale"}
-local meta, grants, deadlines, outbox, reserve, adopted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, grants, deadlines, outbox, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local validity = tonumber(ARGV[6])
+local v = redis.call('HGET', verdicts, token)
+if v then
+  local vorigin, vamount, vdeadline, vuser = string.match(v, '^a:(%d+):(%d+):(%d+):(.*)$')
+  if vorigin == origin and vamount == amount and vuser == user then
+    return {'granted', tonumber(amount), tonumber(serial), tonumber(vdeadline)} -- sent again
+  end
+  return {'stale'} -- refused, or adopted from another sibling: this amount goes back
+end
+local function refuse()
+  redis.call('HSET', verdicts, token, 'r:' .. user)
+  return {'stale'}
+end
 local r = redis.call('HGET', reserve, user)
 if not r then
-  return {'stale'}
+  return refuse()
 end
 local rtoken, ts = string.match(r, '^(.+):(%d+)$')
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 if rtoken ~= token or now - tonumber(ts) >= validity then
-  return {'stale'}
+  return refuse()
 end
 local g = redis.call('HGET', grants, user)
 if g and string.sub(g, 1, 1) ~= 'r' then
   redis.call('HDEL', reserve, user)
-  return {'stale'} -- the user holds a grant already: the caller puts the amount back
+  return refuse() -- the user holds a grant already: the caller puts the amount back
 end
 local m = redis.call('HMGET', meta, 'hold_ms', 'pool', 'index')
 local deadline = string.format('%d', now + tonumber(m[1]))
 redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)
-redis.call('HSET', adopted, token, user)
+redis.call('HSET', verdicts, token, 'a:' .. origin .. ':' .. amount .. ':' .. deadline .. ':' .. user)
 redis.call('ZADD', deadlines, deadline, user)
 redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[2], 'sub', m[3], 'user', user,
   'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)

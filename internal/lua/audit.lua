@@ -1,37 +1,54 @@
 -- audit: read one sub-pool whole, atomically, for the conservation check.
 --
--- KEYS[1] meta  KEYS[2] stock  KEYS[3] grants  KEYS[4] deadlines  KEYS[5] transfers
+-- KEYS[1] meta  KEYS[2] stock  KEYS[3] grants  KEYS[4] deadlines
+-- KEYS[5] transfers  KEYS[6] settled  KEYS[7] verdicts
 --
--- It recounts the stock list and the grants hash and returns them beside the
--- meta counters; the caller compares. Cost is linear in the sub-pool's size
--- and the shard is blocked meanwhile (about 0.1 s per 100k packets), so it is
--- an operator's tool, not something to poll.
--- Returns {found, state, count, cents,
---          stock_count, stock_cents, list_len, list_sum,
---          held_count, held_cents, grants_held, grants_held_cents,
---          confirmed_count, confirmed_cents, grants_confirmed, grants_confirmed_cents,
---          released_count, released_cents, grants_released, deadlines, duplicate_serials,
---          bad_records, received_count, received_cents, sent_count, sent_cents,
---          inflight_count, inflight_cents, transfers, transfers_cents}
--- with found 0 (and nothing else meaningful) when the sub-pool does not exist.
-local meta, stock, grants, deadlines, transfers = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local m = redis.call('HMGET', meta, 'state', 'count', 'cents', 'stock_count', 'stock_cents',
-  'held_count', 'held_cents', 'confirmed_count', 'confirmed_cents', 'released_count', 'released_cents',
-  'received_count', 'received_cents', 'sent_count', 'sent_cents', 'inflight_count', 'inflight_cents')
-if m[1] == false then
-  return {0}
+-- It recounts the stock list, the grants hash and the spill records and
+-- returns them beside the meta counters; the caller compares. Cost is linear
+-- in the sub-pool's size and the shard is blocked meanwhile (about 0.1 s per
+-- 100k packets), so it is an operator's tool, not something to poll.
+--
+-- Returns field/value pairs (a flat array), {"found", 0} when the sub-pool
+-- does not exist. Numbers: the meta counters under their own names, and the
+-- recounts: list_len, list_sum, grants_{held,confirmed,released}[_cents],
+-- deadline_entries, duplicate_serials, bad_records, transfers[_cents] (in
+-- flight), acked[_cents], untaken[_cents], adopted[_cents]. Arrays, as
+-- HGETALL returns them, for matching spills across sub-pools:
+-- "transfers_list", "settled_list", "verdicts_list".
+local meta, stock, grants, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local transfers, settled, verdicts = KEYS[5], KEYS[6], KEYS[7]
+local names = {'count', 'cents', 'stock_count', 'stock_cents', 'held_count', 'held_cents',
+  'confirmed_count', 'confirmed_cents', 'released_count', 'released_cents',
+  'received_count', 'received_cents', 'sent_count', 'sent_cents', 'inflight_count', 'inflight_cents'}
+local state = redis.call('HGET', meta, 'state')
+if state == false then
+  return {'found', 0}
 end
+local out = {'found', 1, 'state', state}
+local m = redis.call('HMGET', meta, unpack(names))
+for i = 1, #names do
+  table.insert(out, names[i])
+  table.insert(out, tonumber(m[i]) or 0)
+end
+local function put(name, value)
+  table.insert(out, name)
+  table.insert(out, value)
+end
+
 local list_sum = 0
 local items = redis.call('LRANGE', stock, 0, -1)
 for i = 1, #items do
   list_sum = list_sum + tonumber(items[i])
 end
+put('list_len', #items)
+put('list_sum', list_sum)
+
 local n = {h = 0, c = 0, r = 0}
 local sum = {h = 0, c = 0, r = 0}
 local serials, dups, bad = {}, 0, 0
 local all = redis.call('HGETALL', grants)
 for i = 2, #all, 2 do
-  local st, amount, ser = string.match(all[i], '^(%a):(%d+):(%d+):%d+')
+  local st, amount, ser = string.match(all[i], '^(%a):(%d+):(%d+):%d+$')
   if st == nil or n[st] == nil then
     bad = bad + 1
   else
@@ -41,16 +58,58 @@ for i = 2, #all, 2 do
     serials[ser] = true
   end
 end
+put('grants_held', n.h)
+put('grants_held_cents', sum.h)
+put('grants_confirmed', n.c)
+put('grants_confirmed_cents', sum.c)
+put('grants_released', n.r)
+put('grants_released_cents', sum.r)
+put('deadline_entries', redis.call('ZCARD', deadlines))
+put('duplicate_serials', dups)
+
+-- Spill records: in flight here, settled here, decided here as a home.
+local tr = redis.call('HGETALL', transfers)
 local tn, tsum = 0, 0
-local ts = redis.call('HGETALL', transfers)
-for i = 2, #ts, 2 do
-  tn = tn + 1
-  tsum = tsum + tonumber(string.match(ts[i], '^(%d+):') or 0)
+for i = 2, #tr, 2 do
+  local amount = string.match(tr[i], '^(%d+):%d+:%d+:')
+  if amount then
+    tn, tsum = tn + 1, tsum + tonumber(amount)
+  else
+    bad = bad + 1
+  end
 end
-local function num(x) return tonumber(x) or 0 end
-return {1, m[1], num(m[2]), num(m[3]),
-  num(m[4]), num(m[5]), #items, list_sum,
-  num(m[6]), num(m[7]), n.h, sum.h,
-  num(m[8]), num(m[9]), n.c, sum.c,
-  num(m[10]), num(m[11]), n.r, redis.call('ZCARD', deadlines), dups, bad,
-  num(m[12]), num(m[13]), num(m[14]), num(m[15]), num(m[16]), num(m[17]), tn, tsum}
+put('transfers', tn)
+put('transfers_cents', tsum)
+local se = redis.call('HGETALL', settled)
+local an, asum, un, usum = 0, 0, 0, 0
+for i = 2, #se, 2 do
+  local st, amount = string.match(se[i], '^(%a):(%d+):%d+:%d+:')
+  if st == 'a' then
+    an, asum = an + 1, asum + tonumber(amount)
+  elseif st == 'u' then
+    un, usum = un + 1, usum + tonumber(amount)
+  else
+    bad = bad + 1
+  end
+end
+put('acked', an)
+put('acked_cents', asum)
+put('untaken', un)
+put('untaken_cents', usum)
+local ve = redis.call('HGETALL', verdicts)
+local vn, vsum = 0, 0
+for i = 2, #ve, 2 do
+  local amount = string.match(ve[i], '^a:%d+:(%d+):%d+:')
+  if amount then
+    vn, vsum = vn + 1, vsum + tonumber(amount)
+  elseif string.sub(ve[i], 1, 2) ~= 'r:' then
+    bad = bad + 1
+  end
+end
+put('adopted', vn)
+put('adopted_cents', vsum)
+put('bad_records', bad)
+put('transfers_list', tr)
+put('settled_list', se)
+put('verdicts_list', ve)
+return out

@@ -6,13 +6,18 @@
 -- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
 -- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
 -- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
--- ARGV[1] user id   ARGV[2] serial for a new grant
+-- ARGV[1] user id   ARGV[2] serial for a new grant (unique to this request)
 -- ARGV[3] spill token ("" when the pool has one sub-pool: no reservation)
 -- ARGV[4] reservation validity in ms (T)
 --
 -- Grant states: h held, c confirmed, r released. A user with a held or
 -- confirmed grant gets it back unchanged; a released grant does not count.
 -- Times come from the shard's clock (TIME), so rain instances' clocks do not matter.
+--
+-- Re-sent (a reply lost on the wire, the client library sends it again), it
+-- answers as the first run did: the grant made under this serial is
+-- "granted" again, not "already"; the reservation made under this token is
+-- "reserved" again, not "busy".
 --
 -- Returns one of
 --   {"granted", amount, serial, deadline_ms}
@@ -30,11 +35,14 @@ local user, serial, token, validity = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4
 
 local g = redis.call('HGET', grants, user)
 if g then
-  local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)')
+  local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
   if st == nil then
     return redis.error_reply('RAINSTATE bad grant record for ' .. user)
   end
   if st ~= 'r' then
+    if ser == serial then
+      return {'granted', tonumber(amount), tonumber(ser), tonumber(deadline)}
+    end
     return {'already', tonumber(amount), tonumber(ser), tonumber(deadline)}
   end
 end
@@ -58,8 +66,11 @@ end
 if token ~= '' then
   local r = redis.call('HGET', reserve, user)
   if r then
-    local ts = tonumber(string.match(r, ':(%d+)$'))
-    if ts and now - ts < validity then
+    local rtoken, ts = string.match(r, '^(.+):(%d+)$')
+    if rtoken == token then
+      return {'reserved'} -- this very claim, sent again
+    end
+    if ts and now - tonumber(ts) < validity then
       return {'busy'}
     end
     redis.call('HDEL', reserve, user) -- older than T: it can no longer be adopted

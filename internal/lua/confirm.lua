@@ -29,7 +29,7 @@ end
 if st == 'r' then
   return {'released'}
 end
-redis.call('HSET', grants, user, 'c' .. string.sub(g, 2)) -- keeps a spill token
+redis.call('HSET', grants, user, 'c' .. string.sub(g, 2))
 redis.call('ZREM', deadlines, user)
 redis.call('HINCRBY', meta, 'held_count', -1)
 redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)

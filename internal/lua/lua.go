@@ -45,8 +45,16 @@ var (
 	ackSrc string
 	//go:embed abort.lua
 	abortSrc string
+	//go:embed decide.lua
+	decideSrc string
 	//go:embed transfers.lua
 	transfersSrc string
+	//go:embed record.lua
+	recordSrc string
+	//go:embed serial.lua
+	serialSrc string
+	//go:embed watermark.lua
+	watermarkSrc string
 
 	setupScript     = redis.NewScript(setupSrc)
 	loadScript      = redis.NewScript(loadSrc)
@@ -59,8 +67,30 @@ var (
 	adoptScript     = redis.NewScript(adoptSrc)
 	ackScript       = redis.NewScript(ackSrc)
 	abortScript     = redis.NewScript(abortSrc)
+	decideScript    = redis.NewScript(decideSrc)
 	transfersScript = redis.NewScript(transfersSrc)
+	recordScript    = redis.NewScript(recordSrc)
+	serialScript    = redis.NewScript(serialSrc)
+	watermarkScript = redis.NewScript(watermarkSrc)
+
+	// scripts is every script, for LoadScripts and SHA.
+	scripts = map[string]*redis.Script{
+		"setup": setupScript, "load": loadScript, "open": openScript, "claim": claimScript,
+		"audit": auditScript, "confirm": confirmScript, "release": releaseScript,
+		"take": takeScript, "adopt": adoptScript, "ack": ackScript, "abort": abortScript,
+		"decide": decideScript, "transfers": transfersScript, "record": recordScript,
+		"serial": serialScript, "watermark": watermarkScript,
+	}
 )
+
+// SHA is the SHA1 of the named script (the file name without .lua), as
+// EVALSHA sends it; "" for no such script. Fault tests match commands by it.
+func SHA(name string) string {
+	if s := scripts[name]; s != nil {
+		return s.Hash()
+	}
+	return ""
+}
 
 // ErrSpecMismatch is returned by Setup when the sub-pool exists with another
 // count or total.
@@ -83,14 +113,16 @@ type Keys struct {
 	Deadlines string // zset: user by deadline_ms
 	Outbox    string // stream: grants for settlement
 	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
-	Transfers string // hash: token -> "amount:home:user:ms", spills out (as a sibling)
-	Adopted   string // hash: token -> user, spills in not yet acked (as a home)
+	Transfers string // hash: token -> "amount:home:ms:user", spills out in flight (as a sibling)
+	Settled   string // hash: token -> "a|u:amount:home:ms:user", spills out acked or untaken
+	Verdicts  string // hash: token -> "a:origin:amount:deadline_ms:user" | "r:user" (as a home)
 }
 
 // Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
 func (s SubPool) Tag() string { return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "}" }
 
-// Keys builds the sub-pool's keys; they all carry Tag.
+// Keys builds the sub-pool's keys; they all carry Tag. It is the only place
+// sub-pool keys are made.
 func (s SubPool) Keys() Keys {
 	p := "rain:" + s.Tag() + ":"
 	return Keys{
@@ -101,8 +133,14 @@ func (s SubPool) Keys() Keys {
 		Outbox:    p + "outbox",
 		Reserve:   p + "reserve",
 		Transfers: p + "transfers",
-		Adopted:   p + "adopted",
+		Settled:   p + "settled",
+		Verdicts:  p + "verdicts",
 	}
+}
+
+// All lists every key of the sub-pool.
+func (k *Keys) All() []string {
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Settled, k.Verdicts}
 }
 
 // Window is a sub-pool's grab rules, in the shard's milliseconds.
@@ -118,7 +156,7 @@ func Setup(ctx context.Context, c Client, sp SubPool, count, cents int64, w Wind
 	res, err := setupScript.Run(ctx, c, []string{k.Meta},
 		sp.Pool, sp.Index, count, cents, w.HoldMS, w.StartsMS, w.EndsMS).Slice()
 	if err != nil {
-		if strings.HasPrefix(err.Error(), "RAINSPEC") {
+		if redis.HasErrorPrefix(err, "RAINSPEC") {
 			return "", 0, fmt.Errorf("%w: %s", ErrSpecMismatch, strings.TrimPrefix(err.Error(), "RAINSPEC "))
 		}
 		return "", 0, fmt.Errorf("setup %s: %w", sp.Tag(), err)
@@ -131,15 +169,15 @@ type LoadResult string
 
 // Load results.
 const (
-	Loaded  LoadResult = "loaded"  // appended
-	Skipped LoadResult = "skipped" // not the next batch: already in, or out of order
-	Open    LoadResult = "open"    // the sub-pool is open; nothing appended
+	Loaded      LoadResult = "loaded"  // appended
+	Skipped     LoadResult = "skipped" // not the next batch: already in, or out of order
+	AlreadyOpen LoadResult = "open"    // the sub-pool is open; nothing appended
 )
 
 // LoadCmd queues batch number batch of amounts on pipe; its result is read
-// with ParseLoad after the pipeline runs. Batches apply in order, once each.
-// The pipeline sends EVALSHA; the caller must have loaded the script (see
-// LoadScripts) on the shard first.
+// with ParseLoad after the pipeline runs. Batches apply in order, once each,
+// so a batch sent again is skipped. The pipeline sends EVALSHA; the caller
+// must have loaded the script (see LoadScripts) on the shard first.
 func LoadCmd(ctx context.Context, pipe redis.Pipeliner, sp SubPool, batch int64, amounts []int64) *redis.Cmd {
 	k := sp.Keys()
 	args := make([]any, 0, len(amounts)+1)
@@ -162,10 +200,9 @@ func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
 // LoadScripts loads every script into c's script cache, so that pipelined
 // EVALSHA finds them.
 func LoadScripts(ctx context.Context, c Client) error {
-	for _, s := range []*redis.Script{setupScript, loadScript, openScript, claimScript, auditScript, confirmScript,
-		releaseScript, takeScript, adoptScript, ackScript, abortScript, transfersScript} {
+	for name, s := range scripts {
 		if err := s.Load(ctx, c).Err(); err != nil {
-			return fmt.Errorf("script load: %w", err)
+			return fmt.Errorf("load script %s: %w", name, err)
 		}
 	}
 	return nil
@@ -212,7 +249,8 @@ type Claim struct {
 // ClaimGrant runs the claim script: the user's grant in the sub-pool if they
 // hold one, else a new one with serial, popped from the stock. One round trip.
 // With a spill token (pools of several sub-pools), an empty sub-pool records
-// a reservation valid for validityMS and answers Reserved.
+// a reservation valid for validityMS and answers Reserved. Sent again with
+// the same serial and token, it answers as the first run did.
 func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
 	res, err := claimScript.Run(ctx, c, claimKeys(k), user, serial, token, validityMS).Slice()
 	if err != nil {
@@ -238,9 +276,7 @@ func ParseClaim(cmd *redis.Cmd) (Claim, error) {
 }
 
 // IsNoScript reports whether err says the shard lacks the script.
-func IsNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
+func IsNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 func claimKeys(k *Keys) []string {
 	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve}
@@ -280,7 +316,8 @@ const (
 	UnknownGrant                             // the user holds no grant here
 )
 
-// Confirm moves the user's held grant with serial to confirmed.
+// Confirm moves the user's held grant with serial to confirmed. Sent again,
+// it answers AlreadyConfirmed: the same effect.
 func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) (Confirmation, error) {
 	res, err := confirmScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, user, serial).Slice()
 	if err != nil {
@@ -301,8 +338,8 @@ func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) 
 	return 0, fmt.Errorf("confirm: unexpected reply %v", res)
 }
 
-// Release is what one release call did.
-type Release struct {
+// Released is what one release call did.
+type Released struct {
 	Count, Cents int64
 	// OldestOverdueMS is how long past its deadline the oldest overdue grant
 	// was when the call began; 0 if none was.
@@ -313,35 +350,54 @@ type Release struct {
 
 // ReleaseExpired releases up to limit grants of the sub-pool that are still
 // held and past their deadline (by the shard's clock): amounts back to the
-// stock, grants marked released, counters, an outbox record each.
-func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Release, error) {
+// stock, grants marked released, counters, an outbox record each. Sent
+// again, it releases nothing twice (what it released is no longer held).
+func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released, error) {
 	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, limit).Slice()
 	if err != nil {
-		return Release{}, err
+		return Released{}, err
 	}
-	return Release{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1}, nil
+	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1}, nil
 }
 
+// Taken is what a take did.
+type Taken uint8
+
+// Take results.
+const (
+	TakenAmount  Taken = iota + 1 // the amount is in flight under the token
+	TakeEmpty                     // the sub-pool has no stock (or is not open)
+	TakeSettled                   // the token's transfer was acked or untaken already
+	TakeConflict                  // the token is stored for another user or home
+)
+
 // Take moves one amount of sibling sub-pool k into an in-flight transfer
-// for user, whose home sub-pool is home. It returns the amount, or 0 when the
-// sub-pool is empty (or not open). Taking again with a token returns the same
-// transfer.
-func Take(ctx context.Context, c Client, k *Keys, token string, home int, user string) (int64, error) {
-	res, err := takeScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers}, token, home, user).Slice()
+// for user, whose home sub-pool is home. Taking again with a token returns
+// the same transfer, as long as it is in flight.
+func Take(ctx context.Context, c Client, k *Keys, token string, home int, user string) (Taken, int64, error) {
+	res, err := takeScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, home, user).Slice()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	if str(res, 0) != "taken" {
-		return 0, nil
+	switch str(res, 0) {
+	case "taken":
+		return TakenAmount, integer(res, 1), nil
+	case "empty", "closed":
+		return TakeEmpty, 0, nil
+	case "settled":
+		return TakeSettled, 0, nil
+	case "conflict":
+		return TakeConflict, 0, nil
 	}
-	return integer(res, 1), nil
+	return 0, 0, fmt.Errorf("take: unexpected reply %v", res)
 }
 
 // Adopt turns user's reservation at home (keys k) into a held grant of
 // amount from sibling origin, if the reservation still carries token and is
-// younger than validityMS. ok is false when it is stale.
+// younger than validityMS and the user holds no grant; else it records the
+// token as refused and ok is false. Sent again, it answers as the first run did.
 func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
-	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Adopted},
+	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts},
 		user, token, serial, amount, origin, validityMS).Slice()
 	if err != nil {
 		return Claim{}, false, err
@@ -352,108 +408,287 @@ func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, a
 	return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, true, nil
 }
 
-// Ack drops a transfer the home granted; Untake puts one the home did not
-// back in the stock. Both are idempotent; done is false when the transfer was
-// already gone.
-func Ack(ctx context.Context, c Client, k *Keys, token string) (done bool, err error) {
+// Verdict is the home's decision on a spill token.
+type Verdict struct {
+	Adopted    bool  // else refused
+	Origin     int   // the sibling it was adopted from
+	Amount     int64 // the amount adopted
+	DeadlineMS int64 // the grant's deadline
+}
+
+// Decide returns the home's verdict on token, refusing it for good if the
+// home has not decided it yet. The sibling acks a transfer only if the
+// verdict is adopted from it with its amount, and untakes it otherwise.
+func Decide(ctx context.Context, c Client, k *Keys, token, user string) (Verdict, error) {
+	res, err := decideScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, token, user).Slice()
+	if err != nil {
+		return Verdict{}, err
+	}
+	switch str(res, 0) {
+	case "adopted":
+		return Verdict{Adopted: true, Origin: int(integer(res, 1)), Amount: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "refused":
+		return Verdict{}, nil
+	}
+	return Verdict{}, fmt.Errorf("decide: unexpected reply %v", res)
+}
+
+// Settlement is what an ack or an untake did.
+type Settlement uint8
+
+// Ack and Untake results.
+const (
+	Acked          Settlement = iota + 1 // the transfer is sent (granted at its home)
+	Returned                             // the amount is back in the stock
+	NoTransfer                           // no transfer under the token
+	SettleConflict                       // settled the other way already
+)
+
+// Ack marks a transfer the home adopted as sent; Untake puts one the home
+// refused back in the stock. Both are idempotent: sent again, each answers
+// as the first run did.
+func Ack(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
 	return settleTransfer(ctx, c, k, token, "ack")
 }
 
 // Untake: see Ack.
-func Untake(ctx context.Context, c Client, k *Keys, token string) (done bool, err error) {
+func Untake(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
 	return settleTransfer(ctx, c, k, token, "untake")
 }
 
-func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (bool, error) {
-	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers}, token, op).Slice()
+func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (Settlement, error) {
+	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, op).Slice()
+	if err != nil {
+		return 0, err
+	}
+	switch str(res, 0) {
+	case "acked":
+		return Acked, nil
+	case "returned":
+		return Returned, nil
+	case "gone":
+		return NoTransfer, nil
+	case "conflict":
+		return SettleConflict, nil
+	}
+	return 0, fmt.Errorf("%s: unexpected reply %v", op, res)
+}
+
+// Abort refuses token at home and drops user's reservation if it still
+// carries the token. adopted is true when the home had adopted the token
+// already: then there is nothing to abort.
+func Abort(ctx context.Context, c Client, k *Keys, user, token string) (adopted bool, err error) {
+	res, err := abortScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, user, token).Slice()
 	if err != nil {
 		return false, err
 	}
-	return str(res, 0) != "gone", nil
+	return str(res, 0) == "adopted", nil
 }
 
-// Abort drops user's reservation at home if it still carries token.
-func Abort(ctx context.Context, c Client, k *Keys, user, token string) error {
-	return abortScript.Run(ctx, c, []string{k.Reserve}, user, token).Err()
-}
-
-// StaleTransfer is a transfer out of a sub-pool old enough to resolve.
+// StaleTransfer is a transfer out of a sub-pool in flight long enough to
+// resolve.
 type StaleTransfer struct {
-	Token string
-	Home  int
-	User  string
+	Token  string
+	Home   int
+	User   string
+	Amount int64
 }
 
 // StaleTransfers drops the sub-pool's reservations older than validityMS and
-// lists its transfers older than validityMS + marginMS.
-func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, marginMS int64) (dropped int64, stale []StaleTransfer, err error) {
-	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, marginMS).Slice()
+// lists its transfers in flight for more than ageMS.
+func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (dropped int64, stale []StaleTransfer, err error) {
+	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, ageMS).Slice()
 	if err != nil {
 		return 0, nil, err
 	}
-	for i := 1; i+2 < len(res); i += 3 {
-		home, _ := strconv.Atoi(str(res, i+1))
-		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2)})
+	for i := 1; i+3 < len(res); i += 4 {
+		home, err := strconv.Atoi(str(res, i+1))
+		if err != nil {
+			return 0, nil, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
+		}
+		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2), Amount: integer(res, i+3)})
 	}
 	return integer(res, 0), stale, nil
 }
 
-// WasAdopted reports whether the home (keys k) adopted the transfer token:
-// its grant was made, whatever became of it since.
-func WasAdopted(ctx context.Context, c redis.Cmdable, k *Keys, token string) (bool, error) {
-	return c.HExists(ctx, k.Adopted, token).Result()
+// PutRecord writes a pool record (key recordKey, fields spec, seed,
+// placement, state) unless one is there, in one atomic step, and returns
+// the stored record's fields.
+func PutRecord(ctx context.Context, c Client, key string, fields map[string]string) (map[string]string, error) {
+	res, err := recordScript.Run(ctx, c, []string{key},
+		fields["spec"], fields["seed"], fields["placement"], fields["state"]).Slice()
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]string, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		m[str(res, i)] = str(res, i+1)
+	}
+	return m, nil
 }
 
-// ForgetAdopted drops token from the home's adopted set once the sibling has
-// acked it.
-func ForgetAdopted(ctx context.Context, c redis.Cmdable, k *Keys, token string) error {
-	return c.HDel(ctx, k.Adopted, token).Err()
+// ReserveSerials runs the serial script: the counter at key becomes
+// max(counter, floor) + n, which it returns.
+func ReserveSerials(ctx context.Context, c Client, key string, n, floor int64) (int64, error) {
+	return serialScript.Run(ctx, c, []string{key}, n, floor).Int64()
 }
 
-// Audit is one sub-pool read whole: the meta counters beside recounts of the
-// stock list and the grants hash.
-type Audit struct {
+// RaiseWatermark raises the watermark at key to at least v and returns it.
+func RaiseWatermark(ctx context.Context, c Client, key string, v int64) (int64, error) {
+	return watermarkScript.Run(ctx, c, []string{key}, v).Int64()
+}
+
+// SubPoolAudit is one sub-pool read whole: the meta counters beside
+// recounts of the stock list, the grants and the spill records. Field names
+// are the script's reply names.
+type SubPoolAudit struct {
 	Found                                 bool
 	State                                 string
 	Count, Cents                          int64 // what it was preloaded with
 	StockCount, StockCents                int64 // meta counters
-	ListLen, ListSum                      int64 // recount of the stock list
-	HeldCount, HeldCents                  int64 // meta counters
-	GrantsHeld, GrantsHeldCents           int64 // recount of held grants
+	HeldCount, HeldCents                  int64
 	ConfirmedCount, ConfirmedCents        int64
-	GrantsConfirmed, GrantsConfirmedCents int64
 	ReleasedCount, ReleasedCents          int64
-	GrantsReleased                        int64
-	Deadlines                             int64 // entries in the deadline index
-	DuplicateSerials                      int64
-	BadRecords                            int64
 	ReceivedCount, ReceivedCents          int64 // granted here, taken from siblings
-	SentCount, SentCents                  int64 // taken from here, granted at siblings
-	InflightCount, InflightCents          int64 // taken from here, not yet acknowledged
-	Transfers, TransfersCents             int64 // recount of the transfers hash
+	SentCount, SentCents                  int64 // taken from here, acked by their homes
+	InflightCount, InflightCents          int64 // taken from here, not settled yet
+	ListLen, ListSum                      int64 // recount of the stock list
+	GrantsHeld, GrantsHeldCents           int64 // recount of the grants by state
+	GrantsConfirmed, GrantsConfirmedCents int64
+	GrantsReleased, GrantsReleasedCents   int64
+	DeadlineEntries                       int64 // entries in the deadline index
+	DuplicateSerials                      int64
+	BadRecords                            int64 // grant and spill records that do not parse
+	Transfers, TransfersCents             int64 // recount of transfers in flight
+	Acked, AckedCents                     int64 // recount of settled transfers
+	Untaken, UntakenCents                 int64
+	Adopted, AdoptedCents                 int64 // recount of adopted verdicts
+
+	// The spill records, for matching across sub-pools (token -> record).
+	TransferRecords, SettledRecords, VerdictRecords map[string]string
+}
+
+func (a *SubPoolAudit) numbers() map[string]*int64 {
+	return map[string]*int64{
+		"count": &a.Count, "cents": &a.Cents, "stock_count": &a.StockCount, "stock_cents": &a.StockCents,
+		"held_count": &a.HeldCount, "held_cents": &a.HeldCents,
+		"confirmed_count": &a.ConfirmedCount, "confirmed_cents": &a.ConfirmedCents,
+		"released_count": &a.ReleasedCount, "released_cents": &a.ReleasedCents,
+		"received_count": &a.ReceivedCount, "received_cents": &a.ReceivedCents,
+		"sent_count": &a.SentCount, "sent_cents": &a.SentCents,
+		"inflight_count": &a.InflightCount, "inflight_cents": &a.InflightCents,
+		"list_len": &a.ListLen, "list_sum": &a.ListSum,
+		"grants_held": &a.GrantsHeld, "grants_held_cents": &a.GrantsHeldCents,
+		"grants_confirmed": &a.GrantsConfirmed, "grants_confirmed_cents": &a.GrantsConfirmedCents,
+		"grants_released": &a.GrantsReleased, "grants_released_cents": &a.GrantsReleasedCents,
+		"deadline_entries": &a.DeadlineEntries, "duplicate_serials": &a.DuplicateSerials,
+		"bad_records": &a.BadRecords, "transfers": &a.Transfers, "transfers_cents": &a.TransfersCents,
+		"acked": &a.Acked, "acked_cents": &a.AckedCents, "untaken": &a.Untaken, "untaken_cents": &a.UntakenCents,
+		"adopted": &a.Adopted, "adopted_cents": &a.AdoptedCents,
+	}
 }
 
 // AuditSubPool reads the sub-pool whole, atomically.
-func AuditSubPool(ctx context.Context, c Client, sp SubPool) (Audit, error) {
+func AuditSubPool(ctx context.Context, c Client, sp SubPool) (SubPoolAudit, error) {
 	k := sp.Keys()
-	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Transfers}).Slice()
+	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Transfers, k.Settled, k.Verdicts}).Slice()
 	if err != nil {
-		return Audit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
+		return SubPoolAudit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
 	}
-	if integer(res, 0) == 0 {
-		return Audit{}, nil
+	var a SubPoolAudit
+	nums := a.numbers()
+	for i := 0; i+1 < len(res); i += 2 {
+		name := str(res, i)
+		switch v := res[i+1].(type) {
+		case int64:
+			if name == "found" {
+				a.Found = v == 1
+			} else if p := nums[name]; p != nil {
+				*p = v
+			} else {
+				return a, fmt.Errorf("audit %s: unexpected field %q", sp.Tag(), name)
+			}
+		case string:
+			if name != "state" {
+				return a, fmt.Errorf("audit %s: unexpected field %q", sp.Tag(), name)
+			}
+			a.State = v
+		case []any:
+			m := make(map[string]string, len(v)/2)
+			for j := 0; j+1 < len(v); j += 2 {
+				m[str(v, j)] = str(v, j+1)
+			}
+			switch name {
+			case "transfers_list":
+				a.TransferRecords = m
+			case "settled_list":
+				a.SettledRecords = m
+			case "verdicts_list":
+				a.VerdictRecords = m
+			default:
+				return a, fmt.Errorf("audit %s: unexpected field %q", sp.Tag(), name)
+			}
+		}
 	}
-	n := func(i int) int64 { return integer(res, i) }
-	return Audit{
-		Found: true, State: str(res, 1), Count: n(2), Cents: n(3),
-		StockCount: n(4), StockCents: n(5), ListLen: n(6), ListSum: n(7),
-		HeldCount: n(8), HeldCents: n(9), GrantsHeld: n(10), GrantsHeldCents: n(11),
-		ConfirmedCount: n(12), ConfirmedCents: n(13), GrantsConfirmed: n(14), GrantsConfirmedCents: n(15),
-		ReleasedCount: n(16), ReleasedCents: n(17), GrantsReleased: n(18),
-		Deadlines: n(19), DuplicateSerials: n(20), BadRecords: n(21),
-		ReceivedCount: n(22), ReceivedCents: n(23), SentCount: n(24), SentCents: n(25),
-		InflightCount: n(26), InflightCents: n(27), Transfers: n(28), TransfersCents: n(29),
-	}, nil
+	return a, nil
+}
+
+// TransferRecord is one spill out of a sub-pool, parsed from its record.
+type TransferRecord struct {
+	State  byte // 't' in flight, 'a' acked, 'u' untaken
+	Amount int64
+	Home   int
+	User   string
+}
+
+// ParseTransfer reads a transfer record (state 't') or a settled one.
+func ParseTransfer(rec string, settled bool) (TransferRecord, error) {
+	var t TransferRecord
+	t.State = 't'
+	if settled {
+		if len(rec) < 2 || rec[1] != ':' || (rec[0] != 'a' && rec[0] != 'u') {
+			return t, fmt.Errorf("settled transfer %q: bad state", rec)
+		}
+		t.State, rec = rec[0], rec[2:]
+	}
+	parts := strings.SplitN(rec, ":", 4)
+	if len(parts) != 4 {
+		return t, fmt.Errorf("transfer %q: want amount:home:ms:user", rec)
+	}
+	var err error
+	if t.Amount, err = strconv.ParseInt(parts[0], 10, 64); err != nil {
+		return t, fmt.Errorf("transfer %q: amount: %w", rec, err)
+	}
+	if t.Home, err = strconv.Atoi(parts[1]); err != nil {
+		return t, fmt.Errorf("transfer %q: home: %w", rec, err)
+	}
+	t.User = parts[3]
+	return t, nil
+}
+
+// ParseVerdict reads a verdict record: adopted ("a:origin:amount:deadline:user")
+// or refused ("r:user").
+func ParseVerdict(rec string) (Verdict, error) {
+	if strings.HasPrefix(rec, "r:") {
+		return Verdict{}, nil
+	}
+	parts := strings.SplitN(rec, ":", 5)
+	if len(parts) != 5 || parts[0] != "a" {
+		return Verdict{}, fmt.Errorf("verdict %q: want a:origin:amount:deadline:user or r:user", rec)
+	}
+	origin, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: origin: %w", rec, err)
+	}
+	amount, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: amount: %w", rec, err)
+	}
+	deadline, err := strconv.ParseInt(parts[3], 10, 64)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: deadline: %w", rec, err)
+	}
+	return Verdict{Adopted: true, Origin: origin, Amount: amount, DeadlineMS: deadline}, nil
 }
 
 func str(res []any, i int) string {

@@ -76,7 +76,7 @@ func TestLoadBatchesOnceInOrder(t *testing.T) {
 	if opened, _, _, err := OpenSubPool(ctx, c, sp); err != nil || !opened {
 		t.Fatalf("OpenSubPool = %v, %v; want opened", opened, err)
 	}
-	if res, _ := load(t, c, sp, 2, 9); res != Open {
+	if res, _ := load(t, c, sp, 2, 9); res != AlreadyOpen {
 		t.Fatalf("load into an open sub-pool = %s, want open (nothing appended)", res)
 	}
 	k := sp.Keys()
@@ -140,7 +140,7 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 		t.Fatalf("claim on an empty sub-pool = %+v, want empty", empty)
 	}
 	a, err := AuditSubPool(ctx, c, sp)
-	if err != nil || a.HeldCount != 1 || a.HeldCents != 42 || a.GrantsHeld != 1 || a.ListLen != 0 || a.StockCents != 0 || a.Deadlines != 1 {
+	if err != nil || a.HeldCount != 1 || a.HeldCents != 42 || a.GrantsHeld != 1 || a.ListLen != 0 || a.StockCents != 0 || a.DeadlineEntries != 1 {
 		t.Fatalf("audit = %+v, %v; want one held grant of 42, stock empty", a, err)
 	}
 }

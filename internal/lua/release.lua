@@ -33,7 +33,7 @@ for i = 1, #due, 2 do
     local st, amount, ser, deadline = string.match(g, '^(%a):(%d+):(%d+):(%d+)')
     if st == 'h' and tonumber(deadline) <= now then
       redis.call('RPUSH', stock, amount)
-      redis.call('HSET', grants, user, 'r' .. string.sub(g, 2)) -- keeps a spill token
+      redis.call('HSET', grants, user, 'r' .. string.sub(g, 2))
       redis.call('HINCRBY', meta, 'held_count', -1)
       redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
       redis.call('HINCRBY', meta, 'stock_count', 1)

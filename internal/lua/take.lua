@@ -3,18 +3,38 @@
 --
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] stock      rain:{P:j}:stock
--- KEYS[3] transfers  rain:{P:j}:transfers  (hash: token -> "amount:home:user:ms")
+-- KEYS[3] transfers  rain:{P:j}:transfers  (hash: token -> "amount:home:ms:user", in flight)
+-- KEYS[4] settled    rain:{P:j}:settled    (hash: token -> "a|u:amount:home:ms:user")
 -- ARGV[1] token   ARGV[2] home sub-pool index   ARGV[3] user id
 --
--- The amount stays counted here (inflight) until the home acknowledges it
--- (ack) or it comes back (untake). Taking again with the same token returns
--- the same transfer.
--- Returns {"taken", amount} | {"empty"} | {"closed"}
-local meta, stock, transfers = KEYS[1], KEYS[2], KEYS[3]
+-- A transfer is in flight until the home's verdict settles it: acked (a,
+-- granted at the home) or untaken (u, back in this stock); settled
+-- transfers move to the settled hash and stay there as the audit trail, and
+-- so that every step answers a re-send as it answered the first run.
+--
+-- The amount stays counted here (inflight) until it is settled. Taking again
+-- with the same token returns the same transfer; a token already settled, or
+-- stored for another user or home, takes nothing.
+-- Returns {"taken", amount} | {"empty"} | {"closed"} | {"settled"} | {"conflict"}
+local meta, stock, transfers, settled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, home, user = ARGV[1], ARGV[2], ARGV[3]
+local st = ''
 local t = redis.call('HGET', transfers, token)
+if not t then
+  t = redis.call('HGET', settled, token)
+  if t then
+    st, t = string.match(t, '^(%a):(.*)$')
+  end
+end
 if t then
-  return {'taken', tonumber(string.match(t, '^(%d+):'))}
+  local amount, thome, tuser = string.match(t, '^(%d+):(%d+):%d+:(.*)$')
+  if thome ~= home or tuser ~= user then
+    return {'conflict'}
+  end
+  if st == '' then
+    return {'taken', tonumber(amount)} -- sent again
+  end
+  return {'settled'}
 end
 if redis.call('HGET', meta, 'state') ~= 'open' then
   return {'closed'}
@@ -25,7 +45,7 @@ if not amount then
 end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-redis.call('HSET', transfers, token, amount .. ':' .. home .. ':' .. user .. ':' .. now)
+redis.call('HSET', transfers, token, amount .. ':' .. home .. ':' .. now .. ':' .. user)
 redis.call('HINCRBY', meta, 'stock_count', -1)
 redis.call('HINCRBY', meta, 'stock_cents', '-' .. amount)
 redis.call('HINCRBY', meta, 'inflight_count', 1)

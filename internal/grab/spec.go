@@ -31,8 +31,14 @@ var (
 	// ErrNotFound is returned for a pool that does not exist.
 	ErrNotFound = errors.New("no such pool")
 	// ErrUnavailable is returned when a shard or the serial generator cannot
-	// answer: nothing was granted.
+	// answer and rain knows nothing was granted: the request never reached a
+	// shard, or what reached it granted nothing.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrOutcomeUnknown is returned when a step that may have granted was
+	// sent and its answer was lost (a timed-out batch, a reply lost on the
+	// wire): the grab may have been granted. A retry of the same grab
+	// returns the grant if there is one, and never makes a second.
+	ErrOutcomeUnknown = errors.New("outcome unknown: the grab may have been granted, and a retry returns it")
 )
 
 // Limits of a pool spec.

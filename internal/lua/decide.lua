@@ -1,0 +1,30 @@
+-- decide: recovery of a spill, at the user's home h: the verdict on a token
+-- whose transfer has been in flight too long. If the home has not decided
+-- the token yet (adopt never ran, or ran and refused), it refuses it now,
+-- for good: a later adopt of the token answers stale.
+--
+-- KEYS[1] reserve   rain:{P:h}:reserve
+-- KEYS[2] verdicts  rain:{P:h}:verdicts
+-- ARGV[1] token   ARGV[2] user
+--
+-- Adopt and decide both run on this one shard and record the verdict
+-- atomically, so the first of them wins and the sibling acts on that:
+-- "adopted" from this sibling with this amount means ack, anything else
+-- means untake. No clock is compared across shards.
+-- Returns {"adopted", origin, amount, deadline_ms} | {"refused"}
+local reserve, verdicts = KEYS[1], KEYS[2]
+local token, user = ARGV[1], ARGV[2]
+local v = redis.call('HGET', verdicts, token)
+if v then
+  local origin, amount, deadline = string.match(v, '^a:(%d+):(%d+):(%d+):')
+  if origin then
+    return {'adopted', tonumber(origin), tonumber(amount), tonumber(deadline)}
+  end
+  return {'refused'}
+end
+redis.call('HSET', verdicts, token, 'r:' .. user)
+local r = redis.call('HGET', reserve, user)
+if r and string.match(r, '^(.+):%d+$') == token then
+  redis.call('HDEL', reserve, user)
+end
+return {'refused'}

@@ -123,6 +123,7 @@ type serveConfig struct {
 	PoolMin         int
 	PoolMax         int
 	PoolQueue       int
+	Durability      string // "strict" or "relaxed"
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -138,6 +139,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.PoolMin, "pool-min", 8, "fewest workers of the grab pool")
 	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
 	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
+	durabilityFlag(f, &c.Durability)
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
@@ -189,6 +191,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	defer set.Close()
+	durable := metrics.Metric{Name: "rain_durability_relaxed", Kind: "gauge",
+		Help: "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants."}
+	if c.Redis != "" {
+		relaxed, err := checkDurability(ctx, set, c.Durability, log)
+		if err != nil {
+			return err
+		}
+		durable.V = boolMetric(relaxed)
+	}
 	serialShard := c.SerialShard
 	if serialShard == "" {
 		serialShard = specs[0].Name
@@ -196,13 +207,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if set.Client(serialShard) == nil {
 		return fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
 	}
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(serialShard), "rain:serial"), idgen.Config{})
+	// Serials come from the serial shard, with watermark copies on the others.
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(serialShard), idgen.Key, set.Except(serialShard)...), idgen.Config{})
 	if err != nil {
 		return err
 	}
 	defer gen.Close()
 
-	svc := grab.New(set, gen)
+	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: serialShard, Logger: log})
 	defer svc.Close()
 	// Local answers (unknown pools, sold-out pools) kept current across
 	// instances; stopped after the reaper, before the closes.
@@ -211,7 +223,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	go func() { defer close(local); svc.Run(localCtx) }()
 	defer func() { stopLocal(); <-local }()
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log,
-		Metrics: []func([]byte) []byte{serialMetrics(gen)}}
+		Metrics: []func([]byte) []byte{serialMetrics(gen), func(b []byte) []byte { return metrics.Append(b, durable) }}}
 	var workers *pool.Pool
 	if c.Pool == "on" {
 		workers, err = pool.New(pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue, Logger: log})
@@ -280,6 +292,44 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	return nil
 }
 
+// durabilityFlag binds --durability [RAIN_DURABILITY].
+func durabilityFlag(f *flags, v *string) {
+	f.StringVar(v, "durability", "strict", `"strict" refuses to start on shards that can lose an acknowledged grant on a host crash (AOF off, or appendfsync other than always); "relaxed" starts anyway, with a warning`)
+	f.bindEnv("durability", "RAIN_DURABILITY")
+}
+
+// checkDurability reads every shard's persistence settings. Under strict it
+// refuses shards that could lose an acknowledged grant; under relaxed it
+// warns and reports relaxed = true when some shard is not durable. A shard
+// whose settings cannot be read (CONFIG not allowed) is warned about, never
+// refused.
+func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog.Logger) (relaxed bool, err error) {
+	if mode != "strict" && mode != "relaxed" {
+		return false, fmt.Errorf("--durability %q: want strict or relaxed", mode)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var weak []string
+	for _, d := range set.Durability(cctx) {
+		switch {
+		case d.Err != nil:
+			log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
+		case !d.Durable():
+			weak = append(weak, d.String())
+		}
+	}
+	if len(weak) == 0 {
+		return false, nil
+	}
+	if mode == "strict" {
+		return false, fmt.Errorf("refusing to start: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", strings.Join(weak, "; "))
+	}
+	for _, w := range weak {
+		log.Warn("durability relaxed: "+w, "durability", mode)
+	}
+	return true, nil
+}
+
 // shardSpecs parses --redis, or starts 4 embedded in-memory shards when it
 // is empty. stop closes what was started.
 func shardSpecs(redis string) (specs []shard.Spec, stop func(), err error) {
@@ -328,21 +378,39 @@ func serialMetrics(gen *idgen.Generator) func([]byte) []byte {
 	}
 }
 
+func boolMetric(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func newToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails
 	return hex.EncodeToString(b)
 }
 
-// toolFlags are the flags shared by the operator tools.
-func toolFlags(name string, stderr io.Writer) (*flags, *string) {
-	f := newFlags(name, stderr)
-	redis := f.String("redis", "", "shards as name=weight@host:port, comma-separated (required)")
-	f.bindEnv("redis", "RAIN_REDIS")
-	return f, redis
+// toolConfig is what every operator tool takes.
+type toolConfig struct {
+	Redis       string
+	SerialShard string
 }
 
-func openTool(redis string) (*shard.Set, *grab.Service, error) {
+// toolFlags are the flags shared by the operator tools.
+func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
+	f := newFlags(name, stderr)
+	c := &toolConfig{}
+	f.StringVar(&c.Redis, "redis", "", "shards as name=weight@host:port, comma-separated (required)")
+	f.StringVar(&c.SerialShard, "serial-shard", "", "the serial shard of rain serve, which arbitrates pool records (default: the first in --redis)")
+	f.bindEnv("redis", "RAIN_REDIS")
+	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
+	return f, c
+}
+
+// openTool opens the shards of --redis and a service that preloads, reports
+// and audits; serialShard is the pool records' arbiter ("" = the first).
+func openTool(redis, serialShard string) (*shard.Set, *grab.Service, error) {
 	if redis == "" {
 		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
 	}
@@ -350,16 +418,23 @@ func openTool(redis string) (*shard.Set, *grab.Service, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if serialShard == "" {
+		serialShard = specs[0].Name
+	}
 	set, err := shard.Open(specs, 0, shard.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
+	if set.Client(serialShard) == nil {
+		set.Close()
+		return nil, nil, fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
+	}
 	// The tools grant nothing, so they need no serials.
-	return set, grab.New(set, nil), nil
+	return set, grab.New(set, grab.Config{Arbiter: serialShard}), nil
 }
 
 func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f, redis := toolFlags("preload", stderr)
+	f, tc := toolFlags("preload", stderr)
 	var spec grab.Spec
 	var startsAt, endsAt string
 	f.StringVar(&spec.PoolID, "pool", "", "pool id (required)")
@@ -388,7 +463,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		*t.out = &v
 	}
-	set, svc, err := openTool(*redis)
+	set, svc, err := openTool(tc.Redis, tc.SerialShard)
 	if err != nil {
 		return err
 	}
@@ -405,7 +480,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 }
 
 func audit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f, redis := toolFlags("audit", stderr)
+	f, tc := toolFlags("audit", stderr)
 	pool := f.String("pool", "", "pool id (required)")
 	if err := f.parse(args, getenv); err != nil {
 		return err
@@ -413,7 +488,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if !grab.ValidID(*pool) {
 		return fmt.Errorf("--pool %q: must be 1-64 characters from A-Z a-z 0-9 _ - . :", *pool)
 	}
-	set, svc, err := openTool(*redis)
+	set, svc, err := openTool(tc.Redis, tc.SerialShard)
 	if err != nil {
 		return err
 	}
@@ -443,7 +518,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	f, redis := toolFlags("settle", stderr)
+	f, tc := toolFlags("settle", stderr)
 	var cfg settle.Config
 	var ledger, webhook, logLevel string
 	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
@@ -452,6 +527,8 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
 	f.DurationVar(&cfg.ClaimAfter, "claim-after", 30*time.Second, "take over entries pending this long on a dead consumer")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	var durability string
+	durabilityFlag(f, &durability)
 	var listen string
 	f.StringVar(&listen, "listen", "", "serve GET /healthz and GET /metrics on this address (empty: none)")
 	f.bindEnv("listen", "RAIN_SETTLE_LISTEN")
@@ -486,12 +563,18 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		sink = &settle.Webhook{URL: webhook}
 	}
-	set, svc, err := openTool(*redis)
+	set, svc, err := openTool(tc.Redis, tc.SerialShard)
 	if err != nil {
 		return err
 	}
 	defer set.Close()
 	defer svc.Close()
+	// A confirm must be on disk before the payout: settle refuses shards
+	// that could lose it, as serve does.
+	relaxed, err := checkDurability(ctx, set, durability, log)
+	if err != nil {
+		return err
+	}
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
 	w := settle.New(set, svc, sink, cfg)
 	if listen != "" {
@@ -502,6 +585,8 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 				metrics.Metric{Name: "rain_settle_expired_total", Kind: "counter", Help: "Outbox grants already released at their deadline: not paid.", V: st.Expired},
 				metrics.Metric{Name: "rain_settle_anomalies_total", Kind: "counter", Help: "Outbox entries with no matching grant.", V: st.Anomalies},
 				metrics.Metric{Name: "rain_settle_failures_total", Kind: "counter", Help: "Failed deliveries (retried).", V: st.Failures},
+				metrics.Metric{Name: "rain_settle_conflicts_total", Kind: "counter", Help: "Outbox entries whose serial the sink had paid for another grant: left pending for an operator.", V: st.Conflicts},
+				metrics.Metric{Name: "rain_durability_relaxed", Kind: "gauge", Help: "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", V: boolMetric(relaxed)},
 			)
 		})
 		if err != nil {

@@ -126,8 +126,12 @@ func testServeEmbedded(t *testing.T, args []string) {
 	}
 }
 
+// durable is how the tests run shards for rain serve and rain settle: as
+// production must (--durability strict).
+var durable = redistest.Options{AOF: true, Fsync: "always"}
+
 func TestServeRedisFromEnvAndTools(t *testing.T) {
-	servers := redistest.StartN(t, 2, redistest.Options{})
+	servers := redistest.StartN(t, 2, durable)
 	shards := fmt.Sprintf("a=1@%s,b=2@%s", servers[0].Addr, servers[1].Addr)
 	environ := map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": "sekret"}
 	addr, logs := startServe(t, nil, environ)
@@ -216,7 +220,7 @@ func TestFlagErrors(t *testing.T) {
 }
 
 func TestSettleCommand(t *testing.T) {
-	servers := redistest.StartN(t, 2, redistest.Options{})
+	servers := redistest.StartN(t, 2, durable)
 	environ := map[string]string{
 		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
 		"RAIN_ADMIN_TOKEN": "sekret",
@@ -297,5 +301,45 @@ func TestServeReaps(t *testing.T) {
 			t.Fatalf("no release within 10s of a 1s hold; metrics:\n%s", b)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestDurability: rain serve and rain settle refuse shards that can lose an
+// acknowledged grant on a host crash, naming the shard and the setting,
+// unless --durability relaxed, which warns and shows in /metrics.
+func TestDurability(t *testing.T) {
+	good := redistest.Start(t, durable)
+	everysec := redistest.Start(t, redistest.Options{AOF: true, Fsync: "everysec"})
+	noAOF := redistest.Start(t, redistest.Options{})
+	shards := fmt.Sprintf("a=1@%s,b=1@%s,c=1@%s", good.Addr, everysec.Addr, noAOF.Addr)
+	for _, cmd := range [][]string{
+		{"serve", "--listen", "127.0.0.1:0", "--admin-token", "x"},
+		{"settle", "--ledger", t.TempDir() + "/l"},
+	} {
+		err := run(context.Background(), append(cmd, "--redis", shards), env(nil), &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil {
+			t.Fatalf("rain %s on an everysec and a no-AOF shard started, want a refusal", cmd[0])
+		}
+		for _, want := range []string{`shard b: appendfsync is "everysec"`, `shard c: appendonly is "no"`, "--durability relaxed"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("rain %s refused with %q, want it to say %q", cmd[0], err, want)
+			}
+		}
+		if strings.Contains(err.Error(), "shard a") {
+			t.Errorf("rain %s refused with %q, which names the durable shard a", cmd[0], err)
+		}
+	}
+	addr, logs := startServe(t, []string{"--durability", "relaxed"}, map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": "x"})
+	if !strings.Contains(logs.String(), `durability relaxed: shard b: appendfsync is \"everysec\"`) {
+		t.Errorf("relaxed serve logged no warning naming shard b:\n%s", logs)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(b, []byte("rain_durability_relaxed 1\n")) {
+		t.Errorf("/metrics under --durability relaxed lacks rain_durability_relaxed 1:\n%s", b)
 	}
 }

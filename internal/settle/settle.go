@@ -49,9 +49,24 @@ type Grant struct {
 	DeadlineMS  int64  `json:"deadline_ms"`
 }
 
+// Same reports whether g and o are one grant: the same serial for the same
+// pool, sub-pool, user and amount. (The deadline is not compared: it is
+// the grant's, but a re-made grant after a lost write has another.)
+func (g Grant) Same(o Grant) bool {
+	return g.Serial == o.Serial && g.PoolID == o.PoolID && g.SubPool == o.SubPool &&
+		g.UserID == o.UserID && g.AmountCents == o.AmountCents
+}
+
+func (g Grant) String() string {
+	return fmt.Sprintf("pool %s sub-pool %d user %s %d cents", g.PoolID, g.SubPool, g.UserID, g.AmountCents)
+}
+
 // Sink receives confirmed grants. Deliver may see a grant more than once
-// (after a crash) and must pay it once: dedupe by Serial. An error leaves the
-// grant to be delivered again later.
+// (after a crash, or from another worker that took the entry over) and must
+// pay it once: dedupe by Serial, across every worker that delivers to it.
+// A serial seen before with another grant (Grant.Same) is not a repeat: it
+// returns ErrSerialConflict and pays nothing. An error leaves the grant to
+// be delivered again later.
 type Sink interface {
 	Deliver(ctx context.Context, g Grant) error
 }
@@ -118,6 +133,7 @@ type Stats struct {
 	Expired   int64 // grant entries whose grant had been released: not paid
 	Anomalies int64 // grant entries with no matching grant (logged)
 	Failures  int64 // failed deliveries (retried)
+	Conflicts int64 // serials the sink had paid for another grant (left pending, logged)
 }
 
 // Worker settles the outboxes of every shard.
@@ -127,7 +143,8 @@ type Worker struct {
 	sink   Sink
 	cfg    Config
 
-	delivered, expired, anomalies, failures atomic.Int64
+	delivered, expired, anomalies, failures, conflicts atomic.Int64
+	conflicted                                         sync.Map // "stream id" of entries left pending for a serial conflict
 
 	// hook, when set (tests), runs after each step of an entry ("confirmed",
 	// "delivered"); an error stops the worker there, as a crash would.
@@ -143,7 +160,7 @@ func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 // Stats returns what the worker did so far.
 func (w *Worker) Stats() Stats {
 	return Stats{Delivered: w.delivered.Load(), Expired: w.expired.Load(),
-		Anomalies: w.anomalies.Load(), Failures: w.failures.Load()}
+		Anomalies: w.anomalies.Load(), Failures: w.failures.Load(), Conflicts: w.conflicts.Load()}
 }
 
 // errStopped is how a test hook's error stops a shard loop.
@@ -289,10 +306,21 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) e
 
 func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage) error {
 	for _, m := range msgs {
-		if err := w.handle(ctx, c, stream, m); err != nil {
-			if errors.Is(err, errStopped) || ctx.Err() != nil {
-				return err
+		err := w.handle(ctx, c, stream, m)
+		switch {
+		case err == nil:
+		case errors.Is(err, errStopped) || ctx.Err() != nil:
+			return err
+		case errors.Is(err, ErrSerialConflict):
+			// Left pending for an operator; the other entries go on. Counted
+			// and logged once per entry, though it is met on every pass.
+			if _, seen := w.conflicted.LoadOrStore(stream+" "+m.ID, true); seen {
+				continue
 			}
+			w.conflicts.Add(1)
+			w.cfg.Logger.Error("settle: serial already paid for another grant; entry left pending for an operator",
+				"stream", stream, "id", m.ID, "err", err)
+		default:
 			// Left pending: retried on the next pass over own pending entries.
 			w.failures.Add(1)
 			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)

@@ -15,15 +15,28 @@ import (
 	"time"
 )
 
+// ErrSerialConflict is returned by a Sink when a grant's serial was paid
+// before for another pool, sub-pool, user or amount: serials are unique, so
+// one of the two is wrong (a serial handed out twice, a shard that lost
+// writes). It is an alarm, never a silent skip: the worker leaves the entry
+// pending and counts it.
+var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
+
 // Ledger is a Sink that appends one JSON line per grant to a file and fsyncs
 // it before Deliver returns. It holds exactly one line per serial, across
 // redeliveries and crashes: it reads the serials already in the file when it
 // opens, and cuts off a torn last line a crash may have left (that grant is
-// then delivered again and written whole).
+// then delivered again and written whole). A serial already in the file
+// with other contents is ErrSerialConflict.
+//
+// A ledger file dedupes only what it holds: two settle workers with two
+// ledgers would each pay a grant one of them took over from the other.
+// Run one worker per ledger file, or use a sink that dedupes across workers
+// (the wallet webhook, keyed by serial).
 type Ledger struct {
-	mu   sync.Mutex     // guards f and seen
-	f    *os.File       // opened for append
-	seen map[int64]bool // serials in the file
+	mu   sync.Mutex      // guards f and seen
+	f    *os.File        // opened for append
+	seen map[int64]Grant // the grants in the file, by serial
 }
 
 // ledgerLine is one line of the ledger.
@@ -38,7 +51,7 @@ func OpenLedger(path string) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &Ledger{f: f, seen: map[int64]bool{}}
+	l := &Ledger{f: f, seen: map[int64]Grant{}}
 	if err := l.load(); err != nil {
 		f.Close()
 		return nil, err
@@ -62,7 +75,7 @@ func (l *Ledger) load() error {
 		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
 			return fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
 		}
-		l.seen[ll.Serial] = true
+		l.seen[ll.Serial] = ll.Grant
 		good += int64(len(line))
 	}
 	if err := l.f.Truncate(good); err != nil {
@@ -74,11 +87,15 @@ func (l *Ledger) load() error {
 	return nil
 }
 
-// Deliver appends g unless its serial is already in the ledger.
+// Deliver appends g unless its serial is already in the ledger: the same
+// grant again is a no-op, another grant under the serial ErrSerialConflict.
 func (l *Ledger) Deliver(_ context.Context, g Grant) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.seen[g.Serial] {
+	if had, ok := l.seen[g.Serial]; ok {
+		if !had.Same(g) {
+			return fmt.Errorf("%w: serial %d was paid for %s, now %s", ErrSerialConflict, g.Serial, had, g)
+		}
 		return nil
 	}
 	b, err := json.Marshal(ledgerLine{Grant: g, SettledAt: time.Now().UTC()})
@@ -91,7 +108,7 @@ func (l *Ledger) Deliver(_ context.Context, g Grant) error {
 	if err := l.f.Sync(); err != nil {
 		return fmt.Errorf("ledger: fsync: %w", err)
 	}
-	l.seen[g.Serial] = true
+	l.seen[g.Serial] = g
 	return nil
 }
 
@@ -103,9 +120,13 @@ func (l *Ledger) Close() error {
 }
 
 // Webhook is a Sink that POSTs each grant as JSON to a wallet URL, with the
-// serial in an Idempotency-Key header: the wallet dedupes by serial. Any
-// answer but 2xx is retried with exponential backoff, Tries times in all;
-// then Deliver fails and the worker delivers the grant again later.
+// serial in an Idempotency-Key header: the wallet dedupes by serial, across
+// every settle worker, and must compare the body of a repeated key with the
+// first: the same grant is answered 2xx again (already paid), another grant
+// under the same serial 409 Conflict, which Deliver returns as
+// ErrSerialConflict without retrying. Any other answer but 2xx is retried
+// with exponential backoff, Tries times in all; then Deliver fails and the
+// worker delivers the grant again later.
 type Webhook struct {
 	URL    string
 	Client *http.Client // default: a client with a 10s timeout
@@ -143,8 +164,8 @@ func (w *Webhook) Deliver(ctx context.Context, g Grant) error {
 			return err
 		}
 		last = w.post(ctx, client, body, g.Serial)
-		if last == nil {
-			return nil
+		if last == nil || errors.Is(last, ErrSerialConflict) {
+			return last
 		}
 	}
 	return fmt.Errorf("webhook: %d tries: %w", tries, last)
@@ -163,7 +184,10 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode/100 != 2 {
+	switch {
+	case resp.StatusCode == http.StatusConflict:
+		return fmt.Errorf("%w: serial %d: wallet answered %s", ErrSerialConflict, serial, resp.Status)
+	case resp.StatusCode/100 != 2:
 		return fmt.Errorf("wallet answered %s", resp.Status)
 	}
 	return nil

@@ -18,13 +18,29 @@ type Set struct {
 	clients map[string]*redis.Client
 }
 
-// Options tune every shard's client. The zero value keeps go-redis defaults
-// except where noted.
+// Options tune every shard's client. The zero value is what rain serve
+// runs with; tests use the same, so they see go-redis's retries (3 per
+// command or pipeline, after a lost reply too) as production does. Every
+// script rain runs answers a re-send as it answered the first run, which is
+// what makes those retries safe.
 type Options struct {
 	// PoolSize is connections per shard; 0 keeps go-redis's default (10 per CPU).
 	PoolSize int
-	// MaxRetries of one command; 0 keeps go-redis's default (3), -1 disables.
-	MaxRetries int
+}
+
+// NewClient returns a client of the shard at addr with rain's client
+// options. Open uses it for every shard.
+func NewClient(addr string, opts Options) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: addr,
+		// RESP2: rain uses no push notifications, and with RESP3 go-redis
+		// peeks the socket for them before every command (a syscall).
+		Protocol: 2,
+		// Socket reads and writes honour ctx deadlines, so a hung shard
+		// cannot hold a grab, or the reaper lock's extension, past them.
+		ContextTimeoutEnabled: true,
+		PoolSize:              opts.PoolSize,
+	})
 }
 
 // Open builds the ring over specs and a client per shard. It does no I/O:
@@ -37,17 +53,7 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 	s := &Set{ring: ring, clients: make(map[string]*redis.Client, len(specs))}
 	for _, sp := range specs {
 		s.names = append(s.names, sp.Name)
-		s.clients[sp.Name] = redis.NewClient(&redis.Options{
-			Addr: sp.Addr,
-			// RESP2: rain uses no push notifications, and with RESP3 go-redis
-			// peeks the socket for them before every command (a syscall).
-			Protocol: 2,
-			// Socket reads and writes honour ctx deadlines, so a hung shard
-			// cannot hold a grab, or the reaper lock's extension, past them.
-			ContextTimeoutEnabled: true,
-			PoolSize:              opts.PoolSize,
-			MaxRetries:            opts.MaxRetries,
-		})
+		s.clients[sp.Name] = NewClient(sp.Addr, opts)
 	}
 	slices.Sort(s.names)
 	return s, nil
@@ -61,6 +67,27 @@ func (s *Set) Names() []string { return s.names }
 
 // Client returns the named shard's client, or nil if there is no such shard.
 func (s *Set) Client(name string) *redis.Client { return s.clients[name] }
+
+// Clients returns every shard's client, in name order.
+func (s *Set) Clients() []*redis.Client {
+	out := make([]*redis.Client, len(s.names))
+	for i, name := range s.names {
+		out[i] = s.clients[name]
+	}
+	return out
+}
+
+// Except returns the clients of every shard but name, in name order (as
+// redis.Cmdable, for callers that only issue commands).
+func (s *Set) Except(name string) []redis.Cmdable {
+	var out []redis.Cmdable
+	for _, n := range s.names {
+		if n != name {
+			out = append(out, s.clients[n])
+		}
+	}
+	return out
+}
 
 // Ping checks every shard at once and returns the errors of those that did
 // not answer, joined.

@@ -113,8 +113,32 @@ var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not
 
 var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 500}
 
+// Reasons a grab is answered overloaded (503), each counted apart; the
+// answer's "error" says which, and whether anything may have been granted.
+type reason int
+
+const (
+	rsShed        reason = iota // the worker pool is full: refused before any work
+	rsUnavailable               // a shard or the serial generator is down: nothing granted
+	rsUnknown                   // a step that may grant lost its answer: a retry returns it
+	rsBusy                      // the user's own spill is in flight
+	rsClientGone                // the client left; the grab may still have run
+	nReason
+)
+
+var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone"}
+
+var reasonTexts = [nReason]string{
+	"overloaded: the request was shed; nothing was granted",
+	"a shard is unavailable; nothing was granted",
+	"the outcome is not known yet: the grab may have been granted, and a retry returns it",
+	"a grab of this user is in flight; retry shortly",
+	"the request was cancelled; the grab may have been granted, and a retry returns it",
+}
+
 type metrics struct {
-	grabs [nStatus]atomic.Int64
+	grabs      [nStatus]atomic.Int64
+	overloaded [nReason]atomic.Int64
 }
 
 // grabRequest is the POST /grab body.
@@ -289,23 +313,32 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 			res, err = tres, terr
 		}
 	}
-	st := stError
+	st, rs := stError, reason(-1)
 	switch {
 	case err == nil:
 		st = outcomeStatus(res.Outcome)
 	case errors.Is(err, pool.ErrOverloaded):
-		st = stOverloaded
+		rs = rsShed
 	case errors.Is(err, pool.ErrPanicked):
 		// Logged by the pool; the request gets a 500 below.
-	case errors.Is(err, grab.ErrUnavailable), errors.Is(err, grab.ErrBusy),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		st = stOverloaded
-		s.cfg.Logger.Debug("grab unavailable", "pool_id", req.PoolID, "err", err)
+	case errors.Is(err, grab.ErrOutcomeUnknown):
+		rs = rsUnknown
+	case errors.Is(err, grab.ErrBusy):
+		rs = rsBusy
+	case errors.Is(err, grab.ErrUnavailable):
+		rs = rsUnavailable
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		rs = rsClientGone
 	default:
 		s.cfg.Logger.Error("grab failed", "pool_id", req.PoolID, "user_id", req.UserID, "err", err)
 	}
-	if st == stOverloaded {
+	if rs >= 0 {
+		st = stOverloaded
 		res.RetryAfter = time.Second
+		s.metrics.overloaded[rs].Add(1)
+		if rs != rsShed {
+			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
+		}
 	}
 	s.metrics.grabs[st].Add(1)
 	if st == stError {
@@ -319,7 +352,13 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(statusCodes[st])
-	_, _ = w.Write(appendGrab(make([]byte, 0, 192), st, req, res))
+	b := appendGrab(make([]byte, 0, 192), st, req, res)
+	if rs >= 0 {
+		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
+		b = append(b, reasonTexts[rs]...)
+		b = append(b, "\"}\n"...)
+	}
+	_, _ = w.Write(b)
 }
 
 func outcomeStatus(o grab.Outcome) status {
@@ -504,6 +543,10 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	b = append(b, "# HELP rain_grabs_total Grab requests answered, by status.\n# TYPE rain_grabs_total counter\n"...)
 	for st := range nStatus {
 		b = fmt.Appendf(b, "rain_grabs_total{status=%q} %d\n", statusNames[st], s.metrics.grabs[st].Load())
+	}
+	b = append(b, "# HELP rain_grab_overloaded_total Grabs answered 503 overloaded, by reason.\n# TYPE rain_grab_overloaded_total counter\n"...)
+	for rs := range nReason {
+		b = fmt.Appendf(b, "rain_grab_overloaded_total{reason=%q} %d\n", reasonNames[rs], s.metrics.overloaded[rs].Load())
 	}
 	for _, m := range s.cfg.Metrics {
 		b = m(b)

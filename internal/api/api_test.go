@@ -265,6 +265,11 @@ func TestEveryStatus(t *testing.T) {
 	if r.RetryAfter == "" {
 		t.Fatal("overloaded without Retry-After")
 	}
+	// The error says why, and whether anything may have been granted
+	// (which of the two depends on the step that met the dead shard).
+	if e, _ := r.Body["error"].(string); e != reasonTexts[rsUnavailable] && e != reasonTexts[rsUnknown] {
+		t.Fatalf("overloaded with the shards down says %q, want %q or %q", e, reasonTexts[rsUnavailable], reasonTexts[rsUnknown])
+	}
 	if r := s.do(t, "GET", "/readyz", "", ""); r.Code != 503 {
 		t.Fatalf("/readyz with shards down = %d, want 503", r.Code)
 	}
@@ -434,6 +439,9 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 	r := s.grab(t, "p", "u1")
 	if r.Code != 503 || r.Body["status"] != "overloaded" || r.RetryAfter == "" {
 		t.Fatalf("grab while the pool is full = %d %v (Retry-After %q), want 503 overloaded with Retry-After", r.Code, r.Body, r.RetryAfter)
+	}
+	if e, _ := r.Body["error"].(string); !strings.Contains(e, "nothing was granted") {
+		t.Fatalf("shed grab says %q, want that nothing was granted", e)
 	}
 	close(g.release)
 	if r := <-slow; r.Code != 200 {

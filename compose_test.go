@@ -653,10 +653,10 @@ func TestComposeShards(t *testing.T) {
 		n++
 		t.Run(name, func(t *testing.T) {
 			cmd := svc.list("command")
-			for _, want := range [][2]string{{"--appendonly", "yes"}, {"--appendfsync", "everysec"}} {
+			for _, want := range [][2]string{{"--appendonly", "yes"}, {"--appendfsync", "always"}} {
 				i := slices.Index(cmd, want[0])
 				if i < 0 || i+1 >= len(cmd) || cmd[i+1] != want[1] {
-					t.Errorf("command %q: want %s %s (a grant answered is in the AOF)", cmd, want[0], want[1])
+					t.Errorf("command %q: want %s %s (a grant answered is fsynced: rain serve refuses anything less)", cmd, want[0], want[1])
 				}
 			}
 			if test := strings.Join(svc.sub("healthcheck").list("test"), " "); !strings.Contains(test, "redis-cli ping") {

@@ -139,7 +139,7 @@ func (s SubPool) Keys() Keys {
 }
 
 // All lists every key of the sub-pool.
-func (k *Keys) All() []string {
+func (k Keys) All() []string {
 	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Settled, k.Verdicts}
 }
 

@@ -32,8 +32,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultChannel is the channel used when none is configured.
-const DefaultChannel = "rain:events"
+// Channel is the one channel notices travel on. The Lua scripts that return
+// stock (internal/lua) publish on it by this name.
+const Channel = "rain:events"
 
 // ErrMalformed is returned by Parse for a message that is not a notice, and
 // by Publish for an Event that would not be one.
@@ -114,23 +115,19 @@ func parseIndex(s string) (int, bool) {
 	return n, true
 }
 
-// Publish sends e on channel ("" means DefaultChannel) through every client,
-// in parallel. A shard that fails does not stop the others; the failures are
+// Publish sends e on Channel through every client, in parallel. A shard that fails does not stop the others; the failures are
 // returned joined, each naming its shard's address. An Event that would not
 // parse is refused with ErrMalformed before anything is sent.
-func Publish(ctx context.Context, clients []*redis.Client, channel string, e Event) error {
+func Publish(ctx context.Context, clients []*redis.Client, e Event) error {
 	msg := e.String()
 	if _, err := Parse(msg); err != nil {
 		return fmt.Errorf("publish: %w", err)
-	}
-	if channel == "" {
-		channel = DefaultChannel
 	}
 	errs := make([]error, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
 		wg.Go(func() {
-			if err := c.Publish(ctx, channel, msg).Err(); err != nil {
+			if err := c.Publish(ctx, Channel, msg).Err(); err != nil {
 				errs[i] = fmt.Errorf("publish %q on %s: %w", msg, c.Options().Addr, err)
 			}
 		})
@@ -141,8 +138,6 @@ func Publish(ctx context.Context, clients []*redis.Client, channel string, e Eve
 
 // Config tunes Listen. Zero fields take the documented defaults.
 type Config struct {
-	// Channel to subscribe to. Default DefaultChannel.
-	Channel string
 	// Logger reports malformed messages. Default: discard.
 	Logger *slog.Logger
 	// Buffer is how many messages per shard may wait for the handlers;
@@ -160,16 +155,13 @@ type Handlers struct {
 	Stock func(pool string, j int)
 }
 
-// Listen subscribes to the channel on every client and hands each notice to
+// Listen subscribes to Channel on every client and hands each notice to
 // h until ctx is done; then it closes the subscriptions, waits for its
-// goroutines and returns nil. A shard that is down at the start or restarts
+// goroutines and returns. A shard that is down at the start or restarts
 // later is subscribed to when it answers again (go-redis reconnects and
 // resubscribes by itself, and pings an idle subscription every 3s to notice a
 // dead link). With no clients Listen returns at once.
-func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers) error {
-	if cfg.Channel == "" {
-		cfg.Channel = DefaultChannel
-	}
+func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -177,7 +169,7 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 		cfg.Buffer = 1024
 	}
 	if len(clients) == 0 {
-		return nil
+		return
 	}
 	var wg sync.WaitGroup
 	for _, c := range clients {
@@ -186,7 +178,7 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 		wg.Go(func() {
 			// Subscribe records the channel even when the shard does not
 			// answer now; the subscription is made on the first connect.
-			ps := c.Subscribe(ctx, cfg.Channel)
+			ps := c.Subscribe(ctx, Channel)
 			msgs := ps.Channel(redis.WithChannelSize(cfg.Buffer))
 			stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 			defer stop()
@@ -197,7 +189,6 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 		})
 	}
 	wg.Wait()
-	return nil
 }
 
 func dispatch(payload string, h Handlers, log *slog.Logger) {

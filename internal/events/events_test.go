@@ -98,7 +98,7 @@ func TestPublishRefusesMalformed(t *testing.T) {
 		{Kind: 9, Pool: "p"},
 	} {
 		// No clients are needed: nothing may be sent.
-		if err := events.Publish(context.Background(), nil, "", e); !errors.Is(err, events.ErrMalformed) {
+		if err := events.Publish(context.Background(), nil, e); !errors.Is(err, events.ErrMalformed) {
 			t.Errorf("events.Publish(%+v) = %v, want events.ErrMalformed", e, err)
 		}
 	}
@@ -112,11 +112,11 @@ func TestPublishJoinsShardErrors(t *testing.T) {
 	down := redis.NewClient(&redis.Options{Addr: srvs[1].Addr, MaxRetries: -1}) // fail fast
 	t.Cleanup(func() { _ = down.Close() })
 	var r recorder
-	listen(t, redistest.Clients(t, srvs[:1]), "", r.handlers())
-	eventstest.WaitSubscribed(t, []*redis.Client{up}, "", 1)
+	listen(t, redistest.Clients(t, srvs[:1]), r.handlers())
+	eventstest.WaitSubscribed(t, []*redis.Client{up}, 1)
 	srvs[1].Kill()
 
-	err := events.Publish(context.Background(), []*redis.Client{down, up}, "", events.Event{Kind: events.Pool, Pool: "p1"})
+	err := events.Publish(context.Background(), []*redis.Client{down, up}, events.Event{Kind: events.Pool, Pool: "p1"})
 	if err == nil || !strings.Contains(err.Error(), srvs[1].Addr) {
 		t.Fatalf("Publish with %s down = %v, want its error", srvs[1].Addr, err)
 	}
@@ -152,18 +152,18 @@ func TestListenDispatches(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
 	sub, pub := redistest.Clients(t, srvs), redistest.Clients(t, srvs)
 	var r recorder
-	listen(t, sub, "ch", r.handlers())
-	eventstest.WaitSubscribed(t, pub, "ch", 1)
+	listen(t, sub, r.handlers())
+	eventstest.WaitSubscribed(t, pub, 1)
 
 	ctx := context.Background()
-	if err := events.Publish(ctx, pub, "ch", events.Event{Kind: events.Pool, Pool: "p1"}); err != nil {
+	if err := events.Publish(ctx, pub, events.Event{Kind: events.Pool, Pool: "p1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := events.Publish(ctx, pub, "ch", events.Event{Kind: events.Stock, Pool: "p1", Sub: 2}); err != nil {
+	if err := events.Publish(ctx, pub, events.Event{Kind: events.Stock, Pool: "p1", Sub: 2}); err != nil {
 		t.Fatal(err)
 	}
 	// Malformed messages and other channels are dropped.
-	pub[0].Publish(ctx, "ch", "pool a b")
+	pub[0].Publish(ctx, events.Channel, "pool a b")
 	pub[0].Publish(ctx, "other", "pool p2")
 
 	// Each notice arrives once per shard.
@@ -183,31 +183,25 @@ func waitFor(t *testing.T, r *recorder, want []string) {
 }
 
 func TestListenWithoutClientsReturns(t *testing.T) {
-	done := make(chan error)
-	go func() { done <- events.Listen(context.Background(), nil, events.Config{}, events.Handlers{}) }()
+	done := make(chan struct{})
+	go func() { defer close(done); events.Listen(context.Background(), nil, events.Config{}, events.Handlers{}) }()
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("events.Listen(no clients) = %v", err)
-		}
+	case <-done:
 	case <-time.After(time.Second):
 		t.Fatal("events.Listen(no clients) did not return")
 	}
 }
 
 // listen runs Listen until the test ends and checks that it returns.
-func listen(t *testing.T, cs []*redis.Client, channel string, h events.Handlers) {
+func listen(t *testing.T, cs []*redis.Client, h events.Handlers) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- events.Listen(ctx, cs, events.Config{Channel: channel}, h) }()
+	done := make(chan struct{})
+	go func() { defer close(done); events.Listen(ctx, cs, events.Config{}, h) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Listen = %v", err)
-			}
+		case <-done:
 		case <-time.After(5 * time.Second):
 			t.Error("Listen did not return after cancel")
 		}
@@ -219,13 +213,33 @@ func TestListenShardDownAtStart(t *testing.T) {
 	srvs := redistest.StartN(t, 1, redistest.Options{})
 	srvs[0].Kill()
 	var r recorder
-	listen(t, redistest.Clients(t, srvs), "", r.handlers())
+	listen(t, redistest.Clients(t, srvs), r.handlers())
 	time.Sleep(50 * time.Millisecond) // Listen is retrying
 	srvs[0].Restart()
 	pub := redistest.Clients(t, srvs)
-	eventstest.WaitSubscribed(t, pub, "", 1)
-	if err := events.Publish(context.Background(), pub, "", events.Event{Kind: events.Stock, Pool: "p", Sub: 0}); err != nil {
+	eventstest.WaitSubscribed(t, pub, 1)
+	if err := events.Publish(context.Background(), pub, events.Event{Kind: events.Stock, Pool: "p", Sub: 0}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, &r, []string{"stock p 0"})
+}
+
+// A shard killed and restarted under a live subscription still delivers the
+// notices published on it afterwards: go-redis resubscribes.
+func TestListenSurvivesShardRestart(t *testing.T) {
+	srvs := redistest.StartN(t, 2, redistest.Options{})
+	var r recorder
+	listen(t, redistest.Clients(t, srvs), r.handlers())
+	pub := redistest.Clients(t, srvs)
+	eventstest.WaitSubscribed(t, pub, 1)
+
+	srvs[0].Kill()
+	srvs[0].Restart()
+	eventstest.WaitSubscribed(t, pub[:1], 1) // back on shard 0
+
+	// Only through the restarted shard.
+	if err := events.Publish(context.Background(), pub[:1], events.Event{Kind: events.Pool, Pool: "after-restart"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, &r, []string{"pool after-restart"})
 }

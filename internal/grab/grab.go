@@ -305,18 +305,15 @@ func (s *Service) client(rec *record, j int) *redis.Client {
 
 // Run keeps this instance's local answers current until ctx ends: it hears
 // rain:events on every shard (a new pool is known at once; stock returned to
-// a sub-pool makes it no longer known empty) and lists the pool registries
-// every second, so a lost notice costs at most a second. Run it in one
-// goroutine beside serving grabs; it returns nil when ctx ends.
-func (s *Service) Run(ctx context.Context) error {
-	var clients []*redis.Client
-	for _, name := range s.shards.Names() {
-		clients = append(clients, s.shards.Client(name))
-	}
-	refresh := known.NewSync(s.known, s.poolIDs, known.SyncConfig{})
+// a sub-pool, or a new holder, makes it no longer known empty and drops its
+// holders) and lists the pool registries every second, so a lost notice
+// costs at most a second. Run it in one goroutine beside serving grabs; it
+// returns when ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	refresh := known.NewSync(s.known, s.poolIDs, known.SyncConfig{Logger: s.log})
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = refresh.Run(ctx) })
-	err := events.Listen(ctx, clients, events.Config{}, events.Handlers{
+	wg.Go(func() { refresh.Run(ctx) })
+	events.Listen(ctx, s.shards.Clients(), events.Config{Logger: s.log}, events.Handlers{
 		Pool: s.known.Add,
 		Stock: func(pool string, j int) {
 			s.empty.Forget(pool, j)
@@ -324,5 +321,4 @@ func (s *Service) Run(ctx context.Context) error {
 		},
 	})
 	wg.Wait()
-	return err
 }

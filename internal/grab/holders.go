@@ -79,8 +79,13 @@ func (s *Service) buildHolders(p *poolView, st *holderState) {
 			}
 		}()
 		set, err := s.readHolders(ctx, p)
-		if err != nil || st.gen.Load() != gen {
-			return // ask Redis meanwhile; the next sold-out grab tries again
+		if err != nil {
+			s.log.Warn("reading the grant holders of a sold-out pool failed; asking Redis meanwhile",
+				"pool_id", p.rec.spec.PoolID, "err", err)
+			return // the next sold-out grab tries again
+		}
+		if st.gen.Load() != gen {
+			return // stock came back meanwhile
 		}
 		st.set.Store(set)
 	})

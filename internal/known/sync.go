@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,21 +15,14 @@ import (
 type SyncConfig struct {
 	// Refresh is how often the registries are listed again. Default 1s.
 	Refresh time.Duration
-	// Clients are the shards to hear preload notices on, one client per
-	// shard. With none, Sync only refreshes; to share one subscription with
-	// soldout, leave this empty and run events.Listen with
-	// Handlers{Pool: filter.Add, Stock: cache.Forget}.
-	Clients []*redis.Client
-	// Channel the notices travel on. Default events.DefaultChannel.
-	Channel string
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
 
 // Sync keeps a Filter current: it Resets it from the pool registries at the
-// start and every Refresh, and Adds a pool as soon as its preload notice
-// arrives. So every instance knows a new pool within about a second even if
-// the notice is lost.
+// start and every Refresh. Preload notices (internal/events) Add a pool at
+// once where the owner of the filter listens for them; the refresh bounds
+// what a lost notice costs to about a second.
 type Sync struct {
 	filter *Filter
 	list   func(ctx context.Context) ([]string, error)
@@ -44,9 +36,6 @@ type Sync struct {
 func NewSync(f *Filter, list func(ctx context.Context) ([]string, error), cfg SyncConfig) *Sync {
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
-	}
-	if cfg.Channel == "" {
-		cfg.Channel = events.DefaultChannel
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -70,18 +59,10 @@ func (s *Sync) Refresh(ctx context.Context) error {
 	return nil
 }
 
-// Run refreshes at once and every Refresh, and listens for preload notices
-// on Clients, until ctx is done; then it waits for its listener and returns
-// nil. A failing refresh is logged when it starts failing and when it
-// recovers, not every second.
-func (s *Sync) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
-		_ = events.Listen(ctx, s.cfg.Clients,
-			events.Config{Channel: s.cfg.Channel, Logger: s.cfg.Logger},
-			events.Handlers{Pool: s.filter.Add})
-	})
+// Run refreshes at once and every Refresh until ctx is done. A failing
+// refresh is logged when it starts failing and when it recovers, not every
+// second.
+func (s *Sync) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Refresh)
 	defer t.Stop()
 	failing := false
@@ -89,7 +70,7 @@ func (s *Sync) Run(ctx context.Context) error {
 		err := s.Refresh(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
+			return
 		case err != nil && !failing:
 			s.cfg.Logger.Warn("known: refresh failed; keeping the pools known so far", "err", err)
 		case err == nil && failing:
@@ -98,16 +79,16 @@ func (s *Sync) Run(ctx context.Context) error {
 		failing = err != nil
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
 	}
 }
 
-// Publish tells every instance listening on events.DefaultChannel that pool
-// id exists, through every client (one per shard). Shards that fail do not
+// Publish tells every instance listening on events.Channel that pool id
+// exists, through every client (one per shard). Shards that fail do not
 // stop the others; their errors are returned joined. Call it after the
 // preload has written the registry, so a refresh never undoes the notice.
 func Publish(ctx context.Context, clients []*redis.Client, id string) error {
-	return events.Publish(ctx, clients, events.DefaultChannel, events.Event{Kind: events.Pool, Pool: id})
+	return events.Publish(ctx, clients, events.Event{Kind: events.Pool, Pool: id})
 }

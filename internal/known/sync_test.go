@@ -7,12 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"rain/internal/events"
-	"rain/internal/events/eventstest"
-	"rain/internal/redistest"
 )
 
 // registry is a pool registry the test changes while a Sync lists it.
@@ -38,15 +32,12 @@ func (r *registry) list(context.Context) ([]string, error) {
 func run(t *testing.T, s *Sync) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run = %v", err)
-			}
+		case <-done:
 		case <-time.After(5 * time.Second):
 			t.Error("Run did not return after cancel")
 		}
@@ -64,40 +55,6 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) ti
 		time.Sleep(5 * time.Millisecond)
 	}
 	return time.Since(start)
-}
-
-// instance is one simulated rain instance: its own clients, filter and Sync.
-func instance(t *testing.T, srvs []*redistest.Server, reg *registry, refresh time.Duration) (*Filter, []*redis.Client) {
-	t.Helper()
-	cs := redistest.Clients(t, srvs)
-	f := New(Config{})
-	run(t, NewSync(f, reg.list, SyncConfig{Refresh: refresh, Clients: cs}))
-	// Until the first Reset the filter lets everything pass.
-	eventually(t, time.Second, "first refresh", func() bool { return !f.MayContain("never-seen") })
-	return f, cs
-}
-
-// A pool preloaded through one instance is known to the other within a
-// second, by its notice alone (the registry never lists it here).
-func TestSyncLearnsPublishedPool(t *testing.T) {
-	srvs := redistest.StartN(t, 2, redistest.Options{})
-	reg := &registry{ids: []string{"seed"}}
-	_, csA := instance(t, srvs, reg, time.Hour)
-	fB, _ := instance(t, srvs, reg, time.Hour)
-	eventstest.WaitSubscribed(t, csA, "", 2)
-
-	if fB.MayContain("fresh") {
-		t.Fatal(`B: MayContain("fresh") before its notice = true`)
-	}
-	start := time.Now()
-	if err := Publish(context.Background(), csA, "fresh"); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, time.Second, `B learns "fresh"`, func() bool { return fB.MayContain("fresh") })
-	t.Logf("B knew the pool %v after A published it", time.Since(start))
-	if !fB.MayContain("seed") {
-		t.Error(`B: MayContain("seed") = false`)
-	}
 }
 
 // A pool whose notice was never published is learnt at the next refresh; a
@@ -122,24 +79,4 @@ func TestSyncRefresh(t *testing.T) {
 
 	reg.set([]string{"seed"}, nil)
 	eventually(t, time.Second, `refresh drops "quiet"`, func() bool { return !f.MayContain("quiet") })
-}
-
-// A shard killed and restarted still delivers the notices published on it
-// afterwards: go-redis resubscribes.
-func TestSyncSurvivesShardRestart(t *testing.T) {
-	srvs := redistest.StartN(t, 2, redistest.Options{})
-	reg := &registry{}
-	f, _ := instance(t, srvs, reg, time.Hour)
-	pub := redistest.Clients(t, srvs)
-	eventstest.WaitSubscribed(t, pub, "", 1)
-
-	srvs[0].Kill()
-	srvs[0].Restart()
-	eventstest.WaitSubscribed(t, pub[:1], "", 1) // the Sync is back on shard 0
-
-	// Only through the restarted shard.
-	if err := events.Publish(context.Background(), pub[:1], "", events.Event{Kind: events.Pool, Pool: "after-restart"}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, time.Second, "notice through the restarted shard", func() bool { return f.MayContain("after-restart") })
 }

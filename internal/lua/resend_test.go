@@ -85,7 +85,7 @@ func openSubPool(t *testing.T, c *redis.Client, j int, hold int64, amounts ...in
 func TestEveryStepTwice(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	h := openSubPool(t, c, 0, 60_000, 10)    // home: one packet
+	h := openSubPool(t, c, 0, 60_000, 10)     // home: one packet
 	j := openSubPool(t, c, 1, 60_000, 20, 30) // sibling: two
 	all := slices.Concat(h.All(), j.All())
 	const valid = 60_000

@@ -73,13 +73,13 @@ func New(s Sweeper, l Locker, cfg Config) *Reaper {
 }
 
 // Run competes for the lock and sweeps every Interval while it holds it,
-// until ctx ends; then it releases the lock and returns nil.
-func (r *Reaper) Run(ctx context.Context) error {
+// until ctx ends; then it releases the lock and returns.
+func (r *Reaper) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		lease, err := r.locker.Acquire(ctx, r.cfg.LockName)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 			r.cfg.Logger.Warn("reaper: lock", "err", err)
 			sleep(ctx, r.cfg.Interval)
@@ -91,7 +91,7 @@ func (r *Reaper) Run(ctx context.Context) error {
 		r.lead(lease.Context())
 		r.leader.Store(false)
 		if r.abandon {
-			return nil
+			return
 		}
 		if errors.Is(lease.Err(), lock.ErrLost) {
 			r.lostLock.Add(1)
@@ -101,7 +101,6 @@ func (r *Reaper) Run(ctx context.Context) error {
 		_ = lease.Release(rctx) // an error only means the lock expires by itself
 		cancel()
 	}
-	return nil
 }
 
 // lead sweeps every Interval until ctx (the lease's) ends.

@@ -4,10 +4,10 @@
 //
 // A mark is trusted for TTL, at most a second (the product rule that makes a
 // cached answer honest under invariant 4: sold_out means the whole pool had
-// no stock "just now"), or until stock comes back to the sub-pool: a release
-// or an undone transfer publishes a stock notice (PublishStock) and every
-// instance that Listens forgets the mark. A notice lost on the way is covered
-// by the TTL.
+// no stock "just now"), or until stock comes back to the sub-pool: the
+// release and untake scripts publish a stock notice on rain:events, and the
+// grab service, which hears it (internal/events), calls Forget. A notice lost
+// on the way is covered by the TTL.
 //
 // One mark can outlive a Forget by up to TTL: a grab that read "empty" just
 // before the stock came back may mark after the notice arrived. The TTL bounds
@@ -15,17 +15,11 @@
 package soldout
 
 import (
-	"context"
 	"hash/maphash"
-	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"rain/internal/events"
 )
 
 const (
@@ -54,8 +48,6 @@ type Config struct {
 	MaxPools int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger reports malformed notices seen by Listen. Default: discard.
-	Logger *slog.Logger
 }
 
 // Cache remembers empty sub-pools. It is safe for concurrent use; Empty,
@@ -71,7 +63,6 @@ type Cache struct {
 	now      func() time.Time
 	epoch    time.Time // deadlines count nanoseconds from here (monotonic under time.Now)
 	perShard int       // most pools one shard holds
-	logger   *slog.Logger
 	seed     maphash.Seed
 	shards   [numShards]shard
 }
@@ -100,15 +91,11 @@ func New(cfg Config) *Cache {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	c := &Cache{
 		ttl:      int64(cfg.TTL),
 		now:      cfg.Now,
 		epoch:    cfg.Now(),
 		perShard: (cfg.MaxPools + numShards - 1) / numShards,
-		logger:   cfg.Logger,
 		seed:     maphash.MakeSeed(),
 	}
 	for i := range c.shards {
@@ -170,34 +157,6 @@ func (c *Cache) Forget(pool string, j int) {
 	if e := (*s.pools.Load())[pool]; e != nil && j >= 0 && j < len(e.until) {
 		e.until[j].Store(0)
 	}
-}
-
-// ForgetPool drops the marks of every sub-pool of pool.
-func (c *Cache) ForgetPool(pool string) {
-	s := c.shard(pool)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := (*s.pools.Load())[pool]; e != nil {
-		for i := range e.until {
-			e.until[i].Store(0)
-		}
-	}
-}
-
-// Listen forgets the sub-pools named by stock notices on channel ("" means
-// events.DefaultChannel), heard on every client (one per shard), until ctx
-// is done; then it returns nil. See events.Listen.
-func (c *Cache) Listen(ctx context.Context, clients []*redis.Client, channel string) error {
-	return events.Listen(ctx, clients, events.Config{Channel: channel, Logger: c.logger},
-		events.Handlers{Stock: c.Forget})
-}
-
-// PublishStock tells every instance listening on events.DefaultChannel that
-// stock came back to sub-pool j of pool, through every client (one per
-// shard). Shards that fail do not stop the others; their errors are returned
-// joined. Call it after the script that returned the stock has succeeded.
-func PublishStock(ctx context.Context, clients []*redis.Client, pool string, j int) error {
-	return events.Publish(ctx, clients, events.DefaultChannel, events.Event{Kind: events.Stock, Pool: pool, Sub: j})
 }
 
 func (c *Cache) shard(pool string) *shard {

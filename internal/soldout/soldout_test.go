@@ -1,7 +1,6 @@
 package soldout
 
 import (
-	"context"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -9,9 +8,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-
-	"rain/internal/events/eventstest"
-	"rain/internal/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -94,12 +90,11 @@ func TestForget(t *testing.T) {
 			t.Errorf("Empty(%q, %d) = %v, want %v", tt.pool, tt.j, got, tt.want)
 		}
 	}
-	c.ForgetPool("p")
-	c.ForgetPool("absent")
+	c.Forget("p", 0)
 	if c.Empty("p", 0) || !c.Empty("q", 1) {
-		t.Errorf("after ForgetPool(p): Empty(p, 0) = %v, Empty(q, 1) = %v; want false, true", c.Empty("p", 0), c.Empty("q", 1))
+		t.Errorf("after Forget(p, 0): Empty(p, 0) = %v, Empty(q, 1) = %v; want false, true", c.Empty("p", 0), c.Empty("q", 1))
 	}
-	c.MarkEmpty("p", 1) // a forgotten pool can be marked again
+	c.MarkEmpty("p", 1) // a forgotten sub-pool can be marked again
 	if !c.Empty("p", 1) {
 		t.Error("Empty(p, 1) after marking again = false")
 	}
@@ -291,11 +286,8 @@ func TestConcurrent(t *testing.T) {
 						c.MarkEmpty(shared, j)
 						c.Empty(shared, (j+1)%40)
 						c.AllEmpty(shared, 4)
-						switch i % 50 {
-						case 0:
+						if i%25 == 0 {
 							c.Forget(shared, j)
-						case 25:
-							c.ForgetPool(shared)
 						}
 						if i%100 == 0 { // inserts copy the shard maps
 							c.MarkEmpty("churn-"+strconv.Itoa(g)+"-"+strconv.Itoa(i), 0)
@@ -312,41 +304,5 @@ func TestConcurrent(t *testing.T) {
 				t.Errorf("pools held = %d, want ≤ %d", n, limit)
 			}
 		})
-	}
-}
-
-// A stock notice published through one instance makes another instance's
-// cache forget the sub-pool within a second. B's clock stands still, so only
-// the notice can clear the mark.
-func TestListenForgetsOnStock(t *testing.T) {
-	srvs := redistest.StartN(t, 2, redistest.Options{})
-	csA, csB := redistest.Clients(t, srvs), redistest.Clients(t, srvs)
-	b := New(Config{Now: newClock().Now})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Listen(ctx, csB, "") }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Listen = %v", err)
-		}
-	})
-	eventstest.WaitSubscribed(t, csA, "", 1)
-
-	b.MarkEmpty("p", 0)
-	b.MarkEmpty("p", 1)
-	start := time.Now()
-	if err := PublishStock(context.Background(), csA, "p", 1); err != nil {
-		t.Fatal(err)
-	}
-	for b.Empty("p", 1) {
-		if time.Since(start) > time.Second {
-			t.Fatal("Empty(p, 1) still true 1s after its stock notice")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("B forgot the sub-pool %v after A published", time.Since(start))
-	if !b.Empty("p", 0) {
-		t.Error("Empty(p, 0) = false: a notice for sub-pool 1 forgot sub-pool 0")
 	}
 }

@@ -11,14 +11,12 @@ import (
 )
 
 // WaitSubscribed waits, for up to 5s, until every client's shard has at
-// least n subscribers on channel ("" means events.DefaultChannel), and fails tb
+// least n subscribers on events.Channel, and fails tb
 // otherwise. It is for tests (of this package and of its users): a notice
 // published before a subscription is made is not delivered to it.
-func WaitSubscribed(tb testing.TB, clients []*redis.Client, channel string, n int64) {
+func WaitSubscribed(tb testing.TB, clients []*redis.Client, n int64) {
 	tb.Helper()
-	if channel == "" {
-		channel = events.DefaultChannel
-	}
+	channel := events.Channel
 	deadline := time.Now().Add(5 * time.Second)
 	for _, c := range clients {
 		for {

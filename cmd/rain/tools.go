@@ -1,0 +1,141 @@
+package main
+
+// This file is the operator tools: `rain preload` and `rain audit`.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"rain/internal/grab"
+	"rain/internal/shard"
+	"strings"
+	"time"
+)
+
+// toolConfig is what every operator tool takes.
+type toolConfig struct {
+	Redis       string
+	SerialShard string
+}
+
+// toolFlags are the flags shared by the operator tools.
+func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
+	f := newFlags(name, stderr)
+	c := &toolConfig{}
+	f.StringVar(&c.Redis, "redis", "", "shards as name=weight@host:port, comma-separated (required)")
+	f.StringVar(&c.SerialShard, "serial-shard", "", "the serial shard of rain serve, which arbitrates pool records (default: the first in --redis)")
+	f.bindEnv("redis", "RAIN_REDIS")
+	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
+	return f, c
+}
+
+// openTool opens the shards of --redis and a service that preloads, reports
+// and audits; serialShard is the pool records' arbiter ("" = the first).
+func openTool(redis, serialShard string) (*shard.Set, *grab.Service, error) {
+	if redis == "" {
+		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
+	}
+	specs, err := shard.ParseSpecs(redis)
+	if err != nil {
+		return nil, nil, err
+	}
+	if serialShard == "" {
+		serialShard = specs[0].Name
+	}
+	set, err := shard.Open(specs, 0, shard.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if set.Client(serialShard) == nil {
+		set.Close()
+		return nil, nil, fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
+	}
+	// The tools grant nothing, so they need no serials.
+	return set, grab.New(set, grab.Config{Arbiter: serialShard}), nil
+}
+
+func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f, tc := toolFlags("preload", stderr)
+	var spec grab.Spec
+	var startsAt, endsAt string
+	f.StringVar(&spec.PoolID, "pool", "", "pool id (required)")
+	f.Int64Var(&spec.TotalCents, "total-cents", 0, "total of the pool in cents (required)")
+	f.Int64Var(&spec.Count, "count", 0, "number of packets (required)")
+	f.Int64Var(&spec.MinCents, "min-cents", 0, "smallest packet in cents (0 = 1)")
+	f.Int64Var(&spec.MaxCents, "max-cents", 0, "largest packet in cents (0 = no maximum)")
+	f.IntVar(&spec.SubPools, "sub-pools", 0, "number of sub-pools (0 = chosen by rain)")
+	f.StringVar(&startsAt, "starts-at", "", "RFC 3339 start time (empty = open at once)")
+	f.StringVar(&endsAt, "ends-at", "", "RFC 3339 end time (empty = no end)")
+	f.Int64Var(&spec.HoldSeconds, "hold-seconds", 0, "how long a grant waits for confirmation (0 = 600)")
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		flag string
+		in   string
+		out  **time.Time
+	}{{"--starts-at", startsAt, &spec.StartsAt}, {"--ends-at", endsAt, &spec.EndsAt}} {
+		if t.in == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339, t.in)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.flag, err)
+		}
+		*t.out = &v
+	}
+	set, svc, err := openTool(tc.Redis, tc.SerialShard)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	defer svc.Close()
+	st, created, err := svc.Preload(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintf(stderr, "pool %s was already loaded with this spec\n", spec.PoolID)
+	}
+	return printJSON(stdout, st)
+}
+
+func audit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f, tc := toolFlags("audit", stderr)
+	pool := f.String("pool", "", "pool id (required)")
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	if !grab.ValidID(*pool) {
+		return fmt.Errorf("--pool %q: must be 1-64 characters from A-Z a-z 0-9 _ - . :", *pool)
+	}
+	set, svc, err := openTool(tc.Redis, tc.SerialShard)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	defer svc.Close()
+	rep, err := svc.Audit(ctx, *pool)
+	if err != nil {
+		return err
+	}
+	if err := printJSON(stdout, rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		problems := make([]string, len(rep.Problems))
+		for i, p := range rep.Problems {
+			problems[i] = p.String()
+		}
+		return fmt.Errorf("audit of %s found %d problems: %s", *pool, len(rep.Problems), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -184,7 +184,10 @@ func waitFor(t *testing.T, r *recorder, want []string) {
 
 func TestListenWithoutClientsReturns(t *testing.T) {
 	done := make(chan struct{})
-	go func() { defer close(done); events.Listen(context.Background(), nil, events.Config{}, events.Handlers{}) }()
+	go func() {
+		defer close(done)
+		events.Listen(context.Background(), nil, events.Config{}, events.Handlers{})
+	}()
 	select {
 	case <-done:
 	case <-time.After(time.Second):

@@ -1,0 +1,166 @@
+package grab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"rain/internal/lua"
+	"rain/internal/redisproxy"
+	"rain/internal/redistest"
+	"rain/internal/shard"
+)
+
+// newProxiedEnv is newEnv with a loss-injecting proxy in front of every
+// shard: the service reaches shard i only through proxies[i].
+func newProxiedEnv(t testing.TB, n int, opts redistest.Options) (*env, []*redisproxy.Proxy) {
+	t.Helper()
+	servers := redistest.StartN(t, n, opts)
+	proxies := make([]*redisproxy.Proxy, n)
+	specs := make([]shard.Spec, n)
+	for i, s := range servers {
+		proxies[i] = redisproxy.Start(t, s.Addr)
+		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: proxies[i].Addr}
+	}
+	set, err := shard.Open(specs, 0, shard.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	e := &env{servers: servers, shards: set}
+	e.svc = e.service(t)
+	return e, proxies
+}
+
+// usersWithHome returns n user ids whose home is sub-pool j of k, named
+// prefix0, prefix1, ...
+func usersWithHome(prefix string, j, k, n int) []string {
+	var out []string
+	for u := 0; len(out) < n; u++ {
+		id := fmt.Sprintf("%s%d", prefix, u)
+		if home(id, k) == j {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestLostAdoptReply: the adopt of a spill runs at the home, its reply is
+// lost and the connection reset; go-redis sends it again. The re-send must
+// answer the grant it made, not "stale" (which made the spill put the
+// amount back at the sibling: the money twice). Reproduces the review's
+// 487 cents held from a 400-cent pool.
+func TestLostAdoptReply(t *testing.T) {
+	ctx := context.Background()
+	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
+	st := e.preload(t, Spec{PoolID: "ad", TotalCents: 400, Count: 4, SubPools: 2})
+	homeShard := map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]
+	users := usersWithHome("u", 0, 2, 3)
+	for _, u := range users[:2] { // sub-pool 0 holds 2 packets
+		if r, err := e.svc.Grab(ctx, "ad", u); err != nil || r.Outcome != Granted {
+			t.Fatalf("Grab(%s) = %+v, %v; want granted from home", u, r, err)
+		}
+	}
+	proxies[homeShard].DropReplies(redisproxy.Script(lua.SHA("adopt")), 1)
+	r, err := e.svc.Grab(ctx, "ad", users[2]) // home empty: spills from sub-pool 1
+	if err != nil || r.Outcome != Granted {
+		t.Fatalf("spilled Grab(%s) with its adopt reply lost = %+v, %v; want granted", users[2], r, err)
+	}
+	if n := proxies[homeShard].Stats().RepliesSwallowed["EVALSHA"]; n != 1 {
+		t.Fatalf("%d script replies swallowed at the home, want the adopt's 1", n)
+	}
+	again, err := e.svc.Grab(ctx, "ad", users[2])
+	if err != nil || again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+		t.Fatalf("re-grab = %+v, %v; want already_granted %+v", again, err, r)
+	}
+	e.assertAudit(t, "ad")
+	s := e.status(t, "ad")
+	if s.HeldCount != 3 || s.RemainingCount != 1 || s.HeldCents+s.RemainingCents != 400 {
+		t.Fatalf("status %+v: want 3 held, 1 left, 400 cents in all", s)
+	}
+}
+
+// TestLostClaimReply: a claim's reply is lost and go-redis sends the
+// batch again. On a pool of one sub-pool the answer stays "granted" (not
+// "already_granted"); on a pool of several, a claim that reserved for a
+// spill answers "reserved" again, not "busy" (which locked the user out
+// for T), so the grab spills and grants.
+func TestLostClaimReply(t *testing.T) {
+	ctx := context.Background()
+	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
+	claim := redisproxy.Script(lua.SHA("claim"))
+
+	st := e.preload(t, Spec{PoolID: "one", TotalCents: 100, Count: 1})
+	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
+	p.DropReplies(claim, 1)
+	if r, err := e.svc.Grab(ctx, "one", "a"); err != nil || r.Outcome != Granted {
+		t.Fatalf("Grab with the claim's reply lost = %+v, %v; want granted", r, err)
+	}
+
+	st = e.preload(t, Spec{PoolID: "two", TotalCents: 400, Count: 4, SubPools: 2})
+	p = proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
+	users := usersWithHome("v", 0, 2, 3)
+	for _, u := range users[:2] {
+		if _, err := e.svc.Grab(ctx, "two", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := p.Stats().RepliesSwallowed["EVALSHA"]
+	p.DropReplies(claim, 1)
+	if r, err := e.svc.Grab(ctx, "two", users[2]); err != nil || r.Outcome != Granted {
+		t.Fatalf("Grab whose reserving claim lost its reply = %+v, %v; want granted by a spill", r, err)
+	}
+	if p.Stats().RepliesSwallowed["EVALSHA"] != before+1 {
+		t.Fatal("the claim's reply was not swallowed")
+	}
+	e.assertAudit(t, "one")
+	e.assertAudit(t, "two")
+}
+
+// TestSpillStepsLoseReplies: every step of a spill (take, adopt, ack,
+// untake, abort) loses a reply in turn, with users racing; the money stays
+// whole and every grant answered is the user's one grant.
+func TestSpillStepsLoseReplies(t *testing.T) {
+	ctx := context.Background()
+	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
+	e.preload(t, Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
+	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim"} {
+		for _, p := range proxies {
+			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
+		}
+	}
+	granted := map[string]Result{}
+	users := usersWithHome("w", 0, 2, 40)
+	for _, u := range users {
+		r, err := e.svc.Grab(ctx, "steps", u)
+		if err != nil {
+			if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrBusy) {
+				continue
+			}
+			t.Fatalf("Grab(%s): %v", u, err)
+		}
+		if r.Outcome == Granted {
+			granted[u] = r
+		}
+	}
+	total := 0
+	for _, p := range proxies {
+		total += p.Stats().Swallowed()
+	}
+	if total == 0 {
+		t.Fatal("no reply was lost")
+	}
+	e.assertAudit(t, "steps")
+	for u, r := range granted {
+		again, err := e.svc.Grab(ctx, "steps", u)
+		if err != nil || again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+			t.Fatalf("re-grab of %s = %+v, %v; want already_granted %+v", u, again, err, r)
+		}
+	}
+	s := e.status(t, "steps")
+	if s.HeldCents+s.RemainingCents > 2000 || s.HeldCount+s.RemainingCount > 20 {
+		t.Fatalf("status %+v: more than the pool", s)
+	}
+	t.Logf("%d replies lost, %d grants answered", total, len(granted))
+}

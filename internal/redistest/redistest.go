@@ -3,7 +3,10 @@
 // Every server gets a free port on 127.0.0.1 and its own temporary directory, is
 // polled with PING until it answers, and is killed and waited for in t.Cleanup.
 // Fault tests can Kill a server with SIGKILL and Restart it on the same port and
-// directory, so with AOF on it comes back with what it had fsynced.
+// directory, so with AOF on it comes back with what it had fsynced; Pause and
+// Resume freeze and thaw it (SIGSTOP, SIGCONT); SnapshotAOF and RestoreAOF
+// roll its AOF back to an earlier copy, a host that lost its AOF tail. A
+// Proxy (proxy.go) in front of a server loses replies or requests on the wire.
 //
 // rain's tests never mock Redis. When redis-server is not on PATH the test fails
 // (it does not skip) with a message that says how to get it.
@@ -12,6 +15,7 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -175,6 +179,93 @@ func (s *Server) Kill() {
 	<-done
 }
 
+// PID returns the process id of the running server, or 0 while it is down.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// Pause freezes the server with SIGSTOP: a stalled shard. It keeps its data
+// and its sockets, and the kernel still completes new TCP handshakes, so
+// clients connect and send, then wait for replies until their timeouts. Resume
+// wakes it, and it answers what was queued. Kill works on a paused server
+// (SIGKILL ends a stopped process), so cleanup never hangs on one. Pausing a
+// server that is down fails the test.
+func (s *Server) Pause() {
+	s.tb.Helper()
+	s.signal(syscall.SIGSTOP)
+}
+
+// Resume continues a server stopped by Pause with SIGCONT; resuming one that
+// is not paused does nothing. Resuming a server that is down fails the test.
+func (s *Server) Resume() {
+	s.tb.Helper()
+	s.signal(syscall.SIGCONT)
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.tb.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.tb.Fatalf("redistest: %v to %s while it is down", sig, s.Addr)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		s.tb.Fatalf("redistest: %v to %s: %v", sig, s.Addr, err)
+	}
+}
+
+// aofDir is where Redis 7 keeps the AOF (appenddirname, inside dir): a
+// manifest and the base and incr files it names.
+func (s *Server) aofDir() string { return filepath.Join(s.Dir, "appendonlydir") }
+
+// SnapshotAOF copies the server's AOF directory into a fresh temporary
+// directory and returns the copy's path, for RestoreAOF. The server must run
+// with AOF on. It waits for an AOF rewrite in progress to finish, so the
+// manifest and the files it names agree. The copy holds what Redis has
+// written to the files: with Fsync "always" that is every write acknowledged
+// so far. Call it while no writes are in flight; a write that lands during
+// the copy may be cut short in it (Redis loads such a tail only with
+// aof-load-truncated yes, its default, dropping the torn command).
+func (s *Server) SnapshotAOF() string {
+	s.tb.Helper()
+	if !s.opts.AOF {
+		s.tb.Fatalf("redistest: SnapshotAOF of %s, which runs without AOF", s.Addr)
+	}
+	if err := waitAOFIdle(s.Addr); err != nil {
+		s.tb.Fatalf("redistest: SnapshotAOF of %s: %v", s.Addr, err)
+	}
+	dst := filepath.Join(s.tb.TempDir(), "appendonlydir")
+	if err := os.CopyFS(dst, os.DirFS(s.aofDir())); err != nil {
+		s.tb.Fatalf("redistest: SnapshotAOF of %s: %v", s.Addr, err)
+	}
+	return dst
+}
+
+// RestoreAOF replaces the server's AOF directory with snapshot, a copy made
+// by SnapshotAOF, so the next Restart comes back with the older state: a host
+// that lost the tail of its AOF. The server must be down (Kill it first).
+func (s *Server) RestoreAOF(snapshot string) {
+	s.tb.Helper()
+	s.mu.Lock()
+	up := s.cmd != nil
+	s.mu.Unlock()
+	if up {
+		s.tb.Fatalf("redistest: RestoreAOF of %s while it is running; Kill it first", s.Addr)
+	}
+	if err := os.RemoveAll(s.aofDir()); err != nil {
+		s.tb.Fatalf("redistest: RestoreAOF of %s: %v", s.Addr, err)
+	}
+	if err := os.CopyFS(s.aofDir(), os.DirFS(snapshot)); err != nil {
+		s.tb.Fatalf("redistest: RestoreAOF of %s: %v", s.Addr, err)
+	}
+}
+
 // Restart starts the server again on the same port and directory after Kill.
 func (s *Server) Restart() {
 	s.tb.Helper()
@@ -215,6 +306,52 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitAOFIdle polls INFO persistence until no AOF rewrite is in progress or
+// scheduled, speaking RESP directly like ping.
+func waitAOFIdle(addr string) error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		info, err := infoPersistence(addr)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(info, "aof_rewrite_in_progress:0") &&
+			strings.Contains(info, "aof_rewrite_scheduled:0") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("AOF rewrite still running after %v", startTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func infoPersistence(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("INFO persistence\r\n")); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+	if !strings.HasPrefix(line, "$") || err != nil || n < 0 {
+		return "", fmt.Errorf("INFO answered %q", strings.TrimSpace(line))
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return "", err
+	}
+	return string(b), nil
 }
 
 // ping speaks RESP directly so the helper depends on nothing but the server.

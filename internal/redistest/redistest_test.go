@@ -1,9 +1,14 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -66,5 +71,110 @@ func TestNoAOFLosesData(t *testing.T) {
 	s.Restart()
 	if err := rdb.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
 		t.Fatalf("GET k after restart without AOF: err = %v, want redis.Nil", err)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	s := Start(t, Options{})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		return rdb.Ping(ctx).Err()
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("PING before Pause: %v", err)
+	}
+
+	s.Pause()
+	start := time.Now()
+	if err := ping(); err == nil {
+		t.Fatal("PING of a paused server succeeded")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("PING of a paused server took %v, want about its 200ms timeout", d)
+	}
+	if pid := s.PID(); pid == 0 {
+		t.Fatal("PID of a paused server = 0")
+	} else if state := procState(t, pid); state != "T" {
+		t.Fatalf("process %d is in state %q while paused, want T (stopped)", pid, state)
+	}
+
+	s.Resume()
+	if err := ping(); err != nil {
+		t.Fatalf("PING after Resume: %v", err)
+	}
+}
+
+// procState returns the state letter of process pid from /proc (R, S, T, ...).
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ...; comm may hold spaces, so cut after the last ')'.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return fields[0]
+}
+
+func TestKillPausedServer(t *testing.T) {
+	s := Start(t, Options{AOF: true, Fsync: "always"})
+	s.Pause()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Kill()
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Kill of a paused server did not return within 10s")
+	}
+	if pid := s.PID(); pid != 0 {
+		t.Fatalf("PID after Kill = %d, want 0", pid)
+	}
+	s.Restart()
+	if err := ping(s.Addr); err != nil {
+		t.Fatalf("ping after Restart: %v", err)
+	}
+	// The cleanup's Kill of a server left paused must not hang either.
+	s.Pause()
+}
+
+func TestSnapshotRestoreAOF(t *testing.T) {
+	ctx := context.Background()
+	s := Start(t, Options{AOF: true, Fsync: "always"})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	if err := rdb.Set(ctx, "a", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	snap := s.SnapshotAOF()
+	if err := rdb.Set(ctx, "b", "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Kill()
+	s.RestoreAOF(snap)
+	s.Restart()
+	if got, err := rdb.Get(ctx, "a").Result(); err != nil || got != "1" {
+		t.Fatalf("GET a after restore = %q, %v; want 1 (in the snapshot)", got, err)
+	}
+	if got, err := rdb.Get(ctx, "b").Result(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET b after restore = %q, %v; want redis.Nil (written after the snapshot)", got, err)
+	}
+
+	// The snapshot is a copy: restoring it twice gives the same state, and
+	// what the restored server writes does not change it.
+	if err := rdb.Set(ctx, "c", "3", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	s.RestoreAOF(snap)
+	s.Restart()
+	if n, err := rdb.Exists(ctx, "a", "b", "c").Result(); err != nil || n != 1 {
+		t.Fatalf("EXISTS a b c after the second restore = %d, %v; want 1", n, err)
 	}
 }

@@ -34,6 +34,11 @@ type Config struct {
 	// instance must name the same one (rain uses the serial shard), even
 	// with different shard lists. Default: the first shard by name.
 	Arbiter string
+	// SpillAge is how long a spill's transfer stays in flight before the
+	// reaper resolves it by the home's verdict (which refuses a token the
+	// home has not decided). Safety does not depend on it; a short age only
+	// turns away spills still in progress. Default 8s.
+	SpillAge time.Duration
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
 }
@@ -110,9 +115,12 @@ func New(shards *shard.Set, cfg Config) *Service {
 	if cfg.Arbiter == "" || shards.Client(cfg.Arbiter) == nil {
 		cfg.Arbiter = shards.Names()[0]
 	}
+	if cfg.SpillAge <= 0 {
+		cfg.SpillAge = defaultSpillAge
+	}
 	s := &Service{shards: shards, serials: cfg.Serials, arbiter: cfg.Arbiter, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{}, stop: make(chan struct{}),
-		spillValidity: defaultSpillValidity, spillAge: defaultSpillAge,
+		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
 		b := newBatcher(shards.Client(name), s.stop)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
@@ -163,4 +166,82 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 		t.Fatalf("status %+v: more than the pool", s)
 	}
 	t.Logf("%d replies lost, %d grants answered", total, len(granted))
+}
+
+// TestStalledShardOutcomes: the shard of a pool freezes (SIGSTOP) past the
+// batch timeout while users grab; when it resumes it runs the claims that
+// were sent. Every answer is checked against the grants that exist
+// afterwards: a grant answered exists; an answer that says nothing was
+// granted has none; an unknown outcome may have either, and the user's
+// retry returns the grant if there is one.
+func TestStalledShardOutcomes(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	st := e.preload(t, Spec{PoolID: "st", TotalCents: 10_000, Count: 100})
+	victim := e.servers[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
+	if _, err := e.svc.Grab(ctx, "st", "warm"); err != nil { // the pool is cached, serials buffered
+		t.Fatal(err)
+	}
+	type answer struct {
+		r   Result
+		err error
+	}
+	const users = 30
+	answers := make([]answer, users)
+	victim.Pause()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for u := range users {
+			wg.Go(func() {
+				r, err := e.svc.Grab(ctx, "st", fmt.Sprintf("u%d", u))
+				answers[u] = answer{r, err}
+			})
+		}
+		wg.Wait()
+	}()
+	time.Sleep(batchTimeout + time.Second)
+	victim.Resume()
+	<-done
+
+	p, err := e.svc.pool(ctx, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unknown, unknownGranted int
+	for u, a := range answers {
+		user := fmt.Sprintf("u%d", u)
+		rec, err := p.clients[0].HGet(ctx, p.keys[0].Grants, user).Result()
+		exists := err == nil
+		switch {
+		case a.err == nil && a.r.Outcome == Granted:
+			if !exists || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", a.r.Amount, a.r.Serial)) {
+				t.Errorf("%s was answered granted %+v, but holds %q", user, a.r, rec)
+			}
+		case errors.Is(a.err, ErrOutcomeUnknown):
+			unknown++
+			if exists {
+				unknownGranted++
+			}
+			r, err := e.svc.Grab(ctx, "st", user)
+			if err != nil {
+				t.Fatalf("retry of %s: %v", user, err)
+			}
+			if exists && (r.Outcome != AlreadyGranted || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", r.Amount, r.Serial))) {
+				t.Errorf("%s's retry after an unknown outcome = %+v, want the grant it holds: %q", user, r, rec)
+			}
+		case a.err != nil:
+			if exists {
+				t.Errorf("%s was answered %v (nothing granted), but holds %q", user, a.err, rec)
+			}
+		default:
+			t.Errorf("%s was answered %+v", user, a.r)
+		}
+	}
+	if unknown == 0 {
+		t.Fatal("no grab met the frozen shard: the stall did not land")
+	}
+	t.Logf("%d of %d grabs answered outcome unknown; %d of those had been granted when the shard resumed", unknown, users, unknownGranted)
+	e.assertAudit(t, "st")
 }

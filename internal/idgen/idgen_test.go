@@ -3,6 +3,7 @@ package idgen
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,18 +14,19 @@ import (
 	"go.uber.org/goleak"
 
 	"rain/internal/redistest"
+	"rain/internal/shard"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const key = "rain:idgen:test"
 
-// newClient starts a redis-server and returns a client on it. MaxRetries -1:
-// the generator retries by itself, and fault tests want errors at once.
+// newClient starts a redis-server and returns a client on it with rain
+// serve's options (go-redis's retries included).
 func newClient(t testing.TB, opts redistest.Options) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t, opts)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	rdb := shard.NewClient(srv.Addr, shard.Options{})
 	t.Cleanup(func() { rdb.Close() })
 	return srv, rdb
 }
@@ -410,5 +412,101 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestUniqueAfterSerialShardLosesWrites: the serial shard comes back with
+// an older AOF (its host lost the tail with appendfsync everysec, or an old
+// backup was restored), forgetting a segment generator A is serving.
+// Generator B, started afterwards, must not get that segment again: the
+// watermark copies on the other shards carry the counter past it. Without
+// the copies the same restore hands B A's serials (which checks the fault
+// is real).
+func TestUniqueAfterSerialShardLosesWrites(t *testing.T) {
+	for _, mirrored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("mirrored=%v", mirrored), func(t *testing.T) {
+			primary := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always"})
+			others := redistest.StartN(t, 3, redistest.Options{})
+			// Two instances, each with its own connections, as rain serve wires them.
+			alloc := func() Allocator {
+				p := shard.NewClient(primary.Addr, shard.Options{})
+				t.Cleanup(func() { p.Close() })
+				var mirrors []redis.Cmdable
+				if mirrored {
+					for _, o := range others {
+						c := shard.NewClient(o.Addr, shard.Options{})
+						t.Cleanup(func() { c.Close() })
+						mirrors = append(mirrors, c)
+					}
+				}
+				return NewRedisAllocator(p, Key, mirrors...)
+			}
+			before := primary.SnapshotAOF() // the counter as the restore will bring it back
+			a := newGen(t, alloc(), Config{})
+			idsA := take(t, a, 5_000)
+
+			primary.Kill()
+			primary.RestoreAOF(before)
+			primary.Restart()
+
+			b := newGen(t, alloc(), Config{})
+			idsB := take(t, b, 5_000)
+			seen := map[int64]bool{}
+			for _, id := range idsA {
+				seen[id] = true
+			}
+			dups := 0
+			for _, id := range idsB {
+				if seen[id] {
+					dups++
+				}
+			}
+			switch {
+			case mirrored && dups > 0:
+				t.Fatalf("%d serials handed out by both generators after the serial shard lost writes", dups)
+			case !mirrored && dups == 0:
+				t.Fatal("without watermark copies the restore handed out no serial twice: the fault did not land")
+			}
+			t.Logf("A served %d..%d, B %d..%d; %d served twice", idsA[0], idsA[len(idsA)-1], idsB[0], idsB[len(idsB)-1], dups)
+		})
+	}
+}
+
+// TestWatermarkQuorum: serial loads need a majority of the watermark
+// copies, for reads and writes alike; a minority down is fine.
+func TestWatermarkQuorum(t *testing.T) {
+	ctx := context.Background()
+	_, primary := newClient(t, redistest.Options{})
+	others := redistest.StartN(t, 3, redistest.Options{})
+	var mirrors []redis.Cmdable
+	for _, o := range others {
+		c := shard.NewClient(o.Addr, shard.Options{})
+		t.Cleanup(func() { c.Close() })
+		mirrors = append(mirrors, c)
+	}
+	a := NewRedisAllocator(primary, Key, mirrors...)
+	end, err := a.Alloc(ctx, 100)
+	if err != nil || end != 100 {
+		t.Fatalf("Alloc = %d, %v; want 100", end, err)
+	}
+	others[0].Kill()
+	if end, err = a.Alloc(ctx, 100); err != nil || end != 200 {
+		t.Fatalf("Alloc with one copy of three down = %d, %v; want 200", end, err)
+	}
+	others[1].Kill()
+	if _, err = a.Alloc(ctx, 100); !errors.Is(err, errNoQuorum) {
+		t.Fatalf("Alloc with two copies of three down = %v, want errNoQuorum", err)
+	}
+	// A copy that missed writes is outvoted by the highest one answering.
+	others[0].Restart()
+	others[1].Restart()
+	if err := mirrors[1].Set(ctx, Key+":watermark", 0, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Set(ctx, Key, 0, 0).Err(); err != nil { // the primary lost everything
+		t.Fatal(err)
+	}
+	if end, err = a.Alloc(ctx, 100); err != nil || end <= 200 {
+		t.Fatalf("Alloc after the primary lost its counter = %d, %v; want above 200", end, err)
 	}
 }

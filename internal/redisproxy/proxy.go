@@ -8,8 +8,8 @@
 // (RESP arrays of bulk strings, as go-redis writes them) and the replies
 // Redis sends back, and matches them in order, which Redis guarantees per
 // connection. A connection that enters pub/sub (SUBSCRIBE, PSUBSCRIBE,
-// SSUBSCRIBE) or MONITOR breaks that pairing; from then on its bytes pass
-// through untouched.
+// SSUBSCRIBE), MONITOR or CLIENT REPLY breaks that pairing; from then on its
+// bytes pass through untouched. RESP3 pushes are forwarded unpaired.
 //
 // For tests only: every fault rule is safe to change while traffic flows.
 package redisproxy
@@ -273,8 +273,7 @@ func (c *conn) upstream() {
 				return // reset: neither this command nor any after it runs
 			}
 			c.pending = append(c.pending, cmd)
-			switch cmd[0] {
-			case "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "MONITOR":
+			if endsPairing(cmd) {
 				c.passthrough = true
 			}
 		}
@@ -304,6 +303,12 @@ func (c *conn) downstream() {
 		if err != nil {
 			return
 		}
+		if raw[0] == '>' { // a RESP3 push answers no command
+			if _, err := c.client.Write(raw); err != nil {
+				return
+			}
+			continue
+		}
 		c.mu.Lock()
 		var cmd []string
 		if len(c.pending) > 0 {
@@ -330,6 +335,17 @@ func (c *conn) downstream() {
 			return
 		}
 	}
+}
+
+// endsPairing reports whether replies stop being one per command after cmd.
+func endsPairing(cmd []string) bool {
+	switch cmd[0] {
+	case "SUBSCRIBE", "SSUBSCRIBE", "PSUBSCRIBE", "MONITOR":
+		return true
+	case "CLIENT":
+		return len(cmd) > 1 && strings.EqualFold(cmd[1], "REPLY")
+	}
+	return false
 }
 
 // errProtocol is returned for bytes that are not RESP.

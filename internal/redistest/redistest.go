@@ -5,8 +5,8 @@
 // Fault tests can Kill a server with SIGKILL and Restart it on the same port and
 // directory, so with AOF on it comes back with what it had fsynced; Pause and
 // Resume freeze and thaw it (SIGSTOP, SIGCONT); SnapshotAOF and RestoreAOF
-// roll its AOF back to an earlier copy, a host that lost its AOF tail. A
-// Proxy (proxy.go) in front of a server loses replies or requests on the wire.
+// roll its AOF back to an earlier copy, a host that lost its AOF tail. To
+// lose replies or requests on the wire, put a redisproxy.Proxy in front.
 //
 // rain's tests never mock Redis. When redis-server is not on PATH the test fails
 // (it does not skip) with a message that says how to get it.

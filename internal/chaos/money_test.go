@@ -1,0 +1,302 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"go.uber.org/goleak"
+
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/redisproxy"
+	"rain/internal/redistest"
+	"rain/internal/settle"
+	"rain/internal/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// stack is n shards, each behind a proxy; instances reach them only
+// through the proxies.
+type stack struct {
+	servers []*redistest.Server
+	proxies []*redisproxy.Proxy
+	specs   []shard.Spec
+}
+
+func newStack(t *testing.T, n int, opts redistest.Options) *stack {
+	t.Helper()
+	s := &stack{servers: redistest.StartN(t, n, opts)}
+	for i, srv := range s.servers {
+		p := redisproxy.Start(t, srv.Addr)
+		s.proxies = append(s.proxies, p)
+		s.specs = append(s.specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: p.Addr})
+	}
+	return s
+}
+
+// shards opens one process's clients on the stack, with rain serve's options.
+func (s *stack) shards(t *testing.T) *shard.Set {
+	t.Helper()
+	set, err := shard.Open(s.specs, 0, shard.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return set
+}
+
+// instance is one rain serve's grab service, wired as serve wires it.
+func (s *stack) instance(t *testing.T, cfg grab.Config) *grab.Service {
+	t.Helper()
+	set := s.shards(t)
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gen.Close() })
+	cfg.Serials, cfg.Arbiter = gen, "s1"
+	svc := grab.New(set, cfg)
+	t.Cleanup(svc.Close)
+	// Its local answers kept current, as in rain serve.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return svc
+}
+
+func (s *stack) setLoss(rate float64) {
+	for i, p := range s.proxies {
+		p.SetReplyLoss(rate, uint64(i+1))
+	}
+}
+
+// TestChaosLostReplies: 4 shards behind proxies that swallow 3% of all
+// replies and reset the connection, two rain instances, a pool of 4
+// sub-pools drained by users most of whom share one home sub-pool (so
+// spills are frequent), the reaper sweeping, and a settle worker paying
+// into a ledger, every component on rain serve's client options. Clients
+// retry 503s as the contract allows. Afterwards, with the loss off and the
+// reaper given time to finish what is in flight: no more users granted
+// than packets, no more cents than the pool, the audit ok, every grant a
+// user was answered is the one they hold (a re-grab returns it
+// unchanged), and the ledger has one line per serial, each a grant.
+func TestChaosLostReplies(t *testing.T) {
+	// At 8% go-redis's retries hide nearly every loss; at 20% some steps
+	// fail for good and their outcomes are unknown or undone by the reaper.
+	for _, loss := range []float64{0.08, 0.2} {
+		t.Run(fmt.Sprintf("loss=%v", loss), func(t *testing.T) { testChaosLostReplies(t, loss) })
+	}
+}
+
+func testChaosLostReplies(t *testing.T, loss float64) {
+	ctx := context.Background()
+	st := newStack(t, 4, redistest.Options{})
+	cfg := grab.Config{SpillAge: time.Second}
+	a, b := st.instance(t, cfg), st.instance(t, cfg)
+	const packets, cents, subPools = 200, 20_000, 4
+	if _, _, err := a.Preload(ctx, grab.Spec{PoolID: "chaos", TotalCents: cents, Count: packets, SubPools: subPools}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reaper: spill recovery (nothing expires: the hold is 600s).
+	reapCtx, stopReaper := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	bg.Go(func() {
+		for reapCtx.Err() == nil {
+			_, _ = a.ReleaseExpired(reapCtx)
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	// Settlement, into a ledger, through its own connections.
+	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := settle.OpenLedger(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	settleSet := st.shards(t)
+	pools := grab.New(settleSet, grab.Config{Arbiter: "s1"})
+	defer pools.Close()
+	w := settle.New(settleSet, pools, l, settle.Config{
+		Consumer: "chaos", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
+		ClaimAfter: 500 * time.Millisecond, RetryDelay: 20 * time.Millisecond})
+	settleCtx, stopSettle := context.WithCancel(ctx)
+	bg.Go(func() { _ = w.Run(settleCtx) })
+
+	st.setLoss(loss)
+	// 800 users, most of them at home in sub-pool 0.
+	var users []string
+	for u := 0; len(users) < 800; u++ {
+		id := fmt.Sprintf("u%d", u)
+		if xxhash.Sum64String(id)%subPools == 0 || u%4 == 0 {
+			users = append(users, id)
+		}
+	}
+	var mu sync.Mutex
+	answered := map[string]grab.Result{} // first grant each user was answered
+	var refusals, unknown, grabs int
+	work := make(chan string)
+	var clients sync.WaitGroup
+	for c := range 24 {
+		clients.Go(func() {
+			svc := []*grab.Service{a, b}[c%2]
+			rng := rand.New(rand.NewPCG(uint64(c), 9))
+			for u := range work {
+				for try := 0; try < 30; try++ {
+					r, err := svc.Grab(ctx, "chaos", u)
+					mu.Lock()
+					grabs++
+					switch {
+					case err == nil:
+						if r.Outcome == grab.Granted || r.Outcome == grab.AlreadyGranted {
+							if prev, ok := answered[u]; ok && (prev.Serial != r.Serial || prev.Amount != r.Amount) {
+								t.Errorf("%s was answered %+v, then %+v", u, prev, r)
+							}
+							answered[u] = r
+						}
+					case errors.Is(err, grab.ErrOutcomeUnknown):
+						unknown++
+					default:
+						refusals++
+					}
+					mu.Unlock()
+					if err == nil {
+						break
+					}
+					time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // the client's retry
+				}
+			}
+		})
+	}
+	for _, u := range users {
+		work <- u
+	}
+	close(work)
+	clients.Wait()
+	st.setLoss(0)
+
+	// Let the reaper finish every transfer in flight.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := a.Status(ctx, "chaos")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := a.Audit(ctx, "chaos")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.OK && s.RemainingCount+s.HeldCount+s.ConfirmedCount == packets {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not settled 30s after the loss stopped: status %+v, audit %+v", s, rep.Problems)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopReaper()
+
+	var granted, grantedCents int64
+	for u, r := range answered {
+		again, err := b.Grab(ctx, "chaos", u)
+		if err != nil || again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+			t.Errorf("re-grab of %s = %+v, %v; want already_granted %+v", u, again, err, r)
+		}
+		granted++
+		grantedCents += r.Amount
+	}
+	if granted > packets || grantedCents > cents {
+		t.Fatalf("%d users answered a grant, %d cents: more than the pool's %d packets, %d cents", granted, grantedCents, packets, cents)
+	}
+	s, err := a.Status(ctx, "chaos")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := s.HeldCount + s.ConfirmedCount; held < granted {
+		t.Fatalf("%d grants held or confirmed, but %d users were answered a grant", held, granted)
+	}
+
+	// Settlement pays every grant once.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		lines := readLedger(t, ledger)
+		s, _ := a.Status(ctx, "chaos")
+		if int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0 {
+			for u, r := range answered {
+				if g, ok := lines[r.Serial]; !ok || g.UserID != u || g.AmountCents != r.Amount {
+					t.Errorf("ledger line of serial %d = %+v (%v), want %s's grant of %d", r.Serial, g, ok, u, r.Amount)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ledger has %d lines 30s after the loss stopped; status %+v", len(lines), s)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopSettle()
+	bg.Wait()
+
+	swallowed := 0
+	for _, p := range st.proxies {
+		swallowed += p.Stats().Swallowed()
+	}
+	if swallowed == 0 {
+		t.Fatal("no reply was lost")
+	}
+	// Spills made: the verdicts the homes recorded.
+	var spills, adopted int64
+	for j, sp := range s.SubPools {
+		c := settleSet.Client(sp.Shard)
+		vs, err := c.HGetAll(ctx, fmt.Sprintf("rain:{chaos:%d}:verdicts", j)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			spills++
+			if v[0] == 'a' {
+				adopted++
+			}
+		}
+	}
+	if adopted == 0 {
+		t.Fatal("no spill was adopted: the test did not exercise spills")
+	}
+	t.Logf("%d grabs, %d replies lost, %d unknown outcomes, %d other 503s; %d spill tokens decided, %d adopted; %d users granted %d cents of %d",
+		grabs, swallowed, unknown, refusals, spills, adopted, granted, grantedCents, cents)
+}
+
+// readLedger reads the ledger's grants by serial, failing on a repeat.
+func readLedger(t *testing.T, path string) map[int64]settle.Grant {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[int64]settle.Grant{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var g settle.Grant
+		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
+			t.Fatalf("ledger line %q: %v", sc.Text(), err)
+		}
+		if _, dup := out[g.Serial]; dup {
+			t.Fatalf("serial %d has two ledger lines", g.Serial)
+		}
+		out[g.Serial] = g
+	}
+	return out
+}

@@ -2,10 +2,12 @@ package settle
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -324,4 +326,127 @@ func TestReleasedGrantIsNotPaid(t *testing.T) {
 		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
 	}
 	e.assertAudit(t)
+}
+
+// TestSerialConflictIsAnAlarm: the ledger already holds a serial for
+// another grant (a serial handed out twice, a shard that lost writes). The
+// worker must not skip the entry as "already paid": it counts the conflict
+// once, logs it, and leaves the entry pending for an operator, while every
+// other grant is paid.
+func TestSerialConflictIsAnAlarm(t *testing.T) {
+	e, grants := newEnv(t, 10, 0)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	var victim int64
+	for serial := range grants {
+		victim = serial
+		break
+	}
+	other := Grant{Serial: victim, PoolID: "elsewhere", UserID: "someone", AmountCents: 1}
+	if err := l.Deliver(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	w := New(e.shards, e.svc, l, fastConfig("a"))
+	stop := run(t, w)
+	waitFor(t, "the other grants paid", func() bool { return w.Stats().Delivered == 9 && w.Stats().Conflicts == 1 })
+	time.Sleep(300 * time.Millisecond) // several passes over the pending entry
+	stop()
+	if st := w.Stats(); st.Conflicts != 1 || st.Delivered != 9 {
+		t.Fatalf("stats %+v, want 9 delivered and the conflict counted once", st)
+	}
+	if n := pending(t, e); n != 1 {
+		t.Fatalf("%d entries pending, want the conflicting one", n)
+	}
+	if got := readLedger(t, path)[victim]; got != other {
+		t.Fatalf("ledger line of serial %d = %+v, want the first grant under it kept: %+v", victim, got, other)
+	}
+}
+
+// TestTwoWebhookWorkersPayOnce: two settle workers deliver to one wallet;
+// the first dies after delivering some grants, before acknowledging them,
+// and the second takes its pending entries over and delivers them again.
+// The wallet dedupes by Idempotency-Key across workers (and answers 409 for
+// a key it saw with another body), so every grant is paid exactly once.
+func TestTwoWebhookWorkersPayOnce(t *testing.T) {
+	e, grants := newEnv(t, 40, 0)
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	paid := map[string][]byte{}
+	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		deliveries[key]++
+		if first, ok := paid[key]; ok {
+			if !bytes.Equal(first, body) {
+				http.Error(w, "key reused for another grant", http.StatusConflict)
+			}
+			return // paid before: answered again, not paid again
+		}
+		paid[key] = body
+	}))
+	defer wallet.Close()
+	sink := &Webhook{URL: wallet.URL, Backoff: time.Millisecond}
+
+	crash := errors.New("crash")
+	first := New(e.shards, e.svc, sink, fastConfig("first"))
+	n := 0
+	first.hook = func(step string, _ Grant) error {
+		if step == "delivered" {
+			if n++; n == 5 {
+				return crash
+			}
+		}
+		return nil
+	}
+	if err := first.Run(context.Background()); !errors.Is(err, crash) {
+		t.Fatalf("first worker = %v, want the crash", err)
+	}
+	second := New(e.shards, e.svc, sink, fastConfig("second"))
+	stop := run(t, second)
+	waitFor(t, "every entry acknowledged", func() bool { return e.confirmed(t) == 40 && pending(t, e) == 0 })
+	stop()
+
+	mu.Lock()
+	defer mu.Unlock()
+	again := 0
+	for serial, r := range grants {
+		key := fmt.Sprint(serial)
+		var g Grant
+		if err := json.Unmarshal(paid[key], &g); err != nil || g.AmountCents != r.Amount {
+			t.Fatalf("wallet paid %s for serial %d, want %d cents", paid[key], serial, r.Amount)
+		}
+		if deliveries[key] > 1 {
+			again++
+		}
+	}
+	if len(paid) != 40 {
+		t.Fatalf("wallet paid %d grants, want 40", len(paid))
+	}
+	if again == 0 {
+		t.Fatal("no grant was delivered twice: the takeover was not exercised")
+	}
+	t.Logf("%d grants delivered by both workers, each paid once", again)
+}
+
+// TestWebhookConflictIsNotRetried: a wallet that saw the serial with
+// another grant answers 409; Deliver returns ErrSerialConflict at once.
+func TestWebhookConflictIsNotRetried(t *testing.T) {
+	var mu sync.Mutex
+	tries := 0
+	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		tries++
+		mu.Unlock()
+		http.Error(w, "key reused", http.StatusConflict)
+	}))
+	defer wallet.Close()
+	err := (&Webhook{URL: wallet.URL, Backoff: time.Millisecond}).Deliver(context.Background(), Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
+	if !errors.Is(err, ErrSerialConflict) {
+		t.Fatalf("Deliver to a wallet answering 409 = %v, want ErrSerialConflict", err)
+	}
+	if tries != 1 {
+		t.Fatalf("%d tries, want 1: a conflict is not retried", tries)
+	}
 }

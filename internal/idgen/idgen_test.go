@@ -444,6 +444,7 @@ func TestUniqueAfterSerialShardLosesWrites(t *testing.T) {
 			before := primary.SnapshotAOF() // the counter as the restore will bring it back
 			a := newGen(t, alloc(), Config{})
 			idsA := take(t, a, 5_000)
+			a.Close() // no load of A's after the restore: B's segments are B's alone
 
 			primary.Kill()
 			primary.RestoreAOF(before)

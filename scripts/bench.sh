@@ -13,6 +13,11 @@
 #                               on and --pool=off side by side (see bench_pool)
 #   scripts/bench.sh soldout    answers/s on a sold-out pool vs a handler that only
 #                               decodes and answers a fixed JSON (see bench_soldout)
+#   scripts/bench.sh durability grab throughput with the shards on appendfsync always
+#                               (what rain requires) beside everysec (see bench_durability)
+#
+# rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
+# them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
 #
 # grab and driver load their targets with loadtest/rainload, an open-loop driver:
 # requests are due at the times of a fixed arrival rate, whatever the answers, and
@@ -70,7 +75,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab durability driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -154,13 +159,16 @@ wait_port() {
   return 1
 }
 
-# start_redis VAR DIR: one throwaway redis-server (no persistence) in DIR on a free
-# port, which goes into VAR once it accepts connections.
+# start_redis VAR DIR [FSYNC]: one throwaway redis-server in DIR on a free port,
+# which goes into VAR once it accepts connections. With FSYNC (always, everysec)
+# it keeps an AOF with that appendfsync; without, no persistence.
 start_redis() {
-  local dir=$2 rp # not "port": printf -v must reach the caller's variable
+  local dir=$2 fsync=${3:-} rp # not "port": printf -v must reach the caller's variable
+  local persist=(--appendonly no)
+  [ -z "$fsync" ] || persist=(--appendonly yes --appendfsync "$fsync")
   free_port rp
   mkdir -p "$dir"
-  redis-server --bind 127.0.0.1 --port "$rp" --dir "$dir" --save "" --appendonly no \
+  redis-server --bind 127.0.0.1 --port "$rp" --dir "$dir" --save "" "${persist[@]}" \
     --daemonize no --logfile "" >"$dir/redis.log" 2>&1 &
   started+=($!)
   wait_port $! "$rp" "redis-server $dir" "$dir/redis.log"
@@ -193,15 +201,20 @@ need_tools() {
 
 # start_rain VAR [FLAG...]: rain serve on 4 fresh redis-server shards of weight 1,
 # with the admin token $token and any extra FLAGs; its port goes into VAR once
-# /healthz answers. Uses $tmp (bash scoping is dynamic).
+# /healthz answers. The shards keep an AOF with appendfsync $rain_fsync (always
+# unless set: the durability rain serve requires; anything else runs it with
+# --durability relaxed). Uses $tmp (bash scoping is dynamic).
+rain_fsync=${RAIN_FSYNC:-always}
 start_rain() {
-  local shards="" i p rp pid
+  local shards="" i p rp pid durability=()
   for i in 1 2 3 4; do
-    start_redis p "$tmp/s$i"
+    start_redis p "$tmp/s$i" "$rain_fsync"
     shards+="${shards:+,}s$i=1@127.0.0.1:$p"
   done
+  [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   free_port rp
-  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" "${@:2}" \
+  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
+    "${durability[@]}" "${@:2}" \
     >"$tmp/rain.log" 2>&1 &
   pid=$!
   started+=("$pid")
@@ -218,10 +231,12 @@ start_rain() {
   printf -v "$1" %d "$rp"
 }
 
-# start_baseline VAR: the baseline on its own redis-server; its port into VAR.
+# start_baseline VAR: the baseline on its own redis-server (AOF with appendfsync
+# $BASELINE_FSYNC, everysec unless set: the minimal design's usual setting);
+# its port into VAR.
 start_baseline() {
   local br bp
-  start_redis br "$tmp/baseline-redis"
+  start_redis br "$tmp/baseline-redis" "${BASELINE_FSYNC:-everysec}"
   free_port bp
   "$bin/baseline" -listen "127.0.0.1:$bp" -redis "127.0.0.1:$br" -admin-token "$token" \
     >"$tmp/baseline.log" 2>&1 &
@@ -424,6 +439,38 @@ bench_grab() {
   cleanup
 }
 
+# bench_durability: what fsyncing every acknowledged grant costs. rain on 4
+# shards with appendfsync always (what rain serve requires) beside rain on 4
+# shards with appendfsync everysec (--durability relaxed), saturated, rounds
+# alternating which goes first, medians. Batching shares one fsync among a
+# pipelined batch of claims, so the cost falls as batches fill.
+bench_durability() {
+  need_tools redis-server curl
+  local section=durability rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local aport eport
+  rain_fsync=always start_rain aport
+  rain_fsync=everysec start_rain eport
+  local r n order
+  for ((r = 1; r <= rounds; r++)); do
+    order="always everysec"
+    ((r % 2)) || order="everysec always"
+    for n in $order; do
+      local port=$aport
+      [ "$n" = everysec ] && port=$eport
+      saturate "$n" "$port" "$r" -admin-token "$token"
+    done
+  done
+  echo "== durability: $rounds round(s) of $duration, medians over rounds (errors: sums)"
+  print_row "durability: saturated" always sat
+  print_row "durability: saturated" everysec sat
+  figure "$(awk -v a="$(med always sat goodput_rps)" -v e="$(med everysec sat goodput_rps)" 'BEGIN {
+    printf "durability: appendfsync always serves %.2fx the grabs/s of everysec\n", a / e }')"
+  cleanup
+}
+
+
 # bench_pool: issue 5's overload test. rain with its worker pool on, then with
 # --pool=off, each fresh on 4 shards: first its peak (saturated goodput with the
 # pool on), then open-loop constant arrival rates of 2x and 4x that peak for
@@ -584,7 +631,8 @@ for s in "${sections[@]}"; do
     driver) bench_driver ;;
     pool) bench_pool ;;
     soldout) bench_soldout ;;
-    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab driver pool soldout)" >&2; exit 2 ;;
+    durability) bench_durability ;;
+    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab durability driver pool soldout)" >&2; exit 2 ;;
   esac
 done
 write_report

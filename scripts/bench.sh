@@ -3,7 +3,6 @@
 #
 #   scripts/bench.sh            every section
 #   scripts/bench.sh idgen      grant serials: Next vs one Redis INCR per ID
-#   scripts/bench.sh ring       shard ring Lookup (jump table) vs a plain sort.Search
 #   scripts/bench.sh preload    1,000,000 packets into 8 sub-pools on 4 shards vs bare RPUSH
 #   scripts/bench.sh grab       POST /grab over HTTP: rain on 4 shards vs the baseline
 #                               (loadtest/baseline: one handler, one EVALSHA, one Redis)
@@ -75,7 +74,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen ring preload grab durability driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -110,11 +109,6 @@ bench_idgen() {
   incr=$(awk '$1 ~ /^BenchmarkIncr-/ {print $3}' <<<"$out")
   awk -v n="$next" -v i="$incr" 'BEGIN {
     printf "idgen: Next %.2f ns/op, INCR baseline %.0f ns/op: Next is %.0fx faster (target <= 25 ns/op)\n", n, i, i / n }'
-}
-
-bench_ring() {
-  echo "== ring: go test -run x -bench . -benchmem ./internal/shard"
-  go test -run x -bench . -benchmem ./internal/shard | grep -E '^Benchmark'
 }
 
 bench_preload() {
@@ -625,14 +619,13 @@ fi
 for s in "${sections[@]}"; do
   case "$s" in
     idgen) bench_idgen ;;
-    ring) bench_ring ;;
     preload) bench_preload ;;
     grab) bench_grab ;;
     driver) bench_driver ;;
     pool) bench_pool ;;
     soldout) bench_soldout ;;
     durability) bench_durability ;;
-    *) echo "bench.sh: unknown section $s (have: idgen ring preload grab durability driver pool soldout)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability driver pool soldout)" >&2; exit 2 ;;
   esac
 done
 write_report

@@ -10,7 +10,6 @@ package shard
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,13 +22,8 @@ import (
 const DefaultVNodes = 160
 
 // maxPoints bounds Σ weight × vnodes, so that a mistaken vnodes cannot
-// overflow or exhaust memory (each point costs 12 bytes, plus up to 16 for
-// its jump-table buckets).
+// overflow or exhaust memory (each point costs 12 bytes).
 const maxPoints = 1 << 24
-
-// maxJumpBits bounds the jump table at 2^20+1 entries (4 MiB); rings of more
-// than 2^19 points just have more points per bucket.
-const maxJumpBits = 20
 
 // Ring is a weighted consistent-hash ring over named shards. A shard of
 // weight w has w × vnodes points on the ring; point r of shard "s1" sits at
@@ -42,17 +36,9 @@ const maxJumpBits = 20
 // is not usable: build one with NewRing.
 type Ring struct {
 	specs  []Spec   // sorted by name; owners index into it
-	names  []string // names[i] == specs[i].Name, so Lookup touches only strings
+	names  []string // names[i] == specs[i].Name
 	hashes []uint64 // point positions, sorted ascending; ties broken by owner name
 	owners []uint32 // owners[i] is the index into specs of the point at hashes[i]
-
-	// jump[p] is the index of the first point with hashes[i] >> shift >= p,
-	// for p in [0, 2^jumpBits]; jump[2^jumpBits] == len(hashes). The first
-	// point at or after h therefore lies in [jump[p], jump[p+1]] where
-	// p = h >> shift (see index), so a search covers one bucket, under
-	// half a point on average, instead of the whole ring.
-	jump  []uint32
-	shift uint // 64 - jumpBits
 
 	// hash replaces xxhash.Sum64String for keys and point positions when
 	// non-nil. Only tests set it (through newRing), so positions can be
@@ -129,7 +115,6 @@ func newRing(specs []Spec, vnodes int, hash func(string) uint64) (*Ring, error) 
 	for i, p := range points {
 		r.hashes[i], r.owners[i] = p.hash, p.owner
 	}
-	r.buildJump()
 	return r, nil
 }
 
@@ -141,37 +126,6 @@ func (r *Ring) posHash(b []byte) uint64 {
 	return xxhash.Sum64(b) // same value as Sum64String(string(b)), no allocation
 }
 
-// buildJump fills jump with 2 to 4 buckets per point (2^jumpBits > 2 × points,
-// up to maxJumpBits). Mostly empty buckets measured faster than one point
-// per bucket: the scan in index then seldom runs at all, so it seldom
-// mispredicts, and the larger table still fits in cache for 128 shards.
-func (r *Ring) buildJump() {
-	jumpBits := min(bits.Len(uint(len(r.hashes)))+1, maxJumpBits)
-	r.shift = uint(64 - jumpBits)
-	size := 1 << jumpBits
-	r.jump = make([]uint32, size+1)
-	i := 0
-	for p := range size {
-		lower := uint64(p) << r.shift
-		for i < len(r.hashes) && r.hashes[i] < lower {
-			i++
-		}
-		r.jump[p] = uint32(i)
-	}
-	r.jump[size] = uint32(len(r.hashes))
-}
-
-// Lookup returns the name of the shard that owns key. It does not allocate.
-func (r *Ring) Lookup(key string) string {
-	return r.names[r.owners[r.index(r.keyHash(key))]]
-}
-
-// LookupHash returns the name of the shard that owns a key whose hash is h,
-// for callers that already hold xxhash.Sum64String(key).
-func (r *Ring) LookupHash(h uint64) string {
-	return r.names[r.owners[r.index(h)]]
-}
-
 func (r *Ring) keyHash(key string) uint64 {
 	if r.hash != nil {
 		return r.hash(key)
@@ -180,24 +134,10 @@ func (r *Ring) keyHash(key string) uint64 {
 }
 
 // index returns the index of the first point at or after h, wrapping to 0.
-//
-// Why searching one bucket suffices: let p = h >> shift and i* the first
-// index with hashes[i*] ≥ h (len(hashes) if none). Every i < jump[p] has
-// hashes[i] < p << shift ≤ h, so i* ≥ jump[p]. If jump[p+1] < len(hashes),
-// hashes[jump[p+1]] ≥ (p+1) << shift > h, so i* ≤ jump[p+1]; otherwise
-// jump[p+1] == len(hashes) ≥ i*. So i* lies in [jump[p], jump[p+1]], and the
-// scan of hashes[jump[p]:jump[p+1]] for the first value ≥ h finds it, or
-// finds none, meaning i* == jump[p+1].
-//
-// The scan is linear: buckets are nearly always empty or hold one point, and
-// it beat slices.BinarySearch by about 3 ns. A bucket crowded by colliding
-// positions makes it slower, never wrong.
+// Rain walks the ring only to place a pool's sub-pools at preload, so a
+// binary search is all it needs.
 func (r *Ring) index(h uint64) int {
-	p := h >> r.shift
-	i, hi := int(r.jump[p]), int(r.jump[p+1])
-	for i < hi && r.hashes[i] < h {
-		i++
-	}
+	i, _ := slices.BinarySearch(r.hashes, h)
 	if i == len(r.hashes) {
 		i = 0
 	}
@@ -205,8 +145,8 @@ func (r *Ring) index(h uint64) int {
 }
 
 // Distinct returns the names of up to k distinct shards met walking the ring
-// clockwise from key's position: the first is Lookup(key), and no name
-// repeats. k is clamped to [0, Len()].
+// clockwise from key's position: the first owns key, and no name repeats. k
+// is clamped to [0, the number of shards].
 func (r *Ring) Distinct(key string, k int) []string {
 	k = min(k, len(r.specs))
 	if k <= 0 {
@@ -228,9 +168,3 @@ func (r *Ring) Distinct(key string, k int) []string {
 	}
 	return out
 }
-
-// Shards returns a copy of the ring's specs, sorted by name.
-func (r *Ring) Shards() []Spec { return slices.Clone(r.specs) }
-
-// Len returns the number of shards.
-func (r *Ring) Len() int { return len(r.specs) }

@@ -108,8 +108,8 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
-	if !grab.ValidID(*pool) {
-		return fmt.Errorf("--pool %q: must be 1-64 characters from A-Z a-z 0-9 _ - . :", *pool)
+	if err := grab.CheckID("--pool", *pool); err != nil {
+		return err
 	}
 	set, svc, err := openTool(tc.Redis, tc.SerialShard)
 	if err != nil {

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
 	"rain/internal/grab"
@@ -208,10 +209,10 @@ func TestConcurrentGrabs(t *testing.T) {
 			if num(st.Body["remaining_count"]) != 0 || num(st.Body["held_count"]) != packets || num(st.Body["held_cents"]) != total {
 				t.Fatalf("status = %v, want 0 remaining, %d held, %d cents held", st.Body, packets, total)
 			}
-			got := s.api.GrabCounts()
+			got := s.scrape(t)
 			for status, n := range counts {
-				if got[status] != int64(n) {
-					t.Fatalf("metrics %s = %d, want %d (all: %v)", status, got[status], n, got)
+				if key := `rain_grabs_total{status="` + status + `"}`; got[key] != float64(n) {
+					t.Fatalf("metric %s = %v, want %d", key, got[key], n)
 				}
 			}
 		})
@@ -310,8 +311,8 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
-	if got := s.api.GrabCounts()["invalid"]; got != 18 {
-		t.Fatalf("invalid counter = %d, want 18", got)
+	if got := s.scrape(t)[`rain_grabs_total{status="invalid"}`]; got != 18 {
+		t.Fatalf("invalid counter = %v, want 18", got)
 	}
 
 	// Operator endpoints without the right token: 401, nothing done.
@@ -385,17 +386,57 @@ func (s *stack) keys(t testing.TB) int {
 func TestMetricsFormat(t *testing.T) {
 	s := newStack(t, 1, redistest.Options{})
 	s.grab(t, "nope", "u")
+	got := s.scrape(t)
+	for key, want := range map[string]float64{
+		`rain_grabs_total{status="not_found"}`:                 1,
+		`rain_grabs_total{status="granted"}`:                   0,
+		`rain_grab_overloaded_total{reason="shed"}`:            0,
+		`rain_grab_overloaded_total{reason="outcome_unknown"}`: 0,
+		"rain_pool_capacity":                                   8,
+		"rain_pool_shed_total":                                 0,
+	} {
+		if v, ok := got[key]; !ok || v != want {
+			t.Errorf("/metrics %s = %v (present %v), want %v", key, v, ok, want)
+		}
+	}
+}
+
+// scrape reads GET /metrics with the Prometheus text parser: every sample
+// by name{label="value",...} (labels sorted by name).
+func (s *stack) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
 	r, err := s.client.Get(s.ts.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	for _, want := range []string{`rain_grabs_total{status="not_found"} 1`, "rain_pool_capacity 8", "rain_pool_shed_total 0"} {
-		if !bytes.Contains(b, []byte(want)) {
-			t.Fatalf("/metrics lacks %q:\n%s", want, b)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse as Prometheus text: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			key := name
+			if len(m.GetLabel()) > 0 {
+				var parts []string
+				for _, l := range m.GetLabel() {
+					parts = append(parts, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+				}
+				key += "{" + strings.Join(parts, ",") + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetUntyped() != nil:
+				out[key] = m.GetUntyped().GetValue()
+			}
 		}
 	}
+	return out
 }
 
 // gated wraps the real service: a grab by user "slow" waits for release, one

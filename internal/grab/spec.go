@@ -55,22 +55,40 @@ const (
 	MaxHoldSeconds = 30 * 24 * 3600
 )
 
+// IDRule is the id syntax of API.md, for messages.
+const IDRule = "1-64 characters from [A-Za-z0-9_.:-]"
+
 // ValidID reports whether s is a valid pool or user id: 1–64 characters from
-// A-Z a-z 0-9 _ - . : (ids end up inside Redis keys).
+// A-Z a-z 0-9 _ - . : (ids end up inside Redis keys, and need no escaping in
+// JSON).
 func ValidID(s string) bool {
 	if len(s) == 0 || len(s) > MaxIDLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
-			c == '_', c == '-', c == '.', c == ':':
-		default:
+		if !IDByte(s[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// IDByte reports whether c may appear in an id.
+func IDByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		c == '_' || c == '-' || c == '.' || c == ':'
+}
+
+// CheckID returns nil for a valid id, else an error that names the field
+// (as the caller spells it: "pool_id", "--pool") and the rule.
+func CheckID(field, id string) error {
+	if ValidID(id) {
+		return nil
+	}
+	if len(id) > 80 {
+		id = id[:80] + "..."
+	}
+	return fmt.Errorf("%s %q: want %s", field, id, IDRule)
 }
 
 // Spec is an operator's pool, as POST /admin/pools takes it.
@@ -89,8 +107,8 @@ type Spec struct {
 // Normalize fills defaults and validates. Every error wraps ErrInvalid with a
 // reason fit for the caller.
 func (s Spec) Normalize() (Spec, error) {
-	if !ValidID(s.PoolID) {
-		return s, fmt.Errorf("%w: pool_id %q must be 1-64 characters from A-Z a-z 0-9 _ - . :", ErrInvalid, s.PoolID)
+	if err := CheckID("pool_id", s.PoolID); err != nil {
+		return s, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if s.MinCents == 0 {
 		s.MinCents = 1

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"rain/internal/grab"
 	"syscall"
 	"time"
 
@@ -157,7 +158,7 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", Error: err.Error()})
 		return
 	}
-	if !validID(req.PoolID) || !validID(req.UserID) {
+	if !grab.ValidID(req.PoolID) || !grab.ValidID(req.UserID) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", PoolID: req.PoolID, UserID: req.UserID, Error: "bad pool_id or user_id"})
 		return
 	}
@@ -210,7 +211,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	if !validID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
+	if !grab.ValidID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
 		reply(w, http.StatusBadRequest, map[string]string{"error": "need a valid pool_id, count > 0, total_cents >= count"})
 		return
 	}
@@ -263,22 +264,6 @@ func (s *server) push(ctx context.Context, stock string, total, count int64) err
 // keys returns the stock, grants and meta keys of a pool, under one hash tag.
 func keys(pool string) []string {
 	return []string{"bl:{" + pool + "}:stock", "bl:{" + pool + "}:grants", "bl:{" + pool + "}:meta"}
-}
-
-// validID reports whether id is 1–64 characters of A-Z a-z 0-9 _ - . : (API.md).
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 func reply(w http.ResponseWriter, code int, v any) {

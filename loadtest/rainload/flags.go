@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"rain/internal/grab"
 	"rain/loadtest/rainload/internal/schedule"
 )
 
@@ -43,7 +44,7 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rainload run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rawURL := fs.String("url", "http://127.0.0.1:8080", "base `URL` of the target (http only); the driver POSTs {url}/grab")
-	pool := fs.String("pool", "", "pool `id` to grab from (required; 1-64 of A-Z a-z 0-9 _ - . :)")
+	pool := fs.String("pool", "", "pool `id` to grab from (required; "+grab.IDRule+")")
 	rate := fs.Float64("rate", 0, "constant arrival `rate` in requests per second, with -duration (or use -stages)")
 	duration := fs.Duration("duration", 0, "length of a constant -rate load")
 	stages := fs.String("stages", "", "ramping arrival rate: comma-separated `DURATION:RATE` stages, each ramping linearly to RATE over DURATION from where the last ended, e.g. 5s:1000,10s:8000,5s:8000,5s:0 (instead of -rate and -duration)")
@@ -85,8 +86,10 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	if u.Port() == "" {
 		c.addr = u.Host + ":80"
 	}
-	if !validID(c.pool) {
-		return nil, fmt.Errorf("-pool %q: want 1-64 characters of A-Z a-z 0-9 _ - . :", c.pool)
+	// Ids are checked once here, so that the hot path can put them into
+	// JSON without escaping.
+	if err := grab.CheckID("-pool", c.pool); err != nil {
+		return nil, err
 	}
 
 	switch {
@@ -112,8 +115,8 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	if c.users < 1 {
 		return nil, fmt.Errorf("-users %d: want >= 1", c.users)
 	}
-	if c.userPrefix == "" || !validID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
-		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be 1-64 characters of A-Z a-z 0-9 _ - . :", c.userPrefix, c.users)
+	if c.userPrefix == "" || !grab.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
+		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, grab.IDRule)
 	}
 	if !(c.repeat >= 0 && c.repeat <= 1) {
 		return nil, fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)
@@ -146,21 +149,4 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-preload and -scrape need -admin-token")
 	}
 	return c, nil
-}
-
-// validID reports whether id is 1-64 characters of A-Z a-z 0-9 _ - . : (API.md).
-// Pool and user ids are checked once here so that the hot path can put them into
-// JSON without escaping.
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		switch c := id[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -1,0 +1,150 @@
+package api
+
+// This file is the operator endpoints, behind the admin token.
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"rain/internal/grab"
+	"strings"
+)
+
+// maxAdminBody bounds operator request bodies.
+const maxAdminBody = 64 << 10
+
+// readJSON decodes an operator request's body, at most maxAdminBody bytes,
+// strictly into v; on failure it answers 400 with the reason and reports
+// false.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	buf, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			err = fmt.Errorf("body is larger than %d bytes", maxAdminBody)
+		}
+		writeError(w, http.StatusBadRequest, err)
+		return false
+	}
+	if err := decodeStrict(buf, v); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return false
+	}
+	return true
+}
+
+// admin wraps an operator endpoint with the bearer token check.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || len(s.token) == 0 || subtle.ConstantTimeCompare([]byte(got), s.token) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
+	var spec grab.Spec
+	if !readJSON(w, r, &spec) {
+		return
+	}
+	st, created, err := s.cfg.Pools.Preload(r.Context(), spec)
+	if err != nil {
+		s.adminError(w, "preload", spec.PoolID, err)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+		s.cfg.Logger.Info("pool preloaded", "pool_id", spec.PoolID, "count", spec.Count, "total_cents", spec.TotalCents)
+	}
+	writeJSON(w, code, st)
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if err := grab.CheckID("pool_id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	st, err := s.cfg.Pools.Status(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "status", id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if err := grab.CheckID("pool_id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	rep, err := s.cfg.Pools.Audit(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "audit", id, err)
+		return
+	}
+	if !rep.OK {
+		s.cfg.Logger.Warn("audit found problems", "pool_id", id, "problems", len(rep.Problems))
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// confirmRequest is the POST /admin/grants/confirm body.
+type confirmRequest struct {
+	PoolID string `json:"pool_id"`
+	UserID string `json:"user_id"`
+	Serial int64  `json:"serial"`
+}
+
+func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
+	var req confirmRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if err := errors.Join(grab.CheckID("pool_id", req.PoolID), grab.CheckID("user_id", req.UserID)); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	switch {
+	case req.Serial <= 0:
+		writeError(w, http.StatusBadRequest, errors.New("serial must be a positive integer"))
+		return
+	}
+	err := s.cfg.Pools.Confirm(r.Context(), req.PoolID, req.UserID, req.Serial)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "confirmed"})
+	case errors.Is(err, grab.ErrGrantReleased), errors.Is(err, grab.ErrSerialMismatch):
+		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, grab.ErrNoGrant):
+		writeError(w, http.StatusNotFound, err)
+	default:
+		s.adminError(w, "confirm", req.PoolID, err)
+	}
+}
+
+// adminError maps a domain error of an operator endpoint to its status.
+func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
+	switch {
+	case errors.Is(err, grab.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, grab.ErrConflict):
+		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, grab.ErrNotFound):
+		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, grab.ErrUnavailable):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, err)
+	default:
+		s.cfg.Logger.Error(op+" failed", "pool_id", pool, "err", err)
+		writeError(w, http.StatusInternalServerError, errors.New("internal error"))
+	}
+}

@@ -1,0 +1,155 @@
+package api
+
+// This file decodes request bodies: the strict decoder, and an
+// allocation-free fast path for the common grab body.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"rain/internal/grab"
+	"sync"
+)
+
+// grabRequest is the POST /grab body.
+type grabRequest struct {
+	PoolID string `json:"pool_id"`
+	UserID string `json:"user_id"`
+}
+
+// errBodyTooLarge is returned by decodeGrab for a body over MaxGrabBody.
+var errBodyTooLarge = fmt.Errorf("body is larger than %d bytes", MaxGrabBody)
+
+// decodeGrab reads and validates a POST /grab body: one JSON object with
+// exactly the known fields, both ids valid, at most MaxGrabBody bytes.
+func decodeGrab(body io.Reader) (grabRequest, error) {
+	var req grabRequest
+	bp := bodyPool.Get().(*[MaxGrabBody + 1]byte)
+	defer bodyPool.Put(bp)
+	n, err := io.ReadFull(body, bp[:])
+	switch {
+	case n > MaxGrabBody:
+		return req, errBodyTooLarge
+	case err != nil && err != io.EOF && err != io.ErrUnexpectedEOF:
+		return req, fmt.Errorf("reading body: %w", err)
+	}
+	buf := bp[:n]
+	if fast, ok := fastGrab(buf); ok {
+		return fast, nil
+	}
+	if err := decodeStrict(buf, &req); err != nil {
+		return req, err
+	}
+	if err := grab.CheckID("pool_id", req.PoolID); err != nil {
+		return req, err
+	}
+	return req, grab.CheckID("user_id", req.UserID)
+}
+
+// bodyPool holds grab body buffers: one more byte than allowed, to tell a
+// body at the limit from one over it.
+var bodyPool = sync.Pool{New: func() any { return new([MaxGrabBody + 1]byte) }}
+
+// fastGrab parses the common body, {"pool_id":"…","user_id":"…"} in either
+// order with any JSON whitespace and ids of valid characters only, without
+// encoding/json. Anything else (escapes, other or repeated keys, invalid ids,
+// malformed input) returns ok = false and goes to the strict decoder, which
+// accepts or refuses it; FuzzDecodeGrab checks the two always agree.
+func fastGrab(b []byte) (req grabRequest, ok bool) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return req, false
+	}
+	var havePool, haveUser bool
+	for {
+		i = skipSpace(b, i+1)
+		key, j, ok := fastString(b, i)
+		if !ok {
+			return req, false
+		}
+		i = skipSpace(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return req, false
+		}
+		i = skipSpace(b, i+1)
+		val, j, ok := fastString(b, i)
+		if !ok || len(val) == 0 || len(val) > grab.MaxIDLen {
+			return req, false
+		}
+		switch string(key) {
+		case "pool_id":
+			if havePool {
+				return req, false
+			}
+			havePool, req.PoolID = true, string(val)
+		case "user_id":
+			if haveUser {
+				return req, false
+			}
+			haveUser, req.UserID = true, string(val)
+		default:
+			return req, false
+		}
+		i = skipSpace(b, j)
+		if i >= len(b) {
+			return req, false
+		}
+		if b[i] == '}' {
+			break
+		}
+		if b[i] != ',' {
+			return req, false
+		}
+	}
+	if skipSpace(b, i+1) != len(b) || !havePool || !haveUser {
+		return req, false
+	}
+	return req, true
+}
+
+// fastString reads a JSON string at b[i] made only of id characters (which
+// need no escaping) and returns its contents and the index after it.
+func fastString(b []byte, i int) (s []byte, next int, ok bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, 0, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		c := b[j]
+		if c == '"' {
+			return b[i+1 : j], j + 1, true
+		}
+		if !grab.IDByte(c) {
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
+
+// skipSpace returns the index of the first non-whitespace byte at or after i.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// decodeStrict decodes exactly one JSON object with no unknown fields.
+func decodeStrict(buf []byte, v any) error {
+	if i := skipSpace(buf, 0); i == len(buf) || buf[i] != '{' {
+		return errors.New("malformed JSON: the body must be an object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed JSON: %w", err)
+	}
+	if dec.More() {
+		return errors.New("malformed JSON: more than one value in the body")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("malformed JSON: trailing data after the object")
+	}
+	return nil
+}

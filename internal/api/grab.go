@@ -1,0 +1,168 @@
+package api
+
+// This file is POST /grab: statuses, the reasons of a 503, the answer.
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"rain/internal/grab"
+	"rain/internal/pool"
+	"strconv"
+	"time"
+)
+
+// Grab statuses of API.md, indexed for the metrics.
+type status int
+
+const (
+	stGranted status = iota
+	stAlreadyGranted
+	stSoldOut
+	stNotFound
+	stNotStarted
+	stEnded
+	stOverloaded
+	stInvalid
+	stError // not an API status: a 500, counted apart
+	nStatus
+)
+
+var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not_found",
+	"not_started", "ended", "overloaded", "invalid", "error"}
+
+var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 500}
+
+// Reasons a grab is answered overloaded (503), each counted apart; the
+// answer's "error" says which, and whether anything may have been granted.
+type reason int
+
+const (
+	rsShed        reason = iota // the worker pool is full: refused before any work
+	rsUnavailable               // a shard or the serial generator is down: nothing granted
+	rsUnknown                   // a step that may grant lost its answer: a retry returns it
+	rsBusy                      // the user's own spill is in flight
+	rsClientGone                // the client left; the grab may still have run
+	nReason
+)
+
+var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone"}
+
+var reasonTexts = [nReason]string{
+	"overloaded: the request was shed; nothing was granted",
+	"a shard is unavailable; nothing was granted",
+	"the outcome is not known yet: the grab may have been granted, and a retry returns it",
+	"a grab of this user is in flight; retry shortly",
+	"the request was cancelled; the grab may have been granted, and a retry returns it",
+}
+
+func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
+	req, err := decodeGrab(r.Body)
+	if err != nil {
+		s.metrics.grabs[stInvalid].Add(1)
+		writeJSON(w, http.StatusBadRequest, map[string]string{
+			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
+		return
+	}
+	var res grab.Result
+	if s.cfg.Runner == nil {
+		res, err = s.cfg.Grabber.Grab(r.Context(), req.PoolID, req.UserID)
+	} else {
+		var tres grab.Result
+		var terr error
+		// tres and terr are read only when Do returns nil: the task has
+		// finished then; on any error it may still be running.
+		err = s.cfg.Runner.Do(r.Context(), func(ctx context.Context) {
+			tres, terr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
+		})
+		if err == nil {
+			res, err = tres, terr
+		}
+	}
+	st, rs := stError, reason(-1)
+	switch {
+	case err == nil:
+		st = outcomeStatus(res.Outcome)
+	case errors.Is(err, pool.ErrOverloaded):
+		rs = rsShed
+	case errors.Is(err, pool.ErrPanicked):
+		// Logged by the pool; the request gets a 500 below.
+	case errors.Is(err, grab.ErrOutcomeUnknown):
+		rs = rsUnknown
+	case errors.Is(err, grab.ErrBusy):
+		rs = rsBusy
+	case errors.Is(err, grab.ErrUnavailable):
+		rs = rsUnavailable
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		rs = rsClientGone
+	default:
+		s.cfg.Logger.Error("grab failed", "pool_id", req.PoolID, "user_id", req.UserID, "err", err)
+	}
+	if rs >= 0 {
+		st = stOverloaded
+		res.RetryAfter = time.Second
+		s.metrics.overloaded[rs].Add(1)
+		if rs != rsShed {
+			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
+		}
+	}
+	s.metrics.grabs[st].Add(1)
+	if st == stError {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{
+			"status": "error", "pool_id": req.PoolID, "user_id": req.UserID, "error": "internal error"})
+		return
+	}
+	if res.RetryAfter > 0 && (st == stNotStarted || st == stOverloaded) {
+		secs := int64((res.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(statusCodes[st])
+	b := appendGrab(make([]byte, 0, 192), st, req, res)
+	if rs >= 0 {
+		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
+		b = append(b, reasonTexts[rs]...)
+		b = append(b, "\"}\n"...)
+	}
+	_, _ = w.Write(b)
+}
+
+func outcomeStatus(o grab.Outcome) status {
+	switch o {
+	case grab.Granted:
+		return stGranted
+	case grab.AlreadyGranted:
+		return stAlreadyGranted
+	case grab.SoldOut:
+		return stSoldOut
+	case grab.NotFound:
+		return stNotFound
+	case grab.NotStarted:
+		return stNotStarted
+	case grab.Ended:
+		return stEnded
+	}
+	return stError
+}
+
+// appendGrab writes the grab response by hand: ids are validated to need no
+// JSON escaping, so this is exact and cheaper than encoding/json.
+func appendGrab(b []byte, st status, req grabRequest, res grab.Result) []byte {
+	b = append(b, `{"status":"`...)
+	b = append(b, statusNames[st]...)
+	b = append(b, `","pool_id":"`...)
+	b = append(b, req.PoolID...)
+	b = append(b, `","user_id":"`...)
+	b = append(b, req.UserID...)
+	b = append(b, '"')
+	if st == stGranted || st == stAlreadyGranted {
+		b = append(b, `,"amount_cents":`...)
+		b = strconv.AppendInt(b, res.Amount, 10)
+		b = append(b, `,"serial":`...)
+		b = strconv.AppendInt(b, res.Serial, 10)
+		b = append(b, `,"expires_at":"`...)
+		b = res.ExpiresAt.UTC().AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	}
+	return append(b, "}\n"...)
+}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"reflect"
 
 	"github.com/redis/go-redis/v9"
 
@@ -38,8 +38,28 @@ type SubPoolStatus struct {
 	RemainingCents int64  `json:"remaining_cents"`
 }
 
-var statusFields = []string{"state", "stock_count", "stock_cents", "held_count", "held_cents",
-	"confirmed_count", "confirmed_cents", "released_count", "released_cents"}
+// subPoolCounters is what Status reads of a sub-pool's meta hash.
+type subPoolCounters struct {
+	State          string `redis:"state"`
+	StockCount     int64  `redis:"stock_count"`
+	StockCents     int64  `redis:"stock_cents"`
+	HeldCount      int64  `redis:"held_count"`
+	HeldCents      int64  `redis:"held_cents"`
+	ConfirmedCount int64  `redis:"confirmed_count"`
+	ConfirmedCents int64  `redis:"confirmed_cents"`
+	ReleasedCount  int64  `redis:"released_count"`
+	ReleasedCents  int64  `redis:"released_cents"`
+}
+
+// statusFields are subPoolCounters' redis tags, the fields HMGET asks for.
+var statusFields = func() []string {
+	t := reflect.TypeFor[subPoolCounters]()
+	out := make([]string, t.NumField())
+	for i := range out {
+		out[i] = t.Field(i).Tag.Get("redis")
+	}
+	return out
+}()
 
 // Status reads the pool's counters from every sub-pool.
 func (s *Service) Status(ctx context.Context, id string) (*Status, error) {
@@ -54,29 +74,23 @@ func (s *Service) Status(ctx context.Context, id string) (*Status, error) {
 		if c == nil {
 			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
 		}
-		v, err := c.HMGet(ctx, lua.SubPool{Pool: id, Index: j}.Keys().Meta, statusFields...).Result()
-		if err != nil {
+		var n subPoolCounters
+		if err := c.HMGet(ctx, lua.SubPool{Pool: id, Index: j}.Keys().Meta, statusFields...).Scan(&n); err != nil {
 			return nil, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
 		}
-		n := func(i int) int64 {
-			str, _ := v[i].(string)
-			x, _ := strconv.ParseInt(str, 10, 64)
-			return x
+		if n.State == "" {
+			n.State = "missing"
 		}
-		state, _ := v[0].(string)
-		if state == "" {
-			state = "missing"
-		}
-		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: state,
-			RemainingCount: n(1), RemainingCents: n(2)})
-		st.RemainingCount += n(1)
-		st.RemainingCents += n(2)
-		st.HeldCount += n(3)
-		st.HeldCents += n(4)
-		st.ConfirmedCount += n(5)
-		st.ConfirmedCents += n(6)
-		st.ReleasedCount += n(7)
-		st.ReleasedCents += n(8)
+		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
+			RemainingCount: n.StockCount, RemainingCents: n.StockCents})
+		st.RemainingCount += n.StockCount
+		st.RemainingCents += n.StockCents
+		st.HeldCount += n.HeldCount
+		st.HeldCents += n.HeldCents
+		st.ConfirmedCount += n.ConfirmedCount
+		st.ConfirmedCents += n.ConfirmedCents
+		st.ReleasedCount += n.ReleasedCount
+		st.ReleasedCents += n.ReleasedCents
 	}
 	return st, nil
 }

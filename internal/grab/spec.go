@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"rain/internal/lua"
+	"rain/internal/soldout"
 	"rain/internal/split"
 )
 
@@ -47,8 +48,9 @@ const (
 	// MaxTotalCents keeps every sum exact in Lua, whose numbers are doubles
 	// (exact to 2^53 ≈ 9e15).
 	MaxTotalCents = 1_000_000_000_000_000
-	// MaxSubPools bounds the sub-pools of one pool.
-	MaxSubPools = 1024
+	// MaxSubPools bounds the sub-pools of one pool; the local caches of
+	// empty sub-pools bound indexes by the same number.
+	MaxSubPools = soldout.MaxSubPools
 	// DefaultHoldSeconds is how long a grant waits for confirmation by default.
 	DefaultHoldSeconds = 600
 	// MaxHoldSeconds bounds hold_seconds (30 days).
@@ -118,7 +120,11 @@ func (s Spec) Normalize() (Spec, error) {
 	}
 	sp := split.Spec{TotalCents: s.TotalCents, Count: s.Count, MinCents: s.MinCents, MaxCents: s.MaxCents}
 	if err := sp.Validate(); err != nil {
-		return s, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), "split: impossible spec: "))
+		var se *split.SpecError
+		if errors.As(err, &se) {
+			return s, fmt.Errorf("%w: %s", ErrInvalid, se.Reason)
+		}
+		return s, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	switch {
 	case s.TotalCents > MaxTotalCents:

@@ -3,6 +3,8 @@ package lua
 import (
 	"context"
 	"errors"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +18,16 @@ import (
 func TestKeysShareOneTag(t *testing.T) {
 	sp := SubPool{Pool: "cny:2027.a-b_c", Index: 7}
 	k := sp.Keys()
-	for _, key := range []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox} {
+	// All lists every field of Keys, each once.
+	v := reflect.ValueOf(k)
+	var fields []string
+	for i := range v.NumField() {
+		fields = append(fields, v.Field(i).String())
+	}
+	if all := k.All(); !slices.Equal(slices.Sorted(slices.Values(all)), slices.Sorted(slices.Values(fields))) {
+		t.Fatalf("Keys.All() = %q, want every field of Keys once: %q", all, fields)
+	}
+	for _, key := range k.All() {
 		if !strings.Contains(key, "{cny:2027.a-b_c:7}") || strings.Count(key, "{") != 1 {
 			t.Fatalf("key %q does not carry exactly the tag {cny:2027.a-b_c:7}", key)
 		}

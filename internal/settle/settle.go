@@ -27,7 +27,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,7 +234,7 @@ func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, know
 			continue
 		}
 		err := c.XGroupCreateMkStream(ctx, key, w.cfg.Group, "0").Err()
-		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
 			return fresh, fmt.Errorf("create group on %s: %w", key, err)
 		}
 		known[key] = true

@@ -38,8 +38,8 @@ func (s Spec) minCents() int64 {
 	return s.MinCents
 }
 
-// Validate reports whether the spec can be met. Every error wraps ErrImpossible and
-// reads as a reason, e.g. "split: impossible spec: total_cents 50 is less than
+// Validate reports whether the spec can be met. Every error is a *SpecError
+// (it matches ErrImpossible) and reads as a reason, e.g. "split: impossible spec: total_cents 50 is less than
 // count 100 × min_cents 1", using the field names of the admin API.
 //
 // The products count × min and count × max are never computed, so huge values
@@ -71,8 +71,19 @@ func (s Spec) Validate() error {
 	return nil
 }
 
+// SpecError is the error of a Spec that cannot be met: Reason says why, in
+// the field names of the admin API. It matches ErrImpossible (errors.Is).
+type SpecError struct {
+	Reason string
+}
+
+func (e *SpecError) Error() string { return ErrImpossible.Error() + ": " + e.Reason }
+
+// Unwrap makes errors.Is(err, ErrImpossible) true.
+func (e *SpecError) Unwrap() error { return ErrImpossible }
+
 func impossible(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrImpossible}, args...)...)
+	return &SpecError{Reason: fmt.Sprintf(format, args...)}
 }
 
 // Amounts splits s.TotalCents into s.Count amounts with the double-mean method and

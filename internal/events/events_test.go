@@ -3,6 +3,7 @@ package events_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"rain/internal/events"
 	"rain/internal/events/eventstest"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -173,13 +175,9 @@ func TestListenDispatches(t *testing.T) {
 // waitFor waits up to a second for the handlers to have got want (sorted).
 func waitFor(t *testing.T, r *recorder, want []string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for !slices.Equal(r.snapshot(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("handlers got %q, want %q", r.snapshot(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waittest.Until(t, time.Second, fmt.Sprintf("handlers got %q, want %q", r.snapshot(), want), func() bool {
+		return slices.Equal(r.snapshot(), want)
+	})
 }
 
 func TestListenWithoutClientsReturns(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // instance is a second Service on env's shards, running its local caches.
@@ -26,13 +27,9 @@ func (e *env) run(t *testing.T, s *Service) {
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(5 * time.Second)
-	for s.known.MayContain("never-preloaded-anywhere") {
-		if time.Now().After(deadline) {
-			t.Fatal("the known-pools filter was not built within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, "the known-pools filter built", func() bool {
+		return !s.known.MayContain("never-preloaded-anywhere")
+	})
 }
 
 // TestNewPoolKnownEverywhere: a pool preloaded through one instance is
@@ -104,14 +101,11 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	}
 	// The sell-out starts the read of the holders; wait for it, then one
 	// grab at Redis marks the pool empty again for a second.
-	deadline := time.Now().Add(5 * time.Second)
-	for st := e.svc.holderState("hot"); st.set.Load() == nil; {
-		if time.Now().After(deadline) {
-			t.Fatal("holders of the sold-out pool not read within 5s")
-		}
+	st := e.svc.holderState("hot")
+	waittest.Until(t, 5*time.Second, "holders of the sold-out pool read", func() bool {
 		grabRetrying(t, e.svc, "hot", "prime")
-		time.Sleep(10 * time.Millisecond)
-	}
+		return st.set.Load() != nil
+	})
 	grabRetrying(t, e.svc, "hot", "prime")
 
 	cmds := []string{"evalsha", "eval", "hgetall", "hget", "hscan", "hlen", "lpop"}

@@ -15,6 +15,7 @@ import (
 
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -199,7 +200,7 @@ func TestBackwardsGuard(t *testing.T) {
 	assertIncreasing(t, before, 0)
 	// Wait until the segment after the current one is buffered, then reset
 	// the counter as a Redis that lost writes would.
-	waitFor(t, func() bool { return g.Stats().Next.Start != 0 })
+	waittest.Until(t, 5*time.Second, "the next segment buffered", func() bool { return g.Stats().Next.Start != 0 })
 	highest := g.Stats().Next.End
 	if err := rdb.Set(ctx, key, 0, 0).Err(); err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestRedisDownAndBack(t *testing.T) {
 	assertIncreasing(t, before, 0)
 
 	// Make the buffer state exact: the next segment loaded, no load in flight.
-	waitFor(t, func() bool { return g.Stats().Next.Start != 0 })
+	waittest.Until(t, 5*time.Second, "the next segment buffered", func() bool { return g.Stats().Next.Start != 0 })
 	st := g.Stats()
 	buffered := st.Current.End - (st.Current.Start + st.Current.Used - 1) + (st.Next.End - st.Next.Start + 1)
 
@@ -401,17 +402,6 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := New(nil, cfg); err == nil {
 			t.Errorf("New(%+v) = nil error, want one", cfg)
 		}
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

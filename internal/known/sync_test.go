@@ -3,6 +3,7 @@ package known
 import (
 	"context"
 	"errors"
+	"rain/internal/wait/waittest"
 	"slices"
 	"sync"
 	"testing"
@@ -44,32 +45,19 @@ func run(t *testing.T, s *Sync) {
 	})
 }
 
-// eventually polls cond every 5ms for up to d and reports how long it took.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // A pool whose notice was never published is learnt at the next refresh; a
 // failing listing adds what it read and removes nothing.
 func TestSyncRefresh(t *testing.T) {
 	reg := &registry{ids: []string{"seed"}}
 	f := New(Config{})
 	run(t, NewSync(f, reg.list, SyncConfig{Refresh: 20 * time.Millisecond}))
-	eventually(t, time.Second, "first refresh", func() bool { return !f.MayContain("quiet") })
+	waittest.Until(t, time.Second, "first refresh", func() bool { return !f.MayContain("quiet") })
 
 	reg.set([]string{"seed", "quiet"}, nil)
-	eventually(t, time.Second, `refresh learns "quiet"`, func() bool { return f.MayContain("quiet") })
+	waittest.Until(t, time.Second, `refresh learns "quiet"`, func() bool { return f.MayContain("quiet") })
 
 	reg.set([]string{"partial"}, errors.New("shard s2 down"))
-	eventually(t, time.Second, `failed refresh adds "partial"`, func() bool { return f.MayContain("partial") })
+	waittest.Until(t, time.Second, `failed refresh adds "partial"`, func() bool { return f.MayContain("partial") })
 	time.Sleep(100 * time.Millisecond) // several failed refreshes
 	for _, id := range []string{"seed", "quiet", "partial"} {
 		if !f.MayContain(id) {
@@ -78,5 +66,5 @@ func TestSyncRefresh(t *testing.T) {
 	}
 
 	reg.set([]string{"seed"}, nil)
-	eventually(t, time.Second, `refresh drops "quiet"`, func() bool { return !f.MayContain("quiet") })
+	waittest.Until(t, time.Second, `refresh drops "quiet"`, func() bool { return !f.MayContain("quiet") })
 }

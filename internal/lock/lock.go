@@ -69,6 +69,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"rain/internal/wait"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -182,22 +183,9 @@ func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
 		if err == nil || ctx.Err() != nil || (l.cfg.Tries > 0 && try >= l.cfg.Tries) {
 			return lease, err
 		}
-		if err := sleep(ctx, l.cfg.RetryDelay/2+rand.N(l.cfg.RetryDelay)); err != nil {
+		if err := wait.For(ctx, l.cfg.RetryDelay/2+rand.N(l.cfg.RetryDelay)); err != nil {
 			return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, err)
 		}
-	}
-}
-
-// sleep waits for d or until ctx ends, whichever comes first, and returns
-// ctx's cause in the second case.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
 	}
 }
 

@@ -3,7 +3,9 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"rain/internal/wait/waittest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,13 +124,9 @@ func TestSaturationSheds(t *testing.T) {
 		})
 	}
 	// Wait until the pool is full and everyone else has been refused.
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Stats().Shed < callers-workers-queue {
-		if time.Now().After(deadline) {
-			t.Fatalf("stats %+v: want %d shed", p.Stats(), callers-workers-queue)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, fmt.Sprintf("%d shed", callers-workers-queue), func() bool {
+		return p.Stats().Shed >= callers-workers-queue
+	})
 	if st := p.Stats(); st.Running != workers || st.Waiting != queue {
 		t.Fatalf("stats while saturated = %+v, want %d running, %d waiting", st, workers, queue)
 	}
@@ -165,7 +163,7 @@ func TestGoneClientDoesNoWork(t *testing.T) {
 	var called atomic.Bool
 	done := make(chan error, 1)
 	go func() { done <- p.Do(ctx, func(context.Context) { called.Store(true) }) }()
-	waitFor(t, func() bool { return p.Stats().Waiting == 1 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Waiting == 1 })
 	cancel()
 	// A caller queued inside ants cannot leave the queue early; when a
 	// worker frees up, its task sees the context ended and does nothing.
@@ -173,7 +171,7 @@ func TestGoneClientDoesNoWork(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do with the client gone = %v, want context.Canceled", err)
 	}
-	waitFor(t, func() bool { return p.Stats().Running == 0 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Running == 0 })
 	if called.Load() {
 		t.Fatal("the task of a client that had gone was run")
 	}
@@ -248,7 +246,7 @@ func TestTuneUnderLoad(t *testing.T) {
 	if ran.Load() != 16*500 {
 		t.Fatalf("ran %d tasks, want %d", ran.Load(), 16*500)
 	}
-	waitFor(t, func() bool { st := p.Stats(); return st.Running == 0 && st.Waiting == 0 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { st := p.Stats(); return st.Running == 0 && st.Waiting == 0 })
 }
 
 // TestTuneUpReleasesWaiters: callers blocked at capacity start as soon as the
@@ -263,7 +261,7 @@ func TestTuneUpReleasesWaiters(t *testing.T) {
 	for range 5 {
 		go p.Do(context.Background(), func(context.Context) { started <- struct{}{}; <-block })
 	}
-	waitFor(t, func() bool { return p.Stats().Waiting == 5 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Waiting == 5 })
 	p.ants.Tune(8)
 	for i := range 5 {
 		select {
@@ -292,10 +290,10 @@ func TestControlLoopResizes(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, func() bool { return p.Stats().Capacity >= 16 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Capacity >= 16 })
 	close(stop)
 	wg.Wait()
-	waitFor(t, func() bool { return p.Stats().Capacity == 2 })
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Capacity == 2 })
 }
 
 func TestClosedPool(t *testing.T) {
@@ -319,16 +317,5 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) = nil error", cfg)
 		}
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"rain/internal/grab"
 	"rain/internal/lock"
 	"rain/internal/metrics"
+	"rain/internal/wait"
 )
 
 // Sweeper releases expired grants (grab.Service does).
@@ -82,7 +83,7 @@ func (r *Reaper) Run(ctx context.Context) {
 				return
 			}
 			r.cfg.Logger.Warn("reaper: lock", "err", err)
-			sleep(ctx, r.cfg.Interval)
+			_ = wait.For(ctx, r.cfg.Interval)
 			continue
 		}
 		r.acquisitions.Add(1)
@@ -167,13 +168,4 @@ func (r *Reaper) AppendMetrics(b []byte) []byte {
 		metrics.Metric{Name: "rain_reaper_sweep_errors_total", Kind: "counter", Help: "Sweeps that met an error (a shard down).", V: s.Errors},
 		metrics.Metric{Name: "rain_reaper_lost_locks_total", Kind: "counter", Help: "Times the lock was lost while sweeping.", V: s.LostLocks},
 	)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -16,6 +16,7 @@ import (
 	"rain/internal/lock"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -88,18 +89,6 @@ func start(t *testing.T, r *Reaper) (stop func()) {
 	return stop
 }
 
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	begin := time.Now()
-	for !cond() {
-		if time.Since(begin) > within {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(begin)
-}
-
 // TestExpiredGrantsReleased: hold_seconds=2, 100 grants, 50 confirmed; the
 // other 50 go back to the stock, and their users may grab again.
 func TestExpiredGrantsReleased(t *testing.T) {
@@ -121,7 +110,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 	}
 	r := New(e.svc, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
 	start(t, r)
-	waitFor(t, "50 grants released", 10*time.Second, func() bool { return r.Stats().Released == 50 })
+	waittest.Until(t, 10*time.Second, "50 grants released", func() bool { return r.Stats().Released == 50 })
 
 	st := e.status(t, "p")
 	if st.RemainingCount != 50 || st.RemainingCents != releasedCents || st.ReleasedCount != 50 || st.ReleasedCents != releasedCents ||
@@ -192,7 +181,7 @@ func TestTakeoverAfterKill(t *testing.T) {
 	a := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
 	a.abandon = true
 	stopA := start(t, a)
-	waitFor(t, "a leads", 5*time.Second, func() bool { return a.Stats().Leader })
+	waittest.Until(t, 5*time.Second, "a leads", func() bool { return a.Stats().Leader })
 
 	b := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
 	start(t, b)
@@ -202,9 +191,9 @@ func TestTakeoverAfterKill(t *testing.T) {
 	}
 	e.grabAll(t, "p", 20, 1)
 	stopA() // killed: its watchdog stops, the lock is not released
-	took := waitFor(t, "b takes over", ttl+2*time.Second, func() bool { return b.Stats().Leader })
+	took := waittest.Until(t, ttl+2*time.Second, "b takes over", func() bool { return b.Stats().Leader })
 	t.Logf("b took over %v after a died (TTL %v)", took, ttl)
-	waitFor(t, "b releases the expired grants", 5*time.Second, func() bool { return b.Stats().Released == 20 })
+	waittest.Until(t, 5*time.Second, "b releases the expired grants", func() bool { return b.Stats().Released == 20 })
 	e.assertAudit(t, "p")
 }
 
@@ -215,12 +204,12 @@ func TestLostLockStopsSweeping(t *testing.T) {
 	e := newEnv(t)
 	r := New(e.svc, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
 	start(t, r)
-	waitFor(t, "r leads", 5*time.Second, func() bool { return r.Stats().Leader })
+	waittest.Until(t, 5*time.Second, "r leads", func() bool { return r.Stats().Leader })
 	for _, c := range e.clients {
 		if err := c.Del(context.Background(), "rain:reaper").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the loss is noticed", ttl, func() bool { return r.Stats().LostLocks == 1 })
-	waitFor(t, "r leads again", 5*time.Second, func() bool { return r.Stats().Leader && r.Stats().Acquisitions == 2 })
+	waittest.Until(t, ttl, "the loss is noticed", func() bool { return r.Stats().LostLocks == 1 })
+	waittest.Until(t, 5*time.Second, "r leads again", func() bool { return r.Stats().Leader && r.Stats().Acquisitions == 2 })
 }

@@ -36,6 +36,7 @@ import (
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/shard"
+	"rain/internal/wait"
 )
 
 // Grant is one grant of an outbox, as a sink receives it.
@@ -202,7 +203,7 @@ func (w *Worker) loop(ctx context.Context, name string) error {
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
 		if len(streams) == 0 {
-			sleep(ctx, w.cfg.Refresh)
+			_ = wait.For(ctx, w.cfg.Refresh)
 			continue
 		}
 		// Own pending entries first (a failed delivery, or a restart under
@@ -265,7 +266,7 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 		return nil
 	case err != nil:
 		w.cfg.Logger.Warn("settle: read", "err", err)
-		sleep(ctx, w.cfg.RetryDelay)
+		_ = wait.For(ctx, w.cfg.RetryDelay)
 		return nil // a shard down: keep trying
 	}
 	for _, st := range res {
@@ -323,7 +324,7 @@ func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, 
 			// Left pending: retried on the next pass over own pending entries.
 			w.failures.Add(1)
 			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)
-			sleep(ctx, w.cfg.RetryDelay)
+			_ = wait.For(ctx, w.cfg.RetryDelay)
 			return nil
 		}
 	}
@@ -401,14 +402,4 @@ func parseGrant(v map[string]any) (Grant, error) {
 		return g, errors.New("bad pool or user id")
 	}
 	return g, nil
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

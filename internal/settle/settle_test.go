@@ -22,6 +22,7 @@ import (
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -71,17 +72,6 @@ func run(t *testing.T, w *Worker) (stop func() error) {
 	}
 	t.Cleanup(func() { stop() })
 	return stop
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 20s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (e *env) confirmed(t *testing.T) int64 {
@@ -160,8 +150,8 @@ func TestSettleToLedger(t *testing.T) {
 	l := openLedger(t, path)
 	w := New(e.shards, e.svc, l, fastConfig("a"))
 	stop := run(t, w)
-	waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
-	waitFor(t, "all delivered", func() bool { return w.Stats().Delivered == 100 })
+	waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
+	waittest.Until(t, 20*time.Second, "all delivered", func() bool { return w.Stats().Delivered == 100 })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -204,8 +194,8 @@ func TestCrashAtEveryStep(t *testing.T) {
 			l2 := openLedger(t, path)
 			second := New(e.shards, e.svc, l2, fastConfig("second"))
 			stop := run(t, second)
-			waitFor(t, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
-			waitFor(t, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
+			waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
+			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
 			if err := stop(); err != nil {
 				t.Fatalf("second worker's Run: %v", err)
 			}
@@ -293,7 +283,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 	defer wallet.Close()
 	w := New(e.shards, e.svc, &Webhook{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
 	stop := run(t, w)
-	waitFor(t, "all grants confirmed and paid", func() bool {
+	waittest.Until(t, 20*time.Second, "all grants confirmed and paid", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(paid) == 30 && e.confirmed(t) == 30
@@ -320,7 +310,7 @@ func TestReleasedGrantIsNotPaid(t *testing.T) {
 	l := openLedger(t, path)
 	w := New(e.shards, e.svc, l, fastConfig("a"))
 	stop := run(t, w)
-	waitFor(t, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
+	waittest.Until(t, 20*time.Second, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
 	stop()
 	if got := readLedger(t, path); len(got) != 0 {
 		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
@@ -348,7 +338,7 @@ func TestSerialConflictIsAnAlarm(t *testing.T) {
 	}
 	w := New(e.shards, e.svc, l, fastConfig("a"))
 	stop := run(t, w)
-	waitFor(t, "the other grants paid", func() bool { return w.Stats().Delivered == 9 && w.Stats().Conflicts == 1 })
+	waittest.Until(t, 20*time.Second, "the other grants paid", func() bool { return w.Stats().Delivered == 9 && w.Stats().Conflicts == 1 })
 	time.Sleep(300 * time.Millisecond) // several passes over the pending entry
 	stop()
 	if st := w.Stats(); st.Conflicts != 1 || st.Delivered != 9 {
@@ -405,7 +395,7 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	}
 	second := New(e.shards, e.svc, sink, fastConfig("second"))
 	stop := run(t, second)
-	waitFor(t, "every entry acknowledged", func() bool { return e.confirmed(t) == 40 && pending(t, e) == 0 })
+	waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.confirmed(t) == 40 && pending(t, e) == 0 })
 	stop()
 
 	mu.Lock()

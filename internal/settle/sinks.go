@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"rain/internal/wait"
 	"strconv"
 	"sync"
 	"time"
@@ -157,7 +158,7 @@ func (w *Webhook) Deliver(ctx context.Context, g Grant) error {
 	var last error
 	for try := range tries {
 		if try > 0 {
-			sleep(ctx, backoff)
+			_ = wait.For(ctx, backoff)
 			backoff *= 2
 		}
 		if err := ctx.Err(); err != nil {

@@ -1,0 +1,24 @@
+package wait
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestFor(t *testing.T) {
+	if err := For(context.Background(), time.Millisecond); err != nil {
+		t.Fatalf("For(1ms) = %v, want nil", err)
+	}
+	cause := errors.New("stopped")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	start := time.Now()
+	if err := For(ctx, time.Hour); !errors.Is(err, cause) {
+		t.Fatalf("For on an ended context = %v, want its cause", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("For on an ended context took %v, want at once", d)
+	}
+}

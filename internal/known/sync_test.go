@@ -3,10 +3,10 @@ package known
 import (
 	"context"
 	"errors"
-	"rain/internal/wait/waittest"
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -46,25 +46,42 @@ func run(t *testing.T, s *Sync) {
 }
 
 // A pool whose notice was never published is learnt at the next refresh; a
-// failing listing adds what it read and removes nothing.
+// failing listing adds what it read and removes nothing. In a synctest
+// bubble: each refresh is one tick of the fake clock, nothing sleeps.
 func TestSyncRefresh(t *testing.T) {
-	reg := &registry{ids: []string{"seed"}}
-	f := New(Config{})
-	run(t, NewSync(f, reg.list, SyncConfig{Refresh: 20 * time.Millisecond}))
-	waittest.Until(t, time.Second, "first refresh", func() bool { return !f.MayContain("quiet") })
+	synctest.Test(t, func(t *testing.T) {
+		const every = 20 * time.Millisecond
+		reg := &registry{ids: []string{"seed"}}
+		f := New(Config{})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); NewSync(f, reg.list, SyncConfig{Refresh: every}).Run(ctx) }()
+		tick := func() { time.Sleep(every); synctest.Wait() }
 
-	reg.set([]string{"seed", "quiet"}, nil)
-	waittest.Until(t, time.Second, `refresh learns "quiet"`, func() bool { return f.MayContain("quiet") })
-
-	reg.set([]string{"partial"}, errors.New("shard s2 down"))
-	waittest.Until(t, time.Second, `failed refresh adds "partial"`, func() bool { return f.MayContain("partial") })
-	time.Sleep(100 * time.Millisecond) // several failed refreshes
-	for _, id := range []string{"seed", "quiet", "partial"} {
-		if !f.MayContain(id) {
-			t.Errorf("MayContain(%q) after failed refreshes = false: a failure must not shrink the filter", id)
+		synctest.Wait() // the first refresh, at once
+		if f.MayContain("quiet") || !f.MayContain("seed") {
+			t.Fatal("after the first refresh the filter does not hold exactly the registry")
 		}
-	}
-
-	reg.set([]string{"seed"}, nil)
-	waittest.Until(t, time.Second, `refresh drops "quiet"`, func() bool { return !f.MayContain("quiet") })
+		reg.set([]string{"seed", "quiet"}, nil)
+		tick()
+		if !f.MayContain("quiet") {
+			t.Fatal(`the next refresh did not learn "quiet"`)
+		}
+		reg.set([]string{"partial"}, errors.New("shard s2 down"))
+		for range 5 { // several failed refreshes
+			tick()
+		}
+		for _, id := range []string{"seed", "quiet", "partial"} {
+			if !f.MayContain(id) {
+				t.Errorf("MayContain(%q) after failed refreshes = false: a failure adds what it read and must not shrink the filter", id)
+			}
+		}
+		reg.set([]string{"seed"}, nil)
+		tick()
+		if f.MayContain("quiet") {
+			t.Fatal(`a good refresh after the failures did not drop "quiet"`)
+		}
+		cancel()
+		<-done
+	})
 }

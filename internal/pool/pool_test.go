@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -273,48 +272,28 @@ func TestTuneUpReleasesWaiters(t *testing.T) {
 	}
 }
 
-// TestControlLoopResizes: the real control goroutine grows the pool under
-// load and shrinks it after. In a synctest bubble, so the 500 ms intervals
-// and 2 ms tasks cost no wall-clock time.
+// TestControlLoopResizes: the real control goroutine, on a short interval,
+// grows the pool under load and shrinks it after.
 func TestControlLoopResizes(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p, err := New(Config{Min: 2, Max: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 32 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					_ = p.Do(context.Background(), func(context.Context) { time.Sleep(2 * time.Millisecond) })
+	p := newPool(t, Config{Min: 2, Max: 64, Interval: 20 * time.Millisecond})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			})
-		}
-		// Fake time: the controller's intervals pass, a minute at most.
-		for i := 0; p.Stats().Capacity < 16; i++ {
-			if i == 600 {
-				t.Fatalf("capacity %d after a minute of load, want >= 16", p.Stats().Capacity)
+				_ = p.Do(context.Background(), func(context.Context) { time.Sleep(2 * time.Millisecond) })
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		close(stop)
-		wg.Wait()
-		for i := 0; p.Stats().Capacity != 2; i++ {
-			if i == 600 {
-				t.Fatalf("capacity %d a minute after the load, want the minimum 2", p.Stats().Capacity)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err := p.Close(time.Second); err != nil {
-			t.Fatal(err)
-		}
-	})
+		})
+	}
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Capacity >= 16 })
+	close(stop)
+	wg.Wait()
+	waittest.Until(t, 10*time.Second, "pool stats", func() bool { return p.Stats().Capacity == 2 })
 }
 
 func TestClosedPool(t *testing.T) {

@@ -9,18 +9,15 @@ package rain_test
 //   - RAIN_REDIS names the Redis services of the file, every rain instance
 //     names the same shards with the same weights and serial shard (the ring
 //     places pools by name and weight), and waits for those shards' health;
-//   - each Redis shard runs with AOF, fsync every second, a named volume and a
-//     health check;
+//   - each Redis shard runs with AOF, appendfsync always (rain serve refuses
+//     less), a named volume and a health check;
 //   - the Dockerfile builds with the Go of go.mod, statically, and runs
 //     /rain as a non-root user on an image that has the wget the health check
 //     calls.
 //
-// No YAML library is in go.mod, so parseCompose reads the subset of YAML the
-// compose file keeps to (its header says which) and refuses anything else.
+// The file is read with go.yaml.in/yaml/v3 into a small ordered mapping type.
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -29,12 +26,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"rain/internal/shard"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // ------------------------------------------------------------ YAML subset
@@ -68,309 +66,51 @@ func (m *ymap) sub(key string) *ymap {
 	return s
 }
 
-type yline struct {
-	no     int // 1-based line number
-	indent int
-	text   string // without indentation
-}
-
-// parseCompose parses the YAML subset of docker-compose.yml: two-space
-// indentation; block mappings; block lists of scalars ("- item"); flow lists
-// of scalars on one line; plain, "double" or 'single' quoted scalars; whole-line
-// and trailing comments. Anchors, aliases, tags, flow mappings, multi-line
-// scalars and mappings inside lists are errors, never misread.
-func parseCompose(src string) (*ymap, error) {
-	var lines []yline
-	sc := bufio.NewScanner(strings.NewReader(src))
-	for no := 1; sc.Scan(); no++ {
-		raw := sc.Text()
-		body := strings.TrimLeft(raw, " ")
-		if strings.HasPrefix(body, "\t") {
-			return nil, fmt.Errorf("line %d: tab in indentation", no)
+// toYmap turns a YAML node into the values above: mappings into *ymap (keys
+// in file order, merge keys and aliases resolved by the YAML library),
+// sequences of scalars into []string, scalars into strings, null into nil.
+func toYmap(n *yaml.Node) (any, error) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		return toYmap(n.Content[0])
+	case yaml.AliasNode:
+		return toYmap(n.Alias)
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return nil, nil
 		}
-		if body == "" || strings.HasPrefix(body, "#") {
-			continue
-		}
-		if body == "---" || body == "..." {
-			return nil, fmt.Errorf("line %d: document markers are not supported", no)
-		}
-		lines = append(lines, yline{no: no, indent: len(raw) - len(body), text: strings.TrimRight(body, " ")})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	if len(lines) == 0 {
-		return nil, errors.New("empty file")
-	}
-	p := &yparser{lines: lines}
-	v, err := p.block(0)
-	if err != nil {
-		return nil, err
-	}
-	if p.i < len(p.lines) {
-		l := p.lines[p.i]
-		return nil, fmt.Errorf("line %d: unexpected indentation %d", l.no, l.indent)
-	}
-	m, ok := v.(*ymap)
-	if !ok {
-		return nil, errors.New("the top level is not a mapping")
-	}
-	return m, nil
-}
-
-type yparser struct {
-	lines []yline
-	i     int // next line
-}
-
-// block parses the mapping or list whose lines sit at indent.
-func (p *yparser) block(indent int) (any, error) {
-	first := p.lines[p.i]
-	if first.indent != indent {
-		return nil, fmt.Errorf("line %d: indentation %d, want %d", first.no, first.indent, indent)
-	}
-	if first.text == "-" || strings.HasPrefix(first.text, "- ") {
-		var items []string
-		for p.i < len(p.lines) && p.lines[p.i].indent == indent {
-			l := p.lines[p.i]
-			if l.text != "-" && !strings.HasPrefix(l.text, "- ") {
-				return nil, fmt.Errorf("line %d: a mapping key among list items", l.no)
-			}
-			item := strings.TrimSpace(strings.TrimPrefix(l.text, "-"))
-			if _, _, isMap := cutKey(item); isMap && !strings.HasPrefix(item, `"`) && !strings.HasPrefix(item, "'") {
-				return nil, fmt.Errorf("line %d: mappings inside lists are not supported (quote the item if it is a string)", l.no)
-			}
-			v, err := scalar(item, l.no)
-			if err != nil {
-				return nil, err
-			}
+		return n.Value, nil
+	case yaml.SequenceNode:
+		out := make([]string, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, err := toYmap(c)
 			s, ok := v.(string)
-			if !ok {
-				return nil, fmt.Errorf("line %d: nested lists are not supported", l.no)
+			if err != nil || !ok {
+				return nil, fmt.Errorf("line %d: a list of scalars holds %v", c.Line, v)
 			}
-			items = append(items, s)
-			p.i++
+			out = append(out, s)
 		}
-		return items, nil
-	}
-	m := &ymap{vals: map[string]any{}}
-	for p.i < len(p.lines) && p.lines[p.i].indent == indent {
-		l := p.lines[p.i]
-		key, rest, ok := cutKey(l.text)
-		if !ok {
-			return nil, fmt.Errorf("line %d: want key: value, have %q", l.no, l.text)
-		}
-		if strings.HasPrefix(key, "- ") {
-			return nil, fmt.Errorf("line %d: a list item among mapping keys", l.no)
-		}
-		if _, dup := m.vals[key]; dup {
-			return nil, fmt.Errorf("line %d: key %q twice", l.no, key)
-		}
-		p.i++
-		var v any
-		switch {
-		case rest != "":
-			var err error
-			if v, err = scalar(rest, l.no); err != nil {
-				return nil, err
+		return out, nil
+	case yaml.MappingNode:
+		m := &ymap{vals: map[string]any{}}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Value == "<<" {
+				return nil, fmt.Errorf("line %d: merge keys are not read", k.Line)
 			}
-		case p.i < len(p.lines) && p.lines[p.i].indent > indent:
-			if p.lines[p.i].indent != indent+2 {
-				return nil, fmt.Errorf("line %d: indent by two spaces under %q", p.lines[p.i].no, key)
-			}
-			var err error
-			if v, err = p.block(indent + 2); err != nil {
-				return nil, err
-			}
-		}
-		m.keys = append(m.keys, key)
-		m.vals[key] = v
-	}
-	if p.i < len(p.lines) && p.lines[p.i].indent > indent {
-		l := p.lines[p.i]
-		return nil, fmt.Errorf("line %d: indentation %d under a key with a value", l.no, l.indent)
-	}
-	return m, nil
-}
-
-// cutKey splits "key: rest" or "key:" at the first colon followed by a space
-// or the end of the line; rest has its trailing comment removed.
-func cutKey(s string) (key, rest string, ok bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == ':' && (i+1 == len(s) || s[i+1] == ' ') {
-			return strings.TrimSpace(s[:i]), strings.TrimSpace(stripComment(s[i+1:])), true
-		}
-	}
-	return "", "", false
-}
-
-// stripComment removes a " #..." comment outside quotes.
-func stripComment(s string) string {
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case quote != 0:
-			if c == quote {
-				quote = 0
-			} else if c == '\\' && quote == '"' {
-				i++
-			}
-		case c == '"' || c == '\'':
-			quote = c
-		case c == '#' && (i == 0 || s[i-1] == ' '):
-			return strings.TrimSpace(s[:i])
-		}
-	}
-	return s
-}
-
-// scalar parses a value on one line: a quoted or plain string, or a flow
-// list of them.
-func scalar(s string, no int) (any, error) {
-	s = strings.TrimSpace(stripComment(s))
-	if s == "" {
-		return "", nil
-	}
-	switch s[0] {
-	case '[':
-		if !strings.HasSuffix(s, "]") {
-			return nil, fmt.Errorf("line %d: a flow list must close on its line", no)
-		}
-		items := []string{}
-		inner := strings.TrimSpace(s[1 : len(s)-1])
-		for inner != "" {
-			item, rest, err := nextFlowItem(inner, no)
+			val, err := toYmap(v)
 			if err != nil {
 				return nil, err
 			}
-			items = append(items, item)
-			inner = rest
-		}
-		return items, nil
-	case '"':
-		if len(s) < 2 || !strings.HasSuffix(s, `"`) {
-			return nil, fmt.Errorf("line %d: unterminated double quote", no)
-		}
-		v, err := strconv.Unquote(s)
-		if err != nil {
-			return nil, fmt.Errorf("line %d: %s: %w", no, s, err)
-		}
-		return v, nil
-	case '\'':
-		if len(s) < 2 || !strings.HasSuffix(s, "'") {
-			return nil, fmt.Errorf("line %d: unterminated single quote", no)
-		}
-		return strings.ReplaceAll(s[1:len(s)-1], "''", "'"), nil
-	case '{', '&', '*', '!', '|', '>', '%', '@', '`':
-		return nil, fmt.Errorf("line %d: %q: flow mappings, anchors, aliases, tags and block scalars are not supported", no, s)
-	}
-	return s, nil
-}
-
-// nextFlowItem reads one item of a flow list and the text after its comma.
-func nextFlowItem(s string, no int) (item, rest string, err error) {
-	s = strings.TrimSpace(s)
-	var after string
-	if s[0] == '"' || s[0] == '\'' {
-		i := 1
-		for ; i < len(s); i++ {
-			if s[i] == '\\' && s[0] == '"' {
-				i++ // an escaped character
-			} else if s[i] == '\'' && s[0] == '\'' && i+1 < len(s) && s[i+1] == '\'' {
-				i++ // '' is a quote inside single quotes
-			} else if s[i] == s[0] {
-				break
+			if _, dup := m.vals[k.Value]; dup {
+				return nil, fmt.Errorf("line %d: key %q repeated", k.Line, k.Value)
 			}
+			m.keys = append(m.keys, k.Value)
+			m.vals[k.Value] = val
 		}
-		if i >= len(s) {
-			return "", "", fmt.Errorf("line %d: unterminated quote in a flow list", no)
-		}
-		v, err := scalar(s[:i+1], no)
-		if err != nil {
-			return "", "", err
-		}
-		item, after = v.(string), strings.TrimSpace(s[i+1:])
-		if after != "" && after[0] != ',' {
-			return "", "", fmt.Errorf("line %d: text after a quoted item in a flow list", no)
-		}
-	} else {
-		raw := s
-		if end := strings.IndexByte(s, ','); end >= 0 {
-			raw, after = s[:end], s[end:]
-		}
-		if strings.ContainsAny(raw, "[]{}") {
-			return "", "", fmt.Errorf("line %d: nested flow collections are not supported", no)
-		}
-		item = strings.TrimSpace(raw)
+		return m, nil
 	}
-	if after == "" {
-		return item, "", nil
-	}
-	rest = strings.TrimSpace(after[1:])
-	if rest == "" {
-		return "", "", fmt.Errorf("line %d: trailing comma in a flow list", no)
-	}
-	return item, rest, nil
-}
-
-func TestParseCompose(t *testing.T) {
-	good := `# comment
-name: x
-services:
-  a:
-    command: ["serve", "--x=1", 'it''s']   # trailing comment
-    environment:
-      K: "v # not a comment"
-      E:
-    ports:
-      - "127.0.0.1:1:2"
-      - plain:value
-volumes:
-  v:
-`
-	m, err := parseCompose(good)
-	if err != nil {
-		t.Fatalf("parseCompose: %v", err)
-	}
-	a := m.sub("services").sub("a")
-	if got, want := a.list("command"), []string{"serve", "--x=1", "it's"}; !slices.Equal(got, want) {
-		t.Errorf("command = %q, want %q", got, want)
-	}
-	if got := a.sub("environment").str("K"); got != "v # not a comment" {
-		t.Errorf("K = %q", got)
-	}
-	if got := a.sub("environment").get("E"); got != nil {
-		t.Errorf("E = %#v, want nil", got)
-	}
-	if got, want := a.list("ports"), []string{"127.0.0.1:1:2", "plain:value"}; !slices.Equal(got, want) {
-		t.Errorf("ports = %q, want %q", got, want)
-	}
-	if m.str("name") != "x" || !slices.Equal(m.keys, []string{"name", "services", "volumes"}) || m.sub("volumes") == nil {
-		t.Errorf("top level = %v %v", m.keys, m.vals)
-	}
-
-	for name, src := range map[string]string{
-		"anchor":             "a: &x 1\n",
-		"alias":              "a: *x\n",
-		"flow mapping":       "a: {b: 1}\n",
-		"block scalar":       "a: |\n  text\n",
-		"tab":                "a:\n\tb: 1\n",
-		"odd indent":         "a:\n   b: 1\n",
-		"deeper after value": "a: 1\n  b: 2\n",
-		"mapping in list":    "a:\n  - b: 1\n",
-		"list among keys":    "a:\n  b: 1\n  - c\n",
-		"duplicate key":      "a: 1\na: 2\n",
-		"unclosed flow":      "a: [1, 2\n",
-		"nested flow":        "a: [[1]]\n",
-		"trailing comma":     "a: [1, ]\n",
-		"not key value":      "just text\n",
-	} {
-		t.Run(name, func(t *testing.T) {
-			if m, err := parseCompose(src); err == nil {
-				t.Errorf("parseCompose(%q) = %v, want an error", src, m.vals)
-			}
-		})
-	}
+	return nil, fmt.Errorf("line %d: unexpected YAML node kind %v", n.Line, n.Kind)
 }
 
 // ------------------------------------------------------------ rain's flags
@@ -449,9 +189,14 @@ func readCompose(t *testing.T) *ymap {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := parseCompose(string(b))
-	if err != nil {
-		t.Fatalf("docker-compose.yml: %v (keep it to the subset its header describes)", err)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	v, err := toYmap(&doc)
+	m, ok := v.(*ymap)
+	if err != nil || !ok {
+		t.Fatalf("docker-compose.yml: %v (top level %T, want a mapping)", err, v)
 	}
 	return m
 }

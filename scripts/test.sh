@@ -2,8 +2,9 @@
 # scripts/test.sh — the README's test command and all that CI runs.
 #
 # Installs what the tests need when it is missing (redis-server and node from the
-# system's packages), then checks formatting, vets, and runs every test with the race
-# detector against real redis-server processes that the tests start themselves.
+# system's packages), then checks formatting and go.mod, vets, runs staticcheck,
+# and runs every test with the race detector against real redis-server processes
+# that the tests start themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,8 +54,14 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 
+echo "== go mod tidy -diff"
+go mod tidy -diff
+
 echo "== go vet"
 go vet ./...
+
+echo "== staticcheck (pinned in go.mod as a tool)"
+go tool staticcheck ./...
 
 echo "== go test -race"
 go test -race -count=1 -timeout 12m "$@" ./...

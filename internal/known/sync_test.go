@@ -29,22 +29,6 @@ func (r *registry) list(context.Context) ([]string, error) {
 	return slices.Clone(r.ids), r.err
 }
 
-// run runs s until the test ends and checks that Run returns.
-func run(t *testing.T, s *Sync) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
-}
-
 // A pool whose notice was never published is learnt at the next refresh; a
 // failing listing adds what it read and removes nothing. In a synctest
 // bubble: each refresh is one tick of the fake clock, nothing sleeps.

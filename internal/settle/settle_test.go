@@ -273,7 +273,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if tries[key]++; tries[key] <= 2 {
-			http.Error(w, "try again", 503)
+			http.Error(w, "try again", http.StatusServiceUnavailable)
 			return
 		}
 		if _, ok := paid[g.Serial]; !ok {

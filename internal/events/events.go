@@ -15,7 +15,9 @@
 // Wire format, one notice per message, fields separated by one space:
 //
 //	pool <id>            a pool was preloaded: its id now exists
-//	stock <pool> <j>     stock came back to sub-pool j (decimal, ≥ 0) of pool
+//	stock <pool> <j>     sub-pool j (decimal, ≥ 0) of pool changed in a way
+//	                     local answers must hear: stock came back to it (a
+//	                     release, an untake), or it gained a holder (an adopt)
 //
 // Ids are non-empty and contain no space or control character.
 package events
@@ -46,7 +48,8 @@ type Kind uint8
 const (
 	// Pool says that pool Event.Pool was preloaded.
 	Pool Kind = iota + 1
-	// Stock says that stock came back to sub-pool Event.Sub of pool Event.Pool.
+	// Stock says that stock came back to sub-pool Event.Sub of pool
+	// Event.Pool, or that it gained a holder: local answers about it lapse.
 	Stock
 )
 

@@ -156,17 +156,17 @@ func (s *Service) fill(ctx context.Context, rec *record) error {
 			return fmt.Errorf("sub-pool %d holds %d packets, %d cents after loading: %w", j, n, cents, ErrUnavailable)
 		}
 	}
-	var clients []*redis.Client
 	for _, name := range s.shards.Names() {
-		c := s.shards.Client(name)
-		if err := c.HSet(ctx, recordKey(spec.PoolID), "state", stateOpen).Err(); err != nil {
+		if err := s.shards.Client(name).HSet(ctx, recordKey(spec.PoolID), "state", stateOpen).Err(); err != nil {
 			return fmt.Errorf("shard %s: %w: %w", name, ErrUnavailable, err)
 		}
-		clients = append(clients, c)
 	}
 	// Every instance learns the pool now; the registry refresh covers a
-	// notice that is lost.
-	_ = known.Publish(ctx, clients, spec.PoolID)
+	// notice that is lost, within a second.
+	if err := known.Publish(ctx, s.shards.Clients(), spec.PoolID); err != nil {
+		s.log.Warn("preload notice not published on every shard; instances learn the pool at their next registry refresh",
+			"pool_id", spec.PoolID, "err", err)
+	}
 	s.known.Add(spec.PoolID)
 	return nil
 }

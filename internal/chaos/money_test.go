@@ -1,13 +1,10 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -278,25 +275,12 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 		grabs, swallowed, unknown, refusals, spills, adopted, granted, grantedCents, cents)
 }
 
-// readLedger reads the ledger's grants by serial, failing on a repeat.
+// readLedger reads the ledger's grants by serial (one line per serial).
 func readLedger(t *testing.T, path string) map[int64]settle.Grant {
 	t.Helper()
-	f, err := os.Open(path)
+	grants, err := settle.ReadLedger(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	out := map[int64]settle.Grant{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var g settle.Grant
-		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
-			t.Fatalf("ledger line %q: %v", sc.Text(), err)
-		}
-		if _, dup := out[g.Serial]; dup {
-			t.Fatalf("serial %d has two ledger lines", g.Serial)
-		}
-		out[g.Serial] = g
-	}
-	return out
+	return grants
 }

@@ -28,9 +28,16 @@ type env struct {
 func newEnv(t testing.TB, n int, opts redistest.Options) *env {
 	t.Helper()
 	servers := redistest.StartN(t, n, opts)
-	specs := make([]shard.Spec, n)
-	for i, s := range servers {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
+	return envOn(t, servers, redistest.Addrs(servers))
+}
+
+// envOn is a Service on servers, reached at addrs (the servers' own, or
+// proxies in front of them), with shards named s1, s2, ...
+func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
+	t.Helper()
+	specs := make([]shard.Spec, len(addrs))
+	for i, a := range addrs {
+		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
 	}
 	// The options of rain serve, go-redis's retries included.
 	set, err := shard.Open(specs, 0, shard.Options{})

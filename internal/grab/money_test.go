@@ -21,19 +21,12 @@ func newProxiedEnv(t testing.TB, n int, opts redistest.Options) (*env, []*redisp
 	t.Helper()
 	servers := redistest.StartN(t, n, opts)
 	proxies := make([]*redisproxy.Proxy, n)
-	specs := make([]shard.Spec, n)
+	addrs := make([]string, n)
 	for i, s := range servers {
 		proxies[i] = redisproxy.Start(t, s.Addr)
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: proxies[i].Addr}
+		addrs[i] = proxies[i].Addr
 	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	e := &env{servers: servers, shards: set}
-	e.svc = e.service(t)
-	return e, proxies
+	return envOn(t, servers, addrs), proxies
 }
 
 // usersWithHome returns n user ids whose home is sub-pool j of k, named

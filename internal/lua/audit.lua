@@ -68,46 +68,45 @@ put('deadline_entries', redis.call('ZCARD', deadlines))
 put('duplicate_serials', dups)
 
 -- Spill records: in flight here, settled here, decided here as a home.
-local tr = redis.call('HGETALL', transfers)
-local tn, tsum = 0, 0
-for i = 2, #tr, 2 do
-  local amount = string.match(tr[i], '^(%d+):%d+:%d+:')
-  if amount then
-    tn, tsum = tn + 1, tsum + tonumber(amount)
-  else
-    bad = bad + 1
+-- tally reads a hash and adds its records up by class: classify returns a
+-- class and an amount, '' for a record that counts nowhere, or nil for one
+-- that does not parse.
+local function tally(key, classify)
+  local n, sum = {}, {}
+  local all = redis.call('HGETALL', key)
+  for i = 2, #all, 2 do
+    local class, amount = classify(all[i])
+    if class == nil then
+      bad = bad + 1
+    elseif class ~= '' then
+      n[class] = (n[class] or 0) + 1
+      sum[class] = (sum[class] or 0) + tonumber(amount)
+    end
   end
+  return n, sum, all
 end
-put('transfers', tn)
-put('transfers_cents', tsum)
-local se = redis.call('HGETALL', settled)
-local an, asum, un, usum = 0, 0, 0, 0
-for i = 2, #se, 2 do
-  local st, amount = string.match(se[i], '^(%a):(%d+):%d+:%d+:')
-  if st == 'a' then
-    an, asum = an + 1, asum + tonumber(amount)
-  elseif st == 'u' then
-    un, usum = un + 1, usum + tonumber(amount)
-  else
-    bad = bad + 1
-  end
-end
-put('acked', an)
-put('acked_cents', asum)
-put('untaken', un)
-put('untaken_cents', usum)
-local ve = redis.call('HGETALL', verdicts)
-local vn, vsum = 0, 0
-for i = 2, #ve, 2 do
-  local amount = string.match(ve[i], '^a:%d+:(%d+):%d+:')
-  if amount then
-    vn, vsum = vn + 1, vsum + tonumber(amount)
-  elseif string.sub(ve[i], 1, 2) ~= 'r:' then
-    bad = bad + 1
-  end
-end
-put('adopted', vn)
-put('adopted_cents', vsum)
+local tn, tsum, tr = tally(transfers, function(v)
+  local amount = string.match(v, '^(%d+):%d+:%d+:')
+  return amount and 't', amount
+end)
+local sn, ssum, se = tally(settled, function(v)
+  local st, amount = string.match(v, '^([au]):(%d+):%d+:%d+:')
+  return st, amount
+end)
+local vn, vsum, ve = tally(verdicts, function(v)
+  local amount = string.match(v, '^a:%d+:(%d+):%d+:')
+  if amount then return 'a', amount end
+  if string.sub(v, 1, 2) == 'r:' then return '' end
+  return nil
+end)
+put('transfers', tn.t or 0)
+put('transfers_cents', tsum.t or 0)
+put('acked', sn.a or 0)
+put('acked_cents', ssum.a or 0)
+put('untaken', sn.u or 0)
+put('untaken_cents', ssum.u or 0)
+put('adopted', vn.a or 0)
+put('adopted_cents', vsum.a or 0)
 put('bad_records', bad)
 put('transfers_list', tr)
 put('settled_list', se)

@@ -1,7 +1,6 @@
 package settle
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -91,27 +90,14 @@ func (e *env) assertAudit(t *testing.T) {
 	}
 }
 
-// readLedger returns the serials of the ledger's lines, failing on a repeat.
+// readLedger reads the ledger's grants by serial (one line per serial).
 func readLedger(t *testing.T, path string) map[int64]Grant {
 	t.Helper()
-	f, err := os.Open(path)
+	grants, err := ReadLedger(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	out := map[int64]Grant{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var g Grant
-		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
-			t.Fatalf("ledger line %q: %v", sc.Text(), err)
-		}
-		if _, dup := out[g.Serial]; dup {
-			t.Fatalf("serial %d has two ledger lines", g.Serial)
-		}
-		out[g.Serial] = g
-	}
-	return out
+	return grants
 }
 
 func checkLedger(t *testing.T, path string, grants map[int64]grab.Result) {

@@ -62,23 +62,11 @@ func OpenLedger(path string) (*Ledger, error) {
 
 // load reads the serials in the file and truncates a torn tail.
 func (l *Ledger) load() error {
-	r := bufio.NewReader(l.f)
-	var good int64 // bytes of whole, valid lines
-	for {
-		line, err := r.ReadBytes('\n')
-		if errors.Is(err, io.EOF) {
-			break // a tail without '\n' is torn
-		}
-		if err != nil {
-			return fmt.Errorf("ledger: read: %w", err)
-		}
-		var ll ledgerLine
-		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
-			return fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
-		}
-		l.seen[ll.Serial] = ll.Grant
-		good += int64(len(line))
+	grants, good, err := readLines(l.f)
+	if err != nil {
+		return err
 	}
+	l.seen = grants
 	if err := l.f.Truncate(good); err != nil {
 		return fmt.Errorf("ledger: truncate torn tail: %w", err)
 	}
@@ -86,6 +74,46 @@ func (l *Ledger) load() error {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	return nil
+}
+
+// ReadLedger reads the grants of the ledger at path by serial, ignoring a
+// torn last line. A serial on two lines is an error: the ledger holds one
+// line per serial.
+func ReadLedger(path string) (map[int64]Grant, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	defer f.Close()
+	grants, _, err := readLines(f)
+	return grants, err
+}
+
+// readLines reads whole ledger lines from r and returns their grants by
+// serial and the bytes they take; a tail without a newline is torn and not
+// counted.
+func readLines(r io.Reader) (map[int64]Grant, int64, error) {
+	br := bufio.NewReader(r)
+	grants := map[int64]Grant{}
+	var good int64
+	for {
+		line, err := br.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			return grants, good, nil
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("ledger: read: %w", err)
+		}
+		var ll ledgerLine
+		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
+			return nil, 0, fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
+		}
+		if _, dup := grants[ll.Serial]; dup {
+			return nil, 0, fmt.Errorf("ledger: serial %d on two lines (the second at byte %d)", ll.Serial, good)
+		}
+		grants[ll.Serial] = ll.Grant
+		good += int64(len(line))
+	}
 }
 
 // Deliver appends g unless its serial is already in the ledger: the same

@@ -165,6 +165,7 @@ start_redis() {
   redis-server --bind 127.0.0.1 --port "$rp" --dir "$dir" --save "" "${persist[@]}" \
     --daemonize no --logfile "" >"$dir/redis.log" 2>&1 &
   started+=($!)
+  redis_pid=$!
   wait_port $! "$rp" "redis-server $dir" "$dir/redis.log"
   printf -v "$1" %d "$rp"
 }
@@ -199,31 +200,55 @@ need_tools() {
 # unless set: the durability rain serve requires; anything else runs it with
 # --durability relaxed). Uses $tmp (bash scoping is dynamic).
 rain_fsync=${RAIN_FSYNC:-always}
+rain_seq=0
 start_rain() {
-  local shards="" i p rp pid durability=()
+  local shards="" i p rp pid durability=() dir redis=""
+  rain_seq=$((rain_seq + 1))
+  dir="$tmp/rain$rain_seq"
   for i in 1 2 3 4; do
-    start_redis p "$tmp/s$i" "$rain_fsync"
+    start_redis p "$dir/s$i" "$rain_fsync"
+    redis+="${redis:+ }$redis_pid"
     shards+="${shards:+,}s$i=1@127.0.0.1:$p"
   done
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   free_port rp
   "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
     "${durability[@]}" "${@:2}" \
-    >"$tmp/rain.log" 2>&1 &
+    >"$dir/rain.log" 2>&1 &
   pid=$!
   started+=("$pid")
-  wait_port "$pid" "$rp" rain "$tmp/rain.log"
+  wait_port "$pid" "$rp" rain "$dir/rain.log"
   for ((i = 0; i < 200; i++)); do
     curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$rp/healthz" 2>/dev/null && break
     sleep 0.1
   done
   curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$rp/healthz" || {
     echo "bench.sh: rain: /healthz not 200 after 20 s; its log:" >&2
-    cat "$tmp/rain.log" >&2
+    cat "$dir/rain.log" >&2
     return 1
   }
+  app_of[$rp]=$pid redis_of[$rp]=$redis
   printf -v "$1" %d "$rp"
 }
+
+# app_of[PORT] and redis_of[PORT] are the PIDs of the target listening on
+# PORT and of its Redis processes, for the CPU each run costs (see load).
+declare -A app_of redis_of
+
+# cpu_ticks PID...: their utime + stime so far, in clock ticks (/proc/PID/stat).
+cpu_ticks() {
+  local pid sum=0 f
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] || continue
+    # Fields after the command name in parentheses (which may hold spaces):
+    # utime and stime are the 12th and 13th of them.
+    f=$(sed 's/^.*) //' "/proc/$pid/stat")
+    set -- $f
+    sum=$((sum + ${12} + ${13}))
+  done
+  echo "$sum"
+}
+clk_tck=$(getconf CLK_TCK)
 
 # start_baseline VAR: the baseline on its own redis-server (AOF with appendfsync
 # $BASELINE_FSYNC, everysec unless set: the minimal design's usual setting);
@@ -232,9 +257,11 @@ start_baseline() {
   local br bp
   start_redis br "$tmp/baseline-redis" "${BASELINE_FSYNC:-everysec}"
   free_port bp
+  local bredis=$redis_pid
   "$bin/baseline" -listen "127.0.0.1:$bp" -redis "127.0.0.1:$br" -admin-token "$token" \
     >"$tmp/baseline.log" 2>&1 &
   started+=($!)
+  app_of[$bp]=$! redis_of[$bp]=$bredis
   wait_port $! "$bp" baseline "$tmp/baseline.log"
   printf -v "$1" %d "$bp"
 }
@@ -245,6 +272,7 @@ start_fixed() {
   free_port fp
   "$bin/rainload" fixed -listen "127.0.0.1:$fp" >"$tmp/fixed.log" 2>&1 &
   started+=($!)
+  app_of[$fp]=$! redis_of[$fp]=""
   wait_port $! "$fp" "rainload fixed" "$tmp/fixed.log"
   printf -v "$1" %d "$fp"
 }
@@ -260,12 +288,21 @@ load() {
   local args="$*"
   args=${args//-admin-token $token/-admin-token T} # the token stays off the screen
   echo "== $section: $name $kind (round $round): rainload $args"
+  local app0 redis0 app1 redis1
+  app0=$(cpu_ticks ${app_of[$port]:-}) redis0=$(cpu_ticks ${redis_of[$port]:-})
   "$bin/rainload" -url "http://127.0.0.1:$port" -progress 0 -summary "$base.json" \
     -timeline "$base.jsonl" "$@" >"$base.out" 2>"$base.err" || {
     echo "bench.sh: rainload failed:" >&2
     cat "$base.err" "$base.out" >&2
     return 1
   }
+  # CPU per answered request, of the target's process and of its Redis
+  # processes, appended to the result line (app_us, redis_us).
+  app1=$(cpu_ticks ${app_of[$port]:-}) redis1=$(cpu_ticks ${redis_of[$port]:-})
+  awk -v a=$((app1 - app0)) -v r=$((redis1 - redis0)) -v hz="$clk_tck" \
+    -v n="$(result_of "$base.out" answered)" '
+    $1 == "result" { $0 = $0 sprintf(" app_us=%.1f redis_us=%.1f", n ? a * 1e6 / hz / n : 0, n ? r * 1e6 / hz / n : 0) }
+    { print }' "$base.out" >"$base.out.tmp" && mv "$base.out.tmp" "$base.out"
   grep -E '^  (offered|statuses|accepted|driver lag)' "$base.out" || true
   if [ -n "$report_dir" ]; then
     report_seq=$((report_seq + 1))
@@ -350,9 +387,10 @@ print_row() {
     -v p50="$(med "$name" "$kind" p50_ms)" -v p99="$(med "$name" "$kind" p99_ms)" \
     -v p999="$(med "$name" "$kind" p999_ms)" -v shed="$(med "$name" "$kind" shed_rps)" \
     -v off="$(med "$name" "$kind" offered_rps)" -v drop="$(total "$name" "$kind" dropped)" \
-    -v sched="$(total "$name" "$kind" scheduled)" -v err="$(total "$name" "$kind" errors)" 'BEGIN {
-      printf "%s %-8s %7.0f grabs/s  p50 %6.2f ms  p99 %6.2f ms  p99.9 %6.2f ms  shed %.0f/s  errors %d  dropped %.1f%% of %.0f/s offered\n",
-        l, n, g, p50, p99, p999, shed, err, sched ? 100 * drop / sched : 0, off }')"
+    -v sched="$(total "$name" "$kind" scheduled)" -v err="$(total "$name" "$kind" errors)" \
+    -v app="$(med "$name" "$kind" app_us)" -v rds="$(med "$name" "$kind" redis_us)" 'BEGIN {
+      printf "%s %-8s %7.0f grabs/s  p50 %6.2f ms  p99 %6.2f ms  p99.9 %6.2f ms  shed %.0f/s  errors %d  dropped %.1f%% of %.0f/s offered  CPU/answer %.1f + %.1f us (process + redis)\n",
+        l, n, g, p50, p99, p999, shed, err, sched ? 100 * drop / sched : 0, off, app, rds }')"
   [ "$section" = soldout ] || [ "$(total "$name" "$kind" sold_out)" = 0 ] ||
     echo "$section: warning: $name sold out during a $kind run: raise PACKETS or shorten DURATION" >&2
 }

@@ -87,11 +87,11 @@ func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial in
 }
 
 // lane serves batches until stop is closed. Claims still queued then are
-// answered ErrUnavailable before it returns. (Service.Close comes after the
+// answered with errNotSent before it returns. (Service.Close comes after the
 // last grab has returned, so none is queued after that.)
 func (b *batcher) lane() {
+	var st laneState
 	batch := make([]*claimReq, 0, maxBatch)
-	cmds := make([]*redis.Cmd, 0, maxBatch)
 	for {
 		var first *claimReq
 		select {
@@ -117,50 +117,87 @@ func (b *batcher) lane() {
 				break drain
 			}
 		}
-		cmds = b.run(batch, cmds[:0])
+		b.run(batch, &st)
 	}
 }
 
-// run sends one batch and answers every claim in it.
-func (b *batcher) run(batch []*claimReq, cmds []*redis.Cmd) []*redis.Cmd {
+// group is the claims of one batch on one sub-pool: one claim_many script.
+type group struct {
+	keys   *lua.Keys
+	reqs   []*claimReq
+	claims []lua.ClaimArg
+	args   []any
+	cmd    *redis.Cmd
+}
+
+// laneState is a lane's buffers, reused from batch to batch.
+type laneState struct {
+	groups []group
+}
+
+// run sends one batch, one claim_many per sub-pool in one pipeline, and
+// answers every claim in it.
+func (b *batcher) run(batch []*claimReq, st *laneState) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	live := batch[:0] // filtered in place: live[i] is written after batch[i] is read
-	pipe := b.c.Pipeline()
+	groups := st.groups[:0] // reused with their buffers
+	var valid int64
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.err = fmt.Errorf("%w: %w", errNotSent, err)
 			r.done <- struct{}{}
 			continue
 		}
-		live = append(live, r)
-		cmds = append(cmds, lua.ClaimCmd(ctx, pipe, r.keys, r.user, r.serial, r.token, r.valid))
+		valid = r.valid // the same for every claim of a service
+		gi := -1
+		for i := range groups {
+			if groups[i].keys == r.keys {
+				gi = i
+				break
+			}
+		}
+		if gi < 0 {
+			if len(groups) < cap(groups) {
+				groups = groups[:len(groups)+1]
+			} else {
+				groups = append(groups, group{})
+			}
+			gi = len(groups) - 1
+			g := &groups[gi]
+			g.keys, g.reqs, g.claims = r.keys, g.reqs[:0], g.claims[:0]
+		}
+		g := &groups[gi]
+		g.reqs = append(g.reqs, r)
+		g.claims = append(g.claims, lua.ClaimArg{User: r.user, Serial: r.serial, Token: r.token})
 	}
-	if len(live) == 0 {
-		return cmds
+	st.groups = groups
+	if len(groups) == 0 {
+		return
+	}
+	pipe := b.c.Pipeline()
+	for i := range groups {
+		g := &groups[i]
+		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, g.claims, g.args)
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command, read below
-	var retry []*claimReq
-	for i, r := range live {
-		r.res, r.err = lua.ParseClaim(cmds[i])
-		if lua.IsNoScript(r.err) {
-			retry = append(retry, r)
-			continue
+	for i := range groups {
+		g := &groups[i]
+		claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
+		if lua.IsNoScript(err) {
+			// A restarted shard has an empty script cache: load and run
+			// again. Nothing ran for these claims, so running them is safe.
+			if err = lua.LoadScripts(ctx, b.c); err == nil {
+				claims, errs, err = lua.ClaimMany(ctx, b.c, g.keys, valid, g.claims)
+			}
 		}
-		r.done <- struct{}{}
-	}
-	if len(retry) > 0 {
-		// A restarted shard has an empty script cache: load and run again.
-		// Nothing ran for these claims, so running them again is safe.
-		err := lua.LoadScripts(ctx, b.c)
-		for _, r := range retry {
-			if err == nil {
-				r.res, r.err = lua.ClaimGrant(ctx, b.c, r.keys, r.user, r.serial, r.token, r.valid)
-			} else {
+		for k, r := range g.reqs {
+			if err != nil {
 				r.err = err
+			} else {
+				r.res, r.err = claims[k], errs[k]
 			}
 			r.done <- struct{}{}
 		}
+		g.cmd = nil
 	}
-	return cmds
 }

@@ -85,7 +85,7 @@ func TestLostAdoptReply(t *testing.T) {
 func TestLostClaimReply(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	claim := redisproxy.Script(lua.SHA("claim"))
+	claim := redisproxy.Script(lua.SHA("claim_many")) // grabs claim in batches
 
 	st := e.preload(t, Spec{PoolID: "one", TotalCents: 100, Count: 1})
 	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
@@ -121,7 +121,7 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
 	e.preload(t, Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
-	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim"} {
+	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim_many"} {
 		for _, p := range proxies {
 			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
 		}

@@ -31,6 +31,8 @@ var (
 	openSrc string
 	//go:embed claim.lua
 	claimSrc string
+	//go:embed claim_many.lua
+	claimManySrc string
 	//go:embed audit.lua
 	auditSrc string
 	//go:embed confirm.lua
@@ -60,6 +62,7 @@ var (
 	loadScript      = redis.NewScript(loadSrc)
 	openScript      = redis.NewScript(openSrc)
 	claimScript     = redis.NewScript(claimSrc)
+	claimManyScript = redis.NewScript(claimManySrc)
 	auditScript     = redis.NewScript(auditSrc)
 	confirmScript   = redis.NewScript(confirmSrc)
 	releaseScript   = redis.NewScript(releaseSrc)
@@ -75,7 +78,7 @@ var (
 
 	// scripts is every script, for LoadScripts and SHA.
 	scripts = map[string]*redis.Script{
-		"setup": setupScript, "load": loadScript, "open": openScript, "claim": claimScript,
+		"setup": setupScript, "load": loadScript, "open": openScript, "claim": claimScript, "claim_many": claimManyScript,
 		"audit": auditScript, "confirm": confirmScript, "release": releaseScript,
 		"take": takeScript, "adopt": adoptScript, "ack": ackScript, "abort": abortScript,
 		"decide": decideScript, "transfers": transfersScript, "record": recordScript,
@@ -273,6 +276,71 @@ func ParseClaim(cmd *redis.Cmd) (Claim, error) {
 		return Claim{}, err
 	}
 	return parseClaim(res)
+}
+
+// ClaimArg is one claim of a batch: the user, the serial for a new grant,
+// and the spill token ("" for pools of one sub-pool).
+type ClaimArg struct {
+	User   string
+	Serial int64
+	Token  string
+}
+
+// ClaimManyCmd queues the claims of one batch on one sub-pool as one
+// EVALSHA of claim_many on pipe: each claim decided as ClaimGrant decides
+// it, in order, atomically. Read it with ParseClaimMany. A shard whose script
+// cache is empty answers NOSCRIPT (IsNoScript): load the scripts and run the
+// batch again with ClaimMany. args is the caller's to reuse once the command
+// has been sent.
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, validityMS int64, claims []ClaimArg, args []any) *redis.Cmd {
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, claims)...)
+}
+
+// ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT).
+func ClaimMany(ctx context.Context, c Client, k *Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, claims)...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	return parseClaimMany(res, len(claims))
+}
+
+func claimManyArgs(args []any, validityMS int64, claims []ClaimArg) []any {
+	args = append(args[:0], validityMS)
+	for _, c := range claims {
+		args = append(args, c.User, c.Serial, c.Token)
+	}
+	return args
+}
+
+// ParseClaimMany reads the result of a ClaimManyCmd of n claims: each
+// claim's answer, or its own error (a bad grant record); err is set when
+// the batch as a whole failed (then nothing else is).
+func ParseClaimMany(cmd *redis.Cmd, n int) (claims []Claim, errs []error, err error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	return parseClaimMany(res, n)
+}
+
+func parseClaimMany(res []any, n int) ([]Claim, []error, error) {
+	if len(res) != n {
+		return nil, nil, fmt.Errorf("claim_many: %d answers for %d claims", len(res), n)
+	}
+	claims, errs := make([]Claim, n), make([]error, n)
+	for i, r := range res {
+		one, ok := r.([]any)
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("claim_many: unexpected answer %v", r)
+		case str(one, 0) == "error":
+			errs[i] = errors.New(str(one, 1))
+		default:
+			claims[i], errs[i] = parseClaim(one)
+		}
+	}
+	return claims, errs, nil
 }
 
 // IsNoScript reports whether err says the shard lacks the script.

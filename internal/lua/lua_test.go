@@ -3,6 +3,8 @@ package lua
 import (
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strconv"
@@ -202,5 +204,73 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	}
 	if _, ok, _ := Adopt(ctx, c, &k, "u", "t5", 5, 70, 1, valid); ok {
 		t.Fatal("adopt for a user who holds a grant succeeded, want stale")
+	}
+}
+
+// TestClaimManyMatchesClaim: batches of claim_many decide every claim as
+// claim decides it one by one: random batches (users repeated within and
+// across batches, pools of one sub-pool and of several) run through
+// claim_many on one sub-pool and claim by claim on a twin with the same
+// stock; the answers, the stock left and the grants agree (deadlines aside,
+// which come from the clock), and the audit of the batched one holds.
+func TestClaimManyMatchesClaim(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for round, spill := range []bool{false, true, false, true} {
+		amounts := make([]int64, 40)
+		for i := range amounts {
+			amounts[i] = 1 + rng.Int64N(99)
+		}
+		a := openSubPool(t, c, 10+2*round, 60_000, amounts...)
+		b := openSubPool(t, c, 11+2*round, 60_000, amounts...)
+		serial := int64(1000 * (round + 1))
+		for range 12 {
+			var batch []ClaimArg
+			for range 1 + rng.IntN(8) {
+				serial++
+				token := ""
+				if spill {
+					token = strconv.FormatInt(serial, 10)
+				}
+				batch = append(batch, ClaimArg{User: "u" + strconv.Itoa(rng.IntN(50)), Serial: serial, Token: token})
+			}
+			got, errs, err := ClaimMany(ctx, c, &a, 60_000, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, cl := range batch {
+				want, werr := ClaimGrant(ctx, c, &b, cl.User, cl.Serial, cl.Token, 60_000)
+				if (errs[i] != nil) != (werr != nil) {
+					t.Fatalf("claim %+v: claim_many error %v, claim error %v", cl, errs[i], werr)
+				}
+				got[i].DeadlineMS, want.DeadlineMS = 0, 0
+				if got[i] != want {
+					t.Fatalf("claim %+v: claim_many answered %+v, claim %+v", cl, got[i], want)
+				}
+			}
+		}
+		sa, _ := c.LRange(ctx, a.Stock, 0, -1).Result()
+		sb, _ := c.LRange(ctx, b.Stock, 0, -1).Result()
+		if !slices.Equal(sa, sb) {
+			t.Fatalf("stock left: claim_many %v, claim %v", sa, sb)
+		}
+		ga, _ := c.HGetAll(ctx, a.Grants).Result()
+		gb, _ := c.HGetAll(ctx, b.Grants).Result()
+		trim := func(m map[string]string) map[string]string {
+			out := map[string]string{}
+			for u, g := range m {
+				out[u] = g[:strings.LastIndex(g, ":")]
+			}
+			return out
+		}
+		if !maps.Equal(trim(ga), trim(gb)) {
+			t.Fatalf("grants: claim_many %v, claim %v", ga, gb)
+		}
+		au, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 10 + 2*round})
+		if err != nil || au.StockCount != au.ListLen || au.StockCents != au.ListSum || au.HeldCount != au.GrantsHeld ||
+			au.HeldCents != au.GrantsHeldCents || au.DeadlineEntries != au.GrantsHeld {
+			t.Fatalf("audit of the batched sub-pool = %+v, %v: counters and records disagree", au, err)
+		}
 	}
 }

@@ -26,6 +26,7 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	h := openSubPool(t, c, 0, 60_000, 10)
 	j := openSubPool(t, c, 1, 60_000, 20, 30)
+	m := openSubPool(t, c, 3, 60_000, 5, 6) // for claim_many
 	p.Record()
 	const valid = 60_000
 
@@ -35,6 +36,10 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		same   bool
 	}{
 		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u1", 101, "101", valid); return err }, true},
+		{"claim_many", func() error {
+			_, _, err := ClaimMany(ctx, c, &m, valid, []ClaimArg{{"m1", 201, "201"}, {"m2", 202, "202"}, {"m1", 203, "203"}})
+			return err
+		}, true},
 		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u2", 102, "102", valid); return err }, true},
 		{"take", func() error { _, _, err := Take(ctx, c, &j, "102", 0, "u2"); return err }, true},
 		{"adopt", func() error { _, _, err := Adopt(ctx, c, &h, "u2", "102", 102, 20, 1, valid); return err }, true},

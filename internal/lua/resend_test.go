@@ -87,7 +87,8 @@ func TestEveryStepTwice(t *testing.T) {
 	c := newClient(t)
 	h := openSubPool(t, c, 0, 60_000, 10)     // home: one packet
 	j := openSubPool(t, c, 1, 60_000, 20, 30) // sibling: two
-	all := slices.Concat(h.All(), j.All())
+	m := openSubPool(t, c, 3, 60_000, 5, 6)   // for claim_many
+	all := slices.Concat(h.All(), j.All(), m.All())
 	const valid = 60_000
 
 	steps := []struct {
@@ -96,6 +97,10 @@ func TestEveryStepTwice(t *testing.T) {
 		same bool // the second answer equals the first
 	}{
 		{"claim granted", func() (any, error) { return ClaimGrant(ctx, c, &h, "u1", 101, "101", valid) }, true},
+		{"claim_many", func() (any, error) {
+			cl, errs, err := ClaimMany(ctx, c, &m, valid, []ClaimArg{{"m1", 201, "201"}, {"m2", 202, "202"}, {"m1", 203, "203"}})
+			return fmt.Sprint(cl, errs), err
+		}, true},
 		{"claim reserved", func() (any, error) { return ClaimGrant(ctx, c, &h, "u2", 102, "102", valid) }, true},
 		{"take", func() (any, error) {
 			r, a, err := Take(ctx, c, &j, "102", 0, "u2")

@@ -1,0 +1,151 @@
+-- claim_many: a batch of grabs on one sub-pool, in one atomic script. Each
+-- claim is decided as claim.lua decides it, one after another in the order
+-- given; the script's setup (the window, the clock), the stock pops and the
+-- counter updates happen once for the whole batch.
+--
+-- KEYS[1] meta       rain:{P:j}:meta       (hash: state, window, counters)
+-- KEYS[2] stock      rain:{P:j}:stock      (list of amounts in cents)
+-- KEYS[3] grants     rain:{P:j}:grants     (hash: user -> "state:amount:serial:deadline_ms")
+-- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
+-- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
+-- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
+-- ARGV[1] reservation validity in ms (T)
+-- ARGV[2], ARGV[3], ARGV[4]: user, serial, spill token ("" for pools of one
+--         sub-pool) of the first claim; then the next claim's three, ...
+--
+-- Re-sent (a reply lost on the wire), every claim answers as its first run
+-- did, as claim.lua's do: the grant made under a claim's serial is "granted"
+-- again, the reservation made under its token "reserved" again.
+--
+-- Returns one reply per claim, in order, each as claim.lua returns it:
+--   {"granted", amount, serial, deadline_ms} | {"already", amount, serial, deadline_ms}
+--   | {"empty"} | {"reserved"} | {"busy"} | {"not_started", ms_left} | {"ended"} | {"closed"}
+-- or a bad grant record's error as {"error", message}.
+local meta, stock, grants, deadlines, outbox, reserve = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local validity = tonumber(ARGV[1])
+local n = (#ARGV - 1) / 3
+local out = {}
+
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local shut -- the answer of every claim without a grant when the sub-pool does not grant now
+if m[1] ~= 'open' then
+  shut = {'closed'}
+else
+  local starts, ends = tonumber(m[3]), tonumber(m[4])
+  if starts > 0 and now < starts then
+    shut = {'not_started', starts - now}
+  elseif ends > 0 and now >= ends then
+    shut = {'ended'}
+  end
+end
+
+-- First pass: what every claim's user holds already, and which claims need
+-- stock. A user may come twice in one batch: the first claim decides, the
+-- second then finds that grant, as it would one batch later.
+local users = {}
+for i = 1, n do
+  users[i] = ARGV[3 * i - 1]
+end
+local held = redis.call('HMGET', grants, unpack(users))
+local made = {} -- user -> grant record made in this batch
+local deadline = string.format('%d', now + (tonumber(m[2]) or 0))
+local grantedUsers, grantedRecords, zargs = {}, {}, {}
+local popped, need = nil, 0
+local stockCount, stockCents = 0, 0
+
+-- take returns the next amount of the stock, popping what the rest of the
+-- batch may need in one call the first time.
+local function take(from)
+  if popped == nil then
+    need = n - from + 1
+    popped = redis.call('LPOP', stock, need) or {}
+    need = 0
+  end
+  need = need + 1
+  return popped[need]
+end
+
+for i = 1, n do
+  local user, serial, token = users[i], ARGV[3 * i], ARGV[3 * i + 1]
+  local g = made[user] or held[i]
+  local answer
+  if g then
+    local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
+    if st == nil then
+      answer = {'error', 'RAINSTATE bad grant record for ' .. user}
+    elseif st ~= 'r' then
+      if ser == serial then
+        answer = {'granted', tonumber(amount), tonumber(ser), tonumber(dl)}
+      else
+        answer = {'already', tonumber(amount), tonumber(ser), tonumber(dl)}
+      end
+    end
+  end
+  if answer == nil and shut then
+    answer = shut
+  end
+  if answer == nil and token ~= '' then
+    -- A reservation younger than T: this user's spill is in flight.
+    local r = redis.call('HGET', reserve, user)
+    if r then
+      local rtoken, ts = string.match(r, '^(.+):(%d+)$')
+      if rtoken == token then
+        answer = {'reserved'} -- this very claim, sent again
+      elseif ts and now - tonumber(ts) < validity then
+        answer = {'busy'}
+      else
+        redis.call('HDEL', reserve, user) -- older than T: it can no longer be adopted
+      end
+    end
+  end
+  if answer == nil then
+    local amount = take(i)
+    if amount == nil then
+      if token == '' then
+        answer = {'empty'}
+      else
+        redis.call('HSET', reserve, user, token .. ':' .. now)
+        answer = {'reserved'}
+      end
+    else
+      local rec = 'h:' .. amount .. ':' .. serial .. ':' .. deadline
+      made[user] = rec
+      table.insert(grantedUsers, user)
+      table.insert(grantedRecords, rec)
+      table.insert(zargs, deadline)
+      table.insert(zargs, user)
+      redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[5], 'sub', m[6], 'user', user,
+        'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+      stockCount = stockCount + 1
+      stockCents = stockCents + tonumber(amount)
+      answer = {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}
+    end
+  end
+  out[i] = answer
+end
+
+-- Amounts popped for claims that did not take them go back, in order.
+if popped ~= nil and need < #popped then
+  local back = {}
+  for k = #popped, need + 1, -1 do
+    table.insert(back, popped[k])
+  end
+  redis.call('LPUSH', stock, unpack(back))
+end
+if stockCount > 0 then
+  local hset = {}
+  for k = 1, #grantedUsers do
+    table.insert(hset, grantedUsers[k])
+    table.insert(hset, grantedRecords[k])
+  end
+  redis.call('HSET', grants, unpack(hset))
+  redis.call('ZADD', deadlines, unpack(zargs))
+  local cents = string.format('%d', stockCents)
+  redis.call('HINCRBY', meta, 'stock_count', -stockCount)
+  redis.call('HINCRBY', meta, 'stock_cents', '-' .. cents)
+  redis.call('HINCRBY', meta, 'held_count', stockCount)
+  redis.call('HINCRBY', meta, 'held_cents', cents)
+end
+return out

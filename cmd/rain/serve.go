@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"rain/internal/api"
 	"rain/internal/grab"
 	"rain/internal/idgen"
@@ -41,6 +42,7 @@ type serveConfig struct {
 	PoolMin         int
 	PoolMax         int
 	PoolQueue       int
+	DebugListen     string // pprof; "" = off
 	Durability      string // "strict" or "relaxed"
 }
 
@@ -58,6 +60,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
 	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)
+	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
@@ -68,6 +71,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-min", "RAIN_POOL_MIN")
 	f.bindEnv("pool-max", "RAIN_POOL_MAX")
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
+	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
 	return f, c
 }
 
@@ -166,6 +170,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "shards", len(specs), "serial_shard", serialShard)
 
+	if c.DebugListen != "" {
+		stop, err := serveDebug(c.DebugListen, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
 	// Background work: local answers (unknown and sold-out pools) kept
 	// current across instances, and the reaper. It stops after the HTTP
 	// server and the worker pool have drained, before the deferred closes.
@@ -232,4 +244,29 @@ func newToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails
 	return hex.EncodeToString(b)
+}
+
+// serveDebug serves net/http/pprof's profiles on addr, on a listener of its
+// own so that they are never exposed with the API; stop shuts it down.
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	log.Info("pprof", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
 }

@@ -26,11 +26,16 @@ type Pools interface {
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
 }
 
-// Runner runs a grab as a task (internal/pool's Pool) and waits for it.
-// It returns pool.ErrOverloaded when it sheds, pool.ErrPanicked when the task
-// panicked, or ctx's error when the client has gone.
+// Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
+// for a grab as its request arrives, before the body is read, or reports
+// false (shed: 503 at once); an admitted request then either Runs, which
+// waits for the task and returns pool.ErrOverloaded when it sheds after
+// all, pool.ErrPanicked when it panicked, or ctx's error when the client has
+// gone, or Leaves (its body was invalid).
 type Runner interface {
-	Do(ctx context.Context, fn func(ctx context.Context)) error
+	Admit() bool
+	Leave()
+	Run(ctx context.Context, fn func(ctx context.Context)) error
 }
 
 // Config wires a Server. Grabber, Pools, AdminToken and Ready are required.

@@ -484,6 +484,11 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 	if e, _ := r.Body["error"].(string); !strings.Contains(e, "nothing was granted") {
 		t.Fatalf("shed grab says %q, want that nothing was granted", e)
 	}
+	// Admission comes before the body is decoded: while the pool is full
+	// even a malformed body is answered 503, not 400.
+	if r := s.do(t, "POST", "/grab", "", `{"pool_id":`); r.Code != 503 || r.Body["status"] != "overloaded" {
+		t.Fatalf("malformed grab while the pool is full = %d %v, want 503 overloaded (shed before decoding)", r.Code, r.Body)
+	}
 	close(g.release)
 	if r := <-slow; r.Code != 200 {
 		t.Fatalf("the slow grab = %d %v, want 200", r.Code, r.Body)

@@ -57,8 +57,17 @@ var reasonTexts = [nReason]string{
 }
 
 func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
+	// Admission comes first, before the body is read: under overload a
+	// shed request costs its headers and a short answer, nothing more.
+	if s.cfg.Runner != nil && !s.cfg.Runner.Admit() {
+		s.answer(w, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
+		return
+	}
 	req, err := decodeGrab(r.Body)
 	if err != nil {
+		if s.cfg.Runner != nil {
+			s.cfg.Runner.Leave()
+		}
 		s.metrics.grabs[stInvalid].Add(1)
 		writeJSON(w, http.StatusBadRequest, map[string]string{
 			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
@@ -70,15 +79,20 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	} else {
 		var tres grab.Result
 		var terr error
-		// tres and terr are read only when Do returns nil: the task has
+		// tres and terr are read only when Run returns nil: the task has
 		// finished then; on any error it may still be running.
-		err = s.cfg.Runner.Do(r.Context(), func(ctx context.Context) {
+		err = s.cfg.Runner.Run(r.Context(), func(ctx context.Context) {
 			tres, terr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
 		})
 		if err == nil {
 			res, err = tres, terr
 		}
 	}
+	s.answer(w, req, res, err)
+}
+
+// answer writes the answer to a grab: its result, or the error it met.
+func (s *Server) answer(w http.ResponseWriter, req grabRequest, res grab.Result, err error) {
 	st, rs := stError, reason(-1)
 	switch {
 	case err == nil:

@@ -26,7 +26,7 @@ const (
 	// lanesPerShard: two pipelines in flight per shard. Measured with
 	// scripts/bench.sh grab on 2 cores: 4 lanes gave 0.90–0.93× the
 	// baseline, 1 lane 0.98×, 2 lanes 1.03–1.08× (fewer, fuller batches).
-	lanesPerShard = 2
+	lanesPerShard = 1
 	maxBatch      = 128
 	// batchTimeout bounds one pipelined round trip; a claim waits at most this.
 	batchTimeout = 3 * time.Second

@@ -158,22 +158,43 @@ func New(cfg Config) (*Pool, error) {
 	return p, nil
 }
 
-// Do runs fn on a worker and waits for it to finish. It returns
-// ErrOverloaded at once when all workers are busy and the queue is full,
-// ErrPanicked if fn panicked, ErrClosed after Close, and ctx's error when ctx
-// ends first. fn gets ctx; if ctx has ended by the time a worker picks the
-// task up (the client has gone), fn is not called at all.
-//
-// A caller waiting in the queue waits inside ants, which cannot be woken by
-// ctx: it leaves when a worker frees up (the queue is bounded, so that is at
-// most Queue × service time / capacity), and then does no work.
+// Do runs fn on a worker and waits for it to finish: Admit, then Run. It
+// returns ErrOverloaded at once when all workers are busy and the queue is
+// full, ErrPanicked if fn panicked, ErrClosed after Close, and ctx's error
+// when ctx ends first. fn gets ctx; if ctx has ended by the time a worker
+// picks the task up (the client has gone), fn is not called at all.
 func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
+	if !p.Admit() {
+		return ErrOverloaded
+	}
+	return p.Run(ctx, fn)
+}
+
+// Admit takes a place for one task among the workers and the queue, or
+// reports false at once (counted as shed) when there is none. It costs two
+// atomic adds, so the HTTP layer calls it as a request arrives, before
+// reading its body, and an overload is refused for almost nothing. A caller
+// admitted must then call Run or Leave, once.
+func (p *Pool) Admit() bool {
 	p.arrivals.Add(1)
 	if p.admitted.Add(1) > p.limit() {
 		p.admitted.Add(-1)
 		p.shed.Add(1)
-		return ErrOverloaded
+		return false
 	}
+	return true
+}
+
+// Leave gives back the place of an admitted caller that will not Run (its
+// request was invalid).
+func (p *Pool) Leave() { p.admitted.Add(-1) }
+
+// Run runs fn on a worker for an admitted caller and waits for it, as Do.
+//
+// A caller waiting in the queue waits inside ants, which cannot be woken by
+// ctx: it leaves when a worker frees up (the queue is bounded, so that is at
+// most Queue × service time / capacity), and then does no work.
+func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context)) error {
 	t := taskPool.Get().(*task)
 	t.ctx, t.fn = ctx, fn
 	err := p.ants.Invoke(t)

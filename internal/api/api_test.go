@@ -503,8 +503,8 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 	if r := s.grab(t, "p", "u1"); r.Code != 200 || r.Body["status"] != "granted" {
 		t.Fatalf("grab after a shed and a panic = %d %v, want 200 granted (the pool keeps serving)", r.Code, r.Body)
 	}
-	if got := workers.Stats(); got.Shed != 1 || got.Panics != 1 {
-		t.Fatalf("pool stats %+v, want 1 shed, 1 panic", got)
+	if got := workers.Stats(); got.Shed != 2 || got.Panics != 1 {
+		t.Fatalf("pool stats %+v, want 2 shed (the grab and the malformed one), 1 panic", got)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 )
 
@@ -341,5 +342,48 @@ func TestDurability(t *testing.T) {
 	resp.Body.Close()
 	if !bytes.Contains(b, []byte("rain_durability_relaxed 1\n")) {
 		t.Errorf("/metrics under --durability relaxed lacks rain_durability_relaxed 1:\n%s", b)
+	}
+}
+
+// TestIdleChatter: two idle rain serve instances on four shards, one pool
+// of four sub-pools with grants held: every call each makes to each shard
+// is counted at a proxy in front of it. Idle, an instance costs a shard at
+// most 2 calls a second (README, "Background calls"), and the count does
+// not grow with the shards: the registry is read from the serial shard
+// alone, the reaper sweeps a sub-pool only when something there can be due,
+// and a waiting instance tries the reaper's lock every few seconds.
+func TestIdleChatter(t *testing.T) {
+	servers := redistest.StartN(t, 4, durable)
+	var proxies []*redisproxy.Proxy
+	var specs []string
+	for i, s := range servers {
+		p := redisproxy.Start(t, s.Addr)
+		proxies = append(proxies, p)
+		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, p.Addr))
+	}
+	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": "sekret"}
+	a, _ := startServe(t, nil, environ)
+	startServe(t, nil, environ)
+	if code, body := post(t, "http://"+a+"/admin/pools", "sekret", `{"pool_id":"idle","total_cents":10000,"count":100,"sub_pools":4}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 20 {
+		if code, _ := post(t, "http://"+a+"/grab", "", fmt.Sprintf(`{"pool_id":"idle","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d", code)
+		}
+	}
+	time.Sleep(2 * time.Second) // the first sweeps and lock attempts
+	for _, p := range proxies {
+		p.ResetStats()
+	}
+	const window = 8 * time.Second
+	time.Sleep(window)
+	for i, p := range proxies {
+		st := p.Stats()
+		perInstance := float64(st.Calls()) / 2 / window.Seconds()
+		t.Logf("shard s%d: %.2f calls/s per instance: %v", i+1, perInstance, st.Commands)
+		if perInstance > 2 {
+			t.Errorf("shard s%d: %.2f calls/s per idle instance, want at most 2 (%v)", i+1, perInstance, st.Commands)
+		}
 	}
 }

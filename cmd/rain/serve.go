@@ -27,6 +27,10 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// reaperRetry is how long an instance waits between two tries at the
+// reaper's lock (jittered to 0.5-1.5 times).
+const reaperRetry = 4 * time.Second
+
 // defaultGCPercent is the GC target of `rain serve` unless GOGC is set.
 const defaultGCPercent = 400
 
@@ -153,7 +157,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
 	}
 	// The reaper competes for its lock in every instance; one sweeps.
-	reap := reaper.New(svc, lock.New(set.Clients(), lock.Config{Logger: log}), reaper.Config{Logger: log})
+	// An instance waiting for the lock tries every few seconds, not every
+	// 200 ms: a crashed leader is taken over within TTL + reaperRetry, and
+	// the waiting costs each shard one attempt per instance every few seconds.
+	reap := reaper.New(svc, lock.New(set.Clients(), lock.Config{Logger: log, RetryDelay: reaperRetry}), reaper.Config{Logger: log})
 	cfg.Metrics = append(cfg.Metrics, reap.AppendMetrics)
 
 	ln, err := net.Listen("tcp", c.Listen)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -76,6 +77,10 @@ type Service struct {
 	// not decided it: safe at any age, but an early verdict would turn away
 	// a spill still in progress). Tests shorten them.
 	spillValidity, spillAge time.Duration
+	dueMu                   sync.Mutex                // guards due
+	due                     map[lua.SubPool]time.Time // when each sub-pool next needs the reaper's sweep
+	listed                  atomic.Pointer[[]string]  // the pools as Run's refresh last listed them
+
 	// spillHook, when set (tests), runs after each step of a spill
 	// ("reserved", "taken", "adopted", "acked"); an error stops the grab
 	// there, as a crash would.
@@ -120,6 +125,7 @@ func New(shards *shard.Set, cfg Config) *Service {
 	}
 	s := &Service{shards: shards, serials: cfg.Serials, arbiter: cfg.Arbiter, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{}, stop: make(chan struct{}),
+		due:           map[lua.SubPool]time.Time{},
 		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
@@ -318,7 +324,7 @@ func (s *Service) client(rec *record, j int) *redis.Client {
 // costs at most a second. Run it in one goroutine beside serving grabs; it
 // returns when ctx ends.
 func (s *Service) Run(ctx context.Context) {
-	refresh := known.NewSync(s.known, s.poolIDs, known.SyncConfig{Logger: s.log})
+	refresh := known.NewSync(s.known, s.refreshList, known.SyncConfig{Logger: s.log})
 	var wg sync.WaitGroup
 	wg.Go(func() { refresh.Run(ctx) })
 	events.Listen(ctx, s.shards.Clients(), events.Config{Logger: s.log}, events.Handlers{

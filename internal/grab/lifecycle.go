@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"rain/internal/lua"
@@ -63,16 +64,25 @@ type Sweep struct {
 	OldestOverdue time.Duration
 }
 
-// ReleaseExpired makes one pass over every sub-pool of every pool and
-// releases the grants still held past their deadline, in batches. It stops at
-// once, with ctx's error, when ctx ends; sub-pools it cannot reach are
-// skipped and their errors returned, joined, with what it did. Each release is checked inside its
-// script (still held, past the deadline by the shard's clock), so two passes
-// at once, or a stale one, never release a grant twice.
+// ReleaseExpired makes one pass over the sub-pools of every pool that may
+// have work, and releases the grants still held past their deadline, in
+// batches, and resolves spills in flight for too long. It stops at once,
+// with ctx's error, when ctx ends; sub-pools it cannot reach are skipped and
+// their errors returned, joined, with what it did. Each release is checked
+// inside its script (still held, past the deadline by the shard's clock), so
+// two passes at once, or a stale one, never release a grant twice.
+//
+// A pass skips a sub-pool until it may have work: each sweep learns from the
+// shard how long until a grant there can next fall due (its earliest
+// deadline, and at most the pool's hold, as a grant made later falls due no
+// sooner) and until a spill in flight can next need resolving (at most
+// spillAge). So an idle pool costs its shards two calls per sub-pool every
+// spillAge, not every pass.
 func (s *Service) ReleaseExpired(ctx context.Context) (Sweep, error) {
 	var sw Sweep
-	ids, err := s.poolIDs(ctx)
+	ids, err := s.poolList(ctx)
 	errs := []error{err}
+	now := time.Now()
 	for _, id := range ids {
 		p, err := s.pool(ctx, id)
 		if errors.Is(err, ErrNotFound) {
@@ -86,10 +96,18 @@ func (s *Service) ReleaseExpired(ctx context.Context) (Sweep, error) {
 			if err := ctx.Err(); err != nil {
 				return sw, err
 			}
+			sp := lua.SubPool{Pool: id, Index: j}
+			if due, ok := s.sweepDue(sp); ok && now.Before(due) {
+				continue
+			}
+			next, failed := s.spillAge, false
 			if len(p.keys) > 1 {
-				if err := s.recoverSpills(ctx, p, j); err != nil {
+				n, err := s.recoverSpills(ctx, p, j)
+				if err != nil {
 					errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", ErrUnavailable, id, j, err))
+					failed = true // swept again next pass; its releases go on
 				}
+				next = min(next, n)
 			}
 			for more := true; more; {
 				if err := ctx.Err(); err != nil {
@@ -98,16 +116,36 @@ func (s *Service) ReleaseExpired(ctx context.Context) (Sweep, error) {
 				r, err := lua.ReleaseExpired(ctx, p.clients[j], &p.keys[j], releaseBatch)
 				if err != nil {
 					errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", ErrUnavailable, id, j, err))
+					failed = true
 					break
 				}
 				sw.Released += r.Count
 				sw.ReleasedCents += r.Cents
 				sw.OldestOverdue = max(sw.OldestOverdue, time.Duration(r.OldestOverdueMS)*time.Millisecond)
 				more = r.More
+				next = min(next, time.Duration(r.NextMS)*time.Millisecond)
+			}
+			if !failed {
+				s.setSweepDue(sp, now.Add(next))
 			}
 		}
 	}
 	return sw, errors.Join(errs...)
+}
+
+// sweepDue is when sub-pool sp next needs a sweep; ok is false when it was
+// never swept (by this instance).
+func (s *Service) sweepDue(sp lua.SubPool) (time.Time, bool) {
+	s.dueMu.Lock()
+	defer s.dueMu.Unlock()
+	t, ok := s.due[sp]
+	return t, ok
+}
+
+func (s *Service) setSweepDue(sp lua.SubPool, t time.Time) {
+	s.dueMu.Lock()
+	defer s.dueMu.Unlock()
+	s.due[sp] = t
 }
 
 // SubPoolRef names a sub-pool and the shard that holds it.
@@ -143,17 +181,27 @@ func (s *Service) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 	return out, errors.Join(errs...)
 }
 
-// poolIDs lists every pool in the registries of the shards that answer.
+// poolIDs lists every pool: the arbiter's registry, which every preload
+// writes first (one call, whatever the number of shards), or, while the
+// arbiter does not answer, the union of the other shards' registries.
 func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
+	ids, err := s.shards.Client(s.arbiter).SMembers(ctx, registryKey).Result()
+	if err == nil {
+		return ids, nil
+	}
+	errs := []error{fmt.Errorf("arbiter %s: %w", s.arbiter, err)}
 	seen := map[string]bool{}
-	var ids []string
-	var errs []error
+	answered := false
 	for _, name := range s.shards.Names() {
+		if name == s.arbiter {
+			continue
+		}
 		members, err := s.shards.Client(name).SMembers(ctx, registryKey).Result()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %s: %w", name, err))
 			continue
 		}
+		answered = true
 		for _, id := range members {
 			if !seen[id] {
 				seen[id] = true
@@ -161,8 +209,28 @@ func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
-	if len(errs) == len(s.shards.Names()) {
+	if !answered {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(errs...))
 	}
 	return ids, nil
+}
+
+// poolList is the pools as Run's refresh last listed them, when it runs;
+// else it lists them now.
+func (s *Service) poolList(ctx context.Context) ([]string, error) {
+	if ids := s.listed.Load(); ids != nil {
+		return *ids, nil
+	}
+	return s.poolIDs(ctx)
+}
+
+// refreshList lists the pools and keeps the list for poolList; it is what
+// Run's registry refresh calls.
+func (s *Service) refreshList(ctx context.Context) ([]string, error) {
+	ids, err := s.poolIDs(ctx)
+	if err == nil {
+		cp := slices.Clone(ids)
+		s.listed.Store(&cp)
+	}
+	return ids, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"rain/internal/lua"
 )
@@ -136,10 +137,12 @@ func (s *Service) step(name string) error {
 // j with this amount) or untake (anything else). The verdict is recorded
 // once and kept for the pool's life, so the answer does not depend on clocks
 // or on what became of the grant since.
-func (s *Service) recoverSpills(ctx context.Context, p *poolView, j int) error {
-	_, stale, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillAge.Milliseconds())
+//
+// It returns how long until a transfer of j can next need resolving.
+func (s *Service) recoverSpills(ctx context.Context, p *poolView, j int) (time.Duration, error) {
+	stale, nextMS, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillAge.Milliseconds())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var errs []error
 	for _, t := range stale {
@@ -171,5 +174,5 @@ func (s *Service) recoverSpills(ctx context.Context, p *poolView, j int) error {
 			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was settled the other way", t.Token, j))
 		}
 	}
-	return errors.Join(errs...)
+	return time.Duration(nextMS) * time.Millisecond, errors.Join(errs...)
 }

@@ -414,6 +414,8 @@ type Released struct {
 	OldestOverdueMS int64
 	// More is true when the batch was full: more grants may be due.
 	More bool
+	// NextMS is how long until a grant of the sub-pool can next fall due.
+	NextMS int64
 }
 
 // ReleaseExpired releases up to limit grants of the sub-pool that are still
@@ -425,7 +427,8 @@ func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released
 	if err != nil {
 		return Released{}, err
 	}
-	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1}, nil
+	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1,
+		NextMS: integer(res, 4)}, nil
 }
 
 // Taken is what a take did.
@@ -563,20 +566,21 @@ type StaleTransfer struct {
 }
 
 // StaleTransfers drops the sub-pool's reservations older than validityMS and
-// lists its transfers in flight for more than ageMS.
-func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (dropped int64, stale []StaleTransfer, err error) {
+// lists its transfers in flight for more than ageMS; nextMS is how long
+// until one can next be.
+func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (stale []StaleTransfer, nextMS int64, err error) {
 	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, ageMS).Slice()
 	if err != nil {
-		return 0, nil, err
+		return nil, 0, err
 	}
-	for i := 1; i+3 < len(res); i += 4 {
+	for i := 2; i+3 < len(res); i += 4 {
 		home, err := strconv.Atoi(str(res, i+1))
 		if err != nil {
-			return 0, nil, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
+			return nil, 0, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
 		}
 		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2), Amount: integer(res, i+3)})
 	}
-	return integer(res, 0), stale, nil
+	return stale, integer(res, 1), nil
 }
 
 // PutRecord writes a pool record (key recordKey, fields spec, seed,

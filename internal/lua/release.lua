@@ -11,9 +11,12 @@
 -- if it is still held and past its deadline, checked here, atomically: a
 -- stale or concurrent reaper can never release a grant twice, nor one that
 -- was confirmed. A released user may grab again.
--- Returns {released, released_cents, oldest_overdue_ms, more}: oldest_overdue_ms
--- is how long past its deadline the oldest overdue grant was (0 if none);
--- more is 1 when the batch was full and more may be due.
+-- Returns {released, released_cents, oldest_overdue_ms, more, next_ms}:
+-- oldest_overdue_ms is how long past its deadline the oldest overdue grant
+-- was (0 if none); more is 1 when the batch was full and more may be due;
+-- next_ms is how long until a grant can next fall due: the earliest
+-- deadline left, and at most the hold (a grant made later falls due no
+-- sooner), so the reaper need not look before.
 local meta, stock, grants, deadlines, outbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local limit = tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -23,7 +26,7 @@ local oldest = 0
 if #due > 0 then
   oldest = now - tonumber(due[2])
 end
-local m = redis.call('HMGET', meta, 'pool', 'index')
+local m = redis.call('HMGET', meta, 'pool', 'index', 'hold_ms')
 local n, cents = 0, 0
 for i = 1, #due, 2 do
   local user = due[i]
@@ -55,4 +58,9 @@ local more = 0
 if #due / 2 >= limit then
   more = 1
 end
-return {n, cents, oldest, more}
+local nextms = tonumber(m[3]) or 0
+local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
+if #first > 0 then
+  nextms = math.min(nextms, math.max(0, tonumber(first[2]) - now))
+end
+return {n, cents, oldest, more, nextms}

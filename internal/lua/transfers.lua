@@ -11,7 +11,10 @@
 -- this same clock), so dropping it is safe. The age only keeps the reaper
 -- from racing spills still in progress; safety does not depend on it, or on
 -- any clock: the home's verdict decides.
--- Returns {dropped_reservations, token1, home1, user1, amount1, token2, ...}
+-- Returns {dropped_reservations, next_ms, token1, home1, user1, amount1,
+-- token2, ...}: next_ms is how long until a transfer in flight here can next
+-- reach the age (the age itself when none is in flight: one taken later
+-- reaches it no sooner).
 local reserve, transfers = KEYS[1], KEYS[2]
 local validity, age = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tm = redis.call('TIME')
@@ -25,7 +28,7 @@ for i = 1, #rs, 2 do
     dropped = dropped + 1
   end
 end
-local out = {dropped}
+local out = {dropped, age}
 local ts = redis.call('HGETALL', transfers)
 for i = 1, #ts, 2 do
   local amount, home, at, user = string.match(ts[i + 1], '^(%d+):(%d+):(%d+):(.*)$')
@@ -34,6 +37,8 @@ for i = 1, #ts, 2 do
     table.insert(out, home)
     table.insert(out, user)
     table.insert(out, tonumber(amount))
+  elseif at then
+    out[2] = math.min(out[2], tonumber(at) + age - now)
   end
 end
 return out

@@ -74,6 +74,7 @@ type rule struct {
 // Stats counts what the proxy did.
 type Stats struct {
 	Accepted         int            // client connections accepted
+	Commands         map[string]int // by command name: forwarded to Redis
 	RepliesSwallowed map[string]int // by command name: ran at Redis, reply lost
 	RequestsDropped  map[string]int // by command name: never reached Redis
 }
@@ -94,6 +95,7 @@ func Start(tb testing.TB, target string) *Proxy {
 	}
 	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[*conn]bool{},
 		rng: rand.New(rand.NewPCG(1, 2))}
+	p.stats.Commands = map[string]int{}
 	p.stats.RepliesSwallowed = map[string]int{}
 	p.stats.RequestsDropped = map[string]int{}
 	p.wg.Go(p.accept)
@@ -146,7 +148,10 @@ func (p *Proxy) Exchanges() []Exchange {
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := Stats{Accepted: p.stats.Accepted, RepliesSwallowed: map[string]int{}, RequestsDropped: map[string]int{}}
+	st := Stats{Accepted: p.stats.Accepted, Commands: map[string]int{}, RepliesSwallowed: map[string]int{}, RequestsDropped: map[string]int{}}
+	for k, v := range p.stats.Commands {
+		st.Commands[k] = v
+	}
 	for k, v := range p.stats.RepliesSwallowed {
 		st.RepliesSwallowed[k] = v
 	}
@@ -154,6 +159,23 @@ func (p *Proxy) Stats() Stats {
 		st.RequestsDropped[k] = v
 	}
 	return st
+}
+
+// ResetStats zeroes the counters.
+func (p *Proxy) ResetStats() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats = Stats{Accepted: p.stats.Accepted, Commands: map[string]int{},
+		RepliesSwallowed: map[string]int{}, RequestsDropped: map[string]int{}}
+}
+
+// Calls is the number of commands forwarded, of every name.
+func (s Stats) Calls() int {
+	n := 0
+	for _, v := range s.Commands {
+		n += v
+	}
+	return n
 }
 
 // Swallowed is the number of replies swallowed so far, of every command.
@@ -266,6 +288,8 @@ func (c *conn) upstream() {
 			drop := takeRule(c.p.requests, cmd)
 			if drop {
 				c.p.stats.RequestsDropped[cmd[0]]++
+			} else {
+				c.p.stats.Commands[cmd[0]]++
 			}
 			c.p.mu.Unlock()
 			if drop {
@@ -276,6 +300,11 @@ func (c *conn) upstream() {
 			if endsPairing(cmd) {
 				c.passthrough = true
 			}
+		}
+		if pass {
+			c.p.mu.Lock()
+			c.p.stats.Commands[cmd[0]]++
+			c.p.mu.Unlock()
 		}
 		c.mu.Unlock()
 		if _, err := c.server.Write(raw); err != nil {

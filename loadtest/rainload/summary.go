@@ -164,8 +164,9 @@ func (d *driver) summary(sched, end time.Duration, early bool, scrapeErrs int64)
 
 // print writes s for a person: rates, counts, and a table of latencies; then one
 // line for scripts, "result key=value ...": the counts, the rates, sold_out,
-// errors (invalid + error + transport), the accepted latency percentiles and the
-// driver's lag, as in the JSON summary.
+// errors (invalid + error + transport), the accepted latency percentiles, the
+// driver's lag, and the p99 latency of shed answers (503 overloaded), as in
+// the JSON summary.
 func (s *Summary) print(w io.Writer) {
 	var stages []string
 	for _, st := range s.Stages {
@@ -207,8 +208,8 @@ func (s *Summary) print(w io.Writer) {
 		fmt.Fprintf(w, "  scrape errors %d\n", s.ScrapeErrors)
 	}
 	a := s.Latency.Accepted
-	fmt.Fprintf(w, "result scheduled=%d sent=%d answered=%d dropped=%d offered_rps=%.1f achieved_rps=%.1f goodput_rps=%.1f shed_rps=%.1f sold_out=%d errors=%d p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f lag_p50_ms=%.3f lag_p99_ms=%.3f\n",
+	fmt.Fprintf(w, "result scheduled=%d sent=%d answered=%d dropped=%d offered_rps=%.1f achieved_rps=%.1f goodput_rps=%.1f shed_rps=%.1f sold_out=%d errors=%d p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f lag_p50_ms=%.3f lag_p99_ms=%.3f shed_p99_ms=%.3f\n",
 		s.Scheduled, s.Sent, s.Answered, s.Dropped, s.OfferedRPS, s.AchievedRPS, s.GoodputRPS, s.ShedRPS,
 		s.Statuses["sold_out"], s.Statuses["invalid"]+s.Statuses["error"]+s.Statuses["transport"],
-		a.P50, a.P90, a.P99, a.P999, a.Max, s.Lag.P50, s.Lag.P99)
+		a.P50, a.P90, a.P99, a.P999, a.Max, s.Lag.P50, s.Lag.P99, s.Latency.ByStatus["overloaded"].P99)
 }

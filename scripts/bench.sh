@@ -565,6 +565,7 @@ bench_soldout() {
   "$bin/baseline" -fixed -listen "127.0.0.1:$fp" -redis "127.0.0.1:$br" -admin-token "$token" \
     >"$tmp/fixed.log" 2>&1 &
   started+=($!)
+  app_of[$fp]=$! redis_of[$fp]=$redis_pid
   wait_port $! "$fp" "baseline -fixed" "$tmp/fixed.log"
   # Sell the pool out: 1,000 packets, then a second of grabs.
   warm rain "$rport" -pool gone -admin-token "$token" -preload "1000:100000" \

@@ -47,6 +47,7 @@ type serveConfig struct {
 	PoolMax         int
 	PoolQueue       int
 	DebugListen     string // pprof; "" = off
+	ShardTimeout    time.Duration
 	Durability      string // "strict" or "relaxed"
 }
 
@@ -64,6 +65,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
 	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)
+	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
@@ -76,6 +78,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-max", "RAIN_POOL_MAX")
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
+	f.bindEnv("shard-timeout", "RAIN_SHARD_TIMEOUT")
 	return f, c
 }
 
@@ -112,7 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return errors.New("--admin-token (RAIN_ADMIN_TOKEN) is required with --redis")
 	}
 
-	set, err := shard.Open(specs, 0, shard.Options{})
+	set, err := shard.Open(specs, 0, shard.Options{Timeout: c.ShardTimeout})
 	if err != nil {
 		return err
 	}
@@ -140,21 +143,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	defer gen.Close()
 
-	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: serialShard, Logger: log})
-	defer svc.Close()
-	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: set.Ping, Logger: log,
-		Metrics: []func([]byte) []byte{serialMetrics(gen), func(b []byte) []byte { return metrics.Append(b, durable) }}}
 	var workers *pool.Pool
+	gcfg := grab.Config{Serials: gen, Arbiter: serialShard, Logger: log}
 	if c.Pool == "on" {
 		workers, err = pool.New(pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue, Logger: log})
 		if err != nil {
 			return err
 		}
 		defer workers.Close(c.ShutdownTimeout) // no-op after the drain below
-		cfg.Runner = workers
-		cfg.Metrics = append(cfg.Metrics, workers.AppendMetrics)
+		gcfg.Workers = workers.Cap             // each shard's bulkhead: its share of the workers
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
+	}
+	svc := grab.New(set, gcfg)
+	defer svc.Close()
+	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log,
+		Metrics: []func([]byte) []byte{serialMetrics(gen), func(b []byte) []byte { return metrics.Append(b, durable) }}}
+	if workers != nil {
+		cfg.Runner = workers
+		cfg.Metrics = append(cfg.Metrics, workers.AppendMetrics)
 	}
 	// The reaper competes for its lock in every instance; one sweeps.
 	// An instance waiting for the lock tries every few seconds, not every

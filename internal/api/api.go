@@ -43,8 +43,10 @@ type Config struct {
 	Grabber    Grabber
 	Pools      Pools
 	AdminToken string
-	// Ready reports whether every shard answers (GET /readyz).
-	Ready func(ctx context.Context) error
+	// Ready reports each shard's state and whether every shard a live pool
+	// depends on is up (GET /readyz, answered within a second whatever the
+	// shards do).
+	Ready func(ctx context.Context) grab.Readiness
 	// Runner runs every grab; nil runs grabs on the handler goroutine
 	// (rain serve --pool=off, for comparison only).
 	Runner Runner
@@ -76,6 +78,9 @@ func New(cfg Config) *Server {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
 	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return s
 }

@@ -49,7 +49,7 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { workers.Close(5 * time.Second) })
-	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: set.Ping, Runner: workers,
+	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: svc.Ready, Runner: workers,
 		Metrics: []func([]byte) []byte{workers.AppendMetrics}}
 	for _, f := range tweak {
 		f(&cfg)

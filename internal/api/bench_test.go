@@ -46,7 +46,7 @@ func BenchmarkServeGrab(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer workers.Close(time.Second)
-		run(b, New(Config{Grabber: fixedGrabber{}, Runner: workers, Ready: func(context.Context) error { return nil }}))
+		run(b, New(Config{Grabber: fixedGrabber{}, Runner: workers, Ready: func(context.Context) grab.Readiness { return grab.Readiness{Ready: true} }}))
 	})
 	b.Run("encoding-json-baseline", func(b *testing.B) {
 		g := fixedGrabber{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,8 +32,8 @@ const (
 	// 21,000 grabs/s, 2 lanes 15,200, 4 lanes 13,600.
 	lanesPerShard = 1
 	maxBatch      = 128
-	// batchTimeout bounds one pipelined round trip; a claim waits at most this.
-	batchTimeout = 3 * time.Second
+	// queuePerShard bounds the claims waiting for one shard's lane.
+	queuePerShard = 4 * maxBatch
 )
 
 // claimReq is one claim in flight. Reused through reqPool.
@@ -50,25 +51,54 @@ type claimReq struct {
 
 var reqPool = sync.Pool{New: func() any { return &claimReq{done: make(chan struct{}, 1)} }}
 
-// batcher runs the claims of one shard.
+// batcher runs the claims of one shard: its bulkhead, breaker and lane.
 type batcher struct {
+	name string
 	c    *redis.Client
 	reqs chan *claimReq
 	stop <-chan struct{} // closed by Service.Close
-}
 
-func newBatcher(c *redis.Client, stop <-chan struct{}) *batcher {
-	return &batcher{c: c, reqs: make(chan *claimReq, maxBatch*lanesPerShard), stop: stop}
+	// budget bounds one batch's round trip (the shard's call budget); a
+	// claim waits at most that for its batch, plus the batch before it.
+	budget time.Duration
+	// replicated: the shard runs with replicas (Sentinel), and each batch
+	// waits for one to have it (WAIT) before its grants are answered.
+	replicated bool
+	// limit, when set, is the most claims this shard may have queued or in
+	// flight at once: its share of the worker pool, so a shard that stalls
+	// holds at most its share of the workers (a bulkhead).
+	limit    func() int
+	inflight atomic.Int64 // claims queued or in flight
+	br       *breaker
+	busy     atomic.Int64 // claims refused by the bulkhead, ever
+	refused  atomic.Int64 // claims refused by the open breaker, ever
 }
 
 // errNotSent wraps the error of a claim that never reached its shard.
 var errNotSent = errors.New("claim not sent")
 
-// claim queues a claim and waits for its answer. A claim whose ctx is done
-// before its batch is sent does no Redis work (its error wraps errNotSent);
-// once sent, the caller waits for the answer (bounded by batchTimeout), so
-// an answer that arrives is never lost.
+// errNotReplicated is the error of a grant its shard made but no replica
+// confirmed in time: a failover could lose it, so its outcome is unknown.
+var errNotReplicated = errors.New("no replica confirmed the grant in time")
+
+// claim queues a claim and waits for its answer. A claim the shard's
+// bulkhead or open breaker refuses, or whose ctx is done before its batch is
+// sent, does no Redis work (its error wraps errNotSent); once sent, the
+// caller waits for the answer (bounded by the budget), so an answer that
+// arrives is never lost.
 func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
+	if b.limit != nil {
+		if b.inflight.Add(1) > int64(b.limit()) {
+			b.inflight.Add(-1)
+			b.busy.Add(1)
+			return lua.Claim{}, fmt.Errorf("%w: shard %s has its share of the work in flight", errNotSent, b.name)
+		}
+		defer b.inflight.Add(-1)
+	}
+	if !b.br.allow() {
+		b.refused.Add(1)
+		return lua.Claim{}, fmt.Errorf("%w: shard %s is unavailable (its breaker is open)", errNotSent, b.name)
+	}
 	r := reqPool.Get().(*claimReq)
 	r.ctx, r.keys, r.user, r.serial, r.token, r.valid = ctx, k, user, serial, token, valid
 	select {
@@ -139,14 +169,20 @@ type laneState struct {
 }
 
 // run sends one batch, one claim_many per sub-pool in one pipeline, and
-// answers every claim in it.
+// answers every claim in it. A batch that meets the network's errors trips
+// the shard's breaker; with the breaker open the claims queued are answered
+// at once, unsent.
 func (b *batcher) run(batch []*claimReq, st *laneState) {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), b.budget)
 	defer cancel()
+	open := b.br.current() == breakerOpen
 	groups := st.groups[:0] // reused with their buffers
 	var valid int64
 	for _, r := range batch {
-		if err := r.ctx.Err(); err != nil {
+		if err := r.ctx.Err(); err != nil || open {
+			if open {
+				err = fmt.Errorf("shard %s is unavailable (its breaker is open)", b.name)
+			}
 			r.err = fmt.Errorf("%w: %w", errNotSent, err)
 			r.done <- struct{}{}
 			continue
@@ -182,7 +218,15 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		g := &groups[i]
 		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, g.claims, g.args)
 	}
+	var wait *redis.IntCmd
+	if b.replicated {
+		// Every write of the batch went on this connection before WAIT:
+		// its answer is how many replicas have all of them.
+		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
+		_ = pipe.Process(ctx, wait)
+	}
 	_, _ = pipe.Exec(ctx) // errors are per command, read below
+	failed := false
 	for i := range groups {
 		g := &groups[i]
 		claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
@@ -193,14 +237,23 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 				claims, errs, err = lua.ClaimMany(ctx, b.c, g.keys, valid, g.claims)
 			}
 		}
+		var rerr redis.Error
+		if err != nil && !errors.As(err, &rerr) {
+			failed = true // the network's error: the shard did not answer
+		}
+		replicated := wait == nil || (wait.Err() == nil && wait.Val() >= 1)
 		for k, r := range g.reqs {
-			if err != nil {
+			switch {
+			case err != nil:
 				r.err = err
-			} else {
+			case errs[k] == nil && claims[k].Outcome == lua.Granted && !replicated:
+				r.err = fmt.Errorf("%w: %w", errNotReplicated, wait.Err())
+			default:
 				r.res, r.err = claims[k], errs[k]
 			}
 			r.done <- struct{}{}
 		}
 		g.cmd = nil
 	}
+	b.br.done(failed)
 }

@@ -40,6 +40,14 @@ type Config struct {
 	// home has not decided). Safety does not depend on it; a short age only
 	// turns away spills still in progress. Default 8s.
 	SpillAge time.Duration
+	// Workers, when set, reports the size of the worker pool grabs run on:
+	// each shard may have at most its share of it (by weight, at least 2)
+	// in claims queued or in flight, so a shard that stalls holds only its
+	// share of the workers and the others go on. Nil: no bound.
+	Workers func() int
+	// BreakerCooldown is how long a shard's breaker stays open after a
+	// failed call before it lets a probe through. Default 1s.
+	BreakerCooldown time.Duration
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
 }
@@ -123,13 +131,21 @@ func New(shards *shard.Set, cfg Config) *Service {
 	if cfg.SpillAge <= 0 {
 		cfg.SpillAge = defaultSpillAge
 	}
+	if cfg.BreakerCooldown <= 0 {
+		cfg.BreakerCooldown = time.Second
+	}
 	s := &Service{shards: shards, serials: cfg.Serials, arbiter: cfg.Arbiter, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{}, stop: make(chan struct{}),
 		due:           map[lua.SubPool]time.Time{},
 		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
-		b := newBatcher(shards.Client(name), s.stop)
+		b := &batcher{name: name, c: shards.Client(name), reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
+			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown)}
+		if cfg.Workers != nil {
+			w, total := shards.Weight(name), shards.TotalWeight()
+			b.limit = func() int { return max(2, (cfg.Workers()*w+total-1)/total) }
+		}
 		s.batchers[name] = b
 		for range lanesPerShard {
 			s.lanes.Go(b.lane)

@@ -194,7 +194,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 		}
 		wg.Wait()
 	}()
-	time.Sleep(batchTimeout + time.Second)
+	time.Sleep(e.shards.Timeout() + time.Second)
 	victim.Resume()
 	<-done
 
@@ -338,5 +338,52 @@ func TestPreloadArbitration(t *testing.T) {
 		if first == "" {
 			t.Fatalf("round %d: no shard has the record", round)
 		}
+	}
+}
+
+// TestReadyUnderFaults: readiness answers within the call budget whatever
+// a shard does, and says which shard is not up; a shard no live pool uses
+// does not make the instance unready.
+func TestReadyUnderFaults(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 3, redistest.Options{})
+	st := e.preload(t, Spec{PoolID: "r", TotalCents: 100, Count: 10})
+	used := st.SubPools[0].Shard
+	var unused string
+	for _, n := range e.shards.Names() {
+		if n != used && n != "s1" {
+			unused = n
+		}
+	}
+	if _, err := e.svc.refreshList(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rd := e.svc.Ready(ctx); !rd.Ready {
+		t.Fatalf("Ready with every shard up = %+v", rd)
+	}
+	server := func(name string) *redistest.Server { return e.servers[map[string]int{"s1": 0, "s2": 1, "s3": 2}[name]] }
+
+	server(unused).Pause()
+	rd := e.svc.Ready(ctx)
+	if !rd.Ready {
+		t.Fatalf("Ready with only the unused shard %s frozen = %+v, want ready", unused, rd)
+	}
+	server(unused).Resume()
+
+	server(used).Pause()
+	defer server(used).Resume()
+	start := time.Now()
+	rd = e.svc.Ready(ctx)
+	took := time.Since(start)
+	if took > time.Second {
+		t.Fatalf("Ready took %v with a frozen shard, want under a second", took)
+	}
+	for _, sh := range rd.Shards {
+		if sh.Name == used && (sh.State != ShardDown || !sh.InUse) {
+			t.Fatalf("frozen shard %s reported %+v, want down and in use", used, sh)
+		}
+	}
+	if rd.Ready {
+		t.Fatalf("Ready with the pool's shard frozen = %+v, want not ready", rd)
 	}
 }

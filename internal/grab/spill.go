@@ -27,12 +27,19 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 	id := p.rec.spec.PoolID
 	k := len(p.keys)
 	s.empty.MarkEmpty(id, h)
+	skipped := 0 // siblings whose shard is unavailable: no sold_out then
 	for step := 1; step < k; step++ {
 		j := (h + step) % k
 		if s.empty.Empty(id, j) {
 			continue // answered empty within the last second, no stock back since
 		}
-		taken, amount, err := lua.Take(ctx, p.clients[j], &p.keys[j], token, h, userID)
+		if p.batchers[j].br.current() == breakerOpen {
+			skipped++
+			continue
+		}
+		tctx, cancel := s.stepContext(ctx)
+		taken, amount, err := lua.Take(tctx, p.clients[j], &p.keys[j], token, h, userID)
+		cancel()
 		if err != nil {
 			// The amount may be in flight; no adopt was sent, so nothing is
 			// granted under this token. Refuse it at home so the user may
@@ -54,11 +61,21 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		if err := s.step("taken"); err != nil {
 			return lua.Claim{}, err
 		}
-		c, ok, err := lua.Adopt(ctx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.spillValidity.Milliseconds())
+		actx, cancel := s.stepContext(ctx)
+		c, ok, err := lua.Adopt(actx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.spillValidity.Milliseconds())
+		cancel()
+		if err == nil && ok {
+			err = s.replicate(ctx, p, h)
+		}
 		if err != nil {
 			// The adopt may have run. Ask the home for its verdict, which
 			// refuses the token if it has not: then we know.
-			v, derr := lua.Decide(ctx, p.clients[h], &p.keys[h], token, userID)
+			dctx, cancel := s.stepContext(ctx)
+			v, derr := lua.Decide(dctx, p.clients[h], &p.keys[h], token, userID)
+			cancel()
+			if derr == nil {
+				derr = s.replicate(ctx, p, h)
+			}
 			if derr != nil {
 				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrOutcomeUnknown, id, h, errors.Join(err, derr))
 			}
@@ -89,12 +106,39 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 	// No sibling had stock: nothing was taken, so nothing can be granted
 	// under this token. If the abort fails, the reservation lapses after T.
 	s.abort(ctx, p, userID, h, token)
+	if skipped > 0 {
+		// Some sibling could not be asked: the pool may still have stock.
+		return lua.Claim{}, fmt.Errorf("%w: %d sibling sub-pools of %s are on unavailable shards", ErrUnavailable, skipped, id)
+	}
 	return lua.Claim{Outcome: lua.Empty}, nil
+}
+
+// stepContext bounds one step of a spill by the shards' call budget.
+func (s *Service) stepContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.shards.Timeout())
+}
+
+// replicate waits, on a shard with replicas, until one has what was written
+// to sub-pool j's shard so far (WAIT); an error means a failover could lose
+// it. On a shard without replicas it does nothing.
+func (s *Service) replicate(ctx context.Context, p *poolView, j int) error {
+	if !s.shards.Replicated(p.rec.placement[j]) {
+		return nil
+	}
+	ctx, cancel := s.stepContext(ctx)
+	defer cancel()
+	n, err := p.clients[j].Wait(ctx, 1, s.shards.Timeout()/2).Result()
+	if err == nil && n < 1 {
+		err = errNotReplicated
+	}
+	return err
 }
 
 // abort refuses token at home h and drops the user's reservation; errors are
 // logged: the reservation lapses after T by itself.
 func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, token string) {
+	ctx, cancel := s.stepContext(ctx)
+	defer cancel()
 	adopted, err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token)
 	switch {
 	case err != nil:
@@ -112,7 +156,9 @@ func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, 
 	if adopted {
 		op, f = "ack", lua.Ack
 	}
-	res, err := f(ctx, p.clients[j], &p.keys[j], token)
+	sctx, cancel := s.stepContext(ctx)
+	defer cancel()
+	res, err := f(sctx, p.clients[j], &p.keys[j], token)
 	switch {
 	case err != nil:
 		s.log.Debug("spill "+op+" failed; the reaper finishes it", "pool_id", p.rec.spec.PoolID, "sub_pool", j, "token", token, "err", err)

@@ -314,6 +314,9 @@ func (p *Pool) Close(timeout time.Duration) error {
 	return err
 }
 
+// Cap is the number of workers the pool may run now.
+func (p *Pool) Cap() int { return p.ants.Cap() }
+
 // Stats is a snapshot for metrics.
 type Stats struct {
 	Capacity, Running, Waiting int

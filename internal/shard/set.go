@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -16,22 +17,43 @@ type Set struct {
 	ring    *Ring
 	names   []string // sorted
 	clients map[string]*redis.Client
+	specs   map[string]Spec
+	opts    Options
 }
 
 // Options tune every shard's client. The zero value is what rain serve
-// runs with; tests use the same, so they see go-redis's retries (3 per
-// command or pipeline, after a lost reply too) as production does. Every
-// script rain runs answers a re-send as it answered the first run, which is
-// what makes those retries safe.
+// runs with by default; tests use the same, so they see go-redis's retries
+// (3 per command or pipeline, after a lost reply too) as production does.
+// Every script rain runs answers a re-send as it answered the first run,
+// which is what makes those retries safe.
 type Options struct {
 	// PoolSize is connections per shard; 0 keeps go-redis's default (10 per CPU).
 	PoolSize int
+	// Timeout is the budget of one call to a shard: the reads, writes and
+	// the wait for a pooled connection of each attempt are bounded by it,
+	// and dialing by a quarter of it (a refused or unreachable shard fails
+	// fast, and callers bound whole calls, retries included, with contexts
+	// of this budget). Default DefaultTimeout.
+	Timeout time.Duration
 }
 
-// NewClient returns a client of the shard at addr with rain's client
-// options. Open uses it for every shard.
+// DefaultTimeout is Options.Timeout's default: a round trip to a healthy
+// shard takes well under 10 ms, even with an fsync per batch, so half a
+// second means the shard is down, frozen or stalled.
+const DefaultTimeout = 500 * time.Millisecond
+
+func (o *Options) init() {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+}
+
+// NewClient returns a client of the shard at addr (a host:port, or the
+// sentinel form of Spec.Addr), with rain's client options. Open uses it for
+// every shard.
 func NewClient(addr string, opts Options) *redis.Client {
-	return redis.NewClient(&redis.Options{
+	opts.init()
+	o := &redis.Options{
 		Addr: addr,
 		// RESP2: rain uses no push notifications, and with RESP3 go-redis
 		// peeks the socket for them before every command (a syscall).
@@ -40,6 +62,23 @@ func NewClient(addr string, opts Options) *redis.Client {
 		// cannot hold a grab, or the reaper lock's extension, past them.
 		ContextTimeoutEnabled: true,
 		PoolSize:              opts.PoolSize,
+		ReadTimeout:           opts.Timeout,
+		WriteTimeout:          opts.Timeout,
+		PoolTimeout:           opts.Timeout,
+		DialTimeout:           opts.Timeout / 4,
+		// One dial per attempt: go-redis's command retries (3) already try
+		// again, and a dead shard must cost its callers little.
+		DialerRetries: 1,
+	}
+	master, sentinels, ok := Spec{Addr: addr}.Sentinel()
+	if !ok {
+		return redis.NewClient(o)
+	}
+	return redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: master, SentinelAddrs: sentinels,
+		Protocol: o.Protocol, ContextTimeoutEnabled: o.ContextTimeoutEnabled, PoolSize: o.PoolSize,
+		ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, PoolTimeout: o.PoolTimeout,
+		DialTimeout: o.DialTimeout, DialerRetries: o.DialerRetries,
 	})
 }
 
@@ -50,8 +89,10 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Set{ring: ring, clients: make(map[string]*redis.Client, len(specs))}
+	opts.init()
+	s := &Set{ring: ring, clients: make(map[string]*redis.Client, len(specs)), specs: map[string]Spec{}, opts: opts}
 	for _, sp := range specs {
+		s.specs[sp.Name] = sp
 		s.names = append(s.names, sp.Name)
 		s.clients[sp.Name] = NewClient(sp.Addr, opts)
 	}
@@ -61,6 +102,29 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 
 // Ring is the set's hash ring.
 func (s *Set) Ring() *Ring { return s.ring }
+
+// Timeout is the budget of one call to a shard (Options.Timeout).
+func (s *Set) Timeout() time.Duration { return s.opts.Timeout }
+
+// Weight is the named shard's weight (0 for no such shard); a shard's share
+// of the keys is Weight/TotalWeight.
+func (s *Set) Weight(name string) int { return s.specs[name].Weight }
+
+// TotalWeight is the sum of the shards' weights.
+func (s *Set) TotalWeight() int {
+	n := 0
+	for _, sp := range s.specs {
+		n += sp.Weight
+	}
+	return n
+}
+
+// Replicated reports whether the named shard runs behind Redis Sentinel,
+// with replicas: writes acknowledged there should wait for a replica (WAIT).
+func (s *Set) Replicated(name string) bool {
+	_, _, ok := s.specs[name].Sentinel()
+	return ok
+}
 
 // Names are the shard names, sorted. The slice is shared: do not modify it.
 func (s *Set) Names() []string { return s.names }

@@ -1,8 +1,9 @@
 package shard
 
-// This file owns the shard spec: its text form "name=weight@host:port", the
-// rules a spec must meet, and the parser for the comma-separated list the
-// operator gives on the command line.
+// This file owns the shard spec: its text form "name=weight@host:port" (or
+// "name=weight@sentinel/MASTER/host:port+host:port+..." for a shard whose
+// primary Redis Sentinel elects), the rules a spec must meet, and the parser
+// for the comma-separated list the operator gives on the command line.
 
 import (
 	"errors"
@@ -21,10 +22,29 @@ const (
 // Spec names one shard: the ring places keys by Name and Weight; Addr is only
 // where the shard's Redis listens, so moving a shard to a new address moves no
 // keys.
+//
+// A shard run highly available names its Sentinel instead of an address:
+// Addr is "sentinel/MASTER/host:port+host:port+...", the master name the
+// sentinels watch and their addresses; the client asks them for the primary
+// and follows a failover by itself.
 type Spec struct {
 	Name   string // 1–MaxNameLen bytes of [A-Za-z0-9_.-], unique within a ring
 	Weight int    // 1–MaxWeight; a shard's share of keys is Weight / Σ Weight
-	Addr   string // host:port, kept as written
+	Addr   string // host:port, or the sentinel form; kept as written
+}
+
+// sentinelPrefix starts the Addr of a shard behind Redis Sentinel.
+const sentinelPrefix = "sentinel/"
+
+// Sentinel returns the master name and sentinel addresses of a shard given
+// in the sentinel form; ok is false for a plain address.
+func (s Spec) Sentinel() (master string, sentinels []string, ok bool) {
+	rest, ok := strings.CutPrefix(s.Addr, sentinelPrefix)
+	if !ok {
+		return "", nil, false
+	}
+	master, list, _ := strings.Cut(rest, "/")
+	return master, strings.Split(list, "+"), true
 }
 
 // String formats s as "name=weight@host:port", the form ParseSpecs reads.
@@ -82,7 +102,7 @@ func parseSpec(item string) (Spec, error) {
 	if err != nil {
 		return Spec{}, err
 	}
-	if err := checkAddr(addr); err != nil {
+	if err := checkShardAddr(addr); err != nil {
 		return Spec{}, err
 	}
 	return Spec{Name: name, Weight: w, Addr: addr}, nil
@@ -97,7 +117,7 @@ func (s Spec) validate() error {
 	if s.Weight < 1 || s.Weight > MaxWeight {
 		return fmt.Errorf("weight %d out of range 1-%d", s.Weight, MaxWeight)
 	}
-	return checkAddr(s.Addr)
+	return checkShardAddr(s.Addr)
 }
 
 func checkName(name string) error {
@@ -140,6 +160,30 @@ func parseWeight(s string) (int, error) {
 		return 0, fmt.Errorf("weight %d out of range 1-%d", w, MaxWeight)
 	}
 	return w, nil
+}
+
+// checkShardAddr accepts a host:port, or the sentinel form: a master name
+// of name characters and one or more sentinel host:ports joined by '+'.
+func checkShardAddr(addr string) error {
+	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
+	if !ok {
+		return checkAddr(addr)
+	}
+	master, list, ok := strings.Cut(rest, "/")
+	if !ok || master == "" || list == "" {
+		return fmt.Errorf("sentinel address %q: want sentinel/MASTER/host:port+host:port+...", addr)
+	}
+	for i := 0; i < len(master); i++ {
+		if !isNameByte(master[i]) {
+			return fmt.Errorf("sentinel address %q: master name byte %q not allowed (want A-Z a-z 0-9 _ . -)", addr, master[i])
+		}
+	}
+	for _, a := range strings.Split(list, "+") {
+		if err := checkAddr(a); err != nil {
+			return fmt.Errorf("sentinel address %q: %w", addr, err)
+		}
+	}
+	return nil
 }
 
 // checkAddr accepts host:port as net.SplitHostPort reads it (IPv6 hosts in

@@ -28,6 +28,9 @@ func TestParseSpecs(t *testing.T) {
 		{"ipv6", "s1=1@[::1]:6379", []Spec{{"s1", 1, "[::1]:6379"}}},
 		{"ipv6 zone", "s1=1@[fe80::1%eth0]:6379", []Spec{{"s1", 1, "[fe80::1%eth0]:6379"}}},
 		{"port 1", "s1=1@h:1", []Spec{{"s1", 1, "h:1"}}},
+		{"sentinel", "s1=1@sentinel/m-1/10.0.0.1:26379+10.0.0.2:26379,s2=1@h:2", []Spec{
+			{"s1", 1, "sentinel/m-1/10.0.0.1:26379+10.0.0.2:26379"}, {"s2", 1, "h:2"},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,6 +56,10 @@ func TestParseSpecsErrors(t *testing.T) {
 		{",s1=1@h:1", "shard spec 1 of 2: empty (stray comma?)"},
 		{"s1=1@h:1, ,s2=1@h:2", "shard spec 2 of 3: empty (stray comma?)"},
 		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
+		{"s1=1@sentinel/m", `shard spec "s1=1@sentinel/m": sentinel address "sentinel/m": want sentinel/MASTER/host:port+host:port+...`},
+		{"s1=1@sentinel//h:1", `shard spec "s1=1@sentinel//h:1": sentinel address "sentinel//h:1": want sentinel/MASTER/host:port+host:port+...`},
+		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@sentinel/m m/h:1": sentinel address "sentinel/m m/h:1": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
+		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@sentinel/m/h:1+h": sentinel address "sentinel/m/h:1+h": bad address: address h: missing port in address`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
 		{"s1@h:1=1", `shard spec "s1@h:1=1": missing "@" after the weight (want name=weight@host:port)`},
 		{"=1@h:1", `shard spec "=1@h:1": empty name`},
@@ -202,4 +209,14 @@ func breaksRules(sp Spec) string {
 		return "address not trimmed"
 	}
 	return ""
+}
+
+func TestSentinel(t *testing.T) {
+	master, sentinels, ok := Spec{Addr: "sentinel/mymaster/a:1+b:2+c:3"}.Sentinel()
+	if !ok || master != "mymaster" || !slices.Equal(sentinels, []string{"a:1", "b:2", "c:3"}) {
+		t.Fatalf("Sentinel() = %q %q %v, want mymaster [a:1 b:2 c:3] true", master, sentinels, ok)
+	}
+	if _, _, ok := (Spec{Addr: "h:1"}).Sentinel(); ok {
+		t.Fatal("Sentinel() of a plain address = true")
+	}
 }

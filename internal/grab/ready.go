@@ -1,0 +1,98 @@
+package grab
+
+// This file says whether this instance can serve: the state of each shard,
+// and which shards the live pools depend on.
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Shard states in a Readiness.
+const (
+	ShardUp          = "up"
+	ShardSlow        = "slow"         // answers, but slower than a fifth of the call budget
+	ShardDown        = "down"         // does not answer within the budget
+	ShardBreakerOpen = "breaker_open" // failed a call lately: its users are answered 503 at once
+)
+
+// ShardState is one shard as readiness sees it.
+type ShardState struct {
+	Name      string  `json:"name"`
+	State     string  `json:"state"`
+	LatencyMS float64 `json:"latency_ms"`
+	InUse     bool    `json:"in_use"` // a live pool has a sub-pool there
+	Error     string  `json:"error,omitempty"`
+}
+
+// Readiness is GET /readyz's answer: Ready when every shard a live pool
+// depends on is up (or slow).
+type Readiness struct {
+	Ready  bool         `json:"ready"`
+	Shards []ShardState `json:"shards"`
+}
+
+// Ready pings every shard at once, bounded by ctx and by the call budget,
+// and reports each shard's state. A shard is in use when a pool of the
+// registry (as Run last listed it) has a sub-pool there; when a pool cannot
+// be resolved, or the pools were never listed, every shard counts as in use.
+func (s *Service) Ready(ctx context.Context) Readiness {
+	ctx, cancel := context.WithTimeout(ctx, s.shards.Timeout())
+	defer cancel()
+	names := s.shards.Names()
+	out := Readiness{Ready: true, Shards: make([]ShardState, len(names))}
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			st := ShardState{Name: name, State: ShardUp}
+			start := time.Now()
+			err := s.shards.Client(name).Ping(ctx).Err()
+			st.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
+			switch {
+			case err != nil:
+				st.State, st.Error = ShardDown, err.Error()
+			case s.batchers[name].br.current() == breakerOpen:
+				st.State = ShardBreakerOpen
+			case time.Since(start) > s.shards.Timeout()/5:
+				st.State = ShardSlow
+			}
+			out.Shards[i] = st
+		})
+	}
+	inUse := s.shardsInUse(ctx)
+	wg.Wait()
+	for i := range out.Shards {
+		st := &out.Shards[i]
+		st.InUse = inUse == nil || inUse[st.Name]
+		if st.InUse && (st.State == ShardDown || st.State == ShardBreakerOpen) {
+			out.Ready = false
+		}
+	}
+	return out
+}
+
+// shardsInUse returns the shards the listed pools have sub-pools on; nil
+// means every shard (the pools were never listed, or one cannot be read).
+func (s *Service) shardsInUse(ctx context.Context) map[string]bool {
+	ids := s.listed.Load()
+	if ids == nil {
+		return nil
+	}
+	in := map[string]bool{}
+	for _, id := range *ids {
+		s.mu.RLock()
+		p := s.pools[id]
+		s.mu.RUnlock()
+		if p == nil {
+			var err error
+			if p, err = s.pool(ctx, id); err != nil {
+				return nil
+			}
+		}
+		for _, name := range p.rec.placement {
+			in[name] = true
+		}
+	}
+	return in
+}

@@ -387,3 +387,58 @@ func TestIdleChatter(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectionCap: a flood of idle keep-alive connections past
+// --max-conns does not starve new clients: the idle ones are closed, a grab
+// and the readiness probe on new connections are answered at once.
+func TestConnectionCap(t *testing.T) {
+	addr, logs := startServe(t, []string{"--max-conns", "40"}, nil)
+	i := strings.Index(logs.String(), "admin_token=")
+	token := strings.Fields(logs.String()[i+len("admin_token="):])[0]
+	if code, body := post(t, "http://"+addr+"/admin/pools", token, `{"pool_id":"cap","total_cents":100,"count":10}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range 100 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+		fmt.Fprintf(c, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n") // then idle, kept alive
+	}
+	time.Sleep(100 * time.Millisecond)
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
+	start := time.Now()
+	resp, err := fresh.Post("http://"+addr+"/grab", "application/json", strings.NewReader(`{"pool_id":"cap","user_id":"u1"}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("grab on a new connection past the cap = %v, %v", resp, err)
+	}
+	resp.Body.Close()
+	if resp, err = fresh.Get("http://" + addr + "/readyz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/readyz past the cap = %v, %v", resp, err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("grab and /readyz past the cap took %v", took)
+	}
+	resp, err = fresh.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var open, closed int
+	for _, line := range strings.Split(string(b), "\n") {
+		fmt.Sscanf(line, "rain_http_connections %d", &open)
+		fmt.Sscanf(line, "rain_http_connections_closed_total %d", &closed)
+	}
+	if open > 40 || closed < 60 {
+		t.Fatalf("after 100 idle connections and a cap of 40: %d open, %d closed; want at most 40 open, at least 60 closed", open, closed)
+	}
+}

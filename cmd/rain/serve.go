@@ -48,6 +48,8 @@ type serveConfig struct {
 	PoolQueue       int
 	DebugListen     string // pprof; "" = off
 	ShardTimeout    time.Duration
+	MaxConns        int
+	IdleTimeout     time.Duration
 	Durability      string // "strict" or "relaxed"
 }
 
@@ -66,6 +68,8 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)
 	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
+	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")
+	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Second, "how long a keep-alive client connection may stay idle")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
@@ -79,6 +83,8 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
 	f.bindEnv("shard-timeout", "RAIN_SHARD_TIMEOUT")
+	f.bindEnv("max-conns", "RAIN_MAX_CONNS")
+	f.bindEnv("idle-timeout", "RAIN_IDLE_TIMEOUT")
 	return f, c
 }
 
@@ -174,12 +180,23 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = defaultMaxConns()
+	}
+	conns := newConnGuard(c.MaxConns)
+	cfg.Metrics = append(cfg.Metrics, func(b []byte) []byte {
+		open, shed := conns.stats()
+		return metrics.Append(b,
+			metrics.Metric{Name: "rain_http_connections", Kind: "gauge", Help: "Client connections open.", V: int64(open)},
+			metrics.Metric{Name: "rain_http_connections_closed_total", Kind: "counter", Help: "Idle client connections closed to stay under --max-conns.", V: shed})
+	})
 	srv := &http.Server{
 		Handler:           api.New(cfg),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		IdleTimeout:       c.IdleTimeout,
+		ConnState:         conns.state,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "shards", len(specs), "serial_shard", serialShard)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -386,4 +387,76 @@ func TestReadyUnderFaults(t *testing.T) {
 	if rd.Ready {
 		t.Fatalf("Ready with the pool's shard frozen = %+v, want not ready", rd)
 	}
+}
+
+// TestAuditInPages: the audit of a big sub-pool never holds its shard for
+// long: no command it sends takes 5 ms (the shard's slow log, set to 5 ms,
+// stays empty of them), and it still finds the pool whole. And an audit
+// while users grab reports no false problem.
+func TestAuditInPages(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 1, redistest.Options{})
+	const packets = 300_000
+	e.preload(t, Spec{PoolID: "big", TotalCents: 3 * packets, Count: packets, HoldSeconds: 3600})
+	p, err := e.svc.pool(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range 100 { // 50,000 grants, 500 a batch
+		batch := make([]lua.ClaimArg, 500)
+		for i := range batch {
+			n := int64(b*500 + i + 1)
+			batch[i] = lua.ClaimArg{User: "u" + strconv.FormatInt(n, 10), Serial: 1e9 + n}
+		}
+		if _, _, err := lua.ClaimMany(ctx, p.clients[0], &p.keys[0], 0, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := p.clients[0]
+	if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "5000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.SlowLogReset(ctx)
+	rep, err := e.svc.Audit(ctx, "big")
+	if err != nil || !rep.OK || len(rep.Notes) != 0 {
+		t.Fatalf("audit of a quiet big pool = %+v, %v; want ok and recounted", rep, err)
+	}
+	slow, err := c.SlowLogGet(ctx, 100).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slow {
+		t.Errorf("a command of the audit took %v: %v", s.Duration, s.Args)
+	}
+
+	// Audits while users grab: counters are always checked; a recount that
+	// races the grabs is noted, never a problem.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.svc.Grab(ctx, "big", fmt.Sprintf("live%d.%d", w, i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	for range 5 {
+		rep, err := e.svc.Audit(ctx, "big")
+		if err != nil || !rep.OK {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("audit during grabs = %+v, %v; want ok", rep, err)
+		}
+		t.Logf("audit during grabs: ok, notes %q", rep.Notes)
+	}
+	close(stop)
+	wg.Wait()
 }

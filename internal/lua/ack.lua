@@ -29,6 +29,7 @@ if not t then
 end
 local amount = string.match(t, '^(%d+):')
 redis.call('HDEL', transfers, token)
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'inflight_count', -1)
 redis.call('HINCRBY', meta, 'inflight_cents', '-' .. amount)
 if op == 'ack' then

@@ -59,6 +59,7 @@ redis.call('HSET', verdicts, token, 'a:' .. origin .. ':' .. amount .. ':' .. de
 redis.call('ZADD', deadlines, deadline, user)
 redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[2], 'sub', m[3], 'user', user,
   'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'held_count', 1)
 redis.call('HINCRBY', meta, 'held_cents', amount)
 redis.call('HINCRBY', meta, 'received_count', 1)

@@ -89,6 +89,7 @@ redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadl
 redis.call('ZADD', deadlines, deadline, user)
 redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[5], 'sub', m[6], 'user', user,
   'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'stock_count', -1)
 redis.call('HINCRBY', meta, 'stock_cents', '-' .. amount)
 redis.call('HINCRBY', meta, 'held_count', 1)

@@ -143,6 +143,7 @@ if stockCount > 0 then
   redis.call('HSET', grants, unpack(hset))
   redis.call('ZADD', deadlines, unpack(zargs))
   local cents = string.format('%d', stockCents)
+  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
   redis.call('HINCRBY', meta, 'stock_count', -stockCount)
   redis.call('HINCRBY', meta, 'stock_cents', '-' .. cents)
   redis.call('HINCRBY', meta, 'held_count', stockCount)

@@ -31,6 +31,7 @@ if st == 'r' then
 end
 redis.call('HSET', grants, user, 'c' .. string.sub(g, 2))
 redis.call('ZREM', deadlines, user)
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'held_count', -1)
 redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
 redis.call('HINCRBY', meta, 'confirmed_count', 1)

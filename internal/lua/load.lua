@@ -26,6 +26,7 @@ for i = 2, #ARGV do
   sum = sum + tonumber(ARGV[i])
 end
 redis.call('RPUSH', stock, unpack(ARGV, 2))
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'stock_count', n)
 redis.call('HINCRBY', meta, 'stock_cents', string.format('%d', sum))
 redis.call('HSET', meta, 'next_batch', next_batch + 1)

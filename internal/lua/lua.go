@@ -610,28 +610,36 @@ func RaiseWatermark(ctx context.Context, c Client, key string, v int64) (int64, 
 	return watermarkScript.Run(ctx, c, []string{key}, v).Int64()
 }
 
-// SubPoolAudit is one sub-pool read whole: the meta counters beside
+// SubPoolAudit is one sub-pool read for the audit: the meta counters beside
 // recounts of the stock list, the grants and the spill records. Field names
 // are the script's reply names.
 type SubPoolAudit struct {
-	Found                                 bool
-	State                                 string
-	Count, Cents                          int64 // what it was preloaded with
-	StockCount, StockCents                int64 // meta counters
-	HeldCount, HeldCents                  int64
-	ConfirmedCount, ConfirmedCents        int64
-	ReleasedCount, ReleasedCents          int64
-	ReceivedCount, ReceivedCents          int64 // granted here, taken from siblings
-	SentCount, SentCents                  int64 // taken from here, acked by their homes
-	InflightCount, InflightCents          int64 // taken from here, not settled yet
-	ListLen, ListSum                      int64 // recount of the stock list
+	Found                          bool
+	State                          string
+	Version                        int64 // bumped by every money move
+	Count, Cents                   int64 // what it was preloaded with
+	StockCount, StockCents         int64 // meta counters
+	HeldCount, HeldCents           int64
+	ConfirmedCount, ConfirmedCents int64
+	ReleasedCount, ReleasedCents   int64
+	ReceivedCount, ReceivedCents   int64 // granted here, taken from siblings
+	SentCount, SentCents           int64 // taken from here, acked by their homes
+	InflightCount, InflightCents   int64 // taken from here, not settled yet
+	ListLen                        int64 // LLEN of the stock, read with the counters
+	DeadlineEntries                int64 // entries in the deadline index, read with the counters
+	Transfers, TransfersCents      int64 // recount of transfers in flight, read with the counters
+	BadRecords                     int64 // grant and spill records that do not parse
+
+	// The recounts below are read in pages after the counters; Recounted
+	// says the sub-pool did not change meanwhile (its version held), so
+	// they may be compared with the counters. On a pool in the middle of a
+	// rain they may not be: the counter checks above hold regardless.
+	Recounted                             bool
+	ListSum                               int64 // recount of the stock list
 	GrantsHeld, GrantsHeldCents           int64 // recount of the grants by state
 	GrantsConfirmed, GrantsConfirmedCents int64
 	GrantsReleased, GrantsReleasedCents   int64
-	DeadlineEntries                       int64 // entries in the deadline index
 	DuplicateSerials                      int64
-	BadRecords                            int64 // grant and spill records that do not parse
-	Transfers, TransfersCents             int64 // recount of transfers in flight
 	Acked, AckedCents                     int64 // recount of settled transfers
 	Untaken, UntakenCents                 int64
 	Adopted, AdoptedCents                 int64 // recount of adopted verdicts
@@ -649,21 +657,54 @@ func (a *SubPoolAudit) numbers() map[string]*int64 {
 		"received_count": &a.ReceivedCount, "received_cents": &a.ReceivedCents,
 		"sent_count": &a.SentCount, "sent_cents": &a.SentCents,
 		"inflight_count": &a.InflightCount, "inflight_cents": &a.InflightCents,
-		"list_len": &a.ListLen, "list_sum": &a.ListSum,
-		"grants_held": &a.GrantsHeld, "grants_held_cents": &a.GrantsHeldCents,
-		"grants_confirmed": &a.GrantsConfirmed, "grants_confirmed_cents": &a.GrantsConfirmedCents,
-		"grants_released": &a.GrantsReleased, "grants_released_cents": &a.GrantsReleasedCents,
-		"deadline_entries": &a.DeadlineEntries, "duplicate_serials": &a.DuplicateSerials,
-		"bad_records": &a.BadRecords, "transfers": &a.Transfers, "transfers_cents": &a.TransfersCents,
-		"acked": &a.Acked, "acked_cents": &a.AckedCents, "untaken": &a.Untaken, "untaken_cents": &a.UntakenCents,
-		"adopted": &a.Adopted, "adopted_cents": &a.AdoptedCents,
+		"version": &a.Version, "list_len": &a.ListLen, "deadline_entries": &a.DeadlineEntries,
+		"transfers": &a.Transfers, "transfers_cents": &a.TransfersCents, "bad_records": &a.BadRecords,
 	}
 }
 
-// AuditSubPool reads the sub-pool whole, atomically.
-func AuditSubPool(ctx context.Context, c Client, sp SubPool) (SubPoolAudit, error) {
+// Audit paging: how much one command of the recount reads. An LRANGE of
+// 10,000 amounts or an HSCAN of about 1,000 grants takes a shard well under
+// 5 ms, so an audit of any size never holds a rain up for longer.
+const (
+	auditListPage = 10_000
+	auditHashPage = 1_000
+	auditTries    = 3 // recounts tried before a changing sub-pool is left unrecounted
+)
+
+// AuditSubPool reads the sub-pool for the audit: its counters atomically
+// (one script, constant time), then the recounts in bounded pages; when the
+// sub-pool's version moved meanwhile it reads both again, at most
+// auditTries times, and then returns with Recounted false: the counters
+// hold, the recount sums are not to be compared with them, and the spill
+// records read are still good for matching (they only move forward).
+func AuditSubPool(ctx context.Context, c redis.Cmdable, sp SubPool) (SubPoolAudit, error) {
 	k := sp.Keys()
-	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Transfers, k.Settled, k.Verdicts}).Slice()
+	for try := 1; ; try++ {
+		a, err := auditCounters(ctx, c, sp, &k)
+		if err != nil || !a.Found {
+			return a, err
+		}
+		r := a
+		if err := recount(ctx, c, &k, &r); err != nil {
+			return a, fmt.Errorf("audit %s: %w", sp.Tag(), err)
+		}
+		v, err := c.HGet(ctx, k.Meta, "version").Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return a, fmt.Errorf("audit %s: %w", sp.Tag(), err)
+		}
+		if v == a.Version {
+			r.Recounted = true
+			return r, nil
+		}
+		if try == auditTries {
+			return r, nil // its records serve the spill matching; its sums are not trusted
+		}
+	}
+}
+
+// auditCounters runs the audit script: the counters and what goes with them.
+func auditCounters(ctx context.Context, c redis.Cmdable, sp SubPool, k *Keys) (SubPoolAudit, error) {
+	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Deadlines, k.Transfers}).Slice()
 	if err != nil {
 		return SubPoolAudit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
 	}
@@ -686,23 +727,136 @@ func AuditSubPool(ctx context.Context, c Client, sp SubPool) (SubPoolAudit, erro
 			}
 			a.State = v
 		case []any:
-			m := make(map[string]string, len(v)/2)
-			for j := 0; j+1 < len(v); j += 2 {
-				m[str(v, j)] = str(v, j+1)
-			}
-			switch name {
-			case "transfers_list":
-				a.TransferRecords = m
-			case "settled_list":
-				a.SettledRecords = m
-			case "verdicts_list":
-				a.VerdictRecords = m
-			default:
+			if name != "transfers_list" {
 				return a, fmt.Errorf("audit %s: unexpected field %q", sp.Tag(), name)
 			}
+			a.TransferRecords = pairs(v)
 		}
 	}
 	return a, nil
+}
+
+// recount reads the stock list and the grants, settled and verdicts hashes
+// page by page into a's recount fields.
+func recount(ctx context.Context, c redis.Cmdable, k *Keys, a *SubPoolAudit) error {
+	for off := int64(0); ; off += auditListPage {
+		items, err := c.LRange(ctx, k.Stock, off, off+auditListPage-1).Result()
+		if err != nil {
+			return err
+		}
+		for _, it := range items {
+			n, err := strconv.ParseInt(it, 10, 64)
+			if err != nil {
+				a.BadRecords++
+				continue
+			}
+			a.ListSum += n
+		}
+		if len(items) < auditListPage {
+			break
+		}
+	}
+	serials := map[string]bool{}
+	err := scanHash(ctx, c, k.Grants, func(_, rec string) {
+		st, amount, serial, ok := grantFields(rec)
+		switch {
+		case !ok:
+			a.BadRecords++
+			return
+		case st == 'h':
+			a.GrantsHeld, a.GrantsHeldCents = a.GrantsHeld+1, a.GrantsHeldCents+amount
+		case st == 'c':
+			a.GrantsConfirmed, a.GrantsConfirmedCents = a.GrantsConfirmed+1, a.GrantsConfirmedCents+amount
+		case st == 'r':
+			a.GrantsReleased, a.GrantsReleasedCents = a.GrantsReleased+1, a.GrantsReleasedCents+amount
+		default:
+			a.BadRecords++
+			return
+		}
+		if serials[serial] {
+			a.DuplicateSerials++
+		}
+		serials[serial] = true
+	})
+	if err != nil {
+		return err
+	}
+	a.SettledRecords = map[string]string{}
+	if err := scanHash(ctx, c, k.Settled, func(token, rec string) {
+		a.SettledRecords[token] = rec
+		t, err := ParseTransfer(rec, true)
+		switch {
+		case err != nil:
+			a.BadRecords++
+		case t.State == 'a':
+			a.Acked, a.AckedCents = a.Acked+1, a.AckedCents+t.Amount
+		default:
+			a.Untaken, a.UntakenCents = a.Untaken+1, a.UntakenCents+t.Amount
+		}
+	}); err != nil {
+		return err
+	}
+	a.VerdictRecords = map[string]string{}
+	return scanHash(ctx, c, k.Verdicts, func(token, rec string) {
+		a.VerdictRecords[token] = rec
+		v, err := ParseVerdict(rec)
+		switch {
+		case err != nil:
+			a.BadRecords++
+		case v.Adopted:
+			a.Adopted, a.AdoptedCents = a.Adopted+1, a.AdoptedCents+v.Amount
+		}
+	})
+}
+
+// scanHash calls f once per field of the hash at key, reading it with HSCAN
+// in pages of about auditHashPage (a field HSCAN returns twice, as it may
+// while the hash grows, is seen once).
+func scanHash(ctx context.Context, c redis.Cmdable, key string, f func(field, value string)) error {
+	seen := map[string]bool{}
+	var cursor uint64
+	for {
+		kv, next, err := c.HScan(ctx, key, cursor, "", auditHashPage).Result()
+		if err != nil {
+			return err
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if !seen[kv[i]] {
+				seen[kv[i]] = true
+				f(kv[i], kv[i+1])
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// grantFields parses a grant record "state:amount:serial:deadline_ms".
+func grantFields(rec string) (state byte, amount int64, serial string, ok bool) {
+	parts := strings.Split(rec, ":")
+	if len(parts) != 4 || len(parts[0]) != 1 {
+		return 0, 0, "", false
+	}
+	amount, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return 0, 0, "", false
+	}
+	if _, err := strconv.ParseInt(parts[2], 10, 64); err != nil {
+		return 0, 0, "", false
+	}
+	if _, err := strconv.ParseInt(parts[3], 10, 64); err != nil {
+		return 0, 0, "", false
+	}
+	return parts[0][0], amount, parts[2], true
+}
+
+func pairs(v []any) map[string]string {
+	m := make(map[string]string, len(v)/2)
+	for j := 0; j+1 < len(v); j += 2 {
+		m[str(v, j)] = str(v, j+1)
+	}
+	return m
 }
 
 // TransferRecord is one spill out of a sub-pool, parsed from its record.

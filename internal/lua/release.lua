@@ -51,6 +51,7 @@ for i = 1, #due, 2 do
   end
 end
 if n > 0 then
+  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
   -- Every instance hears it (internal/events): this sub-pool is no longer empty.
   redis.call('PUBLISH', 'rain:events', 'stock ' .. m[1] .. ' ' .. m[2])
 end

@@ -46,6 +46,7 @@ end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 redis.call('HSET', transfers, token, amount .. ':' .. home .. ':' .. now .. ':' .. user)
+redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'stock_count', -1)
 redis.call('HINCRBY', meta, 'stock_cents', '-' .. amount)
 redis.call('HINCRBY', meta, 'inflight_count', 1)

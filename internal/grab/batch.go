@@ -247,7 +247,7 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 			case err != nil:
 				r.err = err
 			case errs[k] == nil && claims[k].Outcome == lua.Granted && !replicated:
-				r.err = fmt.Errorf("%w: %w", errNotReplicated, wait.Err())
+				r.err = fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, wait.Val(), wait.Err())
 			default:
 				r.res, r.err = claims[k], errs[k]
 			}

@@ -44,6 +44,14 @@ type Options struct {
 	AOF bool
 	// Fsync is appendfsync when AOF is on: "always", "everysec" (default) or "no".
 	Fsync string
+	// ReplicaOf, when set, is the address of the primary this server
+	// replicates.
+	ReplicaOf string
+	// Args are more redis-server arguments ("--name", "value", ...).
+	Args []string
+
+	// sentinel: run redis-server --sentinel on conf (StartSentinel).
+	sentinel bool
 }
 
 // Server is one redis-server process owned by a test.
@@ -112,6 +120,11 @@ func Addrs(servers []*Server) []string {
 }
 
 func (s *Server) args() []string {
+	if s.opts.sentinel {
+		return []string{filepath.Join(s.Dir, "sentinel.conf"), "--sentinel",
+			"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--daemonize", "no",
+			"--protected-mode", "no", "--logfile", "redis.log", "--dir", s.Dir}
+	}
 	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
@@ -126,7 +139,49 @@ func (s *Server) args() []string {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
-	return args
+	if s.opts.ReplicaOf != "" {
+		host, port, _ := net.SplitHostPort(s.opts.ReplicaOf)
+		args = append(args, "--replicaof", host, port)
+	}
+	return append(args, s.opts.Args...)
+}
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) that
+// watches the primary at primaryAddr under the name master, agreeing on a
+// failure with quorum sentinels. It considers the primary down after
+// downAfter without an answer. Like Start, it is stopped in tb's cleanup.
+func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration) *Server {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatal(Missing)
+	}
+	host, port, err := net.SplitHostPort(primaryAddr)
+	if err != nil {
+		tb.Fatalf("redistest: sentinel: primary %q: %v", primaryAddr, err)
+	}
+	s := &Server{tb: tb, bin: bin, opts: Options{sentinel: true}, Dir: tb.TempDir()}
+	conf := fmt.Sprintf("sentinel monitor %s %s %s %d\n"+
+		"sentinel down-after-milliseconds %s %d\n"+
+		"sentinel failover-timeout %s 5000\n"+
+		"sentinel parallel-syncs %s 1\n", master, host, port, quorum,
+		master, downAfter.Milliseconds(), master, master)
+	if err := os.WriteFile(filepath.Join(s.Dir, "sentinel.conf"), []byte(conf), 0o644); err != nil {
+		tb.Fatalf("redistest: sentinel: %v", err)
+	}
+	tb.Cleanup(s.Kill)
+	var lastErr error
+	for range 5 {
+		if s.port, err = freePort(); err != nil {
+			tb.Fatalf("redistest: free port: %v", err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		if lastErr = s.start(); lastErr == nil {
+			return s
+		}
+	}
+	tb.Fatalf("redistest: start redis sentinel: %v", lastErr)
+	return nil
 }
 
 // start runs the process and waits for PING.

@@ -21,7 +21,8 @@ import (
 	"rain/internal/shard"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// IgnoreCurrent: ants starts a default pool of its own at init.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
 
 // stack is n shards, each behind a proxy; instances reach them only
 // through the proxies.

@@ -63,7 +63,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.Pool, "pool", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
-	f.IntVar(&c.PoolMin, "pool-min", 8, "fewest workers of the grab pool")
+	f.IntVar(&c.PoolMin, "pool-min", 32, "fewest workers of the grab pool (more than a stalled shard can hold while its breaker trips)")
 	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
 	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)

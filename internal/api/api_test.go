@@ -392,7 +392,7 @@ func TestMetricsFormat(t *testing.T) {
 		`rain_grabs_total{status="granted"}`:                   0,
 		`rain_grab_overloaded_total{reason="shed"}`:            0,
 		`rain_grab_overloaded_total{reason="outcome_unknown"}`: 0,
-		"rain_pool_capacity":                                   8,
+		"rain_pool_capacity":                                   32,
 		"rain_pool_shed_total":                                 0,
 	} {
 		if v, ok := got[key]; !ok || v != want {

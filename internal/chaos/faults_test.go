@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"runtime/pprof"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,6 +53,7 @@ func TestOneBadShard(t *testing.T) {
 	}
 	var urls []string
 	var svcs []*grab.Service
+	var pools []*pool.Pool
 	for range 2 {
 		set, err := shard.Open(specs, 0, shard.Options{})
 		if err != nil {
@@ -68,6 +70,7 @@ func TestOneBadShard(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { workers.Close(5 * time.Second) })
+		pools = append(pools, workers)
 		svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1", Workers: workers.Cap})
 		t.Cleanup(svc.Close)
 		runCtx, cancel := context.WithCancel(ctx)
@@ -96,11 +99,27 @@ func TestOneBadShard(t *testing.T) {
 	type fault struct {
 		name        string
 		start, stop func()
+		stalls      bool // the shard stops answering (else it only works harder)
 	}
 	var slow chan struct{} // closed when the slow script has returned
+	var audits chan error  // the audits' end
+	// The big pool lives on the bad shard alone: an id the ring places there.
+	ring, err := shard.NewRing(specs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bigID := ""
+	for i := 0; bigID == ""; i++ {
+		if id := fmt.Sprintf("big%d", i); ring.Distinct(id, 1)[0] == badName {
+			bigID = id
+		}
+	}
+	if _, _, err := svcs[0].Preload(ctx, grab.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
+		t.Fatal(err)
+	}
 	faults := []fault{
-		{"kill -9, restart", bad.Kill, bad.Restart},
-		{"SIGSTOP, SIGCONT", bad.Pause, bad.Resume},
+		{"kill -9, restart", bad.Kill, bad.Restart, true},
+		{"SIGSTOP, SIGCONT", bad.Pause, bad.Resume, true},
 		{"a slow script", func() {
 			slow = make(chan struct{})
 			c := shard.NewClient(bad.Addr, shard.Options{Timeout: time.Minute})
@@ -111,7 +130,21 @@ func TestOneBadShard(t *testing.T) {
 				_ = c.Eval(ctx, `local t = redis.call('TIME') local s = tonumber(t[1])
 					while tonumber(redis.call('TIME')[1]) - s < tonumber(ARGV[1]) do end return 1`, nil, int(window.Seconds())).Err()
 			}()
-		}, func() { <-slow }},
+		}, func() { <-slow }, true},
+		{"audits of a 300,000-packet pool", func() {
+			audits = make(chan error, 1)
+			go func() {
+				var err error
+				for end := time.Now().Add(window); err == nil && time.Now().Before(end); {
+					_, err = svcs[0].Audit(ctx, bigID)
+				}
+				audits <- err
+			}()
+		}, func() {
+			if err := <-audits; err != nil {
+				t.Errorf("audit of the big pool: %v", err)
+			}
+		}, false},
 	}
 	l.start(rate)
 	defer l.stop()
@@ -123,6 +156,14 @@ func TestOneBadShard(t *testing.T) {
 			l.cut()
 			began := time.Now()
 			f.start()
+			if os.Getenv("RAIN_CHAOS_DEBUG") != "" {
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					if f.name == "SIGSTOP, SIGCONT" {
+						_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+					}
+				}()
+			}
 			ready := probeReady(t, client, urls[0], window)
 			time.Sleep(window - time.Since(began))
 			during := l.cut()
@@ -130,6 +171,16 @@ func TestOneBadShard(t *testing.T) {
 			back := time.Now()
 			recovered := l.until(func(r result) bool { return r.bad && r.code == 200 && r.at.After(back) }, 20*time.Second)
 			healthy := during.p99(false, true)
+			if os.Getenv("RAIN_CHAOS_DEBUG") != "" {
+				for _, r := range during {
+					if !r.bad && r.latency > 50*time.Millisecond {
+						t.Logf("slow healthy grab at +%v: %v %d %s", r.at.Sub(began).Round(time.Millisecond), r.latency.Round(time.Millisecond), r.code, r.user)
+					}
+				}
+			}
+			if n, of, first := during.failed(false); n > 0 {
+				t.Errorf("%d of %d grabs of users on healthy shards failed, the first: %s", n, of, first)
+			}
 			shedBad := during.after(began.Add(time.Second)).p99(true, false)
 			t.Logf("%s: healthy users' p99 %v (%v without the fault); bad shard's 503s p99 %v; /readyz slowest %v, 503 after %v; grabs on the bad shard back %v after it",
 				f.name, healthy, healthyCalm, shedBad, ready.slowest, ready.firstDown, recovered)
@@ -137,13 +188,22 @@ func TestOneBadShard(t *testing.T) {
 			if healthy > max(2*healthyCalm, limit(50*time.Millisecond)) {
 				t.Errorf("healthy users' p99 %v under the fault, want at most 2x %v and %v", healthy, healthyCalm, limit(50*time.Millisecond))
 			}
+			if !f.stalls {
+				if n, of, first := during.failed(true); n > 0 {
+					t.Errorf("%d of %d grabs on the busy shard failed, the first: %s", n, of, first)
+				}
+				if bad := during.p99(true, true); bad > max(2*calm.p99(true, true), limit(50*time.Millisecond)) {
+					t.Errorf("the busy shard's users' p99 %v, want at most 2x %v and %v", bad, calm.p99(true, true), limit(50*time.Millisecond))
+				}
+				return
+			}
 			if shedBad > limit(50*time.Millisecond) {
 				t.Errorf("bad shard's users answered in p99 %v once its breaker is open, want at most %v", shedBad, limit(50*time.Millisecond))
 			}
 			if ready.slowest > time.Second {
 				t.Errorf("/readyz took %v under the fault, want at most 1s", ready.slowest)
 			}
-			if f.name != "a slow script" && (ready.firstDown < 0 || ready.firstDown > limit(2*time.Second)) {
+			if ready.firstDown < 0 || ready.firstDown > limit(2*time.Second) {
 				t.Errorf("/readyz said 503 after %v, want within %v", ready.firstDown, limit(2*time.Second))
 			}
 			if recovered < 0 || recovered > limit(2*time.Second) {
@@ -177,6 +237,7 @@ type result struct {
 	bad     bool // the user's home is on the bad shard
 	user    string
 	grant   grab.Result
+	err     string // the answer's error, or the transport's
 }
 
 // results is a slice of results with figures.
@@ -194,6 +255,22 @@ func (rs results) p99(bad, ok bool) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)*99/100]
+}
+
+// failed counts the answers other than 200 of users on the bad shard (bad)
+// or on the others.
+func (rs results) failed(bad bool) (n, of int, first string) {
+	for _, r := range rs {
+		if r.bad == bad {
+			of++
+			if r.code != 200 {
+				if n++; n == 1 {
+					first = fmt.Sprintf("%d %s", r.code, r.err)
+				}
+			}
+		}
+	}
+	return n, of, first
 }
 
 func (rs results) after(t time.Time) results {
@@ -261,12 +338,16 @@ func (l *loader) one(n int) {
 	if err == nil {
 		r.code = resp.StatusCode
 		var g struct {
-			Amount int64 `json:"amount_cents"`
-			Serial int64 `json:"serial"`
+			Amount int64  `json:"amount_cents"`
+			Serial int64  `json:"serial"`
+			Error  string `json:"error"`
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&g)
 		resp.Body.Close()
 		r.grant = grab.Result{Outcome: grab.Granted, Amount: g.Amount, Serial: g.Serial}
+		r.err = g.Error
+	} else {
+		r.err = err.Error()
 	}
 	r.at = time.Now()
 	r.latency = r.at.Sub(start)

@@ -65,10 +65,14 @@ type batcher struct {
 	// waits for one to have it (WAIT) before its grants are answered.
 	replicated bool
 	// limit, when set, is the most claims this shard may have queued or in
-	// flight at once: its share of the worker pool, so a shard that stalls
-	// holds at most its share of the workers (a bulkhead).
-	limit    func() int
-	inflight atomic.Int64 // claims queued or in flight
+	// flight at once while its current batch is late (out for longer than
+	// lateAfter): its share of the worker pool, so a shard that stalls
+	// holds at most its share of the workers (a bulkhead), while a shard
+	// that only works harder (an audit reading pages) is not cut short.
+	limit     func() int
+	lateAfter time.Duration
+	sentAt    atomic.Int64 // when the batch in flight was sent (unix ns); 0 when none is
+	inflight  atomic.Int64 // claims queued or in flight
 	br       *breaker
 	busy     atomic.Int64 // claims refused by the bulkhead, ever
 	refused  atomic.Int64 // claims refused by the open breaker, ever
@@ -88,7 +92,7 @@ var errNotReplicated = errors.New("no replica confirmed the grant in time")
 // arrives is never lost.
 func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
 	if b.limit != nil {
-		if b.inflight.Add(1) > int64(b.limit()) {
+		if n := b.inflight.Add(1); n > int64(b.limit()) && b.late() {
 			b.inflight.Add(-1)
 			b.busy.Add(1)
 			return lua.Claim{}, fmt.Errorf("%w: shard %s has its share of the work in flight", errNotSent, b.name)
@@ -117,6 +121,13 @@ func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial in
 	r.ctx, r.keys, r.res, r.err = nil, nil, lua.Claim{}, nil
 	reqPool.Put(r)
 	return res, err
+}
+
+// late reports whether the batch in flight has been out for longer than
+// lateAfter: the shard may be stalling.
+func (b *batcher) late() bool {
+	at := b.sentAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) > b.lateAfter
 }
 
 // lane serves batches until stop is closed. Claims still queued then are
@@ -225,7 +236,9 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
 		_ = pipe.Process(ctx, wait)
 	}
+	b.sentAt.Store(time.Now().UnixNano())
 	_, _ = pipe.Exec(ctx) // errors are per command, read below
+	b.sentAt.Store(0)
 	failed := false
 	for i := range groups {
 		g := &groups[i]

@@ -41,9 +41,11 @@ type Config struct {
 	// turns away spills still in progress. Default 8s.
 	SpillAge time.Duration
 	// Workers, when set, reports the size of the worker pool grabs run on:
-	// each shard may have at most its share of it (by weight, at least 2)
-	// in claims queued or in flight, so a shard that stalls holds only its
-	// share of the workers and the others go on. Nil: no bound.
+	// while a shard's batch is late (out for more than a twentieth of the
+	// call budget), the shard may have at most its share of the workers (by
+	// weight, at least 2) in claims queued or in flight, so a shard that
+	// stalls holds only its share of the workers and the others go on.
+	// Nil: no bound.
 	Workers func() int
 	// BreakerCooldown is how long a shard's breaker stays open after a
 	// failed call before it lets a probe through. Default 1s.
@@ -145,6 +147,8 @@ func New(shards *shard.Set, cfg Config) *Service {
 		if cfg.Workers != nil {
 			w, total := shards.Weight(name), shards.TotalWeight()
 			b.limit = func() int { return max(2, (cfg.Workers()*w+total-1)/total) }
+			// A healthy batch, fsync included, is back in a few ms.
+			b.lateAfter = shards.Timeout() / 20
 		}
 		s.batchers[name] = b
 		for range lanesPerShard {

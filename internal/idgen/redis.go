@@ -115,16 +115,28 @@ func (a *RedisAllocator) decide(vals []int64, errs []error, op string) (int64, e
 }
 
 // each calls f on every mirror at once, each bounded by MirrorTimeout, and
-// waits for all.
+// waits for all; as soon as a majority has answered the others are
+// cancelled, so a mirror that hangs does not hold a load up.
 func (a *RedisAllocator) each(ctx context.Context, f func(context.Context, redis.Cmdable) (int64, error)) ([]int64, []error) {
 	vals := make([]int64, len(a.mirrors))
 	errs := make([]error, len(a.mirrors))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex // guards ok
+	ok := 0
 	var wg sync.WaitGroup
 	for i, m := range a.mirrors {
 		wg.Go(func() {
-			mctx, cancel := context.WithTimeout(ctx, a.MirrorTimeout)
-			defer cancel()
+			mctx, mcancel := context.WithTimeout(ctx, a.MirrorTimeout)
+			defer mcancel()
 			vals[i], errs[i] = f(mctx, m)
+			if errs[i] == nil {
+				mu.Lock()
+				if ok++; ok == a.quorum() {
+					cancel()
+				}
+				mu.Unlock()
+			}
 		})
 	}
 	wg.Wait()

@@ -46,7 +46,10 @@ var (
 
 // Config tunes a Pool. Zero fields take the documented defaults.
 type Config struct {
-	// Min and Max bound the capacity (workers). Defaults 8 and 1024.
+	// Min and Max bound the capacity (workers). Defaults 32 and 1024: a
+	// shard that stalls holds the claims sent in the first moments, until
+	// its batch is late and its bulkhead shuts (internal/grab), and the
+	// other shards need workers meanwhile.
 	Min, Max int
 	// Queue is how many callers may wait for a worker before Do sheds.
 	// Default 1024; negative means none wait (shed as soon as all workers
@@ -71,7 +74,7 @@ type Config struct {
 
 func (c *Config) init() error {
 	if c.Min == 0 {
-		c.Min = 8
+		c.Min = 32
 	}
 	if c.Max == 0 {
 		c.Max = 1024

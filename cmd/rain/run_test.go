@@ -376,7 +376,7 @@ func TestIdleChatter(t *testing.T) {
 	for _, p := range proxies {
 		p.ResetStats()
 	}
-	const window = 8 * time.Second
+	const window = 6 * time.Second
 	time.Sleep(window)
 	for i, p := range proxies {
 		st := p.Stats()

@@ -73,9 +73,9 @@ type batcher struct {
 	lateAfter time.Duration
 	sentAt    atomic.Int64 // when the batch in flight was sent (unix ns); 0 when none is
 	inflight  atomic.Int64 // claims queued or in flight
-	br       *breaker
-	busy     atomic.Int64 // claims refused by the bulkhead, ever
-	refused  atomic.Int64 // claims refused by the open breaker, ever
+	br        *breaker
+	busy      atomic.Int64 // claims refused by the bulkhead, ever
+	refused   atomic.Int64 // claims refused by the open breaker, ever
 }
 
 // errNotSent wraps the error of a claim that never reached its shard.

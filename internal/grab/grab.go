@@ -340,8 +340,8 @@ func (s *Service) client(rec *record, j int) *redis.Client {
 // Run keeps this instance's local answers current until ctx ends: it hears
 // rain:events on every shard (a new pool is known at once; stock returned to
 // a sub-pool, or a new holder, makes it no longer known empty and drops its
-// holders) and lists the pool registries every second, so a lost notice
-// costs at most a second. Run it in one goroutine beside serving grabs; it
+// holders) and lists the pool registries every 2 s, so a lost notice
+// costs at most that. Run it in one goroutine beside serving grabs; it
 // returns when ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	refresh := known.NewSync(s.known, s.refreshList, known.SyncConfig{Logger: s.log})

@@ -215,13 +215,23 @@ func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// poolList is the pools as Run's refresh last listed them, when it runs;
-// else it lists them now.
+// poolList is the pools as Run's refresh last listed them, with the open
+// pools this instance has met since (a pool preloaded a moment ago is not
+// in the list yet), when Run runs; else it lists them now.
 func (s *Service) poolList(ctx context.Context) ([]string, error) {
-	if ids := s.listed.Load(); ids != nil {
-		return *ids, nil
+	listed := s.listed.Load()
+	if listed == nil {
+		return s.poolIDs(ctx)
 	}
-	return s.poolIDs(ctx)
+	ids := slices.Clone(*listed)
+	s.mu.RLock()
+	for id := range s.pools {
+		if !slices.Contains(*listed, id) {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.RUnlock()
+	return ids, nil
 }
 
 // refreshList lists the pools and keeps the list for poolList; it is what

@@ -13,7 +13,10 @@ import (
 
 // SyncConfig tunes a Sync. Zero fields take the documented defaults.
 type SyncConfig struct {
-	// Refresh is how often the registries are listed again. Default 1s.
+	// Refresh is how often the registries are listed again. Default 2s:
+	// preload notices tell every instance at once; the refresh only bounds
+	// what a lost notice costs, and costs the serial shard one call per
+	// instance each time.
 	Refresh time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
@@ -22,7 +25,7 @@ type SyncConfig struct {
 // Sync keeps a Filter current: it Resets it from the pool registries at the
 // start and every Refresh. Preload notices (internal/events) Add a pool at
 // once where the owner of the filter listens for them; the refresh bounds
-// what a lost notice costs to about a second.
+// what a lost notice costs to about Refresh.
 type Sync struct {
 	filter *Filter
 	list   func(ctx context.Context) ([]string, error)
@@ -35,7 +38,7 @@ type Sync struct {
 // the shards that answered): they are Added, and nothing is removed.
 func NewSync(f *Filter, list func(ctx context.Context) ([]string, error), cfg SyncConfig) *Sync {
 	if cfg.Refresh <= 0 {
-		cfg.Refresh = time.Second
+		cfg.Refresh = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

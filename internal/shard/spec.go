@@ -171,7 +171,7 @@ func checkShardAddr(addr string) error {
 	}
 	master, list, ok := strings.Cut(rest, "/")
 	if !ok || master == "" || list == "" {
-		return fmt.Errorf("sentinel address %q: want sentinel/MASTER/host:port+host:port+...", addr)
+		return fmt.Errorf("sentinel address %q: want sentinel/MASTER/ and the sentinels' host:port joined by +", addr)
 	}
 	for i := 0; i < len(master); i++ {
 		if !isNameByte(master[i]) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -367,10 +368,10 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 
 	crash := errors.New("crash")
 	first := New(e.shards, e.svc, sink, fastConfig("first"))
-	n := 0
+	var n atomic.Int32 // the hook runs on every shard's loop at once
 	first.hook = func(step string, _ Grant) error {
 		if step == "delivered" {
-			if n++; n == 5 {
+			if n.Add(1) == 5 {
 				return crash
 			}
 		}

@@ -5,8 +5,13 @@ package main
 // descriptors and starve the grabs (and the readiness probe) of new ones.
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -75,4 +80,65 @@ func defaultMaxConns() int {
 		return 256
 	}
 	return int(min(lim.Cur, 1<<20)) - 256
+}
+
+// jsonErrors wraps a listener so that the answers net/http writes itself,
+// before any handler runs (431 for headers over MaxHeaderBytes, 400 for a
+// request it cannot parse, 501 for an unknown transfer encoding), are JSON
+// like every other answer of rain's. net/http writes each of those in one
+// Write, in one fixed shape (status line, plain-text headers with
+// "Connection: close", the status as body); only writes of that exact
+// shape are rewritten.
+type jsonErrors struct{ net.Listener }
+
+func (l jsonErrors) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return jsonErrorConn{c}, nil
+}
+
+type jsonErrorConn struct{ net.Conn }
+
+// serverErrorHeaders are the headers of net/http's own error answers.
+const serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+
+func (c jsonErrorConn) Write(p []byte) (int, error) {
+	if out, ok := jsonServerError(p); ok {
+		if _, err := c.Conn.Write(out); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// jsonServerError rewrites one of net/http's own error answers as JSON.
+func jsonServerError(p []byte) ([]byte, bool) {
+	const proto = "HTTP/1.1 "
+	if len(p) > 1024 || !bytes.HasPrefix(p, []byte(proto)) {
+		return nil, false
+	}
+	line, body, ok := bytes.Cut(p[len(proto):], []byte(serverErrorHeaders))
+	if !ok || len(line) < 4 || line[3] != ' ' {
+		return nil, false
+	}
+	code, err := strconv.Atoi(string(line[:3]))
+	if err != nil || code < 400 || code > 599 {
+		return nil, false
+	}
+	text := strings.TrimPrefix(string(body), string(line[:4]))
+	if text == "" {
+		text = string(line[4:])
+	}
+	status := "invalid"
+	if code >= 500 {
+		status = "error"
+	}
+	js, _ := json.Marshal(map[string]string{"status": status, "error": strings.ToLower(text)})
+	js = append(js, '\n')
+	out := fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
+		code, http.StatusText(code), len(js))
+	return append(out, js...), true
 }

@@ -47,11 +47,37 @@ func (f *flags) parse(args []string, getenv func(string) string) error {
 	return nil
 }
 
-// newLogger is the one logger of a command, at level (--log-level).
-func newLogger(level string, w io.Writer) (*slog.Logger, error) {
+// logOptions are the logging flags every long-running command takes.
+type logOptions struct {
+	Level  string // --log-level
+	Format string // --log-format: text or json
+}
+
+// logFlags adds --log-level and --log-format (and their env vars) to f.
+func (f *flags) logFlags() *logOptions {
+	o := &logOptions{}
+	f.StringVar(&o.Level, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.Format, "log-format", "text", `"text" (key=value lines) or "json" (one JSON object per line)`)
+	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
+	f.bindEnv("log-format", "RAIN_LOG_FORMAT")
+	return o
+}
+
+// newLogger is the one logger of a command.
+func (o *logOptions) newLogger(w io.Writer) (*slog.Logger, error) {
 	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
+	if err := l.UnmarshalText([]byte(o.Level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	var h slog.Handler
+	switch o.Format {
+	case "text":
+		h = slog.NewTextHandler(w, opts)
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", o.Format)
+	}
+	return slog.New(h), nil
 }

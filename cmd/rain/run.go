@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"runtime"
 )
 
 const usage = `usage: rain <command> [flags]
@@ -15,6 +16,7 @@ commands:
   preload   load a pool of red packets
   audit     check a pool's conservation; exits non-zero on a problem
   settle    confirm grants and hand them to the wallet side (ledger file or webhook)
+  version   print rain's version (also --version)
 
 Every flag can also be set by the environment variable named in its help.
 Run "rain <command> -h" for a command's flags.`
@@ -35,6 +37,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = audit(ctx, args[1:], getenv, stdout, stderr)
 	case "settle":
 		err = settleCmd(ctx, args[1:], getenv, stderr)
+	case "version", "--version", "-version":
+		b := buildInfo()
+		fmt.Fprintf(stdout, "rain %s %s %s\n", b.Version, b.Revision, runtime.Version())
+		return nil
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -31,6 +31,13 @@ import (
 // reaper's lock (jittered to 0.5-1.5 times).
 const reaperRetry = 4 * time.Second
 
+// defaultDrainDelay is --drain-delay's default on real shards: a few of a
+// load balancer's readiness probes.
+const defaultDrainDelay = 5 * time.Second
+
+// maxHeaderBytes bounds a request's headers; more is answered 431 (JSON).
+const maxHeaderBytes = 16 << 10
+
 // defaultGCPercent is the GC target of `rain serve` unless GOGC is set.
 const defaultGCPercent = 400
 
@@ -41,7 +48,7 @@ type serveConfig struct {
 	AdminToken      string
 	SerialShard     string
 	ShutdownTimeout time.Duration
-	LogLevel        string
+	Log             *logOptions
 	Pool            string // "on" or "off"
 	PoolMin         int
 	PoolMax         int
@@ -51,6 +58,8 @@ type serveConfig struct {
 	MaxConns        int
 	IdleTimeout     time.Duration
 	Durability      string // "strict" or "relaxed"
+	DrainDelay      time.Duration
+	AccessLog       int
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -61,7 +70,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.AdminToken, "admin-token", "", "bearer token of the operator endpoints (generated and printed when running embedded)")
 	f.StringVar(&c.SerialShard, "serial-shard", "", "shard that holds the grant serial counter (default: the first in --redis); keep it when the shard list changes")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
-	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	c.Log = f.logFlags()
 	f.StringVar(&c.Pool, "pool", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
 	f.IntVar(&c.PoolMin, "pool-min", 32, "fewest workers of the grab pool (more than a stalled shard can hold while its breaker trips)")
 	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
@@ -70,18 +79,21 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
 	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Second, "how long a keep-alive client connection may stay idle")
+	f.DurationVar(&c.DrainDelay, "drain-delay", -1, "on SIGTERM, how long /readyz answers 503 before the listener closes, so load balancers stop sending first (default 5s on --redis shards, 0 embedded)")
+	f.IntVar(&c.AccessLog, "access-log", 20, "requests logged a second at most (one line each with its X-Request-Id; a sample under load); 0: none")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
 	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
 	f.bindEnv("shutdown-timeout", "RAIN_SHUTDOWN_TIMEOUT")
-	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
 	f.bindEnv("pool", "RAIN_POOL")
 	f.bindEnv("pool-min", "RAIN_POOL_MIN")
 	f.bindEnv("pool-max", "RAIN_POOL_MAX")
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
+	f.bindEnv("drain-delay", "RAIN_DRAIN_DELAY")
+	f.bindEnv("access-log", "RAIN_ACCESS_LOG")
 	f.bindEnv("shard-timeout", "RAIN_SHARD_TIMEOUT")
 	f.bindEnv("max-conns", "RAIN_MAX_CONNS")
 	f.bindEnv("idle-timeout", "RAIN_IDLE_TIMEOUT")
@@ -93,7 +105,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
-	log, err := newLogger(c.LogLevel, stderr)
+	log, err := c.Log.newLogger(stderr)
 	if err != nil {
 		return err
 	}
@@ -111,14 +123,23 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	defer stopEmbedded()
+	if c.DrainDelay < 0 {
+		c.DrainDelay = 0
+		if c.Redis != "" {
+			c.DrainDelay = defaultDrainDelay
+		}
+	}
 	if c.Redis == "" {
-		log.Warn("running on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit")
+		log.Warn("rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit", versionAttrs()...)
 		if c.AdminToken == "" {
 			c.AdminToken = newToken()
 		}
 		log.Info("admin token for this run", "admin_token", c.AdminToken)
-	} else if c.AdminToken == "" {
-		return errors.New("--admin-token (RAIN_ADMIN_TOKEN) is required with --redis")
+	} else {
+		log.Info("rain serve", versionAttrs()...)
+		if c.AdminToken == "" {
+			return errors.New("--admin-token (RAIN_ADMIN_TOKEN) is required with --redis")
+		}
 	}
 
 	set, err := shard.Open(specs, 0, shard.Options{Timeout: c.ShardTimeout})
@@ -126,15 +147,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	defer set.Close()
-	durable := metrics.Metric{Name: "rain_durability_relaxed", Kind: "gauge",
-		Help: "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants."}
+	reg := metrics.New(buildInfo())
+	relaxed := false
 	if c.Redis != "" {
-		relaxed, err := checkDurability(ctx, set, c.Durability, log)
-		if err != nil {
+		if relaxed, err = checkDurability(ctx, set, c.Durability, log); err != nil {
 			return err
 		}
-		durable.V = boolMetric(relaxed)
 	}
+	reg.Durability(relaxed)
 	serialShard := c.SerialShard
 	if serialShard == "" {
 		serialShard = specs[0].Name
@@ -150,7 +170,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	defer gen.Close()
 
 	var workers *pool.Pool
-	gcfg := grab.Config{Serials: gen, Arbiter: serialShard, Logger: log}
+	reg.Serials(gen.Stats)
+	gcfg := grab.Config{Serials: gen, Arbiter: serialShard, Logger: log, OnBatch: reg.Batches(set.Names())}
 	if c.Pool == "on" {
 		workers, err = pool.New(pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue, Logger: log})
 		if err != nil {
@@ -163,18 +184,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	svc := grab.New(set, gcfg)
 	defer svc.Close()
-	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log,
-		Metrics: []func([]byte) []byte{serialMetrics(gen), func(b []byte) []byte { return metrics.Append(b, durable) }}}
+	reg.Shards(svc.ShardStats, set)
+	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log, Metrics: reg,
+		AccessLog: c.AccessLog}
 	if workers != nil {
 		cfg.Runner = workers
-		cfg.Metrics = append(cfg.Metrics, workers.AppendMetrics)
+		reg.Pool(workers.Stats)
 	}
 	// The reaper competes for its lock in every instance; one sweeps.
 	// An instance waiting for the lock tries every few seconds, not every
 	// 200 ms: a crashed leader is taken over within TTL + reaperRetry, and
 	// the waiting costs each shard one attempt per instance every few seconds.
 	reap := reaper.New(svc, lock.New(set.Clients(), lock.Config{Logger: log, RetryDelay: reaperRetry}), reaper.Config{Logger: log})
-	cfg.Metrics = append(cfg.Metrics, reap.AppendMetrics)
+	reg.Reaper(reap.Stats)
 
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
@@ -184,14 +206,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		c.MaxConns = defaultMaxConns()
 	}
 	conns := newConnGuard(c.MaxConns)
-	cfg.Metrics = append(cfg.Metrics, func(b []byte) []byte {
-		open, shed := conns.stats()
-		return metrics.Append(b,
-			metrics.Metric{Name: "rain_http_connections", Kind: "gauge", Help: "Client connections open.", V: int64(open)},
-			metrics.Metric{Name: "rain_http_connections_closed_total", Kind: "counter", Help: "Idle client connections closed to stay under --max-conns.", V: shed})
-	})
+	reg.Connections(conns.stats)
+	handler := api.New(cfg)
 	srv := &http.Server{
-		Handler:           api.New(cfg),
+		Handler:           handler,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -225,13 +244,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// its lock), the claim batchers, the serial loader and the shard clients.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(jsonErrors{ln}); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		if c.DrainDelay > 0 && ctx.Err() != nil {
+			// Readiness says 503 first; keep-alive connections close after
+			// their next answer, so clients reconnect to another instance.
+			handler.Drain()
+			srv.SetKeepAlivesEnabled(false)
+			log.Info("draining: /readyz answers 503", "drain_delay", c.DrainDelay)
+			time.Sleep(c.DrainDelay)
+		}
 		log.Info("shutting down", "timeout", c.ShutdownTimeout)
 		sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 		defer cancel()
@@ -248,27 +275,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// serialMetrics appends the grant serial generator's figures.
-func serialMetrics(gen *idgen.Generator) func([]byte) []byte {
-	return func(b []byte) []byte {
-		st := gen.Stats()
-		return metrics.Append(b,
-			metrics.Metric{Name: "rain_serial_step", Kind: "gauge", Help: "IDs the next serial segment will reserve.", V: st.Step},
-			metrics.Metric{Name: "rain_serial_loads_total", Kind: "counter", Help: "Serial segments loaded.", V: st.Loads},
-			metrics.Metric{Name: "rain_serial_load_errors_total", Kind: "counter", Help: "Failed serial segment loads.", V: st.LoadErrors},
-			metrics.Metric{Name: "rain_serial_stalls_total", Kind: "counter", Help: "Times a grab waited for a serial segment.", V: st.Stalls},
-			metrics.Metric{Name: "rain_serial_refusals_total", Kind: "counter", Help: "Serial segments refused for going backwards.", V: st.Refusals},
-		)
-	}
-}
-
-func boolMetric(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func newToken() string {

@@ -18,13 +18,13 @@ import (
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	f, tc := toolFlags("settle", stderr)
 	var cfg settle.Config
-	var ledger, webhook, logLevel string
+	var ledger, webhook string
 	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
 	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL (Idempotency-Key: serial)")
 	f.StringVar(&cfg.Group, "group", "settle", "consumer group on the outbox streams")
 	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
 	f.DurationVar(&cfg.ClaimAfter, "claim-after", 30*time.Second, "take over entries pending this long on a dead consumer")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	logOpts := f.logFlags()
 	var durability string
 	durabilityFlag(f, &durability)
 	var listen string
@@ -35,15 +35,15 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.bindEnv("group", "RAIN_SETTLE_GROUP")
 	f.bindEnv("consumer", "RAIN_SETTLE_CONSUMER")
 	f.bindEnv("claim-after", "RAIN_CLAIM_AFTER")
-	f.bindEnv("log-level", "RAIN_LOG_LEVEL")
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
-	log, err := newLogger(logLevel, stderr)
+	log, err := logOpts.newLogger(stderr)
 	if err != nil {
 		return err
 	}
 	cfg.Logger = log
+	log.Info("rain settle", versionAttrs()...)
 	var sink settle.Sink
 	switch {
 	case (ledger == "") == (webhook == ""):
@@ -76,17 +76,10 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
 	w := settle.New(set, svc, sink, cfg)
 	if listen != "" {
-		stop, err := serveHealth(listen, func(b []byte) []byte {
-			st := w.Stats()
-			return metrics.Append(b,
-				metrics.Metric{Name: "rain_settle_delivered_total", Kind: "counter", Help: "Grants confirmed and delivered to the sink.", V: st.Delivered},
-				metrics.Metric{Name: "rain_settle_expired_total", Kind: "counter", Help: "Outbox grants already released at their deadline: not paid.", V: st.Expired},
-				metrics.Metric{Name: "rain_settle_anomalies_total", Kind: "counter", Help: "Outbox entries with no matching grant.", V: st.Anomalies},
-				metrics.Metric{Name: "rain_settle_failures_total", Kind: "counter", Help: "Failed deliveries (retried).", V: st.Failures},
-				metrics.Metric{Name: "rain_settle_conflicts_total", Kind: "counter", Help: "Outbox entries whose serial the sink had paid for another grant: left pending for an operator.", V: st.Conflicts},
-				metrics.Metric{Name: "rain_durability_relaxed", Kind: "gauge", Help: "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", V: boolMetric(relaxed)},
-			)
-		})
+		reg := metrics.New(buildInfo())
+		reg.Settle(w.Stats)
+		reg.Durability(relaxed)
+		stop, err := serveHealth(listen, reg)
 		if err != nil {
 			return err
 		}
@@ -97,17 +90,14 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the
 // background; stop shuts it down.
-func serveHealth(addr string, appendMetrics func([]byte) []byte) (stop func(), err error) {
+func serveHealth(addr string, reg *metrics.Registry) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		w.Write(appendMetrics(nil))
-	})
+	mux.Handle("GET /metrics", reg.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); srv.Serve(ln) }()

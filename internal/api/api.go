@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"rain/internal/grab"
+	"rain/internal/metrics"
+	"sync/atomic"
 )
 
 // MaxGrabBody is the largest POST /grab body accepted.
@@ -50,17 +52,24 @@ type Config struct {
 	// Runner runs every grab; nil runs grabs on the handler goroutine
 	// (rain serve --pool=off, for comparison only).
 	Runner Runner
-	// Metrics append more Prometheus text to GET /metrics.
-	Metrics []func(b []byte) []byte
-	Logger  *slog.Logger
+	// Metrics is the process's registry: the server adds the grab series
+	// to it and serves it on GET /metrics. Nil: a registry of its own.
+	Metrics *metrics.Registry
+	// AccessLog is how many requests a second are logged, at most (one
+	// line each, with its X-Request-Id); the rest are not. 0: none.
+	AccessLog int
+	Logger    *slog.Logger
 }
 
 // Server serves rain's HTTP API. It is an http.Handler.
 type Server struct {
-	cfg     Config
-	mux     *http.ServeMux
-	token   []byte
-	metrics metrics
+	cfg      Config
+	mux      *http.ServeMux
+	token    []byte
+	grabs    *metrics.Grabs
+	ids      *requestIDs
+	access   accessSampler
+	draining atomic.Bool
 }
 
 // New returns the API server.
@@ -68,7 +77,12 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), token: []byte(cfg.AdminToken)}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(metrics.Build{Version: "devel"})
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), token: []byte(cfg.AdminToken),
+		grabs: cfg.Metrics.Grabs(statusNames[:], reasonNames[:]), ids: newRequestIDs(),
+		access: accessSampler{perSecond: int64(cfg.AccessLog)}}
 	s.mux.HandleFunc("POST /grab", s.grab)
 	s.mux.HandleFunc("POST /admin/pools", s.admin(s.preload))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
@@ -81,11 +95,10 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
-	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
+	s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	s.mux.HandleFunc("/", s.noRoute)
 	return s
 }
-
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 func writeError(w http.ResponseWriter, code int, err error) {
 	writeJSON(w, code, map[string]string{"error": err.Error()})

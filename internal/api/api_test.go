@@ -18,6 +18,7 @@ import (
 
 	"rain/internal/grab"
 	"rain/internal/grabtest"
+	"rain/internal/metrics"
 	"rain/internal/pool"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -49,8 +50,9 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { workers.Close(5 * time.Second) })
-	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: svc.Ready, Runner: workers,
-		Metrics: []func([]byte) []byte{workers.AppendMetrics}}
+	reg := metrics.New(metrics.Build{Version: "test"})
+	reg.Pool(workers.Stats)
+	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: svc.Ready, Runner: workers, Metrics: reg}
 	for _, f := range tweak {
 		f(&cfg)
 	}
@@ -392,6 +394,7 @@ func TestMetricsFormat(t *testing.T) {
 		`rain_grabs_total{status="granted"}`:                   0,
 		`rain_grab_overloaded_total{reason="shed"}`:            0,
 		`rain_grab_overloaded_total{reason="outcome_unknown"}`: 0,
+		`rain_grab_duration_seconds_count{status="not_found"}`: 1,
 		"rain_pool_capacity":                                   32,
 		"rain_pool_shed_total":                                 0,
 	} {
@@ -433,6 +436,8 @@ func (s *stack) scrape(t *testing.T) map[string]float64 {
 				out[key] = m.GetGauge().GetValue()
 			case m.GetUntyped() != nil:
 				out[key] = m.GetUntyped().GetValue()
+			case m.GetHistogram() != nil:
+				out[strings.Replace(key, name, name+"_count", 1)] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}

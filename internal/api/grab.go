@@ -57,10 +57,11 @@ var reasonTexts = [nReason]string{
 }
 
 func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	// Admission comes first, before the body is read: under overload a
 	// shed request costs its headers and a short answer, nothing more.
 	if s.cfg.Runner != nil && !s.cfg.Runner.Admit() {
-		s.answer(w, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
+		s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
 		return
 	}
 	req, err := decodeGrab(r.Body)
@@ -68,7 +69,7 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Runner != nil {
 			s.cfg.Runner.Leave()
 		}
-		s.metrics.grabs[stInvalid].Add(1)
+		s.grabs.Answered(int(stInvalid), time.Since(start))
 		writeJSON(w, http.StatusBadRequest, map[string]string{
 			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
 		return
@@ -88,11 +89,11 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 			res, err = tres, terr
 		}
 	}
-	s.answer(w, req, res, err)
+	s.answer(w, start, req, res, err)
 }
 
 // answer writes the answer to a grab: its result, or the error it met.
-func (s *Server) answer(w http.ResponseWriter, req grabRequest, res grab.Result, err error) {
+func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest, res grab.Result, err error) {
 	st, rs := stError, reason(-1)
 	switch {
 	case err == nil:
@@ -115,12 +116,12 @@ func (s *Server) answer(w http.ResponseWriter, req grabRequest, res grab.Result,
 	if rs >= 0 {
 		st = stOverloaded
 		res.RetryAfter = time.Second
-		s.metrics.overloaded[rs].Add(1)
+		s.grabs.Overloaded(int(rs))
 		if rs != rsShed {
 			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
 		}
 	}
-	s.metrics.grabs[st].Add(1)
+	s.grabs.Answered(int(st), time.Since(start))
 	if st == stError {
 		writeJSON(w, http.StatusInternalServerError, map[string]string{
 			"status": "error", "pool_id": req.PoolID, "user_id": req.UserID, "error": "internal error"})

@@ -76,6 +76,8 @@ type batcher struct {
 	br        *breaker
 	busy      atomic.Int64 // claims refused by the bulkhead, ever
 	refused   atomic.Int64 // claims refused by the open breaker, ever
+	failures  atomic.Int64 // batches the shard did not answer, ever
+	onBatch   func(shard string, claims int, took time.Duration, failed bool)
 }
 
 // errNotSent wraps the error of a claim that never reached its shard.
@@ -236,10 +238,12 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
 		_ = pipe.Process(ctx, wait)
 	}
-	b.sentAt.Store(time.Now().UnixNano())
+	sent := time.Now()
+	b.sentAt.Store(sent.UnixNano())
 	_, _ = pipe.Exec(ctx) // errors are per command, read below
 	b.sentAt.Store(0)
-	failed := false
+	took := time.Since(sent)
+	failed, answered := false, 0
 	for i := range groups {
 		g := &groups[i]
 		claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
@@ -255,6 +259,7 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 			failed = true // the network's error: the shard did not answer
 		}
 		replicated := wait == nil || (wait.Err() == nil && wait.Val() >= 1)
+		answered += len(g.reqs)
 		for k, r := range g.reqs {
 			switch {
 			case err != nil:
@@ -269,4 +274,10 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		g.cmd = nil
 	}
 	b.br.done(failed)
+	if failed {
+		b.failures.Add(1)
+	}
+	if b.onBatch != nil {
+		b.onBatch(b.name, answered, took, failed)
+	}
 }

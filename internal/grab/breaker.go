@@ -78,3 +78,33 @@ func (b *breaker) current() breakerState {
 	defer b.mu.Unlock()
 	return b.state
 }
+
+// ShardStats is one shard's claim path, for metrics.
+type ShardStats struct {
+	Name string
+	// Breaker is the breaker's state: 0 closed, 1 open, 2 half-open.
+	Breaker int
+	// Trips counts the times the breaker opened.
+	Trips int64
+	// Failures counts batches the shard did not answer (network error or
+	// timeout).
+	Failures int64
+	// Refused counts claims answered at once because the breaker was open;
+	// Busy those refused by the bulkhead while the shard was late.
+	Refused, Busy int64
+	// InFlight is the claims queued or in flight (counted only when the
+	// bulkhead is on).
+	InFlight int64
+}
+
+// ShardStats returns each shard's claim path figures, in shard name order.
+func (s *Service) ShardStats() []ShardStats {
+	names := s.shards.Names()
+	out := make([]ShardStats, len(names))
+	for i, name := range names {
+		b := s.batchers[name]
+		out[i] = ShardStats{Name: name, Breaker: int(b.br.current()), Trips: b.br.trips.Load(),
+			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load()}
+	}
+	return out
+}

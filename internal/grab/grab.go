@@ -50,6 +50,11 @@ type Config struct {
 	// BreakerCooldown is how long a shard's breaker stays open after a
 	// failed call before it lets a probe through. Default 1s.
 	BreakerCooldown time.Duration
+	// OnBatch, when set, is told of every batch of claims a shard answered
+	// or failed: the shard, the claims in it, the round trip, and whether
+	// the shard failed to answer (network error or timeout). It runs on the
+	// shard's lane: it must be quick (a histogram's Observe).
+	OnBatch func(shard string, claims int, took time.Duration, failed bool)
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
 }
@@ -143,7 +148,8 @@ func New(shards *shard.Set, cfg Config) *Service {
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
 		b := &batcher{name: name, c: shards.Client(name), reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
-			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown)}
+			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown),
+			onBatch: cfg.OnBatch}
 		if cfg.Workers != nil {
 			w, total := shards.Weight(name), shards.TotalWeight()
 			b.limit = func() int { return max(2, (cfg.Workers()*w+total-1)/total) }

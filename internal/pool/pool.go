@@ -29,7 +29,6 @@ import (
 
 	"github.com/panjf2000/ants/v2"
 
-	"rain/internal/metrics"
 )
 
 // Errors returned by Do.
@@ -340,18 +339,6 @@ func (p *Pool) Stats() Stats {
 	}
 }
 
-// AppendMetrics appends the pool's metrics in Prometheus text format.
-func (p *Pool) AppendMetrics(b []byte) []byte {
-	s := p.Stats()
-	return metrics.Append(b,
-		metrics.Metric{Name: "rain_pool_capacity", Kind: "gauge", Help: "Workers the pool may run now.", V: int64(s.Capacity)},
-		metrics.Metric{Name: "rain_pool_target", Kind: "gauge", Help: "Capacity the controller aims at (rate x service time x headroom).", V: int64(s.Target)},
-		metrics.Metric{Name: "rain_pool_running", Kind: "gauge", Help: "Workers running a task.", V: int64(s.Running)},
-		metrics.Metric{Name: "rain_pool_waiting", Kind: "gauge", Help: "Callers waiting for a worker.", V: int64(s.Waiting)},
-		metrics.Metric{Name: "rain_pool_shed_total", Kind: "counter", Help: "Grabs refused because the pool and its queue were full.", V: s.Shed},
-		metrics.Metric{Name: "rain_pool_panics_total", Kind: "counter", Help: "Tasks that panicked (recovered).", V: s.Panics},
-	)
-}
 
 // discard silences ants' logger; rain logs what matters itself.
 type discard struct{}

@@ -18,7 +18,6 @@ import (
 
 	"rain/internal/grab"
 	"rain/internal/lock"
-	"rain/internal/metrics"
 	"rain/internal/wait"
 )
 
@@ -152,20 +151,3 @@ func (r *Reaper) Stats() Stats {
 	}
 }
 
-// AppendMetrics appends the reaper's metrics in Prometheus text format.
-func (r *Reaper) AppendMetrics(b []byte) []byte {
-	s := r.Stats()
-	leader := int64(0)
-	if s.Leader {
-		leader = 1
-	}
-	return metrics.Append(b,
-		metrics.Metric{Name: "rain_reaper_leader", Kind: "gauge", Help: "1 while this instance holds the reaper lock.", V: leader},
-		metrics.Metric{Name: "rain_reaper_released_total", Kind: "counter", Help: "Expired grants released back to the stock.", V: s.Released},
-		metrics.Metric{Name: "rain_reaper_released_cents_total", Kind: "counter", Help: "Cents of expired grants released back to the stock.", V: s.ReleasedCents},
-		metrics.Metric{Name: "rain_reaper_overdue_lag_ms", Kind: "gauge", Help: "How long past its deadline the oldest overdue grant was at the last sweep.", V: s.Lag.Milliseconds()},
-		metrics.Metric{Name: "rain_reaper_sweeps_total", Kind: "counter", Help: "Sweeps made.", V: s.Sweeps},
-		metrics.Metric{Name: "rain_reaper_sweep_errors_total", Kind: "counter", Help: "Sweeps that met an error (a shard down).", V: s.Errors},
-		metrics.Metric{Name: "rain_reaper_lost_locks_total", Kind: "counter", Help: "Times the lock was lost while sweeping.", V: s.LostLocks},
-	)
-}

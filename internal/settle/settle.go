@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,6 +135,10 @@ type Stats struct {
 	Anomalies int64 // grant entries with no matching grant (logged)
 	Failures  int64 // failed deliveries (retried)
 	Conflicts int64 // serials the sink had paid for another grant (left pending, logged)
+	// Lag is how old the outbox entry handled last was when it was handled
+	// (its stream id is the time it was written); 0 once a read of new
+	// entries finds none: how far settlement is behind the grants.
+	Lag time.Duration
 }
 
 // Worker settles the outboxes of every shard.
@@ -144,6 +149,7 @@ type Worker struct {
 	cfg    Config
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
+	lagMS                                              atomic.Int64
 	conflicted                                         sync.Map // "stream id" of entries left pending for a serial conflict
 
 	// hook, when set (tests), runs after each step of an entry ("confirmed",
@@ -160,7 +166,8 @@ func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 // Stats returns what the worker did so far.
 func (w *Worker) Stats() Stats {
 	return Stats{Delivered: w.delivered.Load(), Expired: w.expired.Load(),
-		Anomalies: w.anomalies.Load(), Failures: w.failures.Load(), Conflicts: w.conflicts.Load()}
+		Anomalies: w.anomalies.Load(), Failures: w.failures.Load(), Conflicts: w.conflicts.Load(),
+		Lag: time.Duration(w.lagMS.Load()) * time.Millisecond}
 }
 
 // errStopped is how a test hook's error stops a shard loop.
@@ -261,6 +268,9 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 	}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
+		if id == ">" {
+			w.lagMS.Store(0) // caught up
+		}
 		return nil
 	case ctx.Err() != nil:
 		return nil
@@ -306,6 +316,11 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) e
 
 func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage) error {
 	for _, m := range msgs {
+		if ms, _, ok := strings.Cut(m.ID, "-"); ok {
+			if at, err := strconv.ParseInt(ms, 10, 64); err == nil {
+				w.lagMS.Store(max(0, time.Now().UnixMilli()-at))
+			}
+		}
 		err := w.handle(ctx, c, stream, m)
 		switch {
 		case err == nil:

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"rain/internal/metrics"
+	"runtime"
+	"runtime/debug"
+)
+
+// version is rain's version, set at link time
+// (-ldflags "-X main.version=v1.2.3"); empty: the module's version from the
+// build info, "devel" for a build from a checkout.
+var version string
+
+// buildInfo is the running binary's version and VCS revision.
+func buildInfo() metrics.Build {
+	b := metrics.Build{Version: version}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if b.Version == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			b.Version = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				b.Revision = s.Value
+			case "vcs.modified":
+				if s.Value == "true" && b.Revision != "" {
+					b.Revision += "-dirty"
+				}
+			}
+		}
+	}
+	if b.Version == "" {
+		b.Version = "devel"
+	}
+	return b
+}
+
+// versionAttrs are the attributes of a command's first log line.
+func versionAttrs() []any {
+	b := buildInfo()
+	return []any{"version", b.Version, "revision", b.Revision, "go", runtime.Version()}
+}

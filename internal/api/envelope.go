@@ -1,0 +1,135 @@
+package api
+
+// This file is what every request goes through: its request id, the
+// sampled access log, and JSON answers for requests no route takes.
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// requestIDs makes request ids: a random prefix per process and a count,
+// unique without coordination and cheap enough for every grab.
+type requestIDs struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+func newRequestIDs() *requestIDs {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return &requestIDs{prefix: hex.EncodeToString(b) + "-"}
+}
+
+func (g *requestIDs) next() string {
+	return g.prefix + strconv.FormatUint(g.n.Add(1), 36)
+}
+
+// maxRequestID bounds a request id taken from the request.
+const maxRequestID = 128
+
+// requestID returns the request's X-Request-Id when it is a sane one
+// (printable ASCII, at most maxRequestID bytes), else a new id.
+func (s *Server) requestID(r *http.Request) string {
+	if v := r.Header["X-Request-Id"]; len(v) == 1 && len(v[0]) > 0 && len(v[0]) <= maxRequestID {
+		ok := true
+		for i := 0; i < len(v[0]) && ok; i++ {
+			ok = v[0][i] > ' ' && v[0][i] < 0x7f
+		}
+		if ok {
+			return v[0]
+		}
+	}
+	return s.ids.next()
+}
+
+// accessSampler admits at most perSecond access log lines a second: every
+// request is logged under light load, a sample of them under a flood.
+type accessSampler struct {
+	perSecond int64
+	second    atomic.Int64 // unix second of the current window
+	used      atomic.Int64 // lines logged in it
+}
+
+func (a *accessSampler) admit(now time.Time) bool {
+	if a.perSecond <= 0 {
+		return false
+	}
+	sec := now.Unix()
+	if old := a.second.Load(); old != sec && a.second.CompareAndSwap(old, sec) {
+		a.used.Store(0)
+	}
+	return a.used.Add(1) <= a.perSecond
+}
+
+// statusRecorder remembers the status an answer was written with.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusRecorder) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusRecorder) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ServeHTTP answers r: every answer carries X-Request-Id (the request's own
+// when it sent a sane one); a sample of them is logged.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := s.requestID(r)
+	w.Header()["X-Request-Id"] = []string{id}
+	start := time.Now()
+	if !s.access.admit(start) {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	rec := &statusRecorder{ResponseWriter: w}
+	s.mux.ServeHTTP(rec, r)
+	s.cfg.Logger.Info("http", "request_id", id, "method", r.Method, "path", r.URL.Path,
+		"status", rec.code, "duration_ms", float64(time.Since(start).Microseconds())/1000,
+		"remote", r.RemoteAddr)
+}
+
+// methods are those a route may be registered for.
+var methods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// noRoute answers a request that no route takes, in JSON: 405 with Allow
+// when the path has routes for other methods, else 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allowed []string
+	for _, m := range methods {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
+			allowed = append(allowed, m)
+		}
+	}
+	if len(allowed) > 0 {
+		if slices.Contains(allowed, http.MethodGet) {
+			allowed = append(allowed, http.MethodHead)
+		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"status": "invalid",
+			"error": fmt.Sprintf("method %s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, strings.Join(allowed, ", "))})
+		return
+	}
+	writeJSON(w, http.StatusNotFound, map[string]string{"status": "not_found",
+		"error": fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path)})
+}

@@ -1,0 +1,133 @@
+package metrics
+
+// This file defines the series read from rain's components at scrape time.
+
+import (
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/pool"
+	"rain/internal/reaper"
+	"rain/internal/settle"
+	"rain/internal/shard"
+)
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Pool registers the worker pool's series.
+func (r *Registry) Pool(stats func() pool.Stats) {
+	r.Gauge("rain_pool_capacity", "Workers the pool may run now.", func() float64 { return float64(stats().Capacity) })
+	r.Gauge("rain_pool_target", "Capacity the controller aims at (rate x service time x headroom).", func() float64 { return float64(stats().Target) })
+	r.Gauge("rain_pool_running", "Workers running a task.", func() float64 { return float64(stats().Running) })
+	r.Gauge("rain_pool_waiting", "Callers waiting for a worker.", func() float64 { return float64(stats().Waiting) })
+	r.Counter("rain_pool_shed_total", "Grabs refused because the pool and its queue were full.", func() float64 { return float64(stats().Shed) })
+	r.Counter("rain_pool_panics_total", "Tasks that panicked (recovered).", func() float64 { return float64(stats().Panics) })
+}
+
+// Reaper registers the reaper's series.
+func (r *Registry) Reaper(stats func() reaper.Stats) {
+	r.Gauge("rain_reaper_leader", "1 while this instance holds the reaper lock.", func() float64 { return b2f(stats().Leader) })
+	r.Counter("rain_reaper_released_total", "Expired grants released back to the stock.", func() float64 { return float64(stats().Released) })
+	r.Counter("rain_reaper_released_cents_total", "Cents of expired grants released back to the stock.", func() float64 { return float64(stats().ReleasedCents) })
+	r.Gauge("rain_reaper_lag_seconds", "How long past its deadline the oldest overdue grant was at the last sweep.", func() float64 { return stats().Lag.Seconds() })
+	r.Counter("rain_reaper_sweeps_total", "Sweeps made.", func() float64 { return float64(stats().Sweeps) })
+	r.Counter("rain_reaper_sweep_errors_total", "Sweeps that met an error (a shard down).", func() float64 { return float64(stats().Errors) })
+	r.Counter("rain_reaper_lost_locks_total", "Times the lock was lost while sweeping.", func() float64 { return float64(stats().LostLocks) })
+}
+
+// Serials registers the grant serial generator's series.
+func (r *Registry) Serials(stats func() idgen.Stats) {
+	r.Gauge("rain_serial_step", "IDs the next serial segment will reserve.", func() float64 { return float64(stats().Step) })
+	r.Counter("rain_serial_loads_total", "Serial segments loaded.", func() float64 { return float64(stats().Loads) })
+	r.Counter("rain_serial_load_errors_total", "Failed serial segment loads.", func() float64 { return float64(stats().LoadErrors) })
+	r.Counter("rain_serial_stalls_total", "Times a grab waited for a serial segment.", func() float64 { return float64(stats().Stalls) })
+	r.Counter("rain_serial_refusals_total", "Serial segments refused for going backwards.", func() float64 { return float64(stats().Refusals) })
+}
+
+// Settle registers the settlement worker's series.
+func (r *Registry) Settle(stats func() settle.Stats) {
+	r.Counter("rain_settle_delivered_total", "Grants confirmed and delivered to the sink.", func() float64 { return float64(stats().Delivered) })
+	r.Counter("rain_settle_expired_total", "Outbox grants already released at their deadline: not paid.", func() float64 { return float64(stats().Expired) })
+	r.Counter("rain_settle_anomalies_total", "Outbox entries with no matching grant.", func() float64 { return float64(stats().Anomalies) })
+	r.Counter("rain_settle_failures_total", "Failed deliveries (retried).", func() float64 { return float64(stats().Failures) })
+	r.Counter("rain_settle_conflicts_total", "Outbox entries whose serial the sink had paid for another grant: left pending for an operator.", func() float64 { return float64(stats().Conflicts) })
+	r.Gauge("rain_settle_lag_seconds", "How old the outbox entry settled last was when it was handled; 0 once settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
+}
+
+// Durability registers rain_durability_relaxed.
+func (r *Registry) Durability(relaxed bool) {
+	r.Gauge("rain_durability_relaxed", "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", func() float64 { return b2f(relaxed) })
+}
+
+// Connections registers the HTTP connection series.
+func (r *Registry) Connections(stats func() (open int, closed int64)) {
+	r.Gauge("rain_http_connections", "Client connections open.", func() float64 { o, _ := stats(); return float64(o) })
+	r.Counter("rain_http_connections_closed_total", "Idle client connections closed to stay under --max-conns.", func() float64 { _, c := stats(); return float64(c) })
+}
+
+// Shards registers the per-shard series: the claim path's breaker and
+// failures (from grab) and go-redis's connection pool (from the set).
+func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
+	shard := []string{"shard"}
+	per := func(f func(grab.ShardStats) float64) func() []Sample {
+		return func() []Sample {
+			st := stats()
+			out := make([]Sample, len(st))
+			for i, s := range st {
+				out[i] = Sample{Labels: []string{s.Name}, V: f(s)}
+			}
+			return out
+		}
+	}
+	r.GaugeVec("rain_shard_breaker_state", "The shard's circuit breaker: 0 closed, 1 open (its users are answered 503 at once), 2 half-open (a probe is out).",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.Breaker) }))
+	r.CounterVec("rain_shard_breaker_trips_total", "Times the shard's breaker opened.",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.Trips) }))
+	r.CounterVec("rain_shard_batch_failures_total", "Batches of claims the shard did not answer (network error or timeout).",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.Failures) }))
+	r.CounterVec("rain_shard_claims_refused_total", "Claims answered 503 without being sent, by shard and by why: breaker_open, or bulkhead (the late shard had its share of the workers).",
+		[]string{"shard", "reason"}, func() []Sample {
+			var out []Sample
+			for _, s := range stats() {
+				out = append(out, Sample{Labels: []string{s.Name, "breaker_open"}, V: float64(s.Refused)},
+					Sample{Labels: []string{s.Name, "bulkhead"}, V: float64(s.Busy)})
+			}
+			return out
+		})
+	r.GaugeVec("rain_shard_claims_in_flight", "Claims queued or in flight to the shard.",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.InFlight) }))
+
+	redisPool := func(f func(hits, misses, timeouts, total, idle, stale uint32) float64) func() []Sample {
+		return func() []Sample {
+			var out []Sample
+			for _, name := range set.Names() {
+				p := set.Client(name).PoolStats()
+				out = append(out, Sample{Labels: []string{name}, V: f(p.Hits, p.Misses, p.Timeouts, p.TotalConns, p.IdleConns, p.StaleConns)})
+			}
+			return out
+		}
+	}
+	r.CounterVec("rain_redis_pool_hits_total", "Times a free connection was found in the shard client's pool.",
+		shard, redisPool(func(h, _, _, _, _, _ uint32) float64 { return float64(h) }))
+	r.CounterVec("rain_redis_pool_misses_total", "Times the shard client's pool had no free connection and dialed.",
+		shard, redisPool(func(_, m, _, _, _, _ uint32) float64 { return float64(m) }))
+	r.CounterVec("rain_redis_pool_timeouts_total", "Times waiting for a connection of the shard client's pool timed out.",
+		shard, redisPool(func(_, _, t, _, _, _ uint32) float64 { return float64(t) }))
+	r.GaugeVec("rain_redis_pool_connections", "Connections in the shard client's pool.",
+		shard, redisPool(func(_, _, _, n, _, _ uint32) float64 { return float64(n) }))
+	r.GaugeVec("rain_redis_pool_idle_connections", "Idle connections in the shard client's pool.",
+		shard, redisPool(func(_, _, _, _, i, _ uint32) float64 { return float64(i) }))
+	r.CounterVec("rain_redis_pool_stale_connections_total", "Stale connections the shard client's pool closed.",
+		shard, redisPool(func(_, _, _, _, _, s uint32) float64 { return float64(s) }))
+	r.GaugeVec("rain_shard_weight", "The shard's weight in the ring.", shard, func() []Sample {
+		var out []Sample
+		for _, name := range set.Names() {
+			out = append(out, Sample{Labels: []string{name}, V: float64(set.Weight(name))})
+		}
+		return out
+	})
+}

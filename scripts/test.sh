@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command and all that CI runs.
 #
-# Installs what the tests need when it is missing (redis-server and node from the
-# system's packages), then checks formatting and go.mod, vets, runs staticcheck,
+# Installs what the tests need when it is missing (redis-server, node and
+# chromium from the system's packages), then checks formatting and go.mod, vets, runs staticcheck,
 # and runs every test with the race detector against real redis-server processes
 # that the tests start themselves.
 set -euo pipefail
@@ -20,7 +20,7 @@ install() {
       fi
     fi
     if [ -z "${apt_updated:-}" ]; then $sudo apt-get update -qq; apt_updated=1; fi
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
   elif command -v brew >/dev/null 2>&1; then
     local pkgs=("${@/#redis-server/redis}")   # Homebrew's names
     brew install "${pkgs[@]/#nodejs/node}"
@@ -43,6 +43,7 @@ need() {
 
 need redis-server redis-server   # every test runs against real redis-server processes
 need node nodejs                 # the k6 scripts are syntax-checked with node --check
+need chromium chromium           # the dashboard is tested in headless Chromium (chromedp)
 # The Debian package starts a system redis on 6379 where systemd runs; the tests
 # never use it (each test starts its own servers on free ports).
 
@@ -64,4 +65,6 @@ echo "== staticcheck (pinned in go.mod as a tool)"
 go tool staticcheck ./...
 
 echo "== go test -race"
+# Test artifacts (the dashboard's screenshot) land in artifacts/.
+export RAIN_ARTIFACTS="${RAIN_ARTIFACTS:-$PWD/artifacts}"
 go test -race -count=1 -timeout 12m "$@" ./...

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"rain/internal/api"
+	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/idgen"
 	"rain/internal/lock"
@@ -185,8 +186,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	svc := grab.New(set, gcfg)
 	defer svc.Close()
 	reg.Shards(svc.ShardStats, set)
+	timeline := dash.NewTimeline(reg.Gatherer())
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log, Metrics: reg,
-		AccessLog: c.AccessLog}
+		AccessLog: c.AccessLog, Timeline: timeline}
 	if workers != nil {
 		cfg.Runner = workers
 		reg.Pool(workers.Stats)
@@ -235,6 +237,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	var background errgroup.Group
 	background.Go(func() error { svc.Run(bgCtx); return nil })
 	background.Go(func() error { reap.Run(bgCtx); return nil })
+	background.Go(func() error { timeline.Run(bgCtx); return nil })
 	defer func() { stopBackground(); _ = background.Wait() }()
 
 	// The server runs until it fails or ctx ends; then the shutdown below.

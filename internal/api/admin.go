@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"rain/internal/dash"
 	"rain/internal/grab"
 	"strings"
+	"time"
 )
 
 // maxAdminBody bounds operator request bodies.
@@ -95,6 +97,39 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Logger.Warn("audit found problems", "pool_id", id, "problems", len(rep.Problems))
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// list answers GET /admin/pools: {"pools": [ids, sorted]}.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	ids, err := s.cfg.Pools.List(r.Context())
+	if err != nil {
+		s.adminError(w, "list", "", err)
+		return
+	}
+	if ids == nil {
+		ids = []string{}
+	}
+	writeJSON(w, http.StatusOK, map[string][]string{"pools": ids})
+}
+
+// stats answers GET /admin/stats[?since=RFC3339 time]: the dashboard's
+// timeline, one point a second for the last five minutes (those after
+// since only).
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+	var since time.Time
+	if v := r.URL.Query().Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("since %q: want an RFC 3339 time", v))
+			return
+		}
+		since = t
+	}
+	points := []dash.Point{}
+	if s.cfg.Timeline != nil {
+		points = s.cfg.Timeline.Points(since)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"points": points})
 }
 
 // confirmRequest is the POST /admin/grants/confirm body.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/metrics"
 	"sync/atomic"
@@ -26,6 +27,7 @@ type Pools interface {
 	Status(ctx context.Context, id string) (*grab.Status, error)
 	Audit(ctx context.Context, id string) (*grab.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
+	List(ctx context.Context) ([]string, error)
 }
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
@@ -55,6 +57,8 @@ type Config struct {
 	// Metrics is the process's registry: the server adds the grab series
 	// to it and serves it on GET /metrics. Nil: a registry of its own.
 	Metrics *metrics.Registry
+	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
+	Timeline *dash.Timeline
 	// AccessLog is how many requests a second are logged, at most (one
 	// line each, with its X-Request-Id); the rest are not. 0: none.
 	AccessLog int
@@ -85,6 +89,11 @@ func New(cfg Config) *Server {
 		access: accessSampler{perSecond: int64(cfg.AccessLog)}}
 	s.mux.HandleFunc("POST /grab", s.grab)
 	s.mux.HandleFunc("POST /admin/pools", s.admin(s.preload))
+	s.mux.HandleFunc("GET /admin/pools", s.admin(s.list))
+	s.mux.HandleFunc("GET /admin/stats", s.admin(s.stats))
+	// The dashboard's page: static files, no secret in them (it asks for
+	// the token, and calls the endpoints above with it).
+	s.mux.Handle("GET /admin/", dash.Files("/admin/", http.HandlerFunc(s.noRoute)))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
 	s.mux.HandleFunc("POST /admin/grants/confirm", s.admin(s.confirm))

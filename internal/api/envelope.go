@@ -121,7 +121,7 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 			allowed = append(allowed, m)
 		}
 	}
-	if len(allowed) > 0 {
+	if len(allowed) > 0 && !slices.Contains(allowed, r.Method) && !(r.Method == http.MethodHead && slices.Contains(allowed, http.MethodGet)) {
 		if slices.Contains(allowed, http.MethodGet) {
 			allowed = append(allowed, http.MethodHead)
 		}

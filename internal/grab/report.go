@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 
@@ -34,6 +35,8 @@ type SubPoolStatus struct {
 	Index          int    `json:"index"`
 	Shard          string `json:"shard"`
 	State          string `json:"state"`
+	Count          int64  `json:"count"`       // packets loaded into it
+	TotalCents     int64  `json:"total_cents"` // cents loaded into it
 	RemainingCount int64  `json:"remaining_count"`
 	RemainingCents int64  `json:"remaining_cents"`
 }
@@ -41,6 +44,8 @@ type SubPoolStatus struct {
 // subPoolCounters is what Status reads of a sub-pool's meta hash.
 type subPoolCounters struct {
 	State          string `redis:"state"`
+	Count          int64  `redis:"count"`
+	Cents          int64  `redis:"cents"`
 	StockCount     int64  `redis:"stock_count"`
 	StockCents     int64  `redis:"stock_cents"`
 	HeldCount      int64  `redis:"held_count"`
@@ -82,7 +87,7 @@ func (s *Service) Status(ctx context.Context, id string) (*Status, error) {
 			n.State = "missing"
 		}
 		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
-			RemainingCount: n.StockCount, RemainingCents: n.StockCents})
+			Count: n.Count, TotalCents: n.Cents, RemainingCount: n.StockCount, RemainingCents: n.StockCents})
 		st.RemainingCount += n.StockCount
 		st.RemainingCents += n.StockCents
 		st.HeldCount += n.HeldCount
@@ -388,4 +393,12 @@ func (s *Service) readSpill(ctx context.Context, id string, rec *record, token s
 		}
 	}
 	return side, nil
+}
+
+// List returns the ids of every pool loaded, sorted: the registry as the
+// arbiter holds it (the other shards' while it does not answer).
+func (s *Service) List(ctx context.Context) ([]string, error) {
+	ids, err := s.poolIDs(ctx)
+	slices.Sort(ids)
+	return ids, err
 }

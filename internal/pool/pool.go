@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/ants/v2"
-
 )
 
 // Errors returned by Do.
@@ -338,7 +337,6 @@ func (p *Pool) Stats() Stats {
 		Panics:   p.panics.Load(),
 	}
 }
-
 
 // discard silences ants' logger; rain logs what matters itself.
 type discard struct{}

@@ -150,4 +150,3 @@ func (r *Reaper) Stats() Stats {
 		Acquisitions: r.acquisitions.Load(), LostLocks: r.lostLock.Load(),
 	}
 }
-

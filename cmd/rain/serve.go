@@ -186,6 +186,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	svc := grab.New(set, gcfg)
 	defer svc.Close()
 	reg.Shards(svc.ShardStats, set)
+	reg.Stock(svc.Stock)
 	timeline := dash.NewTimeline(reg.Gatherer())
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log, Metrics: reg,
 		AccessLog: c.AccessLog, Timeline: timeline}

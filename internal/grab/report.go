@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 
@@ -401,4 +402,56 @@ func (s *Service) List(ctx context.Context) ([]string, error) {
 	ids, err := s.poolIDs(ctx)
 	slices.Sort(ids)
 	return ids, err
+}
+
+// SubPoolStock is one sub-pool's stock, for metrics.
+type SubPoolStock struct {
+	Pool           string
+	Index          int
+	Shard          string
+	RemainingCount int64
+	RemainingCents int64
+}
+
+// Stock reads the stock of every sub-pool of the open pools this instance
+// serves (one HMGET per sub-pool, pipelined per shard); a shard that does
+// not answer leaves its sub-pools out. It is what a metrics scrape reads.
+func (s *Service) Stock(ctx context.Context) []SubPoolStock {
+	s.mu.RLock()
+	views := make(map[string]*poolView, len(s.pools))
+	maps.Copy(views, s.pools)
+	s.mu.RUnlock()
+	type read struct {
+		st  SubPoolStock
+		cmd *redis.SliceCmd
+	}
+	pipes := map[*redis.Client]redis.Pipeliner{}
+	var reads []read
+	for id, p := range views {
+		for j, c := range p.clients {
+			pipe := pipes[c]
+			if pipe == nil {
+				pipe = c.Pipeline()
+				pipes[c] = pipe
+			}
+			cmd := pipe.HMGet(ctx, p.keys[j].Meta, "stock_count", "stock_cents")
+			reads = append(reads, read{SubPoolStock{Pool: id, Index: j, Shard: p.rec.placement[j]}, cmd})
+		}
+	}
+	for _, pipe := range pipes {
+		_, _ = pipe.Exec(ctx) // errors are per command, read below
+	}
+	var out []SubPoolStock
+	for _, r := range reads {
+		var n struct {
+			Count int64 `redis:"stock_count"`
+			Cents int64 `redis:"stock_cents"`
+		}
+		if r.cmd.Err() != nil || r.cmd.Scan(&n) != nil {
+			continue
+		}
+		r.st.RemainingCount, r.st.RemainingCents = n.Count, n.Cents
+		out = append(out, r.st)
+	}
+	return out
 }

@@ -21,7 +21,10 @@ import (
 
 // Registry is one process's metrics.
 type Registry struct {
-	reg *prometheus.Registry
+	reg *prometheus.Registry // what Gatherer gives: cheap to read every second
+	// scraped holds what only a scrape reads: the Go runtime and process
+	// collectors, and the stock (read from the shards).
+	scraped *prometheus.Registry
 }
 
 // Build describes the running binary for rain_build_info.
@@ -33,8 +36,8 @@ type Build struct {
 // New returns a registry with the Go runtime and process collectors and
 // rain_build_info.
 func New(b Build) *Registry {
-	r := &Registry{reg: prometheus.NewRegistry()}
-	r.reg.MustRegister(
+	r := &Registry{reg: prometheus.NewRegistry(), scraped: prometheus.NewRegistry()}
+	r.scraped.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -51,10 +54,11 @@ func New(b Build) *Registry {
 // Handler serves the registry in the Prometheus exposition formats (text,
 // or protobuf for a scraper that asks, which carries native histograms).
 func (r *Registry) Handler() http.Handler {
-	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg})
+	return promhttp.HandlerFor(prometheus.Gatherers{r.reg, r.scraped}, promhttp.HandlerOpts{Registry: r.reg})
 }
 
-// Gatherer is the registry, for readers in the process (the dashboard).
+// Gatherer is rain's own series but the stock, for readers in the process
+// (the dashboard's timeline, every second).
 func (r *Registry) Gatherer() prometheus.Gatherer { return r.reg }
 
 // latencyBuckets are the classic buckets of the latency histograms, in

@@ -3,12 +3,17 @@ package metrics
 // This file defines the series read from rain's components at scrape time.
 
 import (
+	"context"
 	"rain/internal/grab"
 	"rain/internal/idgen"
 	"rain/internal/pool"
 	"rain/internal/reaper"
 	"rain/internal/settle"
 	"rain/internal/shard"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func b2f(b bool) float64 {
@@ -130,4 +135,32 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 		}
 		return out
 	})
+}
+
+// Stock registers the stock of every sub-pool of the open pools the
+// instance serves, read from the shards at scrape time (one read for both
+// families, bounded by a second). It is not part of Gatherer's view: the
+// dashboard's timeline does not read the shards every second.
+func (r *Registry) Stock(read func(ctx context.Context) []grab.SubPoolStock) {
+	labels := []string{"pool", "sub_pool", "shard"}
+	r.scraped.MustRegister(&stockCollector{read: read,
+		count: prometheus.NewDesc("rain_stock_remaining_count", "Packets left in a sub-pool's stock.", labels, nil),
+		cents: prometheus.NewDesc("rain_stock_remaining_cents", "Cents left in a sub-pool's stock.", labels, nil)})
+}
+
+type stockCollector struct {
+	read         func(ctx context.Context) []grab.SubPoolStock
+	count, cents *prometheus.Desc
+}
+
+func (c *stockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.count; ch <- c.cents }
+
+func (c *stockCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, s := range c.read(ctx) {
+		lv := []string{s.Pool, strconv.Itoa(s.Index), s.Shard}
+		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(s.RemainingCount), lv...)
+		ch <- prometheus.MustNewConstMetric(c.cents, prometheus.GaugeValue, float64(s.RemainingCents), lv...)
+	}
 }

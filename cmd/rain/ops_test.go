@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestMetricsSeries: GET /metrics of rain serve parses with the Prometheus
+// text parser and holds the series operators watch, with values that say
+// what happened (one grant, 4 shards, breakers closed, the pool's stock).
+func TestMetricsSeries(t *testing.T) {
+	addr, _ := startServe(t, []string{"--admin-token", "m"}, nil)
+	base := "http://" + addr
+	if code, body := post(t, base+"/admin/pools", "m", `{"pool_id":"met","total_cents":1000,"count":10}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	if code, body := post(t, base+"/grab", "", `{"pool_id":"met","user_id":"u1"}`); code != 200 {
+		t.Fatalf("grab = %d %v", code, body)
+	}
+	fam := scrapeFamilies(t, base+"/metrics")
+	sum := func(name string, match func(labels map[string]string) bool) (float64, int) {
+		t.Helper()
+		f, ok := fam[name]
+		if !ok {
+			t.Fatalf("/metrics has no %s", name)
+		}
+		total, n := 0.0, 0
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if match != nil && !match(labels) {
+				continue
+			}
+			n++
+			switch {
+			case m.GetCounter() != nil:
+				total += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				total += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				total += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+		return total, n
+	}
+	status := func(s string) func(map[string]string) bool {
+		return func(l map[string]string) bool { return l["status"] == s }
+	}
+	for _, c := range []struct {
+		name  string
+		match func(map[string]string) bool
+		want  float64 // -1: any value, present
+		n     int     // series wanted; 0: any
+	}{
+		{"rain_build_info", nil, 1, 1},
+		{"rain_grabs_total", status("granted"), 1, 1},
+		{"rain_grab_duration_seconds", status("granted"), 1, 1},
+		{"rain_grab_overloaded_total", nil, 0, 5},
+		{"rain_shard_batch_duration_seconds", nil, 1, 4},
+		{"rain_shard_batch_claims", nil, 1, 4},
+		{"rain_shard_breaker_state", nil, 0, 4},
+		{"rain_shard_batch_failures_total", nil, 0, 4},
+		{"rain_shard_claims_refused_total", nil, 0, 8},
+		{"rain_redis_pool_connections", nil, -1, 4},
+		{"rain_redis_pool_timeouts_total", nil, 0, 4},
+		{"rain_pool_capacity", nil, 32, 1},
+		{"rain_pool_running", nil, -1, 1},
+		{"rain_reaper_leader", nil, 1, 1},
+		{"rain_reaper_lag_seconds", nil, -1, 1},
+		{"rain_serial_loads_total", nil, -1, 1},
+		{"rain_stock_remaining_count", func(l map[string]string) bool { return l["pool"] == "met" }, 9, 1},
+		{"rain_http_connections", nil, -1, 1},
+		{"rain_durability_relaxed", nil, 0, 1},
+		{"go_goroutines", nil, -1, 1},
+		{"process_cpu_seconds_total", nil, -1, 1},
+	} {
+		got, n := sum(c.name, c.match)
+		if (c.want >= 0 && got != c.want) || (c.n > 0 && n != c.n) {
+			t.Errorf("%s: %v over %d series, want %v over %d", c.name, got, n, c.want, c.n)
+		}
+	}
+	if v, _ := sum("rain_build_info", nil); v == 1 {
+		for _, l := range fam["rain_build_info"].GetMetric()[0].GetLabel() {
+			if l.GetName() == "version" && l.GetValue() == "" {
+				t.Error("rain_build_info has an empty version")
+			}
+		}
+	}
+
+	// The latency histogram is native too: a scraper asking for protobuf
+	// gets its exponential buckets beside the classic ones.
+	req, _ := http.NewRequest("GET", base+"/metrics", nil)
+	req.Header.Set("Accept", `application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	dec := expfmt.NewDecoder(resp.Body, expfmt.ResponseFormat(resp.Header))
+	native := false
+	for {
+		var f dto.MetricFamily
+		if err := dec.Decode(&f); err != nil {
+			if err != io.EOF {
+				t.Fatal(err)
+			}
+			break
+		}
+		if f.GetName() != "rain_grab_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			if h.GetSampleCount() > 0 && len(h.GetPositiveSpan()) > 0 && len(h.GetBucket()) > 0 {
+				native = true
+			}
+		}
+	}
+	if !native {
+		t.Error("rain_grab_duration_seconds has no native buckets beside its classic ones")
+	}
+}
+
+func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fam, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse as Prometheus text: %v", err)
+	}
+	return fam
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"--version", "version"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{arg}, env(nil), &out, &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out.String(), "rain ") || !strings.Contains(out.String(), "go1.") {
+			t.Errorf("rain %s printed %q, want rain's version and Go's", arg, out.String())
+		}
+	}
+}
+
+// TestLogsAndRequestIDs: --log-format json writes one JSON object a line,
+// the first naming the version; every answer carries X-Request-Id (the
+// request's own when sane, a new one when absent or not sane), and the
+// access log line carries it.
+func TestLogsAndRequestIDs(t *testing.T) {
+	addr, logs := startServe(t, []string{"--log-format", "json", "--admin-token", "x"}, nil)
+	get := func(id string) string {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+addr+"/livez", nil)
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.Header.Get("X-Request-Id")
+	}
+	if got := get("abc-123"); got != "abc-123" {
+		t.Errorf("X-Request-Id abc-123 answered with %q, want it back", got)
+	}
+	a, b := get(""), get("bad id with spaces")
+	if a == "" || b == "" || a == b || b == "bad id with spaces" {
+		t.Errorf("new request ids %q and %q, want two distinct fresh ids", a, b)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), `"request_id":"abc-123"`) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	first := true
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", sc.Text(), err)
+		}
+		if first && (line["version"] == nil || !strings.Contains(fmt.Sprint(line["msg"]), "embedded")) {
+			t.Errorf("first log line %v: want the version and the embedded warning", line)
+		}
+		first = false
+	}
+	if !strings.Contains(logs.String(), `"request_id":"abc-123"`) {
+		t.Errorf("no access log line with request_id abc-123:\n%s", logs)
+	}
+}
+
+// TestErrorsAreJSON: answers of no route (404, 405 with Allow) and those
+// net/http writes itself (431 headers too large, 400 unparsable request)
+// are JSON with a reason.
+func TestErrorsAreJSON(t *testing.T) {
+	addr, _ := startServe(t, nil, nil)
+	check := func(what string, code int, header http.Header, body []byte, wantCode int) {
+		t.Helper()
+		var m map[string]string
+		if code != wantCode || !strings.HasPrefix(header.Get("Content-Type"), "application/json") ||
+			json.Unmarshal(body, &m) != nil || m["error"] == "" {
+			t.Errorf("%s: %d %q %s, want %d with a JSON error", what, code, header.Get("Content-Type"), body, wantCode)
+		}
+	}
+	for _, c := range []struct {
+		method, path string
+		code         int
+	}{
+		{"GET", "/nope", 404}, {"GET", "/grab", 405}, {"DELETE", "/admin/pools", 405}, {"GET", "/admin/nothing", 404},
+	} {
+		req, _ := http.NewRequest(c.method, "http://"+addr+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		check(c.method+" "+c.path, resp.StatusCode, resp.Header, body, c.code)
+		if c.code == 405 && resp.Header.Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without Allow", c.method, c.path)
+		}
+	}
+	raw := func(what, request string, wantCode int) {
+		t.Helper()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		go func() { _, _ = io.WriteString(conn, request) }()
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		check(what, resp.StatusCode, resp.Header, body, wantCode)
+	}
+	raw("headers over the limit", "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 64<<10)+"\r\n\r\n", 431)
+	raw("a request line net/http cannot parse", "GET\r\n\r\n", 400)
+	raw("no Host header", "GET /livez HTTP/1.1\r\n\r\n", 400)
+}
+
+// TestDrainOnStop: on SIGTERM (the context's end) /readyz answers 503
+// {"draining":true} at once, while requests are still served, and the
+// listener closes after --drain-delay.
+func TestDrainOnStop(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &syncBuffer{}
+	go func() {
+		done <- run(ctx, []string{"serve", "--listen", addr, "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
+	}()
+	base := "http://" + addr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if r, err := http.Get(base + "/readyz"); err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("not ready after 10s:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := time.Now()
+	cancel()
+	var ready map[string]any
+	for time.Since(stopped) < time.Second {
+		r, err := http.Get(base + "/readyz")
+		if err != nil {
+			t.Fatalf("readyz during the drain: %v", err)
+		}
+		_ = json.NewDecoder(r.Body).Decode(&ready)
+		r.Body.Close()
+		if r.StatusCode == 503 && ready["draining"] == true {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ready["draining"] != true {
+		t.Fatalf("readyz after SIGTERM = %v, want 503 draining", ready)
+	}
+	if r, err := http.Get(base + "/livez"); err != nil || r.StatusCode != 200 {
+		t.Fatalf("livez during the drain = %v, %v; want served", r, err)
+	} else {
+		r.Body.Close()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(stopped); took < 1500*time.Millisecond {
+		t.Fatalf("serve stopped %v after SIGTERM, want after the 1.5s drain delay", took)
+	}
+}

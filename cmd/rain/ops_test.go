@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"rain/internal/redistest"
 	"strings"
 	"testing"
 	"time"
@@ -316,5 +317,36 @@ func TestDrainOnStop(t *testing.T) {
 	}
 	if took := time.Since(stopped); took < 1500*time.Millisecond {
 		t.Fatalf("serve stopped %v after SIGTERM, want after the 1.5s drain delay", took)
+	}
+}
+
+// TestPreloadProgress: a big preload shows its progress; not on a terminal,
+// as a line every tenth, from 0% to 100%, with the counts.
+func TestPreloadProgress(t *testing.T) {
+	servers := redistest.StartN(t, 2, durable)
+	environ := map[string]string{"RAIN_REDIS": fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr)}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"preload", "--pool", "big", "--total-cents", "400000", "--count", "200000"},
+		env(environ), &out, &errOut); err != nil {
+		t.Fatalf("rain preload: %v (%s)", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[len(lines)-1], "preload big: 100% (200000 of 200000 packets)") {
+		t.Fatalf("progress lines %q, want lines ending at 100%% (200000 of 200000 packets)", lines)
+	}
+	last := -1
+	for _, l := range lines {
+		var pct int
+		if _, err := fmt.Sscanf(l, "preload big: %d%%", &pct); err != nil || pct <= last {
+			t.Fatalf("progress line %q after %d%%: want a rising percentage", l, last)
+		}
+		last = pct
+	}
+
+	// A small pool shows none.
+	errOut.Reset()
+	if err := run(context.Background(), []string{"preload", "--pool", "small", "--total-cents", "100", "--count", "10"},
+		env(environ), &out, &errOut); err != nil || errOut.Len() != 0 {
+		t.Fatalf("small preload: %v, printed %q; want nothing on stderr", err, errOut.String())
 	}
 }

@@ -92,7 +92,9 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	defer set.Close()
 	defer svc.Close()
-	st, created, err := svc.Preload(ctx, spec)
+	progress, finish := preloadProgress(stderr, spec.PoolID, spec.Count)
+	st, created, err := svc.PreloadProgress(ctx, spec, progress)
+	finish()
 	if err != nil {
 		return err
 	}

@@ -178,10 +178,14 @@ func (t *Timeline) Sample(now time.Time) {
 			p.Grabs[st] = math.Max(0, v-prev.grabs[st]) / secs
 		}
 		p.Shed = math.Max(0, s.shed-prev.shed) / secs
-		if len(s.buckets) == len(prev.buckets) {
+		// A histogram absent from the previous sample had observed nothing.
+		if n := len(prev.buckets); n == len(s.buckets) || n == 0 {
 			delta := make([]bucket, len(s.buckets))
 			for i, b := range s.buckets {
-				delta[i] = bucket{le: b.le, count: b.count - prev.buckets[i].count}
+				delta[i] = b
+				if n > 0 {
+					delta[i].count -= prev.buckets[i].count
+				}
 			}
 			p.P50MS, p.P99MS = quantileMS(delta, 0.5), quantileMS(delta, 0.99)
 		}

@@ -35,6 +35,14 @@ const (
 // not_started. Running the same preload again resumes at the first missing
 // batch; the seed in the record makes the split the same every time.
 func (s *Service) Preload(ctx context.Context, in Spec) (st *Status, created bool, err error) {
+	return s.PreloadProgress(ctx, in, nil)
+}
+
+// PreloadProgress is Preload that calls progress, when not nil, as the
+// stock loads: packets loaded so far (those a resumed preload finds loaded
+// included) and the pool's count. It is called from several goroutines,
+// one per sub-pool, never at once.
+func (s *Service) PreloadProgress(ctx context.Context, in Spec, progress func(loaded, total int64)) (st *Status, created bool, err error) {
 	spec, err := in.Normalize()
 	if err != nil {
 		return nil, false, err
@@ -44,7 +52,7 @@ func (s *Service) Preload(ctx context.Context, in Spec) (st *Status, created boo
 		return nil, false, err
 	}
 	if rec.state != stateOpen {
-		if err := s.fill(ctx, rec); err != nil {
+		if err := s.fill(ctx, rec, progress); err != nil {
 			return nil, false, err
 		}
 		created = true
@@ -126,7 +134,7 @@ func (s *Service) place(pool string, k int) []string {
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
-func (s *Service) fill(ctx context.Context, rec *record) error {
+func (s *Service) fill(ctx context.Context, rec *record, progress func(loaded, total int64)) error {
 	spec := rec.spec
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(rec.seed, rec.seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
@@ -134,13 +142,24 @@ func (s *Service) fill(ctx context.Context, rec *record) error {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	counts := subPoolCounts(spec.Count, len(rec.placement))
+	var mu sync.Mutex
+	var loaded int64
+	report := func(n int64) {
+		if progress == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		loaded += n
+		progress(loaded, spec.Count)
+	}
 	errs := make([]error, len(counts))
 	var wg sync.WaitGroup
 	var off int64
 	for j, n := range counts {
 		part := amounts[off : off+n]
 		off += n
-		wg.Go(func() { errs[j] = s.fillSubPool(ctx, rec, j, part) })
+		wg.Go(func() { errs[j] = s.fillSubPool(ctx, rec, j, part, report) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -173,7 +192,8 @@ func (s *Service) fill(ctx context.Context, rec *record) error {
 
 // fillSubPool sets up sub-pool j and appends its amounts from the first batch
 // it lacks, batchesPerTrip batches of batchSize amounts per round trip.
-func (s *Service) fillSubPool(ctx context.Context, rec *record, j int, amounts []int64) error {
+// report is told how many more of its packets are loaded.
+func (s *Service) fillSubPool(ctx context.Context, rec *record, j int, amounts []int64, report func(n int64)) error {
 	c := s.client(rec, j)
 	sp := lua.SubPool{Pool: rec.spec.PoolID, Index: j}
 	var cents int64
@@ -188,12 +208,15 @@ func (s *Service) fillSubPool(ctx context.Context, rec *record, j int, amounts [
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if state != stateLoading {
+		report(int64(len(amounts)))
 		return nil
 	}
 	if err := lua.LoadScripts(ctx, c); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	batches := (int64(len(amounts)) + batchSize - 1) / batchSize
+	done := min(next*batchSize, int64(len(amounts))) // packets loaded before
+	report(done)
 	for next < batches {
 		pipe := c.Pipeline()
 		var cmds []*redis.Cmd
@@ -210,10 +233,14 @@ func (s *Service) fillSubPool(ctx context.Context, rec *record, j int, amounts [
 				return fmt.Errorf("%w: load %s: %w", ErrUnavailable, sp.Tag(), err)
 			}
 			if res == lua.AlreadyOpen {
+				report(int64(len(amounts)) - done)
 				return nil
 			}
 			next = n // loaded or skipped, the script says which batch comes next
 		}
+		now := min(next*batchSize, int64(len(amounts)))
+		report(now - done)
+		done = now
 		if s.afterTrip != nil {
 			if err := s.afterTrip(j, next); err != nil {
 				return err

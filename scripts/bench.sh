@@ -14,6 +14,10 @@
 #                               decodes and answers a fixed JSON (see bench_soldout)
 #   scripts/bench.sh durability grab throughput with the shards on appendfsync always
 #                               (what rain requires) beside everysec (see bench_durability)
+#   BEFORE=REV scripts/bench.sh versus
+#                               POST /grab over HTTP: rain built at git revision REV
+#                               beside rain built from the working tree, rounds
+#                               alternating (what a change costs; see bench_versus)
 #
 # rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
@@ -212,7 +216,7 @@ start_rain() {
   done
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   free_port rp
-  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
+  "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
     "${durability[@]}" "${@:2}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!
@@ -503,6 +507,43 @@ bench_durability() {
 }
 
 
+# bench_versus: rain built at git revision $BEFORE beside rain built from the
+# working tree, each on 4 fresh shards, saturated, rounds alternating which
+# goes first: goodput, latency and CPU per answer of each (what a change of
+# the hot path costs).
+bench_versus() {
+  need_tools redis-server curl git
+  [ -n "${BEFORE:-}" ] || { echo "bench.sh: versus needs BEFORE=<git revision>" >&2; return 2; }
+  local section=versus rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local tree="$tmp/before-tree"
+  git worktree add -q --detach "$tree" "$BEFORE"
+  echo "== go build ./cmd/rain at $BEFORE ($(git rev-parse --short "$BEFORE"))"
+  (cd "$tree" && go build -o "$bin/rain-before" ./cmd/rain)
+  git worktree remove --force "$tree"
+  local bport aport
+  rain_bin="$bin/rain-before" start_rain bport
+  start_rain aport
+  local r n order
+  for ((r = 1; r <= rounds; r++)); do
+    order="before after"
+    ((r % 2)) || order="after before"
+    for n in $order; do
+      local port=$aport
+      [ "$n" = before ] && port=$bport
+      saturate "$n" "$port" "$r" -admin-token "$token"
+    done
+  done
+  echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE"
+  print_row "versus: saturated" before sat
+  print_row "versus: saturated" after sat
+  figure "$(awk -v b="$(med before sat goodput_rps)" -v a="$(med after sat goodput_rps)" \
+    -v bu="$(med before sat app_us)" -v au="$(med after sat app_us)" 'BEGIN {
+    printf "versus: the working tree serves %.3fx the grabs/s of %s; rain CPU per answer %.3fx\n", a / b, ENVIRON["BEFORE"], au / bu }')"
+  cleanup
+}
+
 # bench_pool: issue 5's overload test. rain with its worker pool on, then with
 # --pool=off, each fresh on 4 shards: first its peak (saturated goodput with the
 # pool on), then open-loop constant arrival rates of 2x and 4x that peak for
@@ -666,7 +707,8 @@ for s in "${sections[@]}"; do
     pool) bench_pool ;;
     soldout) bench_soldout ;;
     durability) bench_durability ;;
-    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability driver pool soldout)" >&2; exit 2 ;;
+    versus) bench_versus ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability driver pool soldout versus)" >&2; exit 2 ;;
   esac
 done
 write_report

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"rain/internal/grab"
+	"reflect"
+	"strings"
 	"sync"
 )
 
@@ -135,10 +137,14 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// decodeStrict decodes exactly one JSON object with no unknown fields.
+// decodeStrict decodes exactly one JSON object whose keys are v's fields,
+// named exactly (case-sensitive), each at most once.
 func decodeStrict(buf []byte, v any) error {
 	if i := skipSpace(buf, 0); i == len(buf) || buf[i] != '{' {
 		return errors.New("malformed JSON: the body must be an object")
+	}
+	if err := checkKeys(buf, fieldNames(reflect.TypeOf(v).Elem())); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	dec.DisallowUnknownFields()
@@ -152,4 +158,57 @@ func decodeStrict(buf []byte, v any) error {
 		return errors.New("malformed JSON: trailing data after the object")
 	}
 	return nil
+}
+
+// checkKeys reads the top-level object of buf and refuses a key that is not
+// one of names exactly (encoding/json would match it ignoring case) or that
+// appears twice (encoding/json would keep the last, where another reader
+// may keep the first). Malformed JSON is left to the decoder's message.
+func checkKeys(buf []byte, names map[string]bool) error {
+	dec := json.NewDecoder(bytes.NewReader(buf))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool, len(names))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := t.(string)
+		switch {
+		case seen[key]:
+			return fmt.Errorf("malformed JSON: duplicate key %q", key)
+		case !names[key]:
+			return fmt.Errorf("malformed JSON: unknown field %q (names are case-sensitive)", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fieldNames are the JSON names of struct type t's fields.
+var fieldNamesCache sync.Map // reflect.Type -> map[string]bool
+
+func fieldNames(t reflect.Type) map[string]bool {
+	if m, ok := fieldNamesCache.Load(t); ok {
+		return m.(map[string]bool)
+	}
+	m := map[string]bool{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = true
+	}
+	fieldNamesCache.Store(t, m)
+	return m
 }

@@ -27,6 +27,10 @@ func FuzzDecodeGrab(f *testing.F) {
 		`{"pool_id":"p","user_id":""}`,
 		`{"pool_id":"p","user_id":"u"} {}`,
 		`{"pool_id":"p","user_id":"u\u0041"}`,
+		`{"pool_id":"p","user_id":"u","user_id":"v"}`,
+		`{"POOL_ID":"p","user_id":"u"}`,
+		`{"pool_id":"p","USER_id":"u"}`,
+		`{"pool_id":"p","user_id":"u","pool_id":"p"}`,
 		`null`, `[]`, `""`, `{`, ``,
 	} {
 		f.Add([]byte(seed))
@@ -38,6 +42,19 @@ func FuzzDecodeGrab(f *testing.F) {
 			var strict grabRequest
 			if err := decodeStrict(body, &strict); err != nil || strict != fast {
 				t.Fatalf("fastGrab(%q) = %+v; the strict decoder says %+v, %v", body, fast, strict, err)
+			}
+		}
+		// Whatever encoding/json would read, a body with a key twice or in
+		// another case is refused.
+		if keys, ok := topKeys(body); ok {
+			seen := map[string]bool{}
+			for _, k := range keys {
+				if seen[k] || (k != "pool_id" && k != "user_id") {
+					if req, err := decodeGrab(bytes.NewReader(body)); err == nil {
+						t.Fatalf("decodeGrab(%q) accepted %+v despite key %q", body, req, k)
+					}
+				}
+				seen[k] = true
 			}
 		}
 		req, err := decodeGrab(bytes.NewReader(body))
@@ -64,4 +81,30 @@ func FuzzDecodeGrab(f *testing.F) {
 			t.Fatalf("appendGrab for %+v = %v", req, out)
 		}
 	})
+}
+
+// topKeys lists the keys of body's top-level object as written (an
+// independent reading: encoding/json's tokens, no key matching).
+func topKeys(body []byte) ([]string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	var keys []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		k, ok := tok.(string)
+		if !ok {
+			return nil, false
+		}
+		keys = append(keys, k)
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil, false
+		}
+	}
+	return keys, true
 }

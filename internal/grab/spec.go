@@ -135,8 +135,6 @@ func (s Spec) Normalize() (Spec, error) {
 		return s, fmt.Errorf("%w: sub_pools %d is more than count %d", ErrInvalid, s.SubPools, s.Count)
 	case s.HoldSeconds < 0 || s.HoldSeconds > MaxHoldSeconds:
 		return s, fmt.Errorf("%w: hold_seconds %d is not within 1-%d", ErrInvalid, s.HoldSeconds, MaxHoldSeconds)
-	case s.StartsAt != nil && s.EndsAt != nil && !s.EndsAt.After(*s.StartsAt):
-		return s, fmt.Errorf("%w: ends_at must be after starts_at", ErrInvalid)
 	}
 	// Times are kept to the millisecond in UTC, as the shards compare them.
 	for _, t := range []**time.Time{&s.StartsAt, &s.EndsAt} {
@@ -148,8 +146,19 @@ func (s Spec) Normalize() (Spec, error) {
 			*t = &u
 		}
 	}
+	// A window is at least MinWindow long, once rounded to the millisecond
+	// (a sub-millisecond window would be stored empty: a pool nobody can
+	// grab from).
+	if s.StartsAt != nil && s.EndsAt != nil {
+		if d := s.EndsAt.Sub(*s.StartsAt); d < MinWindow {
+			return s, fmt.Errorf("%w: the window from starts_at to ends_at is %v long; it must be at least %v", ErrInvalid, d, MinWindow)
+		}
+	}
 	return s, nil
 }
+
+// MinWindow is the shortest window from starts_at to ends_at a preload takes.
+const MinWindow = time.Second
 
 // canonical is the normalized spec as stored; two preloads are "the same"
 // when their canonical forms are equal.

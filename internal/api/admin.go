@@ -41,13 +41,21 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || len(s.token) == 0 || subtle.ConstantTimeCompare([]byte(got), s.token) != 1 {
+		if !ok || !s.adminValid(got) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 			return
 		}
 		h(w, r)
 	}
+}
+
+// adminValid compares token with the admin tokens in constant time.
+func (s *Server) adminValid(token string) bool {
+	if s.cfg.Admins != nil {
+		return s.cfg.Admins.Valid(token)
+	}
+	return len(s.token) > 0 && subtle.ConstantTimeCompare([]byte(token), s.token) == 1
 }
 
 func (s *Server) preload(w http.ResponseWriter, r *http.Request) {

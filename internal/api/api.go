@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"rain/internal/dash"
 	"rain/internal/grab"
+	"rain/internal/limit"
 	"rain/internal/metrics"
 	"sync/atomic"
 )
@@ -57,6 +58,20 @@ type Config struct {
 	// Metrics is the process's registry: the server adds the grab series
 	// to it and serves it on GET /metrics. Nil: a registry of its own.
 	Metrics *metrics.Registry
+	// Users, when set, checks the user token of every grab (user auth on):
+	// its subject is the user. Nil: grabs name their user in the body.
+	Users interface {
+		Subject(authorization string) (string, error)
+	}
+	// Admins, when set, checks admin tokens (several, reloadable); nil: the
+	// one AdminToken.
+	Admins interface{ Valid(token string) bool }
+	// UserLimit and IPLimit, when set, limit each user's and each client
+	// address's rate of grabs (429 rate_limited over it).
+	UserLimit, IPLimit *limit.Limiter
+	// ClientIPHeader names the header a trusted proxy puts the client's
+	// address in (X-Forwarded-For, X-Real-IP); empty: the peer address.
+	ClientIPHeader string
 	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
 	Timeline *dash.Timeline
 	// AccessLog is how many requests a second are logged, at most (one

@@ -26,7 +26,9 @@ var errBodyTooLarge = fmt.Errorf("body is larger than %d bytes", MaxGrabBody)
 
 // decodeGrab reads and validates a POST /grab body: one JSON object with
 // exactly the known fields, both ids valid, at most MaxGrabBody bytes.
-func decodeGrab(body io.Reader) (grabRequest, error) {
+// With userOptional (user auth on: the token names the user) user_id may be
+// left out.
+func decodeGrab(body io.Reader, userOptional bool) (grabRequest, error) {
 	var req grabRequest
 	bp := bodyPool.Get().(*[MaxGrabBody + 1]byte)
 	defer bodyPool.Put(bp)
@@ -39,13 +41,17 @@ func decodeGrab(body io.Reader) (grabRequest, error) {
 	}
 	buf := bp[:n]
 	if fast, ok := fastGrab(buf); ok {
-		return fast, nil
+		req = fast
+	} else {
+		if err := decodeStrict(buf, &req); err != nil {
+			return req, err
+		}
+		if err := grab.CheckID("pool_id", req.PoolID); err != nil {
+			return req, err
+		}
 	}
-	if err := decodeStrict(buf, &req); err != nil {
-		return req, err
-	}
-	if err := grab.CheckID("pool_id", req.PoolID); err != nil {
-		return req, err
+	if req.UserID == "" && userOptional {
+		return req, nil
 	}
 	return req, grab.CheckID("user_id", req.UserID)
 }
@@ -55,7 +61,8 @@ func decodeGrab(body io.Reader) (grabRequest, error) {
 var bodyPool = sync.Pool{New: func() any { return new([MaxGrabBody + 1]byte) }}
 
 // fastGrab parses the common body, {"pool_id":"…","user_id":"…"} in either
-// order with any JSON whitespace and ids of valid characters only, without
+// order, or {"pool_id":"…"} alone (user_id is then ""; decodeGrab decides),
+// with any JSON whitespace and ids of valid characters only, without
 // encoding/json. Anything else (escapes, other or repeated keys, invalid ids,
 // malformed input) returns ok = false and goes to the strict decoder, which
 // accepts or refuses it; FuzzDecodeGrab checks the two always agree.
@@ -105,7 +112,7 @@ func fastGrab(b []byte) (req grabRequest, ok bool) {
 			return req, false
 		}
 	}
-	if skipSpace(b, i+1) != len(b) || !havePool || !haveUser {
+	if skipSpace(b, i+1) != len(b) || !havePool {
 		return req, false
 	}
 	return req, true

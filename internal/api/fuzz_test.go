@@ -31,6 +31,8 @@ func FuzzDecodeGrab(f *testing.F) {
 		`{"POOL_ID":"p","user_id":"u"}`,
 		`{"pool_id":"p","USER_id":"u"}`,
 		`{"pool_id":"p","user_id":"u","pool_id":"p"}`,
+		`{"pool_id":"p"}`,
+		` { "pool_id" : "p" } `,
 		`null`, `[]`, `""`, `{`, ``,
 	} {
 		f.Add([]byte(seed))
@@ -50,14 +52,23 @@ func FuzzDecodeGrab(f *testing.F) {
 			seen := map[string]bool{}
 			for _, k := range keys {
 				if seen[k] || (k != "pool_id" && k != "user_id") {
-					if req, err := decodeGrab(bytes.NewReader(body)); err == nil {
+					if req, err := decodeGrab(bytes.NewReader(body), false); err == nil {
 						t.Fatalf("decodeGrab(%q) accepted %+v despite key %q", body, req, k)
 					}
 				}
 				seen[k] = true
 			}
 		}
-		req, err := decodeGrab(bytes.NewReader(body))
+		// With user auth on, user_id may be left out; present, it is checked
+		// as ever, and what is accepted without auth is accepted with it.
+		opt, optErr := decodeGrab(bytes.NewReader(body), true)
+		if optErr == nil && opt.UserID != "" && !grab.ValidID(opt.UserID) {
+			t.Fatalf("decodeGrab(%q, user optional) accepted invalid user %+v", body, opt)
+		}
+		req, err := decodeGrab(bytes.NewReader(body), false)
+		if err == nil && (optErr != nil || opt != req) {
+			t.Fatalf("decodeGrab(%q) = %+v without user auth, %+v, %v with it", body, req, opt, optErr)
+		}
 		if len(body) > MaxGrabBody && !errors.Is(err, errBodyTooLarge) {
 			t.Fatalf("decodeGrab(%d bytes) err = %v, want errBodyTooLarge", len(body), err)
 		}
@@ -68,7 +79,7 @@ func FuzzDecodeGrab(f *testing.F) {
 			t.Fatalf("decodeGrab(%q) accepted invalid ids %+v", body, req)
 		}
 		again, _ := json.Marshal(req)
-		back, err := decodeGrab(bytes.NewReader(again))
+		back, err := decodeGrab(bytes.NewReader(again), false)
 		if err != nil || back != req {
 			t.Fatalf("round trip of %+v: %+v, %v", req, back, err)
 		}

@@ -5,10 +5,13 @@ package api
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"rain/internal/auth"
 	"rain/internal/grab"
 	"rain/internal/pool"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -24,14 +27,16 @@ const (
 	stEnded
 	stOverloaded
 	stInvalid
-	stError // not an API status: a 500, counted apart
+	stUnauthorized // only with user auth on
+	stRateLimited  // only with rate limits on
+	stError        // not an API status: a 500, counted apart
 	nStatus
 )
 
 var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not_found",
-	"not_started", "ended", "overloaded", "invalid", "error"}
+	"not_started", "ended", "overloaded", "invalid", "unauthorized", "rate_limited", "error"}
 
-var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 500}
+var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 401, 429, 500}
 
 // Reasons a grab is answered overloaded (503), each counted apart; the
 // answer's "error" says which, and whether anything may have been granted.
@@ -58,21 +63,57 @@ var reasonTexts = [nReason]string{
 
 func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	// Admission comes first, before the body is read: under overload a
+	// The client's rate first: a flood from one address costs a map lookup
+	// and a short answer, and takes no place in the worker pool.
+	if s.cfg.IPLimit != nil {
+		if ok, wait := s.cfg.IPLimit.Allow(s.clientIP(r), start); !ok {
+			s.refuse(w, start, stRateLimited, grabRequest{}, "this client is over its rate of grabs", wait)
+			return
+		}
+	}
+	// Admission comes next, before the body is read: under overload a
 	// shed request costs its headers and a short answer, nothing more.
 	if s.cfg.Runner != nil && !s.cfg.Runner.Admit() {
 		s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
 		return
 	}
-	req, err := decodeGrab(r.Body)
-	if err != nil {
+	leave := func() {
 		if s.cfg.Runner != nil {
 			s.cfg.Runner.Leave()
 		}
-		s.grabs.Answered(int(stInvalid), time.Since(start))
-		writeJSON(w, http.StatusBadRequest, map[string]string{
-			"status": "invalid", "pool_id": req.PoolID, "user_id": req.UserID, "error": err.Error()})
+	}
+	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
+	if err != nil {
+		leave()
+		s.refuse(w, start, stInvalid, req, err.Error(), 0)
 		return
+	}
+	if s.cfg.Users != nil {
+		sub, err := s.cfg.Users.Subject(r.Header.Get("Authorization"))
+		switch {
+		case err != nil:
+			leave()
+			challenge := `Bearer realm="rain", error="invalid_token"`
+			if errors.Is(err, auth.ErrNoToken) {
+				challenge = `Bearer realm="rain"` // RFC 6750: no error code when no token was sent
+			}
+			w.Header().Set("WWW-Authenticate", challenge)
+			s.refuse(w, start, stUnauthorized, req, err.Error(), 0)
+			return
+		case req.UserID != "" && req.UserID != sub:
+			leave()
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
+			s.refuse(w, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
+			return
+		}
+		req.UserID = sub
+	}
+	if s.cfg.UserLimit != nil {
+		if ok, wait := s.cfg.UserLimit.Allow(req.UserID, start); !ok {
+			leave()
+			s.refuse(w, start, stRateLimited, req, "this user is over its rate of grabs", wait)
+			return
+		}
 	}
 	var res grab.Result
 	if s.cfg.Runner == nil {
@@ -90,6 +131,40 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.answer(w, start, req, res, err)
+}
+
+// refuse answers a grab refused before any work: invalid (400),
+// unauthorized (401; the caller sets WWW-Authenticate) or rate_limited (429,
+// with Retry-After), with the reason in "error". Nothing was granted.
+func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req grabRequest, reason string, retryAfter time.Duration) {
+	if st == stRateLimited {
+		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))
+	}
+	s.grabs.Answered(int(st), time.Since(start))
+	writeJSON(w, statusCodes[st], map[string]string{
+		"status": statusNames[st], "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
+}
+
+// clientIP is the client's address for the per-IP limit: the value of the
+// trusted proxy header when one is configured and present (its last
+// address: the one the proxy saw), else the connection's peer.
+func (s *Server) clientIP(r *http.Request) string {
+	if h := s.cfg.ClientIPHeader; h != "" {
+		if v := r.Header.Values(h); len(v) > 0 {
+			last := v[len(v)-1]
+			if i := strings.LastIndexByte(last, ','); i >= 0 {
+				last = last[i+1:]
+			}
+			if ip := strings.TrimSpace(last); ip != "" {
+				return ip
+			}
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // answer writes the answer to a grab: its result, or the error it met.

@@ -1,0 +1,186 @@
+package api
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"rain/internal/auth"
+	"rain/internal/redistest"
+)
+
+// grabAs posts a grab with the given Authorization header.
+func (s *stack) grabAs(t *testing.T, authorization, body string) response {
+	t.Helper()
+	req, _ := http.NewRequest("POST", s.ts.URL+"/grab", strings.NewReader(body))
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := response{Code: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After"), Body: map[string]any{}}
+	_ = json.NewDecoder(resp.Body).Decode(&out.Body)
+	out.Body["www-authenticate"] = resp.Header.Get("WWW-Authenticate")
+	return out
+}
+
+func sign(t *testing.T, method jwt.SigningMethod, key any, kid string, claims jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(method, claims)
+	if kid != "" {
+		tok.Header["kid"] = kid
+	}
+	s, err := tok.SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "Bearer " + s
+}
+
+func writeFile(t *testing.T, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestUserAuth: with user auth on, a grab needs a valid token of the app's
+// login service, whatever the key kind: no token, a bad signature, an
+// expired token, a token without exp, a wrong audience, another user's
+// token than the body's, the none algorithm → 401 (WWW-Authenticate) and
+// the pool unchanged; a valid token grabs for its sub, with user_id in the
+// body or without it.
+func TestUserAuth(t *testing.T) {
+	secret := []byte(strings.Repeat("s3cret-", 6))
+	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
+	edPub, edPriv, _ := ed25519.GenerateKey(rand.Reader)
+	rsaPEM, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
+	edPEM, _ := x509.MarshalPKIXPublicKey(edPub)
+	jwks, _ := json.Marshal(map[string]any{"keys": []map[string]string{
+		{"kty": "RSA", "kid": "r1", "use": "sig", "n": base64.RawURLEncoding.EncodeToString(rsaKey.N.Bytes()),
+			"e": base64.RawURLEncoding.EncodeToString(big.NewInt(int64(rsaKey.E)).Bytes())},
+		{"kty": "OKP", "crv": "Ed25519", "kid": "e1", "x": base64.RawURLEncoding.EncodeToString(edPub)},
+	}})
+	otherRSA, _ := rsa.GenerateKey(rand.Reader, 2048)
+
+	for _, c := range []struct {
+		name   string
+		spec   string
+		method jwt.SigningMethod
+		key    any
+		kid    string
+		wrong  any // a key of the same kind the server does not trust
+	}{
+		{"hs256", "hs256:" + writeFile(t, "secret", append(secret, '\n')), jwt.SigningMethodHS256, secret, "", []byte(strings.Repeat("other-", 8))},
+		{"rs256", "rs256:" + writeFile(t, "rsa.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: rsaPEM})), jwt.SigningMethodRS256, rsaKey, "", otherRSA},
+		{"eddsa", "eddsa:" + writeFile(t, "ed.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: edPEM})), jwt.SigningMethodEdDSA, edPriv, "", ed25519.NewKeyFromSeed(make([]byte, 32))},
+		{"jwks-rsa", "jwks:" + writeFile(t, "jwks.json", jwks), jwt.SigningMethodRS256, rsaKey, "r1", otherRSA},
+		{"jwks-ed", "jwks:" + writeFile(t, "jwks.json", jwks), jwt.SigningMethodEdDSA, edPriv, "e1", ed25519.NewKeyFromSeed(make([]byte, 32))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			users, err := auth.NewUsers(auth.UserConfig{Spec: c.spec, Audience: "rain", Leeway: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newStack(t, 1, redistest.Options{}, func(cfg *Config) { cfg.Users = users })
+			s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
+			now := time.Now()
+			claims := func(sub string, exp time.Time) jwt.MapClaims {
+				return jwt.MapClaims{"sub": sub, "exp": exp.Unix(), "aud": "rain", "iat": now.Unix()}
+			}
+			good := sign(t, c.method, c.key, c.kid, claims("alice", now.Add(time.Minute)))
+			noExp := jwt.MapClaims{"sub": "alice", "aud": "rain"}
+			noneTok, _ := jwt.NewWithClaims(jwt.SigningMethodNone, claims("alice", now.Add(time.Minute))).SignedString(jwt.UnsafeAllowNoneSignatureType)
+			for _, bad := range []struct{ what, authz, body string }{
+				{"no token", "", `{"pool_id":"p","user_id":"alice"}`},
+				{"not a bearer", "Basic YWxpY2U6eA==", `{"pool_id":"p","user_id":"alice"}`},
+				{"garbage", "Bearer not.a.jwt", `{"pool_id":"p"}`},
+				{"bad signature", sign(t, c.method, c.wrong, c.kid, claims("alice", now.Add(time.Minute))), `{"pool_id":"p"}`},
+				{"expired", sign(t, c.method, c.key, c.kid, claims("alice", now.Add(-time.Minute))), `{"pool_id":"p"}`},
+				{"no exp", sign(t, c.method, c.key, c.kid, noExp), `{"pool_id":"p"}`},
+				{"wrong audience", sign(t, c.method, c.key, c.kid, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Minute).Unix(), "aud": "other"}), `{"pool_id":"p"}`},
+				{"alg none", "Bearer " + noneTok, `{"pool_id":"p"}`},
+				{"bad sub", sign(t, c.method, c.key, c.kid, claims("al ice", now.Add(time.Minute))), `{"pool_id":"p"}`},
+				{"another user's token", good, `{"pool_id":"p","user_id":"mallory"}`},
+			} {
+				r := s.grabAs(t, bad.authz, bad.body)
+				if r.Code != 401 || r.Body["status"] != "unauthorized" || r.Body["error"] == "" ||
+					!strings.HasPrefix(r.Body["www-authenticate"].(string), "Bearer") {
+					t.Errorf("%s: %d %v, want 401 unauthorized with a reason and WWW-Authenticate", bad.what, r.Code, r.Body)
+				}
+			}
+			if st := s.do(t, "GET", "/admin/pools/p", token, ""); st.Body["remaining_count"] != float64(10) {
+				t.Fatalf("pool after refused grabs = %v, want all 10 packets", st.Body)
+			}
+			// A valid token grabs for its sub, user_id omitted or the same.
+			r := s.grabAs(t, good, `{"pool_id":"p"}`)
+			if r.Code != 200 || r.Body["status"] != "granted" || r.Body["user_id"] != "alice" {
+				t.Fatalf("valid token = %d %v, want granted to alice", r.Code, r.Body)
+			}
+			r = s.grabAs(t, good, `{"pool_id":"p","user_id":"alice"}`)
+			if r.Code != 200 || r.Body["status"] != "already_granted" {
+				t.Fatalf("valid token again = %d %v, want already_granted", r.Code, r.Body)
+			}
+			// A clock 1 s behind the issuer is within the leeway.
+			if r := s.grabAs(t, sign(t, c.method, c.key, c.kid, claims("bob", now.Add(-time.Second))), `{"pool_id":"p"}`); r.Code != 200 {
+				t.Fatalf("token expired 1 s ago with 2 s leeway = %d %v, want 200", r.Code, r.Body)
+			}
+		})
+	}
+}
+
+// TestUserAuthReload: a new key file takes effect at Reload (SIGHUP in rain
+// serve); a reload that fails keeps the old key.
+func TestUserAuthReload(t *testing.T) {
+	oldKey, newKey := []byte(strings.Repeat("a", 40)), []byte(strings.Repeat("b", 40))
+	path := writeFile(t, "secret", oldKey)
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := func(key []byte) string {
+		return sign(t, jwt.SigningMethodHS256, key, "", jwt.MapClaims{"sub": "u", "exp": time.Now().Add(time.Minute).Unix()})
+	}
+	if _, err := users.Subject(tok(oldKey)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Reload(); err == nil {
+		t.Fatal("reload of a 5-byte secret succeeded, want refused")
+	}
+	if _, err := users.Subject(tok(oldKey)); err != nil {
+		t.Fatalf("after a failed reload the old key = %v, want kept", err)
+	}
+	if err := os.WriteFile(path, newKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := users.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Subject(tok(oldKey)); err == nil {
+		t.Fatal("the old key still verifies after the reload")
+	}
+	if sub, err := users.Subject(tok(newKey)); err != nil || sub != "u" {
+		t.Fatalf("the new key = %q, %v", sub, err)
+	}
+}

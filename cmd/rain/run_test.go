@@ -62,7 +62,8 @@ func startServe(t *testing.T, args []string, environ map[string]string) (addr st
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"serve", "--listen", addr}, args...), env(environ), &bytes.Buffer{}, logs)
+		// No drain delay unless a test asks for one: the tests stop at once.
+		done <- run(ctx, append([]string{"serve", "--listen", addr, "--drain-delay", "0"}, args...), env(environ), &bytes.Buffer{}, logs)
 	}()
 	t.Cleanup(func() {
 		cancel() // as SIGTERM does
@@ -202,6 +203,14 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve"}, map[string]string{"RAIN_REDIS": "s1=1@127.0.0.1:1"}, "admin-token"},
 		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "x", "--serial-shard", "zz"}, nil, "serial-shard"},
 		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
+		{[]string{"serve", "--log-format", "xml"}, nil, "log-format"},
+		{[]string{"serve", "--user-auth", "hs256"}, nil, "user auth"},
+		{[]string{"serve", "--user-auth", "md5:/etc/hostname"}, nil, "unknown kind"},
+		{[]string{"serve", "--user-auth", "hs256:/nonexistent/key"}, nil, "no such file"},
+		{[]string{"serve", "--admin-token-file", "/nonexistent/tokens"}, nil, "admin token file"},
+		{[]string{"serve", "--redis-ca", "/nonexistent/ca.pem", "--admin-token", "x", "--redis", "s1=1@127.0.0.1:1"}, nil, "--redis-ca"},
+		{[]string{"serve", "--redis", "s1=1@rediss://u:hunter2@127.0.0.1:99999", "--admin-token", "x"}, nil, "xxxxx"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "http://127.0.0.1:1", "--webhook-secret-file", "/nonexistent"}, nil, "webhook-secret-file"},
 		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
 		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
 		{[]string{"serve", "--pool", "maybe"}, nil, "--pool"},

@@ -14,9 +14,11 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"rain/internal/api"
+	"rain/internal/auth"
 	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/idgen"
+	"rain/internal/limit"
 	"rain/internal/lock"
 	"rain/internal/metrics"
 	"rain/internal/pool"
@@ -61,6 +63,17 @@ type serveConfig struct {
 	Durability      string // "strict" or "relaxed"
 	DrainDelay      time.Duration
 	AccessLog       int
+	RedisCA         string
+	AdminTokenFile  string
+	UserAuth        string
+	UserAudience    string
+	UserLeeway      time.Duration
+	UserRate        float64
+	UserBurst       int
+	IPRate          float64
+	IPBurst         int
+	ClientIPHeader  string
+	RateLimitKeys   int
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -82,6 +95,17 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Second, "how long a keep-alive client connection may stay idle")
 	f.DurationVar(&c.DrainDelay, "drain-delay", -1, "on SIGTERM, how long /readyz answers 503 before the listener closes, so load balancers stop sending first (default 5s on --redis shards, 0 embedded)")
 	f.IntVar(&c.AccessLog, "access-log", 20, "requests logged a second at most (one line each with its X-Request-Id; a sample under load); 0: none")
+	redisCAFlag(f, &c.RedisCA)
+	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file of admin tokens, one a line (several for rotation; reloaded on SIGHUP), beside or instead of --admin-token")
+	f.StringVar(&c.UserAuth, "user-auth", "", `check a signed user token (Authorization: Bearer <JWT>) on every grab: "hs256:FILE" (shared secret), "rs256:FILE" or "eddsa:FILE" (PEM public key), "jwks:FILE"; reloaded on SIGHUP; empty: off (grabs name their user in the body)`)
+	f.StringVar(&c.UserAudience, "user-auth-audience", "", "the aud a user token must carry (empty: not checked)")
+	f.DurationVar(&c.UserLeeway, "user-auth-leeway", 5*time.Second, "clock skew allowed on a user token's exp, nbf and iat")
+	f.Float64Var(&c.UserRate, "user-rate", 0, "grabs a second one user may make (a token bucket; 429 rate_limited over it); 0: no limit")
+	f.IntVar(&c.UserBurst, "user-burst", 5, "grabs one user may make at once before --user-rate applies")
+	f.Float64Var(&c.IPRate, "ip-rate", 0, "grabs a second one client address may make; 0: no limit")
+	f.IntVar(&c.IPBurst, "ip-burst", 50, "grabs one client address may make at once before --ip-rate applies")
+	f.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header in which a trusted proxy in front of rain puts the client's address (X-Forwarded-For: its last entry; X-Real-IP); empty: the peer address. Only set it behind such a proxy: clients can send any header")
+	f.IntVar(&c.RateLimitKeys, "rate-limit-keys", 100_000, "users (and client addresses) whose rate is remembered at most: memory stays bounded under a flood of distinct ids")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
@@ -94,6 +118,16 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
 	f.bindEnv("drain-delay", "RAIN_DRAIN_DELAY")
+	f.bindEnv("admin-token-file", "RAIN_ADMIN_TOKEN_FILE")
+	f.bindEnv("user-auth", "RAIN_USER_AUTH")
+	f.bindEnv("user-auth-audience", "RAIN_USER_AUTH_AUDIENCE")
+	f.bindEnv("user-auth-leeway", "RAIN_USER_AUTH_LEEWAY")
+	f.bindEnv("user-rate", "RAIN_USER_RATE")
+	f.bindEnv("user-burst", "RAIN_USER_BURST")
+	f.bindEnv("ip-rate", "RAIN_IP_RATE")
+	f.bindEnv("ip-burst", "RAIN_IP_BURST")
+	f.bindEnv("client-ip-header", "RAIN_CLIENT_IP_HEADER")
+	f.bindEnv("rate-limit-keys", "RAIN_RATE_LIMIT_KEYS")
 	f.bindEnv("access-log", "RAIN_ACCESS_LOG")
 	f.bindEnv("shard-timeout", "RAIN_SHARD_TIMEOUT")
 	f.bindEnv("max-conns", "RAIN_MAX_CONNS")
@@ -132,18 +166,38 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	if c.Redis == "" {
 		log.Warn("rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit", versionAttrs()...)
-		if c.AdminToken == "" {
+		if c.AdminToken == "" && c.AdminTokenFile == "" {
 			c.AdminToken = newToken()
+			log.Info("admin token for this run", "admin_token", c.AdminToken)
 		}
-		log.Info("admin token for this run", "admin_token", c.AdminToken)
 	} else {
 		log.Info("rain serve", versionAttrs()...)
-		if c.AdminToken == "" {
-			return errors.New("--admin-token (RAIN_ADMIN_TOKEN) is required with --redis")
+		if c.AdminToken == "" && c.AdminTokenFile == "" {
+			return errors.New("--admin-token (RAIN_ADMIN_TOKEN) or --admin-token-file is required with --redis")
+		}
+		if c.UserAuth == "" {
+			log.Warn("user auth is off: any client can grab as any user_id; give --user-auth to check the app's signed user tokens")
 		}
 	}
+	admins, err := auth.NewAdmins(c.AdminToken, c.AdminTokenFile)
+	if err != nil {
+		return err
+	}
+	reloads := []reloader{{"admin tokens", admins.Reload}}
+	var users *auth.Users
+	if c.UserAuth != "" {
+		if users, err = auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Leeway: c.UserLeeway}); err != nil {
+			return fmt.Errorf("--user-auth: %w", err)
+		}
+		reloads = append(reloads, reloader{"user auth keys", users.Reload})
+	}
+	defer reloadOnHUP(log, reloads...)()
+	tlsCfg, err := redisTLS(c.RedisCA)
+	if err != nil {
+		return err
+	}
 
-	set, err := shard.Open(specs, 0, shard.Options{Timeout: c.ShardTimeout})
+	set, err := shard.Open(specs, 0, shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg})
 	if err != nil {
 		return err
 	}
@@ -189,7 +243,17 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reg.Stock(svc.Stock)
 	timeline := dash.NewTimeline(reg.Gatherer())
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log, Metrics: reg,
-		AccessLog: c.AccessLog, Timeline: timeline}
+		AccessLog: c.AccessLog, Timeline: timeline, Admins: admins, ClientIPHeader: c.ClientIPHeader}
+	if users != nil {
+		cfg.Users = users
+	}
+	if c.UserRate > 0 {
+		cfg.UserLimit = limit.New(limit.Config{Rate: c.UserRate, Burst: c.UserBurst, MaxKeys: c.RateLimitKeys})
+	}
+	if c.IPRate > 0 {
+		cfg.IPLimit = limit.New(limit.Config{Rate: c.IPRate, Burst: c.IPBurst, MaxKeys: c.RateLimitKeys})
+	}
+	reg.RateLimits(map[string]*limit.Limiter{"user": cfg.UserLimit, "ip": cfg.IPLimit})
 	if workers != nil {
 		cfg.Runner = workers
 		reg.Pool(workers.Stats)

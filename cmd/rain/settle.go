@@ -10,17 +10,21 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"rain/internal/auth"
 	"rain/internal/metrics"
 	"rain/internal/settle"
+	"strings"
 	"time"
 )
 
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	f, tc := toolFlags("settle", stderr)
 	var cfg settle.Config
-	var ledger, webhook string
+	var ledger, webhook, webhookSecretFile string
 	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
 	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL (Idempotency-Key: serial)")
+	f.StringVar(&webhookSecretFile, "webhook-secret-file", "", "file holding the secret that signs every webhook delivery (header Rain-Signature: t=<unix>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">); empty: unsigned")
 	f.StringVar(&cfg.Group, "group", "settle", "consumer group on the outbox streams")
 	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
 	f.DurationVar(&cfg.ClaimAfter, "claim-after", 30*time.Second, "take over entries pending this long on a dead consumer")
@@ -32,6 +36,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.bindEnv("listen", "RAIN_SETTLE_LISTEN")
 	f.bindEnv("ledger", "RAIN_LEDGER")
 	f.bindEnv("webhook", "RAIN_WEBHOOK")
+	f.bindEnv("webhook-secret-file", "RAIN_WEBHOOK_SECRET_FILE")
 	f.bindEnv("group", "RAIN_SETTLE_GROUP")
 	f.bindEnv("consumer", "RAIN_SETTLE_CONSUMER")
 	f.bindEnv("claim-after", "RAIN_CLAIM_AFTER")
@@ -59,9 +64,21 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("--webhook %q: want an http(s) URL", webhook)
 		}
-		sink = &settle.Webhook{URL: webhook}
+		wh := &settle.Webhook{URL: webhook}
+		if webhookSecretFile != "" {
+			b, err := os.ReadFile(webhookSecretFile)
+			if err != nil {
+				return fmt.Errorf("--webhook-secret-file: %w", err)
+			}
+			if wh.Secret = []byte(strings.TrimSpace(string(b))); len(wh.Secret) < auth.MinSecret {
+				return fmt.Errorf("--webhook-secret-file %s: a secret of %d bytes; want at least %d", webhookSecretFile, len(wh.Secret), auth.MinSecret)
+			}
+		} else {
+			log.Warn("webhook deliveries are not signed: give --webhook-secret-file so the wallet can tell rain's deliveries from forged ones")
+		}
+		sink = wh
 	}
-	set, svc, err := openTool(tc.Redis, tc.SerialShard)
+	set, svc, err := openTool(tc)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 type toolConfig struct {
 	Redis       string
 	SerialShard string
+	RedisCA     string
 }
 
 // toolFlags are the flags shared by the operator tools.
@@ -26,6 +27,7 @@ func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
 	c := &toolConfig{}
 	f.StringVar(&c.Redis, "redis", "", "shards as name=weight@host:port, comma-separated (required)")
 	f.StringVar(&c.SerialShard, "serial-shard", "", "the serial shard of rain serve, which arbitrates pool records (default: the first in --redis)")
+	redisCAFlag(f, &c.RedisCA)
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
 	return f, c
@@ -33,7 +35,8 @@ func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
 
 // openTool opens the shards of --redis and a service that preloads, reports
 // and audits; serialShard is the pool records' arbiter ("" = the first).
-func openTool(redis, serialShard string) (*shard.Set, *grab.Service, error) {
+func openTool(tc *toolConfig) (*shard.Set, *grab.Service, error) {
+	redis, serialShard := tc.Redis, tc.SerialShard
 	if redis == "" {
 		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
 	}
@@ -44,7 +47,11 @@ func openTool(redis, serialShard string) (*shard.Set, *grab.Service, error) {
 	if serialShard == "" {
 		serialShard = specs[0].Name
 	}
-	set, err := shard.Open(specs, 0, shard.Options{})
+	tlsCfg, err := redisTLS(tc.RedisCA)
+	if err != nil {
+		return nil, nil, err
+	}
+	set, err := shard.Open(specs, 0, shard.Options{TLS: tlsCfg})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -86,7 +93,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		*t.out = &v
 	}
-	set, svc, err := openTool(tc.Redis, tc.SerialShard)
+	set, svc, err := openTool(tc)
 	if err != nil {
 		return err
 	}
@@ -113,7 +120,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := grab.CheckID("--pool", *pool); err != nil {
 		return err
 	}
-	set, svc, err := openTool(tc.Redis, tc.SerialShard)
+	set, svc, err := openTool(tc)
 	if err != nil {
 		return err
 	}

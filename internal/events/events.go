@@ -147,6 +147,11 @@ type Config struct {
 	// beyond it go-redis waits up to a minute, then drops the message.
 	// Default 1024.
 	Buffer int
+	// Subscribed, when set, is called once for each shard whose
+	// subscription the shard confirmed at the start (a shard down then is
+	// subscribed to later, without a call): from then on no notice
+	// published on that shard is missed while the link holds.
+	Subscribed func()
 }
 
 // Handlers receive notices; a nil handler ignores its kind. They run on
@@ -182,6 +187,12 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 			// Subscribe records the channel even when the shard does not
 			// answer now; the subscription is made on the first connect.
 			ps := c.Subscribe(ctx, Channel)
+			if cfg.Subscribed != nil {
+				// The first message is the subscription's confirmation.
+				if _, err := ps.Receive(ctx); err == nil {
+					cfg.Subscribed()
+				}
+			}
 			msgs := ps.Channel(redis.WithChannelSize(cfg.Buffer))
 			stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 			defer stop()

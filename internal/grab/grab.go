@@ -95,6 +95,7 @@ type Service struct {
 	dueMu                   sync.Mutex                // guards due
 	due                     map[lua.SubPool]time.Time // when each sub-pool next needs the reaper's sweep
 	listed                  atomic.Pointer[[]string]  // the pools as Run's refresh last listed them
+	warm                    atomic.Bool               // the known filter may answer not_found (see Run)
 
 	// spillHook, when set (tests), runs after each step of a spill
 	// ("reserved", "taken", "adopted", "acked"); an error stops the grab
@@ -204,7 +205,7 @@ type Result struct {
 // The common path is one script on one shard: the user's home sub-pool comes
 // from a hash of the user id, and dedup lives there.
 func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, error) {
-	if !s.known.MayContain(poolID) {
+	if s.warm.Load() && !s.known.MayContain(poolID) {
 		return Result{Outcome: NotFound}, nil // unknown or forged: no Redis
 	}
 	p, err := s.pool(ctx, poolID)
@@ -349,11 +350,47 @@ func (s *Service) client(rec *record, j int) *redis.Client {
 // holders) and lists the pool registries every 2 s, so a lost notice
 // costs at most that. Run it in one goroutine beside serving grabs; it
 // returns when ctx ends.
+//
+// The known-pools filter answers unknown pools without Redis only once it
+// is warm: after a registry read that began when every shard had confirmed
+// its subscription to the notices (so a pool preloaded before that read is
+// in it, and one preloaded after is notified), or after the second read
+// when some shard never confirmed (then a lost notice is covered by the
+// next read, as ever). Until then an unknown pool is looked up on the
+// shards: an instance just started never answers not_found for a pool
+// preloaded a moment before.
 func (s *Service) Run(ctx context.Context) {
-	refresh := known.NewSync(s.known, s.refreshList, known.SyncConfig{Logger: s.log})
+	shards := int64(len(s.shards.Names()))
+	var subscribed, reads atomic.Int64
+	allSubscribed := make(chan struct{})
+	list := func(ctx context.Context) ([]string, error) {
+		ready := subscribed.Load() == shards || reads.Load() >= 1
+		ids, err := s.refreshList(ctx)
+		if err == nil {
+			if reads.Add(1); ready {
+				s.warm.Store(true)
+			}
+		}
+		return ids, err
+	}
+	refresh := known.NewSync(s.known, list, known.SyncConfig{Logger: s.log})
 	var wg sync.WaitGroup
-	wg.Go(func() { refresh.Run(ctx) })
-	events.Listen(ctx, s.shards.Clients(), events.Config{Logger: s.log}, events.Handlers{
+	wg.Go(func() {
+		// The first read waits for the subscriptions (a second at most:
+		// a shard down at the start is subscribed to when it answers).
+		select {
+		case <-allSubscribed:
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return
+		}
+		refresh.Run(ctx)
+	})
+	events.Listen(ctx, s.shards.Clients(), events.Config{Logger: s.log, Subscribed: func() {
+		if subscribed.Add(1) == shards {
+			close(allSubscribed)
+		}
+	}}, events.Handlers{
 		Pool: s.known.Add,
 		Stock: func(pool string, j int) {
 			s.empty.Forget(pool, j)

@@ -27,8 +27,8 @@ func (e *env) run(t *testing.T, s *Service) {
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waittest.Until(t, 5*time.Second, "the known-pools filter built", func() bool {
-		return !s.known.MayContain("never-preloaded-anywhere")
+	waittest.Until(t, 5*time.Second, "the known-pools filter built and warm", func() bool {
+		return s.warm.Load() && !s.known.MayContain("never-preloaded-anywhere")
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"rain/internal/grab"
 	"rain/internal/idgen"
+	"rain/internal/limit"
 	"rain/internal/pool"
 	"rain/internal/reaper"
 	"rain/internal/settle"
@@ -163,4 +164,19 @@ func (c *stockCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(s.RemainingCount), lv...)
 		ch <- prometheus.MustNewConstMetric(c.cents, prometheus.GaugeValue, float64(s.RemainingCents), lv...)
 	}
+}
+
+// RateLimits registers the keys each rate limiter remembers (nil limiters,
+// those off, are left out).
+func (r *Registry) RateLimits(limits map[string]*limit.Limiter) {
+	r.GaugeVec("rain_rate_limit_keys", "Users or client addresses whose rate a limiter remembers (bounded by --rate-limit-keys).",
+		[]string{"limit"}, func() []Sample {
+			var out []Sample
+			for name, l := range limits {
+				if l != nil {
+					out = append(out, Sample{Labels: []string{name}, V: float64(l.Len())})
+				}
+			}
+			return out
+		})
 }

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,6 +162,11 @@ func (l *Ledger) Close() error {
 type Webhook struct {
 	URL    string
 	Client *http.Client // default: a client with a 10s timeout
+	// Secret, when set, signs every delivery: the header
+	// Rain-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
+	// (see Sign). The wallet recomputes it and refuses a delivery whose
+	// signature differs or whose t is too old (a replay).
+	Secret []byte
 	// Tries per Deliver (default 5); Backoff before the first retry,
 	// doubling (default 100ms).
 	Tries   int
@@ -207,6 +215,9 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", strconv.FormatInt(serial, 10))
+	if len(w.Secret) > 0 {
+		req.Header.Set(SignatureHeader, Sign(w.Secret, time.Now(), body))
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
@@ -220,4 +231,19 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 		return fmt.Errorf("wallet answered %s", resp.Status)
 	}
 	return nil
+}
+
+// SignatureHeader carries a webhook delivery's signature.
+const SignatureHeader = "Rain-Signature"
+
+// Sign is the Rain-Signature value of body sent at now:
+// "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>". Each try is
+// signed afresh, so its t is the time it was sent.
+func Sign(secret []byte, now time.Time, body []byte) string {
+	t := strconv.FormatInt(now.Unix(), 10)
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(t))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "t=" + t + ",v1=" + hex.EncodeToString(mac.Sum(nil))
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,6 +36,9 @@ type Options struct {
 	// fast, and callers bound whole calls, retries included, with contexts
 	// of this budget). Default DefaultTimeout.
 	Timeout time.Duration
+	// TLS is the base TLS configuration of shards whose address is a
+	// rediss:// URL (its RootCAs: --redis-ca); nil: the system's roots.
+	TLS *tls.Config
 }
 
 // DefaultTimeout is Options.Timeout's default: a round trip to a healthy
@@ -69,6 +73,21 @@ func NewClient(addr string, opts Options) *redis.Client {
 		// One dial per attempt: go-redis's command retries (3) already try
 		// again, and a dead shard must cost its callers little.
 		DialerRetries: 1,
+	}
+	if isURL(addr) {
+		// The spec parser checked the URL; ParseURL takes the address, the
+		// user and password (AUTH), and TLS for rediss://.
+		if u, err := redis.ParseURL(addr); err == nil {
+			o.Addr, o.Username, o.Password = u.Addr, u.Username, u.Password
+			if u.TLSConfig != nil {
+				cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+				if opts.TLS != nil {
+					cfg = opts.TLS.Clone()
+				}
+				cfg.ServerName = u.TLSConfig.ServerName
+				o.TLSConfig = cfg
+			}
+		}
 	}
 	master, sentinels, ok := Spec{Addr: addr}.Sentinel()
 	if !ok {

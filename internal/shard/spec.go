@@ -2,13 +2,15 @@ package shard
 
 // This file owns the shard spec: its text form "name=weight@host:port" (or
 // "name=weight@sentinel/MASTER/host:port+host:port+..." for a shard whose
-// primary Redis Sentinel elects), the rules a spec must meet, and the parser
+// primary Redis Sentinel elects, or "name=weight@redis://user:password@host:port"
+// for AUTH and "rediss://..." for TLS), the rules a spec must meet, and the parser
 // for the comma-separated list the operator gives on the command line.
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -47,9 +49,30 @@ func (s Spec) Sentinel() (master string, sentinels []string, ok bool) {
 	return master, strings.Split(list, "+"), true
 }
 
-// String formats s as "name=weight@host:port", the form ParseSpecs reads.
+// String formats s as "name=weight@host:port", the form ParseSpecs reads,
+// with a password in a URL address masked (for logs and errors).
 func (s Spec) String() string {
-	return s.Name + "=" + strconv.Itoa(s.Weight) + "@" + s.Addr
+	return s.Name + "=" + strconv.Itoa(s.Weight) + "@" + redact(s.Addr)
+}
+
+// URL reports whether the shard's address is a URL: redis://[user:password@]host:port
+// (AUTH) or rediss://... (TLS, and AUTH when given).
+func (s Spec) URL() bool { return isURL(s.Addr) }
+
+func isURL(addr string) bool {
+	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
+}
+
+// redact masks the password of a URL address.
+func redact(addr string) string {
+	if !isURL(addr) {
+		return addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		return "(an address that is not a valid URL)"
+	}
+	return u.Redacted()
 }
 
 // ParseSpecs parses a comma-separated list of "name=weight@host:port" items,
@@ -72,15 +95,24 @@ func ParseSpecs(s string) ([]Spec, error) {
 		}
 		sp, err := parseSpec(item)
 		if err != nil {
-			return nil, fmt.Errorf("shard spec %q: %w", item, err)
+			return nil, fmt.Errorf("shard spec %q: %w", redactItem(item), err)
 		}
 		if seen[sp.Name] {
-			return nil, fmt.Errorf("shard spec %q: duplicate name %q", item, sp.Name)
+			return nil, fmt.Errorf("shard spec %q: duplicate name %q", redactItem(item), sp.Name)
 		}
 		seen[sp.Name] = true
 		specs = append(specs, sp)
 	}
 	return specs, nil
+}
+
+// redactItem masks the password of an item's URL address, for errors.
+func redactItem(item string) string {
+	head, addr, ok := strings.Cut(item, "@")
+	if !ok {
+		return item
+	}
+	return head + "@" + redact(addr)
 }
 
 // parseSpec parses one trimmed item. Name and weight contain neither '=' nor
@@ -165,6 +197,9 @@ func parseWeight(s string) (int, error) {
 // checkShardAddr accepts a host:port, or the sentinel form: a master name
 // of name characters and one or more sentinel host:ports joined by '+'.
 func checkShardAddr(addr string) error {
+	if isURL(addr) {
+		return checkURL(addr)
+	}
 	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
 	if !ok {
 		return checkAddr(addr)
@@ -182,6 +217,26 @@ func checkShardAddr(addr string) error {
 		if err := checkAddr(a); err != nil {
 			return fmt.Errorf("sentinel address %q: %w", addr, err)
 		}
+	}
+	return nil
+}
+
+// checkURL accepts redis://[user[:password]@]host:port[/0] and the same
+// with rediss:// (TLS). Query parameters are not taken: rain sets the
+// client's options itself.
+func checkURL(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return errors.New("bad URL address (a password with reserved characters must be percent-encoded)")
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("URL address %s: no query or fragment taken", u.Redacted())
+	}
+	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
+		return fmt.Errorf("URL address %s: rain uses database 0 (path %q)", u.Redacted(), u.Path)
+	}
+	if err := checkAddr(u.Host); err != nil {
+		return fmt.Errorf("URL address %s: %w", u.Redacted(), err)
 	}
 	return nil
 }

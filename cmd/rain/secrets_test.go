@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+func writeSecret(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func userToken(t *testing.T, key, sub string) string {
+	t.Helper()
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": sub, "exp": time.Now().Add(time.Minute).Unix()}).SignedString([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func grabWith(t *testing.T, base, bearer, body string) (int, map[string]any) {
+	t.Helper()
+	return post(t, base+"/grab", bearer, body)
+}
+
+// TestServeSecrets: rain serve with admin tokens from a file and user auth
+// from a key file; SIGHUP rotates both: a token added works at once, a
+// token removed stops working, a new signing key replaces the old.
+func TestServeSecrets(t *testing.T) {
+	dir := t.TempDir()
+	admins, key := filepath.Join(dir, "admins"), filepath.Join(dir, "user.key")
+	tokA, tokB := "admin-token-aaaaaaaa", "admin-token-bbbbbbbb"
+	k1, k2 := strings.Repeat("1", 32), strings.Repeat("2", 32)
+	writeSecret(t, admins, "# rotation file\n"+tokA+"\n")
+	writeSecret(t, key, k1+"\n")
+	addr, logs := startServe(t, []string{"--admin-token-file", admins, "--user-auth", "hs256:" + key}, nil)
+	base := "http://" + addr
+	if strings.Contains(logs.String(), "admin_token=") {
+		t.Fatal("a generated admin token was printed although a token file was given")
+	}
+	preload := func(tok, id string) int {
+		code, _ := post(t, base+"/admin/pools", tok, `{"pool_id":"`+id+`","total_cents":1000,"count":10}`)
+		return code
+	}
+	if code := preload(tokA, "p"); code != 201 {
+		t.Fatalf("preload with the file's token = %d, want 201", code)
+	}
+	if code := preload(tokB, "q"); code != 401 {
+		t.Fatalf("preload with a token not in the file = %d, want 401", code)
+	}
+	if code, body := grabWith(t, base, "", `{"pool_id":"p","user_id":"alice"}`); code != 401 || body["status"] != "unauthorized" {
+		t.Fatalf("grab without a user token = %d %v, want 401 unauthorized", code, body)
+	}
+	if code, body := grabWith(t, base, userToken(t, k1, "alice"), `{"pool_id":"p"}`); code != 200 || body["user_id"] != "alice" {
+		t.Fatalf("grab with a user token = %d %v, want granted to alice", code, body)
+	}
+
+	// Rotation, step 1: add B (both work); new signing key.
+	writeSecret(t, admins, tokA+"\n"+tokB+"\n")
+	writeSecret(t, key, k2)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 5*time.Second, "token B accepted after SIGHUP", func() bool { return preload(tokB, "q") == 201 })
+	if code := preload(tokA, "p"); code != 200 {
+		t.Fatalf("token A during the rotation = %d, want 200 (pool already loaded)", code)
+	}
+	if code, _ := grabWith(t, base, userToken(t, k1, "bob"), `{"pool_id":"p"}`); code != 401 {
+		t.Fatalf("a token of the old signing key after the reload = %d, want 401", code)
+	}
+	if code, _ := grabWith(t, base, userToken(t, k2, "bob"), `{"pool_id":"p"}`); code != 200 {
+		t.Fatalf("a token of the new signing key = %d, want 200", code)
+	}
+	// Step 2: remove A. A bad file keeps what was loaded.
+	writeSecret(t, admins, tokB+"\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 5*time.Second, "token A refused after SIGHUP", func() bool { return preload(tokA, "p") == 401 })
+	writeSecret(t, admins, "short\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 5*time.Second, "the failed reload logged", func() bool { return strings.Contains(logs.String(), "reload failed") })
+	if code := preload(tokB, "q"); code != 200 {
+		t.Fatalf("token B after a failed reload = %d, want kept (200)", code)
+	}
+}
+
+// TestServeTLSShards: rain serve, the preload tool and the audit tool on a
+// shard reached over TLS with AUTH (rediss://user:password@...,
+// --redis-ca), as production runs them (appendfsync always).
+func TestServeTLSShards(t *testing.T) {
+	tl := redistest.NewTLS(t)
+	opts := durable
+	opts.Args = append(tl.Args, "--requirepass", "default-pw", "--user", "rain", "on", ">rain-pw", "~*", "&*", "+@all")
+	redistest.Start(t, opts)
+	environ := map[string]string{
+		"RAIN_REDIS":       fmt.Sprintf("s1=1@rediss://rain:rain-pw@127.0.0.1:%d", tl.Port),
+		"RAIN_REDIS_CA":    tl.CAFile,
+		"RAIN_ADMIN_TOKEN": "tls-admin",
+	}
+	addr, logs := startServe(t, nil, environ)
+	if strings.Contains(logs.String(), "rain-pw") {
+		t.Fatalf("the shard password is in the logs:\n%s", logs)
+	}
+	if !strings.Contains(logs.String(), "user auth is off") {
+		t.Errorf("no warning that user auth is off on real shards:\n%s", logs)
+	}
+	base := "http://" + addr
+	if code, body := post(t, base+"/admin/pools", "tls-admin", `{"pool_id":"t","total_cents":1000,"count":10}`); code != 201 {
+		t.Fatalf("preload over TLS = %d %v", code, body)
+	}
+	if code, body := post(t, base+"/grab", "", `{"pool_id":"t","user_id":"u1"}`); code != 200 {
+		t.Fatalf("grab over TLS = %d %v", code, body)
+	}
+	var out, errOut strings.Builder
+	if err := run(context.Background(), []string{"audit", "--pool", "t"}, env(environ), &out, &errOut); err != nil {
+		t.Fatalf("rain audit over TLS: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	bad := map[string]string{"RAIN_REDIS": environ["RAIN_REDIS"], "RAIN_ADMIN_TOKEN": "x"}
+	if err := run(context.Background(), []string{"audit", "--pool", "t"}, env(bad), &out, &errOut); err == nil {
+		t.Fatal("audit without the CA trusted the shard's self-signed certificate")
+	}
+}

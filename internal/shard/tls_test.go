@@ -1,0 +1,73 @@
+package shard
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"rain/internal/redistest"
+)
+
+// TestTLSAndAuth: a shard given as rediss://user:password@host:port is
+// reached over TLS (the server's certificate checked against the CA given)
+// with AUTH as that user; a wrong password, an untrusted certificate and
+// plain TCP to the TLS port all fail; the password never shows in the
+// spec's String or in a parse error.
+func TestTLSAndAuth(t *testing.T) {
+	tl := redistest.NewTLS(t)
+	redistest.Start(t, redistest.Options{Args: append(tl.Args,
+		"--requirepass", "default-pw",
+		"--user", "rain", "on", ">rain-pw", "~*", "&*", "+@all")})
+	pemCA, err := os.ReadFile(tl.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCA)
+	trusted := Options{TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	ctx := context.Background()
+	open := func(addr string, opts Options) error {
+		specs, err := ParseSpecs("t=1@" + addr)
+		if err != nil {
+			return err
+		}
+		set, err := Open(specs, 0, opts)
+		if err != nil {
+			return err
+		}
+		defer set.Close()
+		c := set.Client("t")
+		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+			return err
+		}
+		return c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"}).Err()
+	}
+	good := fmt.Sprintf("rediss://rain:rain-pw@127.0.0.1:%d", tl.Port)
+	if err := open(good, trusted); err != nil {
+		t.Fatalf("TLS + AUTH: %v", err)
+	}
+	for _, c := range []struct {
+		what, addr string
+		opts       Options
+	}{
+		{"a wrong password", fmt.Sprintf("rediss://rain:nope@127.0.0.1:%d", tl.Port), trusted},
+		{"no password", fmt.Sprintf("rediss://127.0.0.1:%d", tl.Port), trusted},
+		{"an untrusted certificate", good, Options{}},
+		{"plain TCP to the TLS port", fmt.Sprintf("redis://rain:rain-pw@127.0.0.1:%d", tl.Port), trusted},
+	} {
+		if err := open(c.addr, c.opts); err == nil {
+			t.Errorf("%s: connected, want refused", c.what)
+		}
+	}
+	specs, _ := ParseSpecs("t=1@" + good)
+	if s := specs[0].String(); strings.Contains(s, "rain-pw") {
+		t.Errorf("String() = %q shows the password", s)
+	}
+	if _, err := ParseSpecs("t=1@rediss://rain:rain-pw@127.0.0.1:99999"); err == nil || strings.Contains(err.Error(), "rain-pw") {
+		t.Errorf("bad port: %v; want an error without the password", err)
+	}
+}

@@ -371,15 +371,23 @@ func checkServe(t *testing.T, svc *ymap, env map[string]string) {
 	if strings.Contains(test, "wget") && !runtimeHasWget(t) {
 		t.Error("the healthcheck calls wget, but the Dockerfile's runtime image is neither alpine nor busybox")
 	}
-	if v, ok := env["RAIN_SHUTDOWN_TIMEOUT"]; ok {
-		shutdown, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("RAIN_SHUTDOWN_TIMEOUT=%s: %v", v, err)
+	// On SIGTERM rain drains (readyz 503) for RAIN_DRAIN_DELAY (5s on real
+	// shards), then lets grabs finish for up to RAIN_SHUTDOWN_TIMEOUT (10s):
+	// the grace period must cover both.
+	durations := map[string]time.Duration{"RAIN_SHUTDOWN_TIMEOUT": 10 * time.Second, "RAIN_DRAIN_DELAY": 5 * time.Second}
+	for k := range durations {
+		if v, ok := env[k]; ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("%s=%s: %v", k, v, err)
+			}
+			durations[k] = d
 		}
-		grace, err := time.ParseDuration(svc.str("stop_grace_period"))
-		if err != nil || grace <= shutdown {
-			t.Errorf("stop_grace_period %q: want longer than RAIN_SHUTDOWN_TIMEOUT %s, so grabs finish before SIGKILL", svc.str("stop_grace_period"), v)
-		}
+	}
+	stop := durations["RAIN_SHUTDOWN_TIMEOUT"] + durations["RAIN_DRAIN_DELAY"]
+	grace, err := time.ParseDuration(svc.str("stop_grace_period"))
+	if err != nil || grace <= stop {
+		t.Errorf("stop_grace_period %q: want longer than the drain delay and the shutdown timeout (%v), so grabs finish before SIGKILL", svc.str("stop_grace_period"), stop)
 	}
 }
 

@@ -152,6 +152,20 @@ func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
 	return fam
 }
 
+// metricValue is an unlabeled series' value on rain serve's /metrics.
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	f, ok := scrapeFamilies(t, "http://"+addr+"/metrics")[name]
+	if !ok || len(f.GetMetric()) == 0 {
+		t.Fatalf("/metrics has no %s", name)
+	}
+	m := f.GetMetric()[0]
+	if m.GetCounter() != nil {
+		return m.GetCounter().GetValue()
+	}
+	return m.GetGauge().GetValue()
+}
+
 func TestVersion(t *testing.T) {
 	for _, arg := range []string{"--version", "version"} {
 		var out bytes.Buffer

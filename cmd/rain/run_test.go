@@ -19,6 +19,7 @@ import (
 
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
@@ -71,17 +72,14 @@ func startServe(t *testing.T, args []string, environ map[string]string) (addr st
 			t.Errorf("serve returned %v after shutdown, want nil", err)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+	waittest.Until(t, 10*time.Second, "rain serve healthy", func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
 			resp.Body.Close()
-			return addr, logs
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rain serve not healthy after 10s; logs:\n%s", logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	})
+	return addr, logs
 }
 
 func post(t *testing.T, url, token, body string) (int, map[string]any) {
@@ -251,19 +249,11 @@ func TestSettleCommand(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, logs)
 	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	t.Cleanup(func() { cancel() })
+	waittest.Until(t, 15*time.Second, "5 lines in the ledger", func() bool {
 		b, _ := os.ReadFile(ledger)
-		if bytes.Count(b, []byte("\n")) == 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			t.Fatalf("ledger has %q after 15s, want 5 lines; logs:\n%s", b, logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return bytes.Count(b, []byte("\n")) == 5
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("rain settle returned %v after cancel, want nil", err)
@@ -296,22 +286,15 @@ func TestServeReaps(t *testing.T) {
 			t.Fatalf("grab = %d %v", code, body)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waittest.Until(t, 10*time.Second, "rain_reaper_released_total 2 (a 1s hold)", func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if bytes.Contains(b, []byte("rain_reaper_released_total 2\n")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no release within 10s of a 1s hold; metrics:\n%s", b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return bytes.Contains(b, []byte("rain_reaper_released_total 2\n"))
+	})
 }
 
 // TestDurability: rain serve and rain settle refuse shards that can lose an
@@ -421,7 +404,10 @@ func TestConnectionCap(t *testing.T) {
 		idle = append(idle, c)
 		fmt.Fprintf(c, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n") // then idle, kept alive
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Every one of them was taken, and those over the cap closed.
+	waittest.Until(t, 5*time.Second, "60 idle connections closed by the cap", func() bool {
+		return metricValue(t, addr, "rain_http_connections_closed_total") >= 60
+	})
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	start := time.Now()
 	resp, err := fresh.Post("http://"+addr+"/grab", "application/json", strings.NewReader(`{"pool_id":"cap","user_id":"u1"}`))
@@ -436,18 +422,8 @@ func TestConnectionCap(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("grab and /readyz past the cap took %v", took)
 	}
-	resp, err = fresh.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var open, closed int
-	for _, line := range strings.Split(string(b), "\n") {
-		fmt.Sscanf(line, "rain_http_connections %d", &open)
-		fmt.Sscanf(line, "rain_http_connections_closed_total %d", &closed)
-	}
+	open, closed := metricValue(t, addr, "rain_http_connections"), metricValue(t, addr, "rain_http_connections_closed_total")
 	if open > 40 || closed < 60 {
-		t.Fatalf("after 100 idle connections and a cap of 40: %d open, %d closed; want at most 40 open, at least 60 closed", open, closed)
+		t.Fatalf("after 100 idle connections and a cap of 40: %v open, %v closed; want at most 40 open, at least 60 closed", open, closed)
 	}
 }

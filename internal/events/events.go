@@ -187,6 +187,10 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 			// Subscribe records the channel even when the shard does not
 			// answer now; the subscription is made on the first connect.
 			ps := c.Subscribe(ctx, Channel)
+			// Closing ps on ctx's end also ends a Receive below that waits on
+			// a shard which never confirms.
+			stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+			defer stop()
 			if cfg.Subscribed != nil {
 				// The first message is the subscription's confirmation.
 				if _, err := ps.Receive(ctx); err == nil {
@@ -194,8 +198,6 @@ func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers
 				}
 			}
 			msgs := ps.Channel(redis.WithChannelSize(cfg.Buffer))
-			stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
-			defer stop()
 			// go-redis closes msgs once ps is closed.
 			for m := range msgs {
 				dispatch(m.Payload, h, cfg.Logger)

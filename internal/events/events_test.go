@@ -16,6 +16,7 @@ import (
 	"rain/internal/events"
 	"rain/internal/events/eventstest"
 	"rain/internal/redistest"
+	"rain/internal/shard"
 	"rain/internal/wait/waittest"
 )
 
@@ -111,7 +112,7 @@ func TestPublishRefusesMalformed(t *testing.T) {
 func TestPublishJoinsShardErrors(t *testing.T) {
 	srvs := redistest.StartN(t, 2, redistest.Options{})
 	up := redistest.Clients(t, srvs[:1])[0]
-	down := redis.NewClient(&redis.Options{Addr: srvs[1].Addr, MaxRetries: -1}) // fail fast
+	down := shard.NewClient(srvs[1].Addr, shard.Options{}) // rain serve's client, retries included
 	t.Cleanup(func() { _ = down.Close() })
 	var r recorder
 	listen(t, redistest.Clients(t, srvs[:1]), r.handlers())
@@ -243,4 +244,32 @@ func TestListenSurvivesShardRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, &r, []string{"pool after-restart"})
+}
+
+// TestListenStopsOnAFrozenShard: a shard frozen (SIGSTOP) before it
+// confirms the subscription does not hold Listen past ctx's end, so a
+// stopping rain serve is not held up by it.
+func TestListenStopsOnAFrozenShard(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c := shard.NewClient(srv.Addr, shard.Options{}) // rain serve's client
+	t.Cleanup(func() { _ = c.Close() })
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	ctx, cancel := context.WithCancel(context.Background())
+	subscribed := false
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		events.Listen(ctx, []*redis.Client{c}, events.Config{Subscribed: func() { subscribed = true }}, events.Handlers{})
+	}()
+	time.Sleep(300 * time.Millisecond) // Listen is waiting on the frozen shard
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Listen still running 5s after ctx ended, with its shard frozen")
+	}
+	if subscribed {
+		t.Fatal("a frozen shard was counted as subscribed")
+	}
 }

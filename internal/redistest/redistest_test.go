@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"rain/internal/shard"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestStartNDistinct(t *testing.T) {
 func TestKillRestartKeepsAOF(t *testing.T) {
 	ctx := context.Background()
 	s := Start(t, Options{AOF: true, Fsync: "always"})
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := shard.NewClient(s.Addr, shard.Options{}) // rain serve's client, retries included
 	defer rdb.Close()
 	if err := rdb.Set(ctx, "k", "v1", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestKillRestartKeepsAOF(t *testing.T) {
 func TestNoAOFLosesData(t *testing.T) {
 	ctx := context.Background()
 	s := Start(t, Options{})
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := shard.NewClient(s.Addr, shard.Options{}) // rain serve's client, retries included
 	defer rdb.Close()
 	if err := rdb.Set(ctx, "k", "v1", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func TestKillPausedServer(t *testing.T) {
 func TestSnapshotRestoreAOF(t *testing.T) {
 	ctx := context.Background()
 	s := Start(t, Options{AOF: true, Fsync: "always"})
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := shard.NewClient(s.Addr, shard.Options{}) // rain serve's client, retries included
 	defer rdb.Close()
 	if err := rdb.Set(ctx, "a", "1", 0).Err(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 // newProxiedEnv is newEnv with a loss-injecting proxy in front of every
@@ -218,7 +219,14 @@ func TestStalledShardOutcomes(t *testing.T) {
 			if exists {
 				unknownGranted++
 			}
-			r, err := e.svc.Grab(ctx, "st", user)
+			// The user retries as a client honouring Retry-After does:
+			// while the shard's breaker is still open after the stall,
+			// the answer is unavailable, and the retry comes again.
+			var r Result
+			waittest.Until(t, 10*time.Second, "the retry of "+user+" is answered", func() bool {
+				r, err = e.svc.Grab(ctx, "st", user)
+				return !errors.Is(err, ErrUnavailable)
+			})
 			if err != nil {
 				t.Fatalf("retry of %s: %v", user, err)
 			}

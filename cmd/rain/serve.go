@@ -67,6 +67,7 @@ type serveConfig struct {
 	AdminTokenFile  string
 	UserAuth        string
 	UserAudience    string
+	UserIssuer      string
 	UserLeeway      time.Duration
 	UserRate        float64
 	UserBurst       int
@@ -99,7 +100,8 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file of admin tokens, one a line (several for rotation; reloaded on SIGHUP), beside or instead of --admin-token")
 	f.StringVar(&c.UserAuth, "user-auth", "", `check a signed user token (Authorization: Bearer <JWT>) on every grab: "hs256:FILE" (shared secret), "rs256:FILE" or "eddsa:FILE" (PEM public key), "jwks:FILE"; reloaded on SIGHUP; empty: off (grabs name their user in the body)`)
 	f.StringVar(&c.UserAudience, "user-auth-audience", "", "the aud a user token must carry (empty: not checked)")
-	f.DurationVar(&c.UserLeeway, "user-auth-leeway", 5*time.Second, "clock skew allowed on a user token's exp, nbf and iat")
+	f.StringVar(&c.UserIssuer, "user-auth-issuer", "", "the iss a user token must carry (empty: not checked)")
+	f.DurationVar(&c.UserLeeway, "user-auth-leeway", 5*time.Second, "clock skew allowed on a user token's exp and nbf")
 	f.Float64Var(&c.UserRate, "user-rate", 0, "grabs a second one user may make (a token bucket; 429 rate_limited over it); 0: no limit")
 	f.IntVar(&c.UserBurst, "user-burst", 5, "grabs one user may make at once before --user-rate applies")
 	f.Float64Var(&c.IPRate, "ip-rate", 0, "grabs a second one client address may make; 0: no limit")
@@ -121,6 +123,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("admin-token-file", "RAIN_ADMIN_TOKEN_FILE")
 	f.bindEnv("user-auth", "RAIN_USER_AUTH")
 	f.bindEnv("user-auth-audience", "RAIN_USER_AUTH_AUDIENCE")
+	f.bindEnv("user-auth-issuer", "RAIN_USER_AUTH_ISSUER")
 	f.bindEnv("user-auth-leeway", "RAIN_USER_AUTH_LEEWAY")
 	f.bindEnv("user-rate", "RAIN_USER_RATE")
 	f.bindEnv("user-burst", "RAIN_USER_BURST")
@@ -186,7 +189,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	var users *auth.Users
 	if c.UserAuth != "" {
-		if users, err = auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Leeway: c.UserLeeway}); err != nil {
+		if users, err = auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer, Leeway: c.UserLeeway}); err != nil {
 			return fmt.Errorf("--user-auth: %w", err)
 		}
 		reloads = append(reloads, reloader{"user auth keys", users.Reload})

@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"rain/internal/auth"
 	"rain/internal/dash"
 	"rain/internal/grab"
-	"strings"
 	"time"
 )
 
@@ -40,7 +40,7 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // admin wraps an operator endpoint with the bearer token check.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got, ok := auth.BearerToken(r.Header.Get("Authorization"))
 		if !ok || !s.adminValid(got) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})

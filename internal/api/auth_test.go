@@ -64,7 +64,7 @@ func writeFile(t *testing.T, name string, b []byte) string {
 
 // TestUserAuth: with user auth on, a grab needs a valid token of the app's
 // login service, whatever the key kind: no token, a bad signature, an
-// expired token, a token without exp, a wrong audience, another user's
+// expired token, a token without exp, a wrong audience or issuer, another user's
 // token than the body's, the none algorithm → 401 (WWW-Authenticate) and
 // the pool unchanged; a valid token grabs for its sub, with user_id in the
 // body or without it.
@@ -96,7 +96,7 @@ func TestUserAuth(t *testing.T) {
 		{"jwks-ed", "jwks:" + writeFile(t, "jwks.json", jwks), jwt.SigningMethodEdDSA, edPriv, "e1", ed25519.NewKeyFromSeed(make([]byte, 32))},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			users, err := auth.NewUsers(auth.UserConfig{Spec: c.spec, Audience: "rain", Leeway: 2 * time.Second})
+			users, err := auth.NewUsers(auth.UserConfig{Spec: c.spec, Audience: "rain", Issuer: "login", Leeway: 2 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +104,7 @@ func TestUserAuth(t *testing.T) {
 			s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
 			now := time.Now()
 			claims := func(sub string, exp time.Time) jwt.MapClaims {
-				return jwt.MapClaims{"sub": sub, "exp": exp.Unix(), "aud": "rain", "iat": now.Unix()}
+				return jwt.MapClaims{"sub": sub, "exp": exp.Unix(), "aud": "rain", "iss": "login", "iat": now.Unix()}
 			}
 			good := sign(t, c.method, c.key, c.kid, claims("alice", now.Add(time.Minute)))
 			noExp := jwt.MapClaims{"sub": "alice", "aud": "rain"}
@@ -116,7 +116,9 @@ func TestUserAuth(t *testing.T) {
 				{"bad signature", sign(t, c.method, c.wrong, c.kid, claims("alice", now.Add(time.Minute))), `{"pool_id":"p"}`},
 				{"expired", sign(t, c.method, c.key, c.kid, claims("alice", now.Add(-time.Minute))), `{"pool_id":"p"}`},
 				{"no exp", sign(t, c.method, c.key, c.kid, noExp), `{"pool_id":"p"}`},
-				{"wrong audience", sign(t, c.method, c.key, c.kid, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Minute).Unix(), "aud": "other"}), `{"pool_id":"p"}`},
+				{"wrong audience", sign(t, c.method, c.key, c.kid, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Minute).Unix(), "aud": "other", "iss": "login"}), `{"pool_id":"p"}`},
+				{"wrong issuer", sign(t, c.method, c.key, c.kid, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Minute).Unix(), "aud": "rain", "iss": "elsewhere"}), `{"pool_id":"p"}`},
+				{"no issuer", sign(t, c.method, c.key, c.kid, jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Minute).Unix(), "aud": "rain"}), `{"pool_id":"p"}`},
 				{"alg none", "Bearer " + noneTok, `{"pool_id":"p"}`},
 				{"bad sub", sign(t, c.method, c.key, c.kid, claims("al ice", now.Add(time.Minute))), `{"pool_id":"p"}`},
 				{"another user's token", good, `{"pool_id":"p","user_id":"mallory"}`},
@@ -138,6 +140,11 @@ func TestUserAuth(t *testing.T) {
 			r = s.grabAs(t, good, `{"pool_id":"p","user_id":"alice"}`)
 			if r.Code != 200 || r.Body["status"] != "already_granted" {
 				t.Fatalf("valid token again = %d %v, want already_granted", r.Code, r.Body)
+			}
+			// The scheme's name is case-insensitive (RFC 9110 section 11.1).
+			lower := "bearer  " + strings.TrimPrefix(good, "Bearer ")
+			if r := s.grabAs(t, lower, `{"pool_id":"p"}`); r.Code != 200 || r.Body["status"] != "already_granted" {
+				t.Fatalf("%q = %d %v, want already_granted", "bearer  <token>", r.Code, r.Body)
 			}
 			// A clock 1 s behind the issuer is within the leeway.
 			if r := s.grabAs(t, sign(t, c.method, c.key, c.kid, claims("bob", now.Add(-time.Second))), `{"pool_id":"p"}`); r.Code != 200 {

@@ -35,7 +35,9 @@ type UserConfig struct {
 	Spec string
 	// Audience, when set, must be in the token's aud.
 	Audience string
-	// Leeway is the clock skew allowed on exp, nbf and iat.
+	// Issuer, when set, must be the token's iss.
+	Issuer string
+	// Leeway is the clock skew allowed on exp and nbf.
 	Leeway time.Duration
 }
 
@@ -47,6 +49,9 @@ var (
 
 // MinSecret is the shortest HS256 secret accepted, in bytes.
 const MinSecret = 32
+
+// MinRSABits is the smallest RSA modulus accepted, in bits.
+const MinRSABits = 2048
 
 // Users verifies user tokens. It is safe for concurrent use.
 type Users struct {
@@ -86,6 +91,9 @@ func NewUsers(cfg UserConfig) (*Users, error) {
 	if cfg.Audience != "" {
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
 	u.parser = jwt.NewParser(opts...)
 	if err := u.Reload(); err != nil {
 		return nil, err
@@ -112,10 +120,13 @@ func (u *Users) Reload() error {
 		if err != nil {
 			return fmt.Errorf("user auth key %s: %w", u.file, err)
 		}
-		switch key.(type) {
+		switch k := key.(type) {
 		case *rsa.PublicKey:
 			if u.kind != "rs256" {
 				return fmt.Errorf("user auth key %s: an RSA key for %s", u.file, u.kind)
+			}
+			if err := checkRSA(k); err != nil {
+				return fmt.Errorf("user auth key %s: %w", u.file, err)
 			}
 		case ed25519.PublicKey:
 			if u.kind != "eddsa" {
@@ -138,8 +149,8 @@ func (u *Users) Reload() error {
 // subject, the user id. Errors wrap ErrNoToken or ErrInvalidToken, with a
 // reason fit to answer.
 func (u *Users) Subject(authorization string) (string, error) {
-	raw, ok := strings.CutPrefix(authorization, "Bearer ")
-	if !ok || raw == "" {
+	raw, ok := BearerToken(authorization)
+	if !ok {
 		return "", ErrNoToken
 	}
 	ks := u.keys.Load()
@@ -163,6 +174,19 @@ func (u *Users) Subject(authorization string) (string, error) {
 	return claims.Subject, nil
 }
 
+// BearerToken returns the token of an Authorization header value of the
+// Bearer scheme. The scheme's name is case-insensitive and may be followed
+// by several spaces (RFC 9110 section 11.1, RFC 6750 section 2.1); ok is
+// false for another scheme or an empty token.
+func BearerToken(authorization string) (token string, ok bool) {
+	scheme, rest, found := strings.Cut(authorization, " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimLeft(rest, " ")
+	return token, token != ""
+}
+
 // parsePEMPublicKey reads a PEM public key (PKIX or PKCS #1) or certificate.
 func parsePEMPublicKey(b []byte) (crypto.PublicKey, error) {
 	block, _ := pem.Decode(b)
@@ -184,6 +208,18 @@ func parsePEMPublicKey(b []byte) (crypto.PublicKey, error) {
 	return nil, fmt.Errorf("PEM block %q; want PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE", block.Type)
 }
 
+// checkRSA refuses an RSA public key too small to trust or malformed:
+// a modulus under MinRSABits, an even or too small exponent.
+func checkRSA(k *rsa.PublicKey) error {
+	if k.N.BitLen() < MinRSABits {
+		return fmt.Errorf("an RSA key of %d bits; want at least %d", k.N.BitLen(), MinRSABits)
+	}
+	if k.E < 3 || k.E%2 == 0 {
+		return fmt.Errorf("an RSA exponent of %d; want an odd number of at least 3", k.E)
+	}
+	return nil
+}
+
 // parseJWKS reads the RSA and Ed25519 (OKP) keys of a JSON Web Key Set, by
 // kid; other kinds of key are skipped.
 func parseJWKS(b []byte) (map[string]any, error) {
@@ -202,6 +238,13 @@ func parseJWKS(b []byte) (map[string]any, error) {
 		return nil, fmt.Errorf("JWKS: %w", err)
 	}
 	out := map[string]any{}
+	add := func(i int, kid string, key any) error {
+		if _, dup := out[kid]; dup {
+			return fmt.Errorf("JWKS key %d: kid %q appears twice (a token could not say which key signed it)", i, kid)
+		}
+		out[kid] = key
+		return nil
+	}
 	dec := base64.RawURLEncoding
 	for i, k := range set.Keys {
 		if k.Use != "" && k.Use != "sig" {
@@ -214,13 +257,21 @@ func parseJWKS(b []byte) (map[string]any, error) {
 			if err := errors.Join(err1, err2); err != nil || len(e) == 0 || len(e) > 4 {
 				return nil, fmt.Errorf("JWKS key %d (%q): bad n or e", i, k.Kid)
 			}
-			out[k.Kid] = &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}
+			key := &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}
+			if err := checkRSA(key); err != nil {
+				return nil, fmt.Errorf("JWKS key %d (%q): %w", i, k.Kid, err)
+			}
+			if err := add(i, k.Kid, key); err != nil {
+				return nil, err
+			}
 		case k.Kty == "OKP" && k.Crv == "Ed25519":
 			x, err := dec.DecodeString(k.X)
 			if err != nil || len(x) != ed25519.PublicKeySize {
 				return nil, fmt.Errorf("JWKS key %d (%q): bad x", i, k.Kid)
 			}
-			out[k.Kid] = ed25519.PublicKey(x)
+			if err := add(i, k.Kid, ed25519.PublicKey(x)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if len(out) == 0 {

@@ -20,9 +20,10 @@ import (
 // Limiter is a set of token buckets. The zero value is not usable; New
 // makes one. Safe for concurrent use.
 type Limiter struct {
-	rate   float64 // tokens a second
-	burst  float64 // bucket size
-	perCap int     // keys per shard
+	rate   float64   // tokens a second
+	burst  float64   // bucket size
+	perCap int       // keys per shard
+	epoch  time.Time // New's time, with its monotonic clock reading
 	seed   maphash.Seed
 	shards [nShards]shard
 }
@@ -37,7 +38,7 @@ type shard struct {
 
 type bucket struct {
 	tokens float64
-	at     int64 // unix ns of the last update
+	at     int64 // ns after the limiter's epoch of the last update
 }
 
 // Config configures a Limiter.
@@ -55,7 +56,7 @@ func New(cfg Config) *Limiter {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	l := &Limiter{rate: cfg.Rate, burst: float64(max(1, cfg.Burst)), perCap: max(1, cfg.MaxKeys/nShards), seed: maphash.MakeSeed()}
+	l := &Limiter{rate: cfg.Rate, burst: float64(max(1, cfg.Burst)), perCap: max(1, cfg.MaxKeys/nShards), epoch: time.Now(), seed: maphash.MakeSeed()}
 	for i := range l.shards {
 		l.shards[i].m = make(map[string]bucket)
 	}
@@ -63,10 +64,13 @@ func New(cfg Config) *Limiter {
 }
 
 // Allow takes a token from key's bucket at now. When there is none it
-// reports false and how long until there is one.
+// reports false and how long until there is one. Give now as time.Now()
+// returns it: buckets refill by the monotonic clock then (now.Sub of the
+// limiter's epoch), so a step of the wall clock (NTP, an operator) neither
+// stalls every bucket until the wall clock catches up nor fills them all.
 func (l *Limiter) Allow(key string, now time.Time) (ok bool, retryAfter time.Duration) {
 	sh := &l.shards[maphash.String(l.seed, key)%nShards]
-	t := now.UnixNano()
+	t := int64(now.Sub(l.epoch))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	b, found := sh.m[key]

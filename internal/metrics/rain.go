@@ -61,7 +61,7 @@ func (r *Registry) Settle(stats func() settle.Stats) {
 	r.Counter("rain_settle_anomalies_total", "Outbox entries with no matching grant.", func() float64 { return float64(stats().Anomalies) })
 	r.Counter("rain_settle_failures_total", "Failed deliveries (retried).", func() float64 { return float64(stats().Failures) })
 	r.Counter("rain_settle_conflicts_total", "Outbox entries whose serial the sink had paid for another grant: left pending for an operator.", func() float64 { return float64(stats().Conflicts) })
-	r.Gauge("rain_settle_lag_seconds", "How old the outbox entry settled last was when it was handled; 0 once settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
+	r.Gauge("rain_settle_lag_seconds", "Age of the oldest outbox entry the last pass over a shard left unsettled, the largest over the shards; 0 when settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
 }
 
 // Durability registers rain_durability_relaxed.

@@ -135,9 +135,13 @@ type Stats struct {
 	Anomalies int64 // grant entries with no matching grant (logged)
 	Failures  int64 // failed deliveries (retried)
 	Conflicts int64 // serials the sink had paid for another grant (left pending, logged)
-	// Lag is how old the outbox entry handled last was when it was handled
-	// (its stream id is the time it was written); 0 once a read of new
-	// entries finds none: how far settlement is behind the grants.
+	// Lag is how far settlement is behind the grants: the age of the oldest
+	// outbox entry (its stream id is the time it was written) the last pass
+	// over a shard left unsettled, the largest over the shards; 0 when every
+	// shard's last pass settled all it read and found no more. An entry
+	// whose delivery keeps failing makes it grow until it is settled; one
+	// left for an operator on a serial conflict does not (Conflicts counts
+	// those). A shard whose outbox cannot be read keeps its last value.
 	Lag time.Duration
 }
 
@@ -149,8 +153,8 @@ type Worker struct {
 	cfg    Config
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
-	lagMS                                              atomic.Int64
-	conflicted                                         sync.Map // "stream id" of entries left pending for a serial conflict
+	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry its last pass left unsettled; 0: none
+	conflicted                                         sync.Map       // "stream id" of entries left pending for a serial conflict
 
 	// hook, when set (tests), runs after each step of an entry ("confirmed",
 	// "delivered"); an error stops the worker there, as a crash would.
@@ -160,14 +164,43 @@ type Worker struct {
 // New returns a worker; Run starts it.
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 	cfg.init()
-	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg}
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, len(shards.Names()))}
 }
 
 // Stats returns what the worker did so far.
 func (w *Worker) Stats() Stats {
 	return Stats{Delivered: w.delivered.Load(), Expired: w.expired.Load(),
 		Anomalies: w.anomalies.Load(), Failures: w.failures.Load(), Conflicts: w.conflicts.Load(),
-		Lag: time.Duration(w.lagMS.Load()) * time.Millisecond}
+		Lag: w.lag(time.Now())}
+}
+
+// lag is Stats.Lag at now.
+func (w *Worker) lag(now time.Time) time.Duration {
+	var oldest int64
+	for i := range w.behind {
+		if at := w.behind[i].Load(); at != 0 && (oldest == 0 || at < oldest) {
+			oldest = at
+		}
+	}
+	if oldest == 0 {
+		return 0
+	}
+	return max(0, time.Duration(now.UnixMilli()-oldest)*time.Millisecond)
+}
+
+// pass is what one pass over a shard's outboxes left unsettled.
+type pass struct {
+	oldest     int64 // unix ms of the oldest entry left unsettled; 0: none
+	incomplete bool  // a read failed: the pass does not know
+}
+
+// behind notes that the entry id was left unsettled (or, for the last of
+// a full batch, that entries no older may wait behind it).
+func (p *pass) behind(id string) {
+	ms, _, _ := strings.Cut(id, "-")
+	if at, err := strconv.ParseInt(ms, 10, 64); err == nil && (p.oldest == 0 || at < p.oldest) {
+		p.oldest = at
+	}
 }
 
 // errStopped is how a test hook's error stops a shard loop.
@@ -183,7 +216,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, name := range names {
 		wg.Go(func() {
-			if err := w.loop(ctx, name); err != nil && ctx.Err() == nil {
+			if err := w.loop(ctx, i, name); err != nil && ctx.Err() == nil {
 				errs[i] = fmt.Errorf("shard %s: %w", name, err)
 				cancel() // one loop down stops the worker: let it restart whole
 			}
@@ -193,8 +226,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// loop settles one shard's outboxes.
-func (w *Worker) loop(ctx context.Context, name string) error {
+// loop settles one shard's outboxes; i is the shard's place in behind.
+func (w *Worker) loop(ctx context.Context, i int, name string) error {
 	c := w.shards.Client(name)
 	var streams []string
 	known := map[string]bool{}
@@ -215,17 +248,21 @@ func (w *Worker) loop(ctx context.Context, name string) error {
 		}
 		// Own pending entries first (a failed delivery, or a restart under
 		// the same consumer name), then those abandoned by others.
-		if err := w.read(ctx, c, streams, "0"); err != nil {
+		var p pass
+		if err := w.read(ctx, c, streams, "0", &p); err != nil {
 			return err
 		}
 		if now.After(nextClaim) {
-			if err := w.claim(ctx, c, streams); err != nil {
+			if err := w.claim(ctx, c, streams, &p); err != nil {
 				return err
 			}
 			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
 		}
-		if err := w.read(ctx, c, streams, ">"); err != nil {
+		if err := w.read(ctx, c, streams, ">", &p); err != nil {
 			return err
+		}
+		if !p.incomplete && ctx.Err() == nil {
+			w.behind[i].Store(p.oldest)
 		}
 	}
 	return nil
@@ -252,8 +289,8 @@ func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, know
 }
 
 // read reads entries from streams at id (">" new, "0" own pending) and
-// handles them.
-func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string) error {
+// handles them, noting in p what it left unsettled.
+func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) error {
 	args := make([]string, 0, 2*len(streams))
 	args = append(args, streams...)
 	for range streams {
@@ -268,27 +305,28 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 	}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		if id == ">" {
-			w.lagMS.Store(0) // caught up
-		}
 		return nil
 	case ctx.Err() != nil:
 		return nil
 	case err != nil:
+		p.incomplete = true
 		w.cfg.Logger.Warn("settle: read", "err", err)
 		_ = wait.For(ctx, w.cfg.RetryDelay)
 		return nil // a shard down: keep trying
 	}
 	for _, st := range res {
-		if err := w.handleAll(ctx, c, st.Stream, st.Messages); err != nil {
+		if err := w.handleAll(ctx, c, st.Stream, st.Messages, p); err != nil {
 			return err
+		}
+		if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
+			p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
 		}
 	}
 	return nil
 }
 
 // claim takes over entries pending on other consumers for ClaimAfter.
-func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) error {
+func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) error {
 	for _, key := range streams {
 		start := "0-0"
 		for {
@@ -298,11 +336,12 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) e
 			}).Result()
 			if err != nil {
 				if ctx.Err() == nil {
+					p.incomplete = true
 					w.cfg.Logger.Warn("settle: claim", "stream", key, "err", err)
 				}
 				break
 			}
-			if err := w.handleAll(ctx, c, key, msgs); err != nil {
+			if err := w.handleAll(ctx, c, key, msgs, p); err != nil {
 				return err
 			}
 			if next == "0-0" || len(msgs) == 0 {
@@ -314,13 +353,10 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string) e
 	return nil
 }
 
-func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage) error {
+// handleAll handles msgs in order and stops at the first that fails (it
+// and those after it stay pending for the next pass), noting it in p.
+func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) error {
 	for _, m := range msgs {
-		if ms, _, ok := strings.Cut(m.ID, "-"); ok {
-			if at, err := strconv.ParseInt(ms, 10, 64); err == nil {
-				w.lagMS.Store(max(0, time.Now().UnixMilli()-at))
-			}
-		}
 		err := w.handle(ctx, c, stream, m)
 		switch {
 		case err == nil:
@@ -337,6 +373,7 @@ func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, 
 				"stream", stream, "id", m.ID, "err", err)
 		default:
 			// Left pending: retried on the next pass over own pending entries.
+			p.behind(m.ID)
 			w.failures.Add(1)
 			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)
 			_ = wait.For(ctx, w.cfg.RetryDelay)

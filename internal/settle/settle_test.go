@@ -427,3 +427,52 @@ func TestWebhookConflictIsNotRetried(t *testing.T) {
 		t.Fatalf("%d tries, want 1: a conflict is not retried", tries)
 	}
 }
+
+// failingSink fails the deliveries of sub-pool 0 while down is set.
+type failingSink struct {
+	down      atomic.Bool
+	mu        sync.Mutex
+	delivered map[int]int // by sub-pool
+}
+
+func (s *failingSink) Deliver(_ context.Context, g Grant) error {
+	if g.SubPool == 0 && s.down.Load() {
+		return errors.New("wallet down")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delivered[g.SubPool]++
+	return nil
+}
+
+// TestLagFollowsTheOldestUnsettled: while the wallet refuses one
+// sub-pool's grants, rain_settle_lag_seconds is the age of the oldest of
+// them and keeps growing, even though the other sub-pool's outbox is
+// settled and its reads come back empty (it used to drop to 0 on any empty
+// read); once the wallet takes them, it is 0.
+func TestLagFollowsTheOldestUnsettled(t *testing.T) {
+	e, _ := newEnv(t, 20, 0)
+	written := time.Now() // every grant's outbox entry is older than this
+	sink := &failingSink{delivered: map[int]int{}}
+	sink.down.Store(true)
+	w := New(e.shards, e.svc, sink, fastConfig("a"))
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "sub-pool 1 settled while sub-pool 0 fails", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.delivered[1] > 0 && w.Stats().Failures > 2 && w.Stats().Lag > 0
+	})
+	prev := time.Duration(0)
+	for range 40 { // 400 ms of passes, empty reads of sub-pool 1 among them
+		lag := w.Stats().Lag
+		if lag < time.Since(written) || lag < prev {
+			t.Fatalf("lag %v (before: %v) while grants written %v ago wait; want at least their age, never falling", lag, prev, time.Since(written))
+		}
+		prev = lag
+		time.Sleep(10 * time.Millisecond)
+	}
+	sink.down.Store(false)
+	waittest.Until(t, 20*time.Second, "all delivered and the lag back to 0", func() bool {
+		return w.Stats().Delivered == 20 && w.Stats().Lag == 0
+	})
+}

@@ -364,3 +364,25 @@ func TestPreloadProgress(t *testing.T) {
 		t.Fatalf("small preload: %v, printed %q; want nothing on stderr", err, errOut.String())
 	}
 }
+
+// TestMetricsListenApart: with --metrics-listen, /metrics is served on that
+// address and not on the API's (404 there, as JSON), so stock and load
+// figures stay off the clients' network.
+func TestMetricsListenApart(t *testing.T) {
+	metricsAddr := freeAddr(t)
+	addr, _ := startServe(t, []string{"--admin-token", "m", "--metrics-listen", metricsAddr}, nil)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("GET /metrics on the API listener = %d %s, want a JSON 404", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if v := metricValue(t, metricsAddr, "rain_durability_relaxed"); v != 0 {
+		t.Fatalf("rain_durability_relaxed on the metrics listener = %v, want 0", v)
+	}
+	if _, ok := scrapeFamilies(t, "http://"+metricsAddr+"/metrics")["rain_build_info"]; !ok {
+		t.Fatal("the metrics listener has no rain_build_info")
+	}
+}

@@ -57,6 +57,7 @@ type serveConfig struct {
 	PoolMax         int
 	PoolQueue       int
 	DebugListen     string // pprof; "" = off
+	MetricsListen   string // /metrics apart from the API; "" = on the API's listener
 	ShardTimeout    time.Duration
 	MaxConns        int
 	IdleTimeout     time.Duration
@@ -109,6 +110,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header in which a trusted proxy in front of rain puts the client's address (X-Forwarded-For: its last entry; X-Real-IP); empty: the peer address. Only set it behind such a proxy: clients can send any header")
 	f.IntVar(&c.RateLimitKeys, "rate-limit-keys", 100_000, "users (and client addresses) whose rate is remembered at most: memory stays bounded under a flood of distinct ids")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
+	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
@@ -119,6 +121,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-max", "RAIN_POOL_MAX")
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
+	f.bindEnv("metrics-listen", "RAIN_METRICS_LISTEN")
 	f.bindEnv("drain-delay", "RAIN_DRAIN_DELAY")
 	f.bindEnv("admin-token-file", "RAIN_ADMIN_TOKEN_FILE")
 	f.bindEnv("user-auth", "RAIN_USER_AUTH")
@@ -246,7 +249,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reg.Stock(svc.Stock)
 	timeline := dash.NewTimeline(reg.Gatherer())
 	cfg := api.Config{Grabber: svc, Pools: svc, AdminToken: c.AdminToken, Ready: svc.Ready, Logger: log, Metrics: reg,
-		AccessLog: c.AccessLog, Timeline: timeline, Admins: admins, ClientIPHeader: c.ClientIPHeader}
+		AccessLog: c.AccessLog, Timeline: timeline, Admins: admins, ClientIPHeader: c.ClientIPHeader,
+		MetricsOff: c.MetricsListen != ""}
 	if users != nil {
 		cfg.Users = users
 	}
@@ -291,7 +295,22 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	log.Info("serving", "addr", ln.Addr().String(), "shards", len(specs), "serial_shard", serialShard)
 
 	if c.DebugListen != "" {
-		stop, err := serveDebug(c.DebugListen, log)
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		stop, err := serveApart("debug-listen", c.DebugListen, mux, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if c.MetricsListen != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", reg.Handler())
+		stop, err := serveApart("metrics-listen", c.MetricsListen, mux, log)
 		if err != nil {
 			return err
 		}
@@ -354,23 +373,17 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-// serveDebug serves net/http/pprof's profiles on addr, on a listener of its
-// own so that they are never exposed with the API; stop shuts it down.
-func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+// serveApart serves h on addr (the value of --flag), on a listener of its
+// own so that it is never exposed with the API; stop shuts it down.
+func serveApart(flag, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--debug-listen: %w", err)
+		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	log.Info("pprof", "addr", ln.Addr().String())
+	log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

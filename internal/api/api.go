@@ -58,6 +58,9 @@ type Config struct {
 	// Metrics is the process's registry: the server adds the grab series
 	// to it and serves it on GET /metrics. Nil: a registry of its own.
 	Metrics *metrics.Registry
+	// MetricsOff leaves GET /metrics out of this handler (rain serve
+	// --metrics-listen serves the registry on a listener of its own).
+	MetricsOff bool
 	// Users, when set, checks the user token of every grab (user auth on):
 	// its subject is the user. Nil: grabs name their user in the body.
 	Users interface {
@@ -119,7 +122,9 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
-	s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	if !cfg.MetricsOff {
+		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	}
 	s.mux.HandleFunc("/", s.noRoute)
 	return s
 }

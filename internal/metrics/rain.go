@@ -12,6 +12,7 @@ import (
 	"rain/internal/settle"
 	"rain/internal/shard"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,10 +139,17 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 	})
 }
 
+// StockEvery is how often the stock is read from the shards at most: a
+// scrape within it of the last read answers that read, and scrapes at the
+// same time share one read, so no number of scrapers (nor a client flooding
+// /metrics) makes more shard reads than one a StockEvery.
+const StockEvery = time.Second
+
 // Stock registers the stock of every sub-pool of the open pools the
 // instance serves, read from the shards at scrape time (one read for both
-// families, bounded by a second). It is not part of Gatherer's view: the
-// dashboard's timeline does not read the shards every second.
+// families, bounded by a second, at most one per StockEvery). It is not
+// part of Gatherer's view: the dashboard's timeline does not read the
+// shards every second.
 func (r *Registry) Stock(read func(ctx context.Context) []grab.SubPoolStock) {
 	labels := []string{"pool", "sub_pool", "shard"}
 	r.scraped.MustRegister(&stockCollector{read: read,
@@ -152,14 +160,29 @@ func (r *Registry) Stock(read func(ctx context.Context) []grab.SubPoolStock) {
 type stockCollector struct {
 	read         func(ctx context.Context) []grab.SubPoolStock
 	count, cents *prometheus.Desc
+
+	mu   sync.Mutex // held across a read: concurrent scrapes share it
+	at   time.Time  // of the last read
+	last []grab.SubPoolStock
+}
+
+// stock returns the last read if it is younger than StockEvery, else reads.
+func (c *stockCollector) stock() []grab.SubPoolStock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < StockEvery {
+		return c.last
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c.last, c.at = c.read(ctx), time.Now()
+	return c.last
 }
 
 func (c *stockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.count; ch <- c.cents }
 
 func (c *stockCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	for _, s := range c.read(ctx) {
+	for _, s := range c.stock() {
 		lv := []string{s.Pool, strconv.Itoa(s.Index), s.Shard}
 		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(s.RemainingCount), lv...)
 		ch <- prometheus.MustNewConstMetric(c.cents, prometheus.GaugeValue, float64(s.RemainingCents), lv...)

@@ -75,8 +75,9 @@ func NewClient(addr string, opts Options) *redis.Client {
 		DialerRetries: 1,
 	}
 	if isURL(addr) {
-		// The spec parser checked the URL; ParseURL takes the address, the
-		// user and password (AUTH), and TLS for rediss://.
+		// ParseSpecs accepts only URLs that ParseURL takes (checkURL asks
+		// it); ParseURL takes the address, the user and password (AUTH),
+		// and TLS for rediss://.
 		if u, err := redis.ParseURL(addr); err == nil {
 			o.Addr, o.Username, o.Password = u.Addr, u.Username, u.Password
 			if u.TLSConfig != nil {

@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Limits on the parts of a spec.
@@ -63,16 +65,41 @@ func isURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
 }
 
-// redact masks the password of a URL address.
+// redact masks the password of a URL address. It does not parse the URL
+// (a password with an unencoded '/', '?' or '#' would end the authority
+// early and show in a parsed URL's path, query or fragment): everything
+// between the scheme and the last '@' is user information, which no host
+// holds, and what follows the user name's ':' there is masked.
 func redact(addr string) string {
-	if !isURL(addr) {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if !ok || !isURL(addr) {
 		return addr
 	}
-	u, err := url.Parse(addr)
-	if err != nil {
-		return "(an address that is not a valid URL)"
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		// No user information, or a password cut short by an unencoded ','
+		// (the list's separator): shown only if it reads as host:port.
+		if u, err := url.Parse(addr); err != nil || u.User != nil || checkAddr(u.Host) != nil {
+			return scheme + "://(not shown: not a valid host:port)"
+		}
+		return addr
 	}
-	return u.Redacted()
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return addr
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
+
+// userinfo returns the user information of a URL address as redact finds
+// it (before the last '@'), and whether it has any.
+func userinfo(addr string) (string, bool) {
+	_, rest, _ := strings.Cut(addr, "://")
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return "", false
+	}
+	return rest[:at], true
 }
 
 // ParseSpecs parses a comma-separated list of "name=weight@host:port" items,
@@ -224,19 +251,28 @@ func checkShardAddr(addr string) error {
 // checkURL accepts redis://[user[:password]@]host:port[/0] and the same
 // with rediss:// (TLS). Query parameters are not taken: rain sets the
 // client's options itself.
+//
+// Errors show the address through redact, never the password; a URL that
+// passes is one go-redis's ParseURL takes (NewClient relies on it).
 func checkURL(addr string) error {
+	if ui, ok := userinfo(addr); ok && strings.ContainsAny(ui, "/?#") {
+		return fmt.Errorf("URL address %s: the user or password has a '/', '?' or '#': percent-encode it (%%2F, %%3F, %%23)", redact(addr))
+	}
 	u, err := url.Parse(addr)
 	if err != nil {
-		return errors.New("bad URL address (a password with reserved characters must be percent-encoded)")
+		return fmt.Errorf("URL address %s: bad URL (reserved characters in a password must be percent-encoded)", redact(addr))
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("URL address %s: no query or fragment taken", u.Redacted())
+		return fmt.Errorf("URL address %s: no query or fragment taken", redact(addr))
 	}
 	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
-		return fmt.Errorf("URL address %s: rain uses database 0 (path %q)", u.Redacted(), u.Path)
+		return fmt.Errorf("URL address %s: rain uses database 0 (path %q)", redact(addr), u.Path)
 	}
 	if err := checkAddr(u.Host); err != nil {
-		return fmt.Errorf("URL address %s: %w", u.Redacted(), err)
+		return fmt.Errorf("URL address %s: %w", redact(addr), err)
+	}
+	if _, err := redis.ParseURL(addr); err != nil {
+		return fmt.Errorf("URL address %s: the Redis client does not take it", redact(addr))
 	}
 	return nil
 }

@@ -131,6 +131,34 @@ func TestSpecString(t *testing.T) {
 	}
 }
 
+// FuzzURLPassword: whatever a shard URL's password holds (but a ',', which
+// ends the item: see TestURLErrorsHideThePassword), an error about the spec
+// never shows it, nor String of a spec it yields.
+func FuzzURLPassword(f *testing.F) {
+	for _, p := range []string{"", "pw", "a/b", "a?b", "a#b", "a@b", "%zz", "a:b", "12/34", "::", "@@", "a b"} {
+		f.Add(p, "h:1")
+	}
+	f.Add("pw", "h:99999")
+	f.Add("pw", "h:1/2")
+	f.Add("pw", "h:1?x")
+	f.Fuzz(func(t *testing.T, p, rest string) {
+		if strings.Contains(p, ",") || strings.Contains(rest, ",") || strings.Contains(rest, "@") || strings.Contains(rest, "Q7") || strings.Contains(rest, "Z9") {
+			t.Skip()
+		}
+		secret := "Q7" + p + "Z9" // markers nothing else in an error holds
+		specs, err := ParseSpecs("s1=1@redis://u:" + secret + "@" + rest)
+		if err != nil {
+			if strings.Contains(err.Error(), "Q7") || strings.Contains(err.Error(), "Z9") {
+				t.Fatalf("error %q shows the password %q", err, secret)
+			}
+			return
+		}
+		if s := specs[0].String(); strings.Contains(s, "Q7") || strings.Contains(s, "Z9") {
+			t.Fatalf("String() = %q shows the password %q", s, secret)
+		}
+	})
+}
+
 func FuzzParseShards(f *testing.F) {
 	for _, s := range []string{
 		"s1=1@127.0.0.1:7001,s2=2@127.0.0.1:7002",
@@ -218,5 +246,53 @@ func TestSentinel(t *testing.T) {
 	}
 	if _, _, ok := (Spec{Addr: "h:1"}).Sentinel(); ok {
 		t.Fatal("Sentinel() of a plain address = true")
+	}
+}
+
+// TestURLErrorsHideThePassword: whatever is wrong with a URL address, and
+// whatever its password holds (a '/', '?', '#' or '@' left unencoded, which
+// ends a parsed URL's authority early), an error or String shows the user
+// but never the password.
+func TestURLErrorsHideThePassword(t *testing.T) {
+	for _, c := range []struct {
+		addr, secret, want string
+	}{
+		{"redis://u:12/3456@h:1", "3456", "percent-encode"},
+		{"redis://u:12?3456@h:1", "3456", "percent-encode"},
+		{"rediss://u:12#3456@h:1", "3456", "percent-encode"},
+		{"redis://u:pa/zq@h:1", "zq", "percent-encode"},
+		{"redis://u:s3cret@h:1/2", "s3cret", "database 0"},
+		{"redis://u:s3cret@h:1?db=1", "s3cret", "no query"},
+		{"redis://u:s3cret@h:1#frag", "s3cret", "no query"},
+		{"redis://u:s3cret@h:99999", "s3cret", "out of range"},
+		{"redis://u:s3cret@h", "s3cret", "missing port"},
+		{"redis://u:s3%zzcret@h:1", "cret", "bad URL"},
+		{"redis://u:s3cret@:1", "s3cret", "empty host"},
+		{"redis://u:s3,cret@h:1", "s3", "not shown"}, // the ',' ends the item
+	} {
+		_, err := ParseSpecs("s1=1@" + c.addr)
+		if err == nil {
+			t.Errorf("%s: accepted, want an error", c.addr)
+			continue
+		}
+		if msg := err.Error(); strings.Contains(msg, c.secret) || !strings.Contains(msg, c.want) ||
+			(!strings.Contains(msg, "u:xxxxx@") && !strings.Contains(msg, "not shown")) {
+			t.Errorf("%s: error %q; want it to say %q and show u:xxxxx@, never %q", c.addr, msg, c.want, c.secret)
+		}
+	}
+	for _, c := range []struct{ spec, want string }{
+		{"s1=1@redis://u:p%2Fw@h:1", "s1=1@redis://u:xxxxx@h:1"},
+		{"s1=1@rediss://u:p@w@h:1", "s1=1@rediss://u:xxxxx@h:1"},
+		{"s1=1@redis://u@h:1", "s1=1@redis://u@h:1"},
+		{"s1=1@redis://h:1", "s1=1@redis://h:1"},
+	} {
+		specs, err := ParseSpecs(c.spec)
+		if err != nil {
+			t.Errorf("%s: %v", c.spec, err)
+			continue
+		}
+		if got := specs[0].String(); got != c.want {
+			t.Errorf("%s: String() = %q, want %q", c.spec, got, c.want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
@@ -9,10 +10,12 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,4 +193,70 @@ func TestUserAuthReload(t *testing.T) {
 	if sub, err := users.Subject(tok(newKey)); err != nil || sub != "u" {
 		t.Fatalf("the new key = %q, %v", sub, err)
 	}
+}
+
+// countingRunner counts the places a Runner gave.
+type countingRunner struct {
+	Runner
+	admitted atomic.Int64
+}
+
+func (r *countingRunner) Admit() bool {
+	r.admitted.Add(1)
+	return r.Runner.Admit()
+}
+
+// TestUnauthorizedBeforeAdmission: with user auth on, a grab without a
+// token is refused before it takes a place in the worker pool, and one
+// with a bad token before its body is read: a client that sends its
+// headers and never its body is answered 401 at once, not held until a
+// timeout with a place taken.
+func TestUnauthorizedBeforeAdmission(t *testing.T) {
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + writeFile(t, "secret", []byte(strings.Repeat("k", 40)))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runner *countingRunner
+	s := newStack(t, 1, redistest.Options{}, func(cfg *Config) {
+		cfg.Users = users
+		runner = &countingRunner{Runner: cfg.Runner}
+		cfg.Runner = runner
+	})
+	if r := s.grabAs(t, "", `{"pool_id":"p","user_id":"u"}`); r.Code != 401 {
+		t.Fatalf("no token = %d %v, want 401", r.Code, r.Body)
+	}
+	if n := runner.admitted.Load(); n != 0 {
+		t.Fatalf("a grab without a token took %d places in the worker pool, want none", n)
+	}
+	for _, authz := range []string{"Authorization: Bearer not.a.jwt", "Authorization: Basic dTpw", ""} {
+		if code := s.withheldBody(t, authz); code != 401 {
+			t.Fatalf("%q with a body that never comes = %d, want 401", authz, code)
+		}
+	}
+}
+
+// withheldBody sends a grab's headers (and header, when not empty) and
+// one byte of its body, never the rest, and returns the status of the
+// answer, which must come within 5 s.
+func (s *stack) withheldBody(t *testing.T, header string) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.ts.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := "POST /grab HTTP/1.1\r\nHost: rain\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+	if header != "" {
+		req += header + "\r\n"
+	}
+	if _, err := conn.Write([]byte(req + "\r\n{")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%q with a body that never comes: %v, want an answer at once", header, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

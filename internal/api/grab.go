@@ -67,19 +67,41 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	// and a short answer, and takes no place in the worker pool.
 	if s.cfg.IPLimit != nil {
 		if ok, wait := s.cfg.IPLimit.Allow(s.clientIP(r), start); !ok {
+			bodyUnread(w)
 			s.refuse(w, start, stRateLimited, grabRequest{}, "this client is over its rate of grabs", wait)
+			return
+		}
+	}
+	// With user auth on, a grab without a bearer token is refused before
+	// it takes a place: it costs a header lookup.
+	authorization := r.Header.Get("Authorization")
+	if s.cfg.Users != nil {
+		if _, ok := auth.BearerToken(authorization); !ok {
+			s.unauthorized(w, start, auth.ErrNoToken, `Bearer realm="rain"`) // RFC 6750: no error code when no token was sent
 			return
 		}
 	}
 	// Admission comes next, before the body is read: under overload a
 	// shed request costs its headers and a short answer, nothing more.
 	if s.cfg.Runner != nil && !s.cfg.Runner.Admit() {
+		bodyUnread(w)
 		s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
 		return
 	}
 	leave := func() {
 		if s.cfg.Runner != nil {
 			s.cfg.Runner.Leave()
+		}
+	}
+	// The token is checked before the body is read: a forged or expired
+	// one is answered at once, whatever its body does.
+	var sub string
+	if s.cfg.Users != nil {
+		var err error
+		if sub, err = s.cfg.Users.Subject(authorization); err != nil {
+			leave()
+			s.unauthorized(w, start, err, `Bearer realm="rain", error="invalid_token"`)
+			return
 		}
 	}
 	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
@@ -89,18 +111,7 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.Users != nil {
-		sub, err := s.cfg.Users.Subject(r.Header.Get("Authorization"))
-		switch {
-		case err != nil:
-			leave()
-			challenge := `Bearer realm="rain", error="invalid_token"`
-			if errors.Is(err, auth.ErrNoToken) {
-				challenge = `Bearer realm="rain"` // RFC 6750: no error code when no token was sent
-			}
-			w.Header().Set("WWW-Authenticate", challenge)
-			s.refuse(w, start, stUnauthorized, req, err.Error(), 0)
-			return
-		case req.UserID != "" && req.UserID != sub:
+		if req.UserID != "" && req.UserID != sub {
 			leave()
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
 			s.refuse(w, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
@@ -136,6 +147,27 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 // refuse answers a grab refused before any work: invalid (400),
 // unauthorized (401; the caller sets WWW-Authenticate) or rate_limited (429,
 // with Retry-After), with the reason in "error". Nothing was granted.
+// bodyUnreadWait is how long an answer given before the request's body
+// was read waits for that body to arrive (net/http reads what is left
+// before it answers, to keep the connection): a client that sent its
+// headers and holds its body back gets the answer then, and its connection
+// is closed.
+const bodyUnreadWait = 100 * time.Millisecond
+
+// bodyUnread bounds the wait for the body of a request answered without
+// reading it (see bodyUnreadWait).
+func bodyUnread(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyUnreadWait))
+}
+
+// unauthorized answers 401 with the WWW-Authenticate challenge; the body
+// has not been read, so the answer names no pool or user.
+func (s *Server) unauthorized(w http.ResponseWriter, start time.Time, err error, challenge string) {
+	bodyUnread(w)
+	w.Header().Set("WWW-Authenticate", challenge)
+	s.refuse(w, start, stUnauthorized, grabRequest{}, err.Error(), 0)
+}
+
 func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req grabRequest, reason string, retryAfter time.Duration) {
 	if st == stRateLimited {
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))

@@ -102,3 +102,17 @@ func TestBotIsCutToItsRate(t *testing.T) {
 		t.Fatalf("rain_grabs_total rate_limited = %v, want %d", got[`rain_grabs_total{status="rate_limited"}`], botLimited+8)
 	}
 }
+
+// TestRateLimitedBeforeTheBody: a client over its per-IP rate is answered
+// 429 before its body is read, even when the body never comes.
+func TestRateLimitedBeforeTheBody(t *testing.T) {
+	s := newStack(t, 1, redistest.Options{}, func(cfg *Config) {
+		cfg.IPLimit = limit.New(limit.Config{Rate: 0.001, Burst: 1})
+	})
+	if r := s.grab(t, "p", "u"); r.Code != 404 {
+		t.Fatalf("first grab = %d %v, want 404 (no pool), within the rate", r.Code, r.Body)
+	}
+	if code := s.withheldBody(t, ""); code != 429 {
+		t.Fatalf("over the rate with a body that never comes = %d, want 429", code)
+	}
+}

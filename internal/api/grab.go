@@ -5,8 +5,8 @@ package api
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
+	"net/netip"
 	"rain/internal/auth"
 	"rain/internal/grab"
 	"rain/internal/pool"
@@ -177,9 +177,10 @@ func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req g
 		"status": statusNames[st], "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
 }
 
-// clientIP is the client's address for the per-IP limit: the value of the
+// clientIP is the client's key for the per-IP limit: the address in the
 // trusted proxy header when one is configured and present (its last
-// address: the one the proxy saw), else the connection's peer.
+// address: the one the proxy saw), else the connection's peer; as
+// ipKey makes it.
 func (s *Server) clientIP(r *http.Request) string {
 	if h := s.cfg.ClientIPHeader; h != "" {
 		if v := r.Header.Values(h); len(v) > 0 {
@@ -187,16 +188,37 @@ func (s *Server) clientIP(r *http.Request) string {
 			if i := strings.LastIndexByte(last, ','); i >= 0 {
 				last = last[i+1:]
 			}
-			if ip := strings.TrimSpace(last); ip != "" {
-				return ip
+			if key, ok := ipKey(strings.TrimSpace(last)); ok {
+				return key
 			}
 		}
 	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
+	if key, ok := ipKey(r.RemoteAddr); ok {
+		return key
 	}
-	return host
+	return r.RemoteAddr
+}
+
+// ipKey is the rate-limit key of an address, given bare or with a port:
+// an IPv4 address (also written as IPv4-mapped IPv6) is itself; an IPv6
+// address is its /64, the block one subscriber gets, so that a client
+// cannot step around its limit through the addresses of its own prefix.
+// Spellings of one address (zero padding, case, a zone) are one key. ok
+// is false when s is no address.
+func ipKey(s string) (key string, ok bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			return "", false
+		}
+		a = ap.Addr()
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is4() {
+		return a.String(), true
+	}
+	return netip.PrefixFrom(a, 64).Masked().String(), true
 }
 
 // answer writes the answer to a grab: its result, or the error it met.

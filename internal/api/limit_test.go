@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -115,4 +116,57 @@ func TestRateLimitedBeforeTheBody(t *testing.T) {
 	if code := s.withheldBody(t, ""); code != 429 {
 		t.Fatalf("over the rate with a body that never comes = %d, want 429", code)
 	}
+}
+
+// TestIPKey: one key per IPv4 address and per IPv6 /64, whatever the
+// spelling; not an address: no key.
+func TestIPKey(t *testing.T) {
+	for _, c := range []struct{ in, key string }{
+		{"203.0.113.7", "203.0.113.7"},
+		{"203.0.113.7:5555", "203.0.113.7"},
+		{"::ffff:203.0.113.7", "203.0.113.7"},
+		{"[::ffff:203.0.113.7]:80", "203.0.113.7"},
+		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"},
+		{"2001:DB8:1:2::9", "2001:db8:1:2::/64"},
+		{"2001:0db8:0001:0002::1", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2::1]:443", "2001:db8:1:2::/64"},
+		{"fe80::1%eth0", "fe80::/64"},
+		{"2001:db8:1:3::1", "2001:db8:1:3::/64"},
+		{"", ""},
+		{"unknown", ""},
+		{"203.0.113.07", ""},
+		{"203.0.113.7, 198.51.100.1", ""},
+	} {
+		key, ok := ipKey(c.in)
+		if key != c.key || ok != (c.key != "") {
+			t.Errorf("ipKey(%q) = %q, %v; want %q", c.in, key, ok, c.key)
+		}
+	}
+}
+
+// FuzzIPKey: any header value gives no key or a canonical one: an IPv4
+// address or an IPv6 /64 that is its own key again.
+func FuzzIPKey(f *testing.F) {
+	for _, s := range []string{"203.0.113.7", "[::1]:80", "2001:db8::1", "fe80::1%eth0", "::ffff:1.2.3.4", "x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		key, ok := ipKey(s)
+		if !ok {
+			return
+		}
+		if p, err := netip.ParsePrefix(key); err == nil {
+			if p.Bits() != 64 || p != p.Masked() || !p.Addr().Is6() || p.Addr().Is4In6() {
+				t.Fatalf("ipKey(%q) = %q: not an IPv6 /64", s, key)
+			}
+			return
+		}
+		if a, err := netip.ParseAddr(key); err != nil || !a.Is4() {
+			t.Fatalf("ipKey(%q) = %q: neither IPv4 nor an IPv6 /64", s, key)
+		}
+		if again, ok := ipKey(key); !ok || again != key {
+			t.Fatalf("ipKey(%q) = %q, but ipKey(%q) = %q", s, key, key, again)
+		}
+	})
 }

@@ -101,6 +101,16 @@ func (l jsonErrors) Accept() (net.Conn, error) {
 
 type jsonErrorConn struct{ net.Conn }
 
+// CloseWrite half-closes the connection: net/http does before it closes a
+// connection whose request it refused, so that the client sees the answer
+// end rather than a reset (the wrapper must not hide it).
+func (c jsonErrorConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // serverErrorHeaders are the headers of net/http's own error answers.
 const serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 

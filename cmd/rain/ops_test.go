@@ -256,7 +256,7 @@ func TestErrorsAreJSON(t *testing.T) {
 			t.Errorf("%s %s: 405 without Allow", c.method, c.path)
 		}
 	}
-	raw := func(what, request string, wantCode int) {
+	raw := func(what, request string, wantCode int, readAfter time.Duration) {
 		t.Helper()
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -265,6 +265,7 @@ func TestErrorsAreJSON(t *testing.T) {
 		defer conn.Close()
 		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 		go func() { _, _ = io.WriteString(conn, request) }()
+		time.Sleep(readAfter) // a client slow to read what came back
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
@@ -272,9 +273,14 @@ func TestErrorsAreJSON(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		check(what, resp.StatusCode, resp.Header, body, wantCode)
 	}
-	raw("headers over the limit", "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 64<<10)+"\r\n\r\n", 431)
-	raw("a request line net/http cannot parse", "GET\r\n\r\n", 400)
-	raw("no Host header", "GET /livez HTTP/1.1\r\n\r\n", 400)
+	raw("headers over the limit", "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 64<<10)+"\r\n\r\n", 431, 0)
+	// Far over: the client is still sending when the answer goes out, and
+	// reads it only after net/http's wait before closing (500 ms).
+	{
+		raw("headers far over the limit", "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 8<<20)+"\r\n\r\n", 431, 700*time.Millisecond)
+	}
+	raw("a request line net/http cannot parse", "GET\r\n\r\n", 400, 0)
+	raw("no Host header", "GET /livez HTTP/1.1\r\n\r\n", 400, 0)
 }
 
 // TestDrainOnStop: on SIGTERM (the context's end) /readyz answers 503
@@ -384,5 +390,51 @@ func TestMetricsListenApart(t *testing.T) {
 	}
 	if _, ok := scrapeFamilies(t, "http://"+metricsAddr+"/metrics")["rain_build_info"]; !ok {
 		t.Fatal("the metrics listener has no rain_build_info")
+	}
+}
+
+// TestJSONErrorConnHalfCloses: the listener wrapper keeps the TCP
+// connection's CloseWrite, which net/http uses to half-close before it
+// closes on a request it refused (the client sees the answer end while it
+// may still be sending).
+func TestJSONErrorConnHalfCloses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wrapped := jsonErrors{ln}
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := wrapped.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	cw, ok := server.(interface{ CloseWrite() error })
+	if !ok {
+		t.Fatal("the wrapped connection has no CloseWrite: net/http closes refused connections outright")
+	}
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cw.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client) // ends at the half-close
+	if err != nil || string(got) != "answer" {
+		t.Fatalf("client read %q, %v; want the answer, then EOF", got, err)
+	}
+	if _, err := client.Write([]byte("more")); err != nil { // the other half is open
+		t.Fatalf("client write after the half-close: %v", err)
+	}
+	buf := make([]byte, 4)
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(server, buf); err != nil || string(buf) != "more" {
+		t.Fatalf("server read %q, %v after its half-close; want more", buf, err)
 	}
 }

@@ -243,6 +243,7 @@ func TestErrorsAreJSON(t *testing.T) {
 		code         int
 	}{
 		{"GET", "/nope", 404}, {"GET", "/grab", 405}, {"DELETE", "/admin/pools", 405}, {"GET", "/admin/nothing", 404},
+		{"POST", "/admin/nothing", 404}, {"POST", "/admin/", 405}, {"DELETE", "/admin/pools/p/nothing", 404},
 	} {
 		req, _ := http.NewRequest(c.method, "http://"+addr+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)

@@ -95,6 +95,13 @@ type Server struct {
 }
 
 // New returns the API server.
+// The dashboard's files: a subtree pattern, which matches any path under
+// it, whether the dashboard has the file or not.
+const (
+	dashPrefix  = "/admin/"
+	dashPattern = "GET " + dashPrefix
+)
+
 func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -111,7 +118,7 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("GET /admin/stats", s.admin(s.stats))
 	// The dashboard's page: static files, no secret in them (it asks for
 	// the token, and calls the endpoints above with it).
-	s.mux.Handle("GET /admin/", dash.Files("/admin/", http.HandlerFunc(s.noRoute)))
+	s.mux.Handle(dashPattern, dash.Files(dashPrefix, http.HandlerFunc(s.noRoute)))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
 	s.mux.HandleFunc("POST /admin/grants/confirm", s.admin(s.confirm))

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -563,4 +565,22 @@ func TestConfirm(t *testing.T) {
 		t.Fatalf("status = %v, want 1 confirmed, 1 released, 1 held", st.Body)
 	}
 	s.assertAudit(t, "c")
+}
+
+// TestDashboardColoursEveryStatus: the dashboard's grabs/s chart has a
+// colour of its own for every status a grab can be answered with.
+func TestDashboardColoursEveryStatus(t *testing.T) {
+	js, err := os.ReadFile("../dash/static/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile(`(?s)const COLORS = \{(.*?)\};`).FindSubmatch(js)
+	if block == nil {
+		t.Fatal("app.js has no COLORS table")
+	}
+	for _, name := range statusNames {
+		if !regexp.MustCompile(`\b` + name + `:\s*"#[0-9a-f]{3,6}"`).Match(block[1]) {
+			t.Errorf("the dashboard has no colour for status %q", name)
+		}
+	}
 }

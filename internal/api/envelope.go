@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"rain/internal/dash"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,7 +118,10 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	var allowed []string
 	for _, m := range methods {
 		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
-		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
+		// The catch-all and the dashboard's subtree (for a path that is no
+		// file of it) are no endpoint: they allow no method.
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" &&
+			(pattern != dashPattern || dash.Has(dashPrefix, r.URL.Path)) {
 			allowed = append(allowed, m)
 		}
 	}

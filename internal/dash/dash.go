@@ -31,20 +31,30 @@ var static embed.FS
 // request's path less prefix names the file; "" is the page); a request for
 // anything else goes to notFound.
 func Files(prefix string, notFound http.Handler) http.Handler {
-	sub, _ := fs.Sub(static, "static") // static is embedded: it is there
-	files := http.StripPrefix(prefix, http.FileServerFS(sub))
+	files := http.StripPrefix(prefix, http.FileServerFS(staticFiles()))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		name, ok := strings.CutPrefix(r.URL.Path, prefix)
-		if name == "" {
-			name = "index.html"
-		}
-		if fi, err := fs.Stat(sub, name); !ok || err != nil || fi.IsDir() {
+		if !Has(prefix, r.URL.Path) {
 			notFound.ServeHTTP(w, r)
 			return
 		}
 		w.Header().Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
 	})
+}
+
+func staticFiles() fs.FS {
+	sub, _ := fs.Sub(static, "static") // static is embedded: it is there
+	return sub
+}
+
+// Has reports whether Files(prefix, ...) serves a file at path.
+func Has(prefix, path string) bool {
+	name, ok := strings.CutPrefix(path, prefix)
+	if name == "" {
+		name = "index.html"
+	}
+	fi, err := fs.Stat(staticFiles(), name)
+	return ok && err == nil && !fi.IsDir()
 }
 
 // Point is one second of the timeline.

@@ -6,7 +6,8 @@
 const KEY = "rain.adminToken";
 const COLORS = { granted: "#2e7d32", already_granted: "#7cb342", sold_out: "#6d4c41",
   overloaded: "#d23f31", not_found: "#8e24aa", not_started: "#f9a825", ended: "#546e7a",
-  invalid: "#fb8c00", error: "#000", p50: "#1565c0", p99: "#d23f31" };
+  invalid: "#fb8c00", unauthorized: "#ad1457", rate_limited: "#00838f", error: "#000",
+  p50: "#1565c0", p99: "#d23f31" };
 const $ = (id) => document.getElementById(id);
 
 let token = sessionStorage.getItem(KEY) || "";

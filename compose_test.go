@@ -175,11 +175,21 @@ func buildRain(t *testing.T) string {
 
 // interpolate resolves compose's ${VAR:-default}, ${VAR-default}, ${VAR} and
 // $VAR to their defaults (or ""), as with nothing set in the environment: the
-// file must work as written.
+// file must work as written. ${VAR:?message}, a variable compose refuses to
+// start without, becomes required(VAR).
 func interpolate(s string) string {
-	re := regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
-	return re.ReplaceAllStringFunc(s, func(m string) string { return re.FindStringSubmatch(m)[2] })
+	re := regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*)|:?\?([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
+	return re.ReplaceAllStringFunc(s, func(m string) string {
+		sub := re.FindStringSubmatch(m)
+		if strings.Contains(m, "?") && sub[1] != "" {
+			return required(sub[1])
+		}
+		return sub[2]
+	})
 }
+
+// required is what interpolate makes of a variable compose requires.
+func required(name string) string { return "required(" + name + ")" }
 
 // ------------------------------------------------------------ the stack
 
@@ -344,8 +354,13 @@ func TestComposeMatchesRain(t *testing.T) {
 // port, ports on 127.0.0.1 only, a /readyz health check on that port, and a
 // stop grace period longer than rain's own shutdown timeout.
 func checkServe(t *testing.T, svc *ymap, env map[string]string) {
-	if env["RAIN_ADMIN_TOKEN"] == "" {
+	switch tok := env["RAIN_ADMIN_TOKEN"]; {
+	case tok == required("RAIN_ADMIN_TOKEN"):
+		// compose refuses to start until the operator chooses one
+	case tok == "":
 		t.Error("RAIN_ADMIN_TOKEN is empty: rain serve refuses --redis without an admin token")
+	default:
+		t.Errorf("RAIN_ADMIN_TOKEN defaults to %q: a token everyone who reads the file knows; require it (${RAIN_ADMIN_TOKEN:?...})", tok)
 	}
 	host, port, err := net.SplitHostPort(env["RAIN_LISTEN"])
 	if err != nil {

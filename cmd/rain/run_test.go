@@ -45,6 +45,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// longToken is an admin token long enough for rain serve --redis.
+const longToken = "sekret-sekret-sekret"
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -133,7 +136,7 @@ var durable = redistest.Options{AOF: true, Fsync: "always"}
 func TestServeRedisFromEnvAndTools(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
 	shards := fmt.Sprintf("a=1@%s,b=2@%s", servers[0].Addr, servers[1].Addr)
-	environ := map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": "sekret"}
+	environ := map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": longToken}
 	addr, logs := startServe(t, nil, environ)
 	if strings.Contains(logs.String(), "embedded") {
 		t.Fatalf("serve with RAIN_REDIS ran embedded:\n%s", logs)
@@ -199,15 +202,16 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"bogus"}, nil, "unknown command"},
 		{[]string{"serve", "--redis", "s1=0@127.0.0.1:1"}, nil, "weight"},
 		{[]string{"serve"}, map[string]string{"RAIN_REDIS": "s1=1@127.0.0.1:1"}, "admin-token"},
-		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "x", "--serial-shard", "zz"}, nil, "serial-shard"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", longToken, "--serial-shard", "zz"}, nil, "serial-shard"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "short"}, nil, "at least 16"},
 		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
 		{[]string{"serve", "--log-format", "xml"}, nil, "log-format"},
 		{[]string{"serve", "--user-auth", "hs256"}, nil, "user auth"},
 		{[]string{"serve", "--user-auth", "md5:/etc/hostname"}, nil, "unknown kind"},
 		{[]string{"serve", "--user-auth", "hs256:/nonexistent/key"}, nil, "no such file"},
 		{[]string{"serve", "--admin-token-file", "/nonexistent/tokens"}, nil, "admin token file"},
-		{[]string{"serve", "--redis-ca", "/nonexistent/ca.pem", "--admin-token", "x", "--redis", "s1=1@127.0.0.1:1"}, nil, "--redis-ca"},
-		{[]string{"serve", "--redis", "s1=1@rediss://u:hunter2@127.0.0.1:99999", "--admin-token", "x"}, nil, "xxxxx"},
+		{[]string{"serve", "--redis-ca", "/nonexistent/ca.pem", "--admin-token", longToken, "--redis", "s1=1@127.0.0.1:1"}, nil, "--redis-ca"},
+		{[]string{"serve", "--redis", "s1=1@rediss://u:hunter2@127.0.0.1:99999", "--admin-token", longToken}, nil, "xxxxx"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "http://127.0.0.1:1", "--webhook-secret-file", "/nonexistent"}, nil, "webhook-secret-file"},
 		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
 		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
@@ -231,10 +235,10 @@ func TestSettleCommand(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
 	environ := map[string]string{
 		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
-		"RAIN_ADMIN_TOKEN": "sekret",
+		"RAIN_ADMIN_TOKEN": longToken,
 	}
 	addr, _ := startServe(t, nil, environ)
-	if code, body := post(t, "http://"+addr+"/admin/pools", "sekret", `{"pool_id":"s","total_cents":500,"count":5}`); code != 201 {
+	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"s","total_cents":500,"count":5}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}
 	for i := range 5 {
@@ -259,7 +263,7 @@ func TestSettleCommand(t *testing.T) {
 		t.Fatalf("rain settle returned %v after cancel, want nil", err)
 	}
 	req, _ := http.NewRequest("GET", "http://"+addr+"/admin/pools/s", nil)
-	req.Header.Set("Authorization", "Bearer sekret")
+	req.Header.Set("Authorization", "Bearer "+longToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +310,7 @@ func TestDurability(t *testing.T) {
 	noAOF := redistest.Start(t, redistest.Options{})
 	shards := fmt.Sprintf("a=1@%s,b=1@%s,c=1@%s", good.Addr, everysec.Addr, noAOF.Addr)
 	for _, cmd := range [][]string{
-		{"serve", "--listen", "127.0.0.1:0", "--admin-token", "x"},
+		{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken},
 		{"settle", "--ledger", t.TempDir() + "/l"},
 	} {
 		err := run(context.Background(), append(cmd, "--redis", shards), env(nil), &bytes.Buffer{}, &bytes.Buffer{})
@@ -322,7 +326,7 @@ func TestDurability(t *testing.T) {
 			t.Errorf("rain %s refused with %q, which names the durable shard a", cmd[0], err)
 		}
 	}
-	addr, logs := startServe(t, []string{"--durability", "relaxed"}, map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": "x"})
+	addr, logs := startServe(t, []string{"--durability", "relaxed"}, map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": longToken})
 	if !strings.Contains(logs.String(), `durability relaxed: shard b: appendfsync is \"everysec\"`) {
 		t.Errorf("relaxed serve logged no warning naming shard b:\n%s", logs)
 	}
@@ -353,10 +357,10 @@ func TestIdleChatter(t *testing.T) {
 		proxies = append(proxies, p)
 		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, p.Addr))
 	}
-	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": "sekret"}
+	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": longToken}
 	a, _ := startServe(t, nil, environ)
 	startServe(t, nil, environ)
-	if code, body := post(t, "http://"+a+"/admin/pools", "sekret", `{"pool_id":"idle","total_cents":10000,"count":100,"sub_pools":4}`); code != 201 {
+	if code, body := post(t, "http://"+a+"/admin/pools", longToken, `{"pool_id":"idle","total_cents":10000,"count":100,"sub_pools":4}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}
 	for i := range 20 {

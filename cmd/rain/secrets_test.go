@@ -112,7 +112,7 @@ func TestServeTLSShards(t *testing.T) {
 	environ := map[string]string{
 		"RAIN_REDIS":       fmt.Sprintf("s1=1@rediss://rain:rain-pw@127.0.0.1:%d", tl.Port),
 		"RAIN_REDIS_CA":    tl.CAFile,
-		"RAIN_ADMIN_TOKEN": "tls-admin",
+		"RAIN_ADMIN_TOKEN": longToken,
 	}
 	addr, logs := startServe(t, nil, environ)
 	if strings.Contains(logs.String(), "rain-pw") {
@@ -122,7 +122,7 @@ func TestServeTLSShards(t *testing.T) {
 		t.Errorf("no warning that user auth is off on real shards:\n%s", logs)
 	}
 	base := "http://" + addr
-	if code, body := post(t, base+"/admin/pools", "tls-admin", `{"pool_id":"t","total_cents":1000,"count":10}`); code != 201 {
+	if code, body := post(t, base+"/admin/pools", longToken, `{"pool_id":"t","total_cents":1000,"count":10}`); code != 201 {
 		t.Fatalf("preload over TLS = %d %v", code, body)
 	}
 	if code, body := post(t, base+"/grab", "", `{"pool_id":"t","user_id":"u1"}`); code != 200 {
@@ -132,7 +132,7 @@ func TestServeTLSShards(t *testing.T) {
 	if err := run(context.Background(), []string{"audit", "--pool", "t"}, env(environ), &out, &errOut); err != nil {
 		t.Fatalf("rain audit over TLS: %v\n%s%s", err, out.String(), errOut.String())
 	}
-	bad := map[string]string{"RAIN_REDIS": environ["RAIN_REDIS"], "RAIN_ADMIN_TOKEN": "x"}
+	bad := map[string]string{"RAIN_REDIS": environ["RAIN_REDIS"], "RAIN_ADMIN_TOKEN": longToken}
 	if err := run(context.Background(), []string{"audit", "--pool", "t"}, env(bad), &out, &errOut); err == nil {
 		t.Fatal("audit without the CA trusted the shard's self-signed certificate")
 	}

@@ -181,6 +181,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		if c.AdminToken == "" && c.AdminTokenFile == "" {
 			return errors.New("--admin-token (RAIN_ADMIN_TOKEN) or --admin-token-file is required with --redis")
 		}
+		if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminToken {
+			return fmt.Errorf("--admin-token (RAIN_ADMIN_TOKEN) is %d bytes; want at least %d with --redis (e.g. openssl rand -hex 16)", len(c.AdminToken), auth.MinAdminToken)
+		}
 		if c.UserAuth == "" {
 			log.Warn("user auth is off: any client can grab as any user_id; give --user-auth to check the app's signed user tokens")
 		}

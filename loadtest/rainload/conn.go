@@ -27,8 +27,9 @@ type conn struct {
 	d    *driver
 	nc   net.Conn // nil when not connected
 	br   *bufio.Reader
-	head string // request line and headers up to "Content-Length: "
-	req  []byte // the request being sent
+	head string  // request line and headers, but the token and Content-Length
+	sign *signer // nil: no user token
+	req  []byte  // the request being sent
 	body bytes.Buffer
 }
 
@@ -37,7 +38,8 @@ func newConn(d *driver) *conn {
 	return &conn{
 		d: d,
 		head: "POST " + path + " HTTP/1.1\r\nHost: " + d.cfg.base.Host +
-			"\r\nUser-Agent: rainload\r\nContent-Type: application/json\r\nContent-Length: ",
+			"\r\nUser-Agent: rainload\r\nContent-Type: application/json\r\n",
+		sign: d.cfg.signer.forConn(),
 	}
 }
 
@@ -254,6 +256,12 @@ func (c *conn) appendRequest(b []byte, user int64) []byte {
 	// {"pool_id":"P","user_id":"PREFIXn"}: ids were checked to need no escaping.
 	n := len(`{"pool_id":"","user_id":""}`) + len(cfg.pool) + len(cfg.userPrefix) + digits(user)
 	b = append(b, c.head...)
+	if c.sign != nil {
+		b = append(b, "Authorization: Bearer "...)
+		b = c.sign.appendToken(b, cfg.userPrefix, user)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "Content-Length: "...)
 	b = strconv.AppendInt(b, int64(n), 10)
 	b = append(b, "\r\n\r\n"...)
 	b = append(b, `{"pool_id":"`...)
@@ -309,6 +317,10 @@ func classify(code int, body []byte) status {
 		return overloaded
 	case "invalid":
 		return invalid
+	case "unauthorized":
+		return unauthorized
+	case "rate_limited":
+		return rateLimited
 	}
 	return errStatus
 }

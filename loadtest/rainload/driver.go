@@ -24,23 +24,25 @@ const (
 	ended
 	overloaded
 	invalid
-	errStatus // an HTTP answer that is not API.md's: 5xx other than 503, or no known status
-	transport // no HTTP answer: connection error or timeout
+	unauthorized // 401: no user token, or one rain does not take (-user-secret)
+	rateLimited  // 429: over a per-IP or per-user rate of rain's
+	errStatus    // an HTTP answer that is not API.md's: 5xx other than 503, or no known status
+	transport    // no HTTP answer: connection error or timeout
 	nStatus
 )
 
 // statusNames are the names in the summary and timeline, by status.
 var statusNames = [nStatus]string{
 	"granted", "already_granted", "sold_out", "not_found", "not_started", "ended",
-	"overloaded", "invalid", "error", "transport",
+	"overloaded", "invalid", "unauthorized", "rate_limited", "error", "transport",
 }
 
 // goodput reports whether s is an answer API.md means as one (200, 404, 410, 425).
 func (s status) goodput() bool { return s <= ended }
 
 // accepted reports whether the server took the request on: everything but a shed
-// (503 overloaded) and no answer at all.
-func (s status) accepted() bool { return s != overloaded && s != transport }
+// (503 overloaded), a refusal for the rate (429) and no answer at all.
+func (s status) accepted() bool { return s != overloaded && s != rateLimited && s != transport }
 
 // ring is how many seconds of per-second counters exist at once: the one being
 // filled, the one the monitor reads, and slack for late writers.

@@ -34,8 +34,9 @@ type config struct {
 	adminToken  string
 	scrape      bool
 	preload     bool
-	preloadN    int64 // packets
-	preloadSum  int64 // cents
+	preloadN    int64        // packets
+	preloadSum  int64        // cents
+	signer      *tokenSigner // -user-secret; nil: no user tokens
 }
 
 // parseLoad reads the flags of a load test. Errors say which flag is wrong; -h
@@ -61,6 +62,9 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	token := fs.String("admin-token", "", "bearer `token` for -preload and -scrape")
 	scrape := fs.Bool("scrape", false, "every second, GET /metrics (rain_pool_* gauges) and GET /admin/pools/{pool} (remaining stock) into the timeline; needs -admin-token")
 	preload := fs.String("preload", "", "POST /admin/pools with `COUNT:TOTAL_CENTS` before the load (201 or 200 are fine); needs -admin-token")
+	userSecret := fs.String("user-secret", "", "send each grab with a user token (Authorization: Bearer, HS256, sub = its user id) signed with the secret in `FILE`, for a rain serve --user-auth hs256:FILE")
+	userAud := fs.String("user-audience", "", "the aud of the user tokens (rain serve --user-auth-audience)")
+	userIss := fs.String("user-issuer", "", "the iss of the user tokens (rain serve --user-auth-issuer)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -147,6 +151,20 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	}
 	if (c.preload || c.scrape) && c.adminToken == "" {
 		return nil, errors.New("-preload and -scrape need -admin-token")
+	}
+	switch {
+	case *userSecret != "":
+		// The tokens outlive the run, its last answers and some slack.
+		var length time.Duration
+		for _, st := range c.stages {
+			length += st.Duration
+		}
+		expires := time.Now().Add(length + c.timeout + 10*time.Minute)
+		if c.signer, err = newTokenSigner(*userSecret, *userAud, *userIss, expires); err != nil {
+			return nil, err
+		}
+	case *userAud != "" || *userIss != "":
+		return nil, errors.New("-user-audience and -user-issuer go with -user-secret")
 	}
 	return c, nil
 }

@@ -21,6 +21,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"rain/internal/auth"
 	"rain/loadtest/rainload/internal/timeline"
 )
 
@@ -41,6 +42,7 @@ var answers = [10]struct {
 // user id (see answers), granted ones in chunked encoding; the operator endpoints
 // need the token "T" and serve a pool "p" with stock that the grants use up.
 type fakeRain struct {
+	users     *auth.Users   // when set, a grab needs a user token for its user_id
 	delay     time.Duration // before each grab answer
 	preloads  atomic.Int64
 	remaining atomic.Int64
@@ -78,6 +80,13 @@ func (f *fakeRain) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.UserID == "" {
 			w.WriteHeader(http.StatusTeapot)
 			return
+		}
+		if f.users != nil {
+			if sub, err := f.users.Subject(r.Header.Get("Authorization")); err != nil || sub != req.UserID {
+				w.WriteHeader(http.StatusUnauthorized)
+				fmt.Fprintf(w, `{"status":"unauthorized","error":%q}`, fmt.Sprint(err))
+				return
+			}
 		}
 		time.Sleep(f.delay)
 		a := answers[req.UserID[len(req.UserID)-1]-'0']
@@ -187,8 +196,12 @@ func TestRunCountsEveryStatus(t *testing.T) {
 		t.Errorf("scheduled %d sent %d dropped %d answered %d, want 500 500 0 450", s.Scheduled, s.Sent, s.Dropped, s.Answered)
 	}
 	for _, name := range statusNames {
-		if got := s.Statuses[name]; got != 50 {
-			t.Errorf("statuses[%s] = %d, want 50", name, got)
+		want := int64(50)
+		if name == "unauthorized" || name == "rate_limited" {
+			want = 0 // fakeRain checks no token nor rate (TestUserSecret does)
+		}
+		if got, ok := s.Statuses[name]; got != want || !ok {
+			t.Errorf("statuses[%s] = %d (present: %v), want %d", name, got, ok, want)
 		}
 	}
 	wantCodes := map[string]int64{"200": 100, "410": 100, "404": 50, "425": 50, "503": 50, "400": 50, "500": 50}
@@ -558,6 +571,8 @@ func TestClassify(t *testing.T) {
 		{200, `{"status":"maybe"}`, errStatus},
 		{200, `{"status":1}`, errStatus},
 		{401, `{"error":"no token"}`, errStatus},
+		{401, `{"status":"unauthorized","error":"missing bearer token"}`, unauthorized},
+		{429, `{"status":"rate_limited","error":"this client is over its rate of grabs"}`, rateLimited},
 		{200, `{"status":"granted`, errStatus},
 	}
 	for _, tt := range tests {
@@ -584,5 +599,73 @@ func TestAppendRequest(t *testing.T) {
 			!strings.HasSuffix(head, "Content-Length: "+strconv.Itoa(len(want))) {
 			t.Errorf("head = %q", head)
 		}
+	}
+}
+
+// TestUserSecret: with -user-secret (and -user-audience, -user-issuer),
+// every grab carries a token rain's own verifier (internal/auth, as rain
+// serve --user-auth hs256:FILE runs it) takes, for the grab's user; with
+// no secret or another one, every grab is answered unauthorized and
+// counted so.
+func TestUserSecret(t *testing.T) {
+	dir := t.TempDir()
+	secret, other := filepath.Join(dir, "secret"), filepath.Join(dir, "other")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte(strings.Repeat("o", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + secret, Audience: "rain", Issuer: "login"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeRain{users: users}
+	url := f.start(t)
+	load := func(extra ...string) *Summary {
+		t.Helper()
+		sum := filepath.Join(t.TempDir(), "s.json")
+		args := append([]string{"-url", url, "-pool", "p", "-rate", "200", "-duration", "500ms",
+			"-repeat", "0.2", "-conns", "4", "-progress", "0", "-summary", sum}, extra...)
+		runOK(t, context.Background(), args...)
+		s, _ := readSummary(t, sum)
+		return s
+	}
+	s := load("-user-secret", secret, "-user-audience", "rain", "-user-issuer", "login")
+	if s.Statuses["unauthorized"] != 0 || s.Statuses["granted"] == 0 {
+		t.Fatalf("with the secret: %v, want grants and no unauthorized", s.Statuses)
+	}
+	for _, extra := range [][]string{nil, {"-user-secret", other, "-user-audience", "rain", "-user-issuer", "login"}, {"-user-secret", secret}} {
+		if s := load(extra...); s.Statuses["unauthorized"] != s.Answered || s.Answered == 0 {
+			t.Errorf("%q: %v of %d answered, want all unauthorized", extra, s.Statuses, s.Answered)
+		}
+	}
+	var stderr bytes.Buffer
+	short := filepath.Join(dir, "short")
+	_ = os.WriteFile(short, []byte("short"), 0o600)
+	if err := run(context.Background(), []string{"-url", url, "-pool", "p", "-rate", "1", "-duration", "1s", "-user-secret", short}, io.Discard, &stderr); err == nil || !strings.Contains(err.Error(), "32 or more") {
+		t.Errorf("a 5-byte secret: %v, want refused", err)
+	}
+}
+
+// BenchmarkAppendRequestSigned: what a user token adds to each request the
+// driver writes.
+func BenchmarkAppendRequestSigned(b *testing.B) {
+	secret := filepath.Join(b.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	for _, extra := range [][]string{nil, {"-user-secret", secret}} {
+		cfg, err := parseLoad(append([]string{"-pool", "p", "-rate", "1", "-duration", "1s"}, extra...), io.Discard)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := newConn(&driver{cfg: cfg})
+		b.Run(fmt.Sprintf("signed=%v", extra != nil), func(b *testing.B) {
+			buf := make([]byte, 0, 1024)
+			for i := range b.N {
+				buf = c.appendRequest(buf[:0], int64(i))
+			}
+		})
 	}
 }

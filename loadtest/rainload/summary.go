@@ -29,13 +29,13 @@ import (
 //	achieved_rps              answered / schedule_s
 //	goodput_rps               (granted + already_granted + sold_out + not_found + not_started + ended) / schedule_s
 //	shed_rps                  overloaded / schedule_s
-//	statuses                  requests by status: the eight of API.md, "error" (5xx other than 503,
+//	statuses                  requests by status: the ten of API.md, "error" (5xx other than 503,
 //	                          or an answer with no status of API.md) and "transport" (no answer:
 //	                          connection error or timeout); every key is present
 //	http_codes                answers by HTTP code ("200": n)
 //	latency_ms                percentiles in milliseconds, measured from when each request was due:
-//	                          "overall" (every finished request), "accepted" (all but overloaded and
-//	                          transport), "by_status" (each status with a request); each is
+//	                          "overall" (every finished request), "accepted" (all but overloaded,
+//	                          rate_limited and transport), "by_status" (each status with a request); each is
 //	                          {count, mean, p50, p90, p99, p999, max}
 //	lag_ms                    how late the driver sent requests after they were due (same fields):
 //	                          its own share of latency_ms
@@ -164,7 +164,7 @@ func (d *driver) summary(sched, end time.Duration, early bool, scrapeErrs int64)
 
 // print writes s for a person: rates, counts, and a table of latencies; then one
 // line for scripts, "result key=value ...": the counts, the rates, sold_out,
-// errors (invalid + error + transport), the accepted latency percentiles, the
+// errors (invalid + unauthorized + error + transport), the accepted latency percentiles, the
 // driver's lag, and the p99 latency of shed answers (503 overloaded), as in
 // the JSON summary.
 func (s *Summary) print(w io.Writer) {
@@ -210,6 +210,6 @@ func (s *Summary) print(w io.Writer) {
 	a := s.Latency.Accepted
 	fmt.Fprintf(w, "result scheduled=%d sent=%d answered=%d dropped=%d offered_rps=%.1f achieved_rps=%.1f goodput_rps=%.1f shed_rps=%.1f sold_out=%d errors=%d p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f p999_ms=%.3f max_ms=%.3f lag_p50_ms=%.3f lag_p99_ms=%.3f shed_p99_ms=%.3f\n",
 		s.Scheduled, s.Sent, s.Answered, s.Dropped, s.OfferedRPS, s.AchievedRPS, s.GoodputRPS, s.ShedRPS,
-		s.Statuses["sold_out"], s.Statuses["invalid"]+s.Statuses["error"]+s.Statuses["transport"],
+		s.Statuses["sold_out"], s.Statuses["invalid"]+s.Statuses["unauthorized"]+s.Statuses["error"]+s.Statuses["transport"],
 		a.P50, a.P90, a.P99, a.P999, a.Max, s.Lag.P50, s.Lag.P99, s.Latency.ByStatus["overloaded"].P99)
 }

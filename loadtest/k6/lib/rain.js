@@ -117,12 +117,17 @@ export const GRAB_STATUSES = Object.freeze({
   not_started: { code: 425, retryAfter: true },
   overloaded: { code: 503, retryAfter: true },
   invalid: { code: 400, error: true },
+  // Both may be answered before the body is read, naming no pool or user
+  // (unauthorized: no token, or a bad one; rate_limited: over the per-IP rate).
+  unauthorized: { code: 401, error: true, beforeBody: true },
+  rate_limited: { code: 429, retryAfter: true, beforeBody: true },
 });
 
 // GRAB_CODES are the HTTP codes of answers a client expects under load: 503
-// (shed) and 410 (sold out) are answers, not failures. 400 is not among them:
-// these scripts never send a malformed grab, so a 400 is a failure.
-export const GRAB_CODES = [200, 404, 410, 425, 503];
+// (shed), 429 (over a rate limit) and 410 (sold out) are answers, not
+// failures. 400 and 401 are not among them: these scripts never send a
+// malformed grab, and run against rain with user auth off.
+export const GRAB_CODES = [200, 404, 410, 425, 429, 503];
 
 // Metric names, for thresholds.
 export const M = Object.freeze({
@@ -326,7 +331,8 @@ export function checkGrab(res, req, prior) {
   let grant = null;
   if (spec) {
     sets[`${status}: HTTP ${spec.code}`] = (r) => r.status === spec.code;
-    sets[`${status}: echoes pool_id and user_id`] = () => body.pool_id === req.pool_id && body.user_id === req.user_id;
+    sets[`${status}: echoes pool_id and user_id`] = () => (body.pool_id === req.pool_id && body.user_id === req.user_id) ||
+      (spec.beforeBody === true && body.pool_id === '' && body.user_id === '');
     if (spec.grant) {
       sets[`${status}: amount_cents, serial, expires_at`] = () => hasGrant(body);
       if (hasGrant(body)) {

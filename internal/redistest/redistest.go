@@ -159,6 +159,13 @@ func (s *Server) args() []string {
 // downAfter without an answer. Like Start, it is stopped in tb's cleanup.
 func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration) *Server {
 	tb.Helper()
+	return StartSentinelAuth(tb, master, primaryAddr, quorum, downAfter, "")
+}
+
+// StartSentinelAuth is StartSentinel for a primary (and replicas) that
+// require authPass (sentinel auth-pass); "" for none.
+func StartSentinelAuth(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration, authPass string) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatal(Missing)
@@ -173,6 +180,9 @@ func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAf
 		"sentinel failover-timeout %s 5000\n"+
 		"sentinel parallel-syncs %s 1\n", master, host, port, quorum,
 		master, downAfter.Milliseconds(), master, master)
+	if authPass != "" {
+		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", master, authPass)
+	}
 	if err := os.WriteFile(filepath.Join(s.Dir, "sentinel.conf"), []byte(conf), 0o644); err != nil {
 		tb.Fatalf("redistest: sentinel: %v", err)
 	}

@@ -90,12 +90,12 @@ func NewClient(addr string, opts Options) *redis.Client {
 			}
 		}
 	}
-	master, sentinels, ok := Spec{Addr: addr}.Sentinel()
+	sh, ok := Spec{Addr: addr}.Sentinel()
 	if !ok {
 		return redis.NewClient(o)
 	}
 	return redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName: master, SentinelAddrs: sentinels,
+		MasterName: sh.Master, SentinelAddrs: sh.Sentinels, Username: sh.Username, Password: sh.Password,
 		Protocol: o.Protocol, ContextTimeoutEnabled: o.ContextTimeoutEnabled, PoolSize: o.PoolSize,
 		ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, PoolTimeout: o.PoolTimeout,
 		DialTimeout: o.DialTimeout, DialerRetries: o.DialerRetries,
@@ -142,7 +142,7 @@ func (s *Set) TotalWeight() int {
 // Replicated reports whether the named shard runs behind Redis Sentinel,
 // with replicas: writes acknowledged there should wait for a replica (WAIT).
 func (s *Set) Replicated(name string) bool {
-	_, _, ok := s.specs[name].Sentinel()
+	_, ok := s.specs[name].Sentinel()
 	return ok
 }
 

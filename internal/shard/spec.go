@@ -40,15 +40,52 @@ type Spec struct {
 // sentinelPrefix starts the Addr of a shard behind Redis Sentinel.
 const sentinelPrefix = "sentinel/"
 
-// Sentinel returns the master name and sentinel addresses of a shard given
-// in the sentinel form; ok is false for a plain address.
-func (s Spec) Sentinel() (master string, sentinels []string, ok bool) {
-	rest, ok := strings.CutPrefix(s.Addr, sentinelPrefix)
+// SentinelShard is a shard reached through Redis Sentinel:
+// sentinel/[USER:PASSWORD@]MASTER/host:port+host:port+...
+type SentinelShard struct {
+	Master    string   // the name the sentinels watch
+	Sentinels []string // their host:ports
+	// Username and Password, when given (percent-encoded in the spec),
+	// are the AUTH of the primary and its replicas (masterauth, and
+	// sentinel auth-pass on the sentinels' side). Empty: none.
+	Username, Password string
+}
+
+// Sentinel returns the shard's sentinel form; ok is false for another
+// address. Specs from ParseSpecs are checked: their forms parse.
+func (s Spec) Sentinel() (SentinelShard, bool) {
+	sh, ok, _ := parseSentinel(s.Addr)
+	return sh, ok
+}
+
+// parseSentinel parses the sentinel form of addr; ok is false when addr is
+// not of it. Everything before the last '@' is the credentials (no
+// sentinel address holds one), so a password cannot run into the rest.
+func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
+	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
 	if !ok {
-		return "", nil, false
+		return sh, false, nil
 	}
-	master, list, _ := strings.Cut(rest, "/")
-	return master, strings.Split(list, "+"), true
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		cred := rest[:at]
+		if strings.Contains(cred, "/") {
+			return sh, true, errors.New("the user or password has a '/': percent-encode it (%2F)")
+		}
+		user, password, _ := strings.Cut(cred, ":")
+		if sh.Username, err = url.PathUnescape(user); err == nil {
+			sh.Password, err = url.PathUnescape(password)
+		}
+		if err != nil {
+			return sh, true, errors.New("bad percent-encoding in the user or password")
+		}
+		rest = rest[at+1:]
+	}
+	master, list, found := strings.Cut(rest, "/")
+	if !found || master == "" || list == "" {
+		return sh, true, errors.New("want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +")
+	}
+	sh.Master, sh.Sentinels = master, strings.Split(list, "+")
+	return sh, true, nil
 }
 
 // String formats s as "name=weight@host:port", the form ParseSpecs reads,
@@ -65,12 +102,20 @@ func isURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
 }
 
-// redact masks the password of a URL address. It does not parse the URL
+// redact masks the password of a URL or sentinel address. It does not parse the URL
 // (a password with an unencoded '/', '?' or '#' would end the authority
 // early and show in a parsed URL's path, query or fragment): everything
 // between the scheme and the last '@' is user information, which no host
 // holds, and what follows the user name's ':' there is masked.
 func redact(addr string) string {
+	if rest, ok := strings.CutPrefix(addr, sentinelPrefix); ok {
+		at := strings.LastIndexByte(rest, '@')
+		user, _, hasPassword := strings.Cut(rest[:max(at, 0)], ":")
+		if at < 0 || !hasPassword {
+			return addr
+		}
+		return sentinelPrefix + user + ":xxxxx" + rest[at:]
+	}
 	scheme, rest, ok := strings.Cut(addr, "://")
 	if !ok || !isURL(addr) {
 		return addr
@@ -227,22 +272,21 @@ func checkShardAddr(addr string) error {
 	if isURL(addr) {
 		return checkURL(addr)
 	}
-	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
+	sh, ok, err := parseSentinel(addr)
 	if !ok {
 		return checkAddr(addr)
 	}
-	master, list, ok := strings.Cut(rest, "/")
-	if !ok || master == "" || list == "" {
-		return fmt.Errorf("sentinel address %q: want sentinel/MASTER/ and the sentinels' host:port joined by +", addr)
+	if err != nil {
+		return fmt.Errorf("sentinel address %q: %w", redact(addr), err)
 	}
-	for i := 0; i < len(master); i++ {
-		if !isNameByte(master[i]) {
-			return fmt.Errorf("sentinel address %q: master name byte %q not allowed (want A-Z a-z 0-9 _ . -)", addr, master[i])
+	for i := 0; i < len(sh.Master); i++ {
+		if !isNameByte(sh.Master[i]) {
+			return fmt.Errorf("sentinel address %q: master name byte %q not allowed (want A-Z a-z 0-9 _ . -)", redact(addr), sh.Master[i])
 		}
 	}
-	for _, a := range strings.Split(list, "+") {
+	for _, a := range sh.Sentinels {
 		if err := checkAddr(a); err != nil {
-			return fmt.Errorf("sentinel address %q: %w", addr, err)
+			return fmt.Errorf("sentinel address %q: %w", redact(addr), err)
 		}
 	}
 	return nil

@@ -56,8 +56,8 @@ func TestParseSpecsErrors(t *testing.T) {
 		{",s1=1@h:1", "shard spec 1 of 2: empty (stray comma?)"},
 		{"s1=1@h:1, ,s2=1@h:2", "shard spec 2 of 3: empty (stray comma?)"},
 		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
-		{"s1=1@sentinel/m", `shard spec "s1=1@sentinel/m": sentinel address "sentinel/m": want sentinel/MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel//h:1", `shard spec "s1=1@sentinel//h:1": sentinel address "sentinel//h:1": want sentinel/MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel/m", `shard spec "s1=1@sentinel/m": sentinel address "sentinel/m": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel//h:1", `shard spec "s1=1@sentinel//h:1": sentinel address "sentinel//h:1": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
 		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@sentinel/m m/h:1": sentinel address "sentinel/m m/h:1": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
 		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@sentinel/m/h:1+h": sentinel address "sentinel/m/h:1+h": bad address: address h: missing port in address`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
@@ -131,7 +131,7 @@ func TestSpecString(t *testing.T) {
 	}
 }
 
-// FuzzURLPassword: whatever a shard URL's password holds (but a ',', which
+// FuzzURLPassword: whatever a shard URL's (or sentinel form's) password holds (but a ',', which
 // ends the item: see TestURLErrorsHideThePassword), an error about the spec
 // never shows it, nor String of a spec it yields.
 func FuzzURLPassword(f *testing.F) {
@@ -146,15 +146,17 @@ func FuzzURLPassword(f *testing.F) {
 			t.Skip()
 		}
 		secret := "Q7" + p + "Z9" // markers nothing else in an error holds
-		specs, err := ParseSpecs("s1=1@redis://u:" + secret + "@" + rest)
-		if err != nil {
-			if strings.Contains(err.Error(), "Q7") || strings.Contains(err.Error(), "Z9") {
-				t.Fatalf("error %q shows the password %q", err, secret)
+		for _, spec := range []string{"s1=1@redis://u:" + secret + "@" + rest, "s1=1@sentinel/u:" + secret + "@m/" + rest} {
+			specs, err := ParseSpecs(spec)
+			if err != nil {
+				if strings.Contains(err.Error(), "Q7") || strings.Contains(err.Error(), "Z9") {
+					t.Fatalf("error %q shows the password %q", err, secret)
+				}
+				continue
 			}
-			return
-		}
-		if s := specs[0].String(); strings.Contains(s, "Q7") || strings.Contains(s, "Z9") {
-			t.Fatalf("String() = %q shows the password %q", s, secret)
+			if s := specs[0].String(); strings.Contains(s, "Q7") || strings.Contains(s, "Z9") {
+				t.Fatalf("String() = %q shows the password %q", s, secret)
+			}
 		}
 	})
 }
@@ -240,11 +242,15 @@ func breaksRules(sp Spec) string {
 }
 
 func TestSentinel(t *testing.T) {
-	master, sentinels, ok := Spec{Addr: "sentinel/mymaster/a:1+b:2+c:3"}.Sentinel()
-	if !ok || master != "mymaster" || !slices.Equal(sentinels, []string{"a:1", "b:2", "c:3"}) {
-		t.Fatalf("Sentinel() = %q %q %v, want mymaster [a:1 b:2 c:3] true", master, sentinels, ok)
+	sh, ok := Spec{Addr: "sentinel/mymaster/a:1+b:2+c:3"}.Sentinel()
+	if !ok || sh.Master != "mymaster" || !slices.Equal(sh.Sentinels, []string{"a:1", "b:2", "c:3"}) || sh.Password != "" {
+		t.Fatalf("Sentinel() = %+v %v, want mymaster [a:1 b:2 c:3] true", sh, ok)
 	}
-	if _, _, ok := (Spec{Addr: "h:1"}).Sentinel(); ok {
+	sh, ok = Spec{Addr: "sentinel/rain:p%2Fw@d@mymaster/a:1"}.Sentinel()
+	if !ok || sh.Username != "rain" || sh.Password != "p/w@d" || sh.Master != "mymaster" || !slices.Equal(sh.Sentinels, []string{"a:1"}) {
+		t.Fatalf("Sentinel() with credentials = %+v %v, want rain, p/w@d, mymaster [a:1]", sh, ok)
+	}
+	if _, ok := (Spec{Addr: "h:1"}).Sentinel(); ok {
 		t.Fatal("Sentinel() of a plain address = true")
 	}
 }
@@ -269,6 +275,11 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"redis://u:s3%zzcret@h:1", "cret", "bad URL"},
 		{"redis://u:s3cret@:1", "s3cret", "empty host"},
 		{"redis://u:s3,cret@h:1", "s3", "not shown"}, // the ',' ends the item
+		{"sentinel/u:se/cret@m/h:1", "cret", "percent-encode"},
+		{"sentinel/u:s3cret@m m/h:1", "s3cret", "master name"},
+		{"sentinel/u:s3cret@m/h", "s3cret", "missing port"},
+		{"sentinel/u:s3%zzcret@m/h:1", "cret", "percent-encoding"},
+		{"sentinel/u:s3cret@m", "s3cret", "want sentinel/"},
 	} {
 		_, err := ParseSpecs("s1=1@" + c.addr)
 		if err == nil {
@@ -285,6 +296,9 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"s1=1@rediss://u:p@w@h:1", "s1=1@rediss://u:xxxxx@h:1"},
 		{"s1=1@redis://u@h:1", "s1=1@redis://u@h:1"},
 		{"s1=1@redis://h:1", "s1=1@redis://h:1"},
+		{"s1=1@sentinel/u:p%2Fw@m/h:1+h:2", "s1=1@sentinel/u:xxxxx@m/h:1+h:2"},
+		{"s1=1@sentinel/:pw@m/h:1", "s1=1@sentinel/:xxxxx@m/h:1"},
+		{"s1=1@sentinel/m/h:1", "s1=1@sentinel/m/h:1"},
 	} {
 		specs, err := ParseSpecs(c.spec)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"rain/internal/redistest"
 )
@@ -69,5 +70,49 @@ func TestTLSAndAuth(t *testing.T) {
 	}
 	if _, err := ParseSpecs("t=1@rediss://rain:rain-pw@127.0.0.1:99999"); err == nil || strings.Contains(err.Error(), "rain-pw") {
 		t.Errorf("bad port: %v; want an error without the password", err)
+	}
+}
+
+// TestSentinelAuth: a shard behind Sentinel whose primary requires a
+// password (the sentinel holds it as auth-pass) is reached with the
+// password of sentinel/[USER:]PASSWORD@MASTER/...; a wrong password or none
+// fails; the password never shows in the spec's String.
+func TestSentinelAuth(t *testing.T) {
+	const pw = "s/ntinel-pw" // a '/', percent-encoded in the spec
+	primary := redistest.Start(t, redistest.Options{Args: []string{"--requirepass", pw, "--masterauth", pw}})
+	sentinel := redistest.StartSentinelAuth(t, "authm", primary.Addr, 1, 5*time.Second, pw)
+	ctx := context.Background()
+	open := func(addr string) error {
+		specs, err := ParseSpecs("t=1@" + addr)
+		if err != nil {
+			return err
+		}
+		if s := specs[0].String(); strings.Contains(s, "ntinel-pw") {
+			t.Errorf("String() = %q shows the password", s)
+		}
+		set, err := Open(specs, 0, Options{})
+		if err != nil {
+			return err
+		}
+		defer set.Close()
+		c := set.Client("t")
+		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+			return err
+		}
+		return c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"}).Err()
+	}
+	if err := open("sentinel/:s%2Fntinel-pw@authm/" + sentinel.Addr); err != nil {
+		t.Fatalf("through the sentinel with the password: %v", err)
+	}
+	if err := open("sentinel/default:s%2Fntinel-pw@authm/" + sentinel.Addr); err != nil {
+		t.Fatalf("as user default with the password: %v", err)
+	}
+	for what, addr := range map[string]string{
+		"a wrong password": "sentinel/:nope@authm/" + sentinel.Addr,
+		"no password":      "sentinel/authm/" + sentinel.Addr,
+	} {
+		if err := open(addr); err == nil {
+			t.Errorf("%s: connected, want refused", what)
+		}
 	}
 }

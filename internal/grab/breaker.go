@@ -8,14 +8,19 @@ import (
 
 // breaker is one shard's circuit breaker. A shard that fails a call (a
 // timeout, a connection refused or reset: the network's answers, not a
-// script's) trips it open: for cooldown every claim for the shard is
-// answered at once, without work, so its users get a fast 503 and nothing
-// waits on it. Then one claim goes through as a probe (half-open): if its
-// call succeeds the breaker closes, if it fails it opens again. The breaker
-// heals by itself once the shard answers again.
+// script's) trips it open: every claim for the shard is answered at once,
+// without work, so its users get a fast 503 and nothing waits on it. After
+// cooldown the next claim that comes finds it half-open and starts a probe
+// in the background, a PING bounded by the shard's budget; the claims keep
+// being answered at once meanwhile, so no user's claim ever waits on a
+// shard known bad. If the probe is answered the breaker closes, if not it
+// opens again for another cooldown. The breaker heals by itself once the
+// shard answers again.
 type breaker struct {
 	cooldown time.Duration
 	now      func() time.Time // time.Now; tests set a fake clock
+	probe    func() bool      // asks the shard; true when it answered
+	start    func(func())     // runs a probe in the background
 
 	mu       sync.Mutex // guards the fields below
 	state    breakerState
@@ -30,36 +35,59 @@ type breakerState int
 const (
 	breakerClosed   breakerState = iota // calls go through
 	breakerOpen                         // calls are refused at once
-	breakerHalfOpen                     // one probe call is in flight
+	breakerHalfOpen                     // calls are refused at once; a probe is out
 )
 
 func (s breakerState) String() string {
 	return [...]string{"closed", "open", "half_open"}[s]
 }
 
-func newBreaker(cooldown time.Duration) *breaker {
-	return &breaker{cooldown: cooldown, now: time.Now}
+// newBreaker returns a closed breaker whose probe runs probe by start.
+func newBreaker(cooldown time.Duration, probe func() bool, start func(func())) *breaker {
+	return &breaker{cooldown: cooldown, now: time.Now, probe: probe, start: start}
 }
 
-// allow reports whether a call may go to the shard now. An open breaker
-// whose cooldown has passed lets exactly one caller through as the probe.
+// allow reports whether a call may go to the shard now: only while the
+// breaker is closed. An open breaker whose cooldown has passed turns
+// half-open and starts its probe.
 func (b *breaker) allow() bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	probe := false
 	switch b.state {
 	case breakerClosed:
+		b.mu.Unlock()
 		return true
 	case breakerOpen:
 		if b.now().Sub(b.openedAt) >= b.cooldown {
-			b.state = breakerHalfOpen
-			return true
+			b.state, probe = breakerHalfOpen, true
 		}
+	}
+	b.mu.Unlock()
+	if probe {
+		b.start(func() { b.probed(b.probe()) })
 	}
 	return false
 }
 
-// done records the outcome of a call that allow let through: failed means
-// the shard did not answer (network error or timeout).
+// probed records the probe's outcome, unless a batch's came first (the
+// breaker is no longer half-open): a late probe must not reopen a breaker
+// that a batch the shard answered has closed.
+func (b *breaker) probed(answered bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != breakerHalfOpen {
+		return
+	}
+	if answered {
+		b.state = breakerClosed
+		return
+	}
+	b.state, b.openedAt = breakerOpen, b.now()
+	b.trips.Add(1)
+}
+
+// done records the outcome of a call to the shard (a batch, or the
+// probe): failed means the shard did not answer.
 func (b *breaker) done(failed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -79,7 +79,7 @@ type Service struct {
 	known   *known.Filter
 	empty   *soldout.Cache
 	holders sync.Map       // pool id -> *holderState, for sold-out pools
-	bg      sync.WaitGroup // background readers of holders; Close waits
+	bg      sync.WaitGroup // background readers of holders and breaker probes; Close waits
 
 	// afterTrip, when set (tests), runs after each pipelined round trip of a
 	// sub-pool's preload with the next batch it lacks; an error aborts the
@@ -148,8 +148,14 @@ func New(shards *shard.Set, cfg Config) *Service {
 		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
 	for _, name := range shards.Names() {
-		b := &batcher{name: name, c: shards.Client(name), reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
-			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown),
+		c := shards.Client(name)
+		probe := func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), shards.Timeout())
+			defer cancel()
+			return c.Ping(ctx).Err() == nil
+		}
+		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
+			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, s.bg.Go),
 			onBatch: cfg.OnBatch}
 		if cfg.Workers != nil {
 			w, total := shards.Weight(name), shards.TotalWeight()

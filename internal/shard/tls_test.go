@@ -30,23 +30,7 @@ func TestTLSAndAuth(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pemCA)
 	trusted := Options{TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
-	ctx := context.Background()
-	open := func(addr string, opts Options) error {
-		specs, err := ParseSpecs("t=1@" + addr)
-		if err != nil {
-			return err
-		}
-		set, err := Open(specs, 0, opts)
-		if err != nil {
-			return err
-		}
-		defer set.Close()
-		c := set.Client("t")
-		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
-			return err
-		}
-		return c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"}).Err()
-	}
+	open := func(addr string, opts Options) error { return useShard(t, addr, opts, "rain-pw") }
 	good := fmt.Sprintf("rediss://rain:rain-pw@127.0.0.1:%d", tl.Port)
 	if err := open(good, trusted); err != nil {
 		t.Fatalf("TLS + AUTH: %v", err)
@@ -81,26 +65,7 @@ func TestSentinelAuth(t *testing.T) {
 	const pw = "s/ntinel-pw" // a '/', percent-encoded in the spec
 	primary := redistest.Start(t, redistest.Options{Args: []string{"--requirepass", pw, "--masterauth", pw}})
 	sentinel := redistest.StartSentinelAuth(t, "authm", primary.Addr, 1, 5*time.Second, pw)
-	ctx := context.Background()
-	open := func(addr string) error {
-		specs, err := ParseSpecs("t=1@" + addr)
-		if err != nil {
-			return err
-		}
-		if s := specs[0].String(); strings.Contains(s, "ntinel-pw") {
-			t.Errorf("String() = %q shows the password", s)
-		}
-		set, err := Open(specs, 0, Options{})
-		if err != nil {
-			return err
-		}
-		defer set.Close()
-		c := set.Client("t")
-		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
-			return err
-		}
-		return c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"}).Err()
-	}
+	open := func(addr string) error { return useShard(t, addr, Options{}, "ntinel-pw") }
 	if err := open("sentinel/:s%2Fntinel-pw@authm/" + sentinel.Addr); err != nil {
 		t.Fatalf("through the sentinel with the password: %v", err)
 	}
@@ -115,4 +80,28 @@ func TestSentinelAuth(t *testing.T) {
 			t.Errorf("%s: connected, want refused", what)
 		}
 	}
+}
+
+// useShard opens the shard of addr (one spec, "t=1@addr"), writes a key
+// and runs a script on it; the spec's String must not show secret.
+func useShard(t *testing.T, addr string, opts Options, secret string) error {
+	t.Helper()
+	specs, err := ParseSpecs("t=1@" + addr)
+	if err != nil {
+		return err
+	}
+	if s := specs[0].String(); strings.Contains(s, secret) {
+		t.Errorf("String() = %q shows the password", s)
+	}
+	set, err := Open(specs, 0, opts)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	ctx := context.Background()
+	c := set.Client("t")
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		return err
+	}
+	return c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"k"}).Err()
 }

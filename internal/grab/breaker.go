@@ -25,6 +25,7 @@ type breaker struct {
 	mu       sync.Mutex // guards the fields below
 	state    breakerState
 	openedAt time.Time
+	probes   int64 // probes started, ever: the last one's number
 
 	trips atomic.Int64 // times it opened, ever
 }
@@ -48,34 +49,43 @@ func newBreaker(cooldown time.Duration, probe func() bool, start func(func())) *
 }
 
 // allow reports whether a call may go to the shard now: only while the
-// breaker is closed. An open breaker whose cooldown has passed turns
-// half-open and starts its probe.
+// breaker is closed. Otherwise it pokes the breaker (see poke).
 func (b *breaker) allow() bool {
 	b.mu.Lock()
-	probe := false
-	switch b.state {
-	case breakerClosed:
-		b.mu.Unlock()
-		return true
-	case breakerOpen:
-		if b.now().Sub(b.openedAt) >= b.cooldown {
-			b.state, probe = breakerHalfOpen, true
-		}
-	}
+	closed := b.state == breakerClosed
 	b.mu.Unlock()
-	if probe {
-		b.start(func() { b.probed(b.probe()) })
+	if closed {
+		return true
 	}
+	b.poke()
 	return false
 }
 
-// probed records the probe's outcome, unless a batch's came first (the
-// breaker is no longer half-open): a late probe must not reopen a breaker
-// that a batch the shard answered has closed.
-func (b *breaker) probed(answered bool) {
+// poke turns an open breaker whose cooldown has passed half-open and
+// starts its probe. Claims poke it (allow), and so does readiness, so a
+// breaker heals with no claims coming too (a load balancer that stopped
+// sending grabs on a 503 from /readyz still sees it recover).
+func (b *breaker) poke() {
+	b.mu.Lock()
+	if b.state != breakerOpen || b.now().Sub(b.openedAt) < b.cooldown {
+		b.mu.Unlock()
+		return
+	}
+	b.state = breakerHalfOpen
+	b.probes++
+	gen := b.probes
+	b.mu.Unlock()
+	b.start(func() { b.probed(gen, b.probe()) })
+}
+
+// probed records the outcome of probe number gen, unless the breaker has
+// moved on (a batch's outcome came first, or this probe is an older one
+// than the breaker's last): a late probe must not reopen a breaker that a
+// batch the shard answered has closed, nor speak for a newer probe.
+func (b *breaker) probed(gen int64, answered bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state != breakerHalfOpen {
+	if b.state != breakerHalfOpen || gen != b.probes {
 		return
 	}
 	if answered {
@@ -86,8 +96,8 @@ func (b *breaker) probed(answered bool) {
 	b.trips.Add(1)
 }
 
-// done records the outcome of a call to the shard (a batch, or the
-// probe): failed means the shard did not answer.
+// done records the outcome of a batch sent to the shard: failed means the
+// shard did not answer.
 func (b *breaker) done(failed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

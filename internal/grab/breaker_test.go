@@ -68,4 +68,23 @@ func TestBreaker(t *testing.T) {
 	b.done(false) // a batch sent before the breaker opened comes back answered
 	pending()
 	step("the late failed probe", true, breakerClosed, 1)
+
+	// An older probe's answer does not speak for a newer one.
+	var out []func()
+	b = newBreaker(time.Second, func() bool { probes++; return probes == 1 }, func(f func()) { out = append(out, f) })
+	b.now = func() time.Time { return now }
+	b.done(true)
+	now = now.Add(time.Second)
+	probes = 0
+	step("probe 1 starts", false, breakerHalfOpen, 0)
+	b.done(true) // a batch from before fails: open again
+	now = now.Add(time.Second)
+	step("probe 2 starts", false, breakerHalfOpen, 0)
+	out[1]() // probe 2: answered (the second probe run)
+	step("probe 2 closed it", true, breakerClosed, 1)
+	b.done(true)
+	now = now.Add(time.Second)
+	step("probe 3 starts", false, breakerHalfOpen, 1)
+	out[0]() // probe 1 comes back at last, failed: not probe 3's answer
+	step("probe 1's late answer changes nothing", false, breakerHalfOpen, 2)
 }

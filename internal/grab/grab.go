@@ -78,8 +78,15 @@ type Service struct {
 	// Run keeps both current across instances.
 	known   *known.Filter
 	empty   *soldout.Cache
-	holders sync.Map       // pool id -> *holderState, for sold-out pools
-	bg      sync.WaitGroup // background readers of holders and breaker probes; Close waits
+	holders sync.Map // pool id -> *holderState, for sold-out pools
+
+	// Background work (readers of holders, breaker probes) starts through
+	// goBackground; Close ends it (stopCtx) and waits for it.
+	bgMu      sync.Mutex // guards bgStopped, and bg's Go against Close's Wait
+	bgStopped bool
+	bg        sync.WaitGroup
+	stopCtx   context.Context // done when Close begins
+	stopBg    context.CancelFunc
 
 	// afterTrip, when set (tests), runs after each pipelined round trip of a
 	// sub-pool's preload with the next batch it lacks; an error aborts the
@@ -147,15 +154,17 @@ func New(shards *shard.Set, cfg Config) *Service {
 		due:           map[lua.SubPool]time.Time{},
 		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
 		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
+	s.stopCtx, s.stopBg = context.WithCancel(context.Background())
 	for _, name := range shards.Names() {
 		c := shards.Client(name)
 		probe := func() bool {
-			ctx, cancel := context.WithTimeout(context.Background(), shards.Timeout())
+			ctx, cancel := context.WithTimeout(s.stopCtx, shards.Timeout())
 			defer cancel()
 			return c.Ping(ctx).Err() == nil
 		}
+		start := func(f func()) { s.goBackground(f) }
 		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
-			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, s.bg.Go),
+			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, start),
 			onBatch: cfg.OnBatch}
 		if cfg.Workers != nil {
 			w, total := shards.Weight(name), shards.TotalWeight()
@@ -175,8 +184,24 @@ func New(shards *shard.Set, cfg Config) *Service {
 // Grab has returned (after the HTTP server's Shutdown).
 func (s *Service) Close() {
 	s.stopOnce.Do(func() { close(s.stop) })
+	s.bgMu.Lock()
+	s.bgStopped = true
+	s.bgMu.Unlock()
+	s.stopBg()
 	s.lanes.Wait()
 	s.bg.Wait()
+}
+
+// goBackground runs f in the background unless Close has begun (then it
+// reports false); Close cancels stopCtx and waits for f.
+func (s *Service) goBackground(f func()) bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.bgStopped {
+		return false
+	}
+	s.bg.Go(f)
+	return true
 }
 
 // Outcome is what a grab did.

@@ -67,17 +67,10 @@ func (s *Service) buildHolders(p *poolView, st *holderState) {
 		return
 	}
 	gen := st.gen.Load()
-	s.bg.Go(func() {
+	started := s.goBackground(func() {
 		defer st.building.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(s.stopCtx, 30*time.Second)
 		defer cancel()
-		go func() {
-			select {
-			case <-s.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		set, err := s.readHolders(ctx, p)
 		if err != nil {
 			s.log.Warn("reading the grant holders of a sold-out pool failed; asking Redis meanwhile",
@@ -89,6 +82,9 @@ func (s *Service) buildHolders(p *poolView, st *holderState) {
 		}
 		st.set.Store(set)
 	})
+	if !started {
+		st.building.Store(false)
+	}
 }
 
 // readHolders scans every sub-pool's grants hash.

@@ -397,6 +397,36 @@ func TestReadyUnderFaults(t *testing.T) {
 	}
 }
 
+// TestBreakerHealsWithoutClaims: a shard that froze trips its breaker; once
+// it answers again the instance is ready again within a few cooldowns with
+// no grab coming (a load balancer that stopped sending grabs on the 503 of
+// /readyz only polls /readyz), and the next grab is served.
+func TestBreakerHealsWithoutClaims(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	st := e.preload(t, Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
+	if _, err := e.svc.refreshList(ctx); err != nil {
+		t.Fatal(err)
+	}
+	used := st.SubPools[0].Shard
+	victim := e.servers[map[string]int{"s1": 0, "s2": 1}[used]]
+	victim.Pause()
+	if _, err := e.svc.Grab(ctx, "heal", "first"); err == nil {
+		t.Fatal("a grab on the frozen shard succeeded")
+	}
+	if b := e.svc.batchers[used].br.current(); b != breakerOpen {
+		t.Fatalf("breaker after the frozen grab: %v, want open", b)
+	}
+	victim.Resume()
+	waittest.Until(t, 10*time.Second, "ready again with no grab coming", func() bool {
+		time.Sleep(100 * time.Millisecond) // a load balancer's probe interval
+		return e.svc.Ready(ctx).Ready
+	})
+	if r, err := e.svc.Grab(ctx, "heal", "after"); err != nil || r.Outcome != Granted {
+		t.Fatalf("grab after the shard healed = %+v, %v; want granted", r, err)
+	}
+}
+
 // TestAuditInPages: the audit of a big sub-pool never holds its shard for
 // long: no command it sends takes 5 ms (the shard's slow log, set to 5 ms,
 // stays empty of them), and it still finds the pool whole. And an audit

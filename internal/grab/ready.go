@@ -52,8 +52,11 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 			switch {
 			case err != nil:
 				st.State, st.Error = ShardDown, err.Error()
-			case s.batchers[name].br.current() == breakerOpen:
+			case s.batchers[name].br.current() != breakerClosed:
 				st.State = ShardBreakerOpen
+				// The shard answered this PING: let its breaker probe, so it
+				// heals with no claims coming.
+				s.batchers[name].br.poke()
 			case time.Since(start) > s.shards.Timeout()/5:
 				st.State = ShardSlow
 			}

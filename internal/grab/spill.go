@@ -33,7 +33,7 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		if s.empty.Empty(id, j) {
 			continue // answered empty within the last second, no stock back since
 		}
-		if p.batchers[j].br.current() == breakerOpen {
+		if p.batchers[j].br.current() != breakerClosed { // open, or a probe is out
 			skipped++
 			continue
 		}

@@ -102,38 +102,72 @@ func isURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
 }
 
-// redact masks the password of a URL or sentinel address. It does not parse the URL
-// (a password with an unencoded '/', '?' or '#' would end the authority
-// early and show in a parsed URL's path, query or fragment): everything
-// between the scheme and the last '@' is user information, which no host
-// holds, and what follows the user name's ':' there is masked.
-func redact(addr string) string {
-	if rest, ok := strings.CutPrefix(addr, sentinelPrefix); ok {
-		at := strings.LastIndexByte(rest, '@')
-		user, _, hasPassword := strings.Cut(rest[:max(at, 0)], ":")
-		if at < 0 || !hasPassword {
-			return addr
+// credMarkers start the addresses that may hold credentials.
+var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix}
+
+// credStart returns the length of addr's marker (see credMarkers), 0 when
+// it has none.
+func credStart(addr string) int {
+	for _, m := range credMarkers {
+		if strings.HasPrefix(addr, m) {
+			return len(m)
 		}
-		return sentinelPrefix + user + ":xxxxx" + rest[at:]
 	}
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if !ok || !isURL(addr) {
+	return 0
+}
+
+// redact masks the credentials of a URL or sentinel address. It does not
+// parse the address (a password with an unencoded '/', '?' or '#' would end
+// a parsed URL's authority early and show in its path, query or fragment):
+// everything between the scheme and the last '@' is user information, which
+// no host holds; what follows the user name's ':' there is masked, or the
+// whole of it when it has no ':' (a password written where the user goes).
+// An address with no '@' is shown only when it reads as one: else it may be
+// a password cut short by an unencoded ',' (the list's separator).
+func redact(addr string) string {
+	n := credStart(addr)
+	if n == 0 {
 		return addr
 	}
+	rest := addr[n:]
 	at := strings.LastIndexByte(rest, '@')
 	if at < 0 {
-		// No user information, or a password cut short by an unencoded ','
-		// (the list's separator): shown only if it reads as host:port.
-		if u, err := url.Parse(addr); err != nil || u.User != nil || checkAddr(u.Host) != nil {
-			return scheme + "://(not shown: not a valid host:port)"
+		if !readable(addr) {
+			return addr[:n] + "(not shown: not a valid address)"
 		}
 		return addr
 	}
 	user, _, hasPassword := strings.Cut(rest[:at], ":")
 	if !hasPassword {
-		return addr
+		return addr[:n] + "xxxxx" + rest[at:]
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	return addr[:n] + user + ":xxxxx" + rest[at:]
+}
+
+// secret is what redact masks in addr ("" when nothing).
+func secret(addr string) string {
+	n := credStart(addr)
+	at := strings.LastIndexByte(addr[n:], '@')
+	if n == 0 || at < 0 {
+		return ""
+	}
+	cred := addr[n : n+at]
+	if _, password, ok := strings.Cut(cred, ":"); ok {
+		return password
+	}
+	return cred
+}
+
+// readable reports whether an address without user information can hold
+// no piece of a password: a URL that parses to a host:port, or a sentinel
+// form whose master name has no ':' (as "user:pass" cut short would).
+func readable(addr string) bool {
+	if rest, ok := strings.CutPrefix(addr, sentinelPrefix); ok {
+		master, _, _ := strings.Cut(rest, "/")
+		return !strings.Contains(master, ":")
+	}
+	u, err := url.Parse(addr)
+	return err == nil && u.User == nil && checkAddr(u.Host) == nil
 }
 
 // userinfo returns the user information of a URL address as redact finds
@@ -167,7 +201,13 @@ func ParseSpecs(s string) ([]Spec, error) {
 		}
 		sp, err := parseSpec(item)
 		if err != nil {
-			return nil, fmt.Errorf("shard spec %q: %w", redactItem(item), err)
+			msg := err.Error()
+			if pw := itemSecret(item); pw != "" {
+				// As a name or weight would show it, raw or quoted (%q).
+				quoted := strconv.Quote(pw)
+				msg = strings.ReplaceAll(strings.ReplaceAll(msg, quoted[1:len(quoted)-1], "xxxxx"), pw, "xxxxx")
+			}
+			return nil, fmt.Errorf("shard spec %q: %s", redactItem(item), msg)
 		}
 		if seen[sp.Name] {
 			return nil, fmt.Errorf("shard spec %q: duplicate name %q", redactItem(item), sp.Name)
@@ -178,13 +218,34 @@ func ParseSpecs(s string) ([]Spec, error) {
 	return specs, nil
 }
 
-// redactItem masks the password of an item's URL address, for errors.
+// markedAddr returns where the first URL or sentinel address starts in
+// item, wherever it is (a name or weight left out moves it); -1 if none.
+func markedAddr(item string) int {
+	first := -1
+	for _, m := range credMarkers {
+		if i := strings.Index(item, m); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	return first
+}
+
+// redactItem masks the credentials of an item's address, for errors.
 func redactItem(item string) string {
-	head, addr, ok := strings.Cut(item, "@")
-	if !ok {
+	i := markedAddr(item)
+	if i < 0 {
 		return item
 	}
-	return head + "@" + redact(addr)
+	return item[:i] + redact(item[i:])
+}
+
+// itemSecret is what redactItem masks in item ("" when nothing).
+func itemSecret(item string) string {
+	i := markedAddr(item)
+	if i < 0 {
+		return ""
+	}
+	return secret(item[i:])
 }
 
 // parseSpec parses one trimmed item. Name and weight contain neither '=' nor
@@ -198,6 +259,10 @@ func parseSpec(item string) (Spec, error) {
 	weight, addr, ok := strings.Cut(rest, "@")
 	if !ok {
 		return Spec{}, errors.New(`missing "@" after the weight (want name=weight@host:port)`)
+	}
+	if markedAddr(name) >= 0 || markedAddr(weight) >= 0 {
+		// Not quoted: it may hold a password.
+		return Spec{}, errors.New("an address where the name or weight goes (want name=weight@host:port)")
 	}
 	if err := checkName(name); err != nil {
 		return Spec{}, err

@@ -136,17 +136,32 @@ func TestSpecString(t *testing.T) {
 // never shows it, nor String of a spec it yields.
 func FuzzURLPassword(f *testing.F) {
 	for _, p := range []string{"", "pw", "a/b", "a?b", "a#b", "a@b", "%zz", "a:b", "12/34", "::", "@@", "a b"} {
-		f.Add(p, "h:1")
+		f.Add(p, "h:1", "s1=1@")
 	}
-	f.Add("pw", "h:99999")
-	f.Add("pw", "h:1/2")
-	f.Add("pw", "h:1?x")
-	f.Fuzz(func(t *testing.T, p, rest string) {
-		if strings.Contains(p, ",") || strings.Contains(rest, ",") || strings.Contains(rest, "@") || strings.Contains(rest, "Q7") || strings.Contains(rest, "Z9") {
-			t.Skip()
+	f.Add("pw", "h:99999", "s1=1@")
+	f.Add("pw", "h:1/2", "s1=1@")
+	f.Add("pw", "h:1?x", "s1=1@")
+	f.Add("pw", "h:1", "s1=")
+	f.Add("pw", "h:1", "")
+	f.Add("pw", "h:1", "x@y")
+	f.Fuzz(func(t *testing.T, p, rest, head string) {
+		for _, s := range []string{p, rest, head} {
+			if strings.Contains(s, ",") || strings.Contains(s, "Q7") || strings.Contains(s, "Z9") {
+				t.Skip() // a ',' ends the item; the markers must be the secret's alone
+			}
+		}
+		if strings.Contains(rest, "@") || markedAddr(head) >= 0 {
+			t.Skip() // '@' after the secret, or an address before it, is another spec
 		}
 		secret := "Q7" + p + "Z9" // markers nothing else in an error holds
-		for _, spec := range []string{"s1=1@redis://u:" + secret + "@" + rest, "s1=1@sentinel/u:" + secret + "@m/" + rest} {
+		specs := []string{
+			"s1=1@redis://u:" + secret + "@" + rest, "s1=1@sentinel/u:" + secret + "@m/" + rest,
+			head + "rediss://u:" + secret + "@" + rest, head + "sentinel/:" + secret + "@m/" + rest,
+		}
+		if !strings.Contains(p, ":") { // a password written where the user goes
+			specs = append(specs, head+"sentinel/"+secret+"@m/"+rest, head+"redis://"+secret+"@"+rest)
+		}
+		for _, spec := range specs {
 			specs, err := ParseSpecs(spec)
 			if err != nil {
 				if strings.Contains(err.Error(), "Q7") || strings.Contains(err.Error(), "Z9") {
@@ -260,6 +275,22 @@ func TestSentinel(t *testing.T) {
 // ends a parsed URL's authority early), an error or String shows the user
 // but never the password.
 func TestURLErrorsHideThePassword(t *testing.T) {
+	// Items whose name or weight was left out: the address is found
+	// wherever it starts, and a weight quoted in the error is masked too.
+	for _, c := range []struct{ spec, secret string }{
+		{"rediss://u:secretZ@h:1", "secretZ"},
+		{"s1=rediss://u:secretZ@h:1", "secretZ"},
+		{"sentinel/u:secretZ@m/h:1", "secretZ"},
+		{"s1=sentinel/u:secretZ@m/h:1", "secretZ"},
+		{"s1=1@redis://secretZ@h:99999", "secretZ"},
+		{"s1=1@sentinel/secretZ@m m/h:1", "secretZ"},
+	} {
+		_, err := ParseSpecs(c.spec)
+		if err == nil || strings.Contains(err.Error(), c.secret) {
+			t.Errorf("%s: error %v; want one that does not show %q", c.spec, err, c.secret)
+		}
+	}
+
 	for _, c := range []struct {
 		addr, secret, want string
 	}{
@@ -280,6 +311,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"sentinel/u:s3cret@m/h", "s3cret", "missing port"},
 		{"sentinel/u:s3%zzcret@m/h:1", "cret", "percent-encoding"},
 		{"sentinel/u:s3cret@m", "s3cret", "want sentinel/"},
+		{"sentinel/u:s3,cretZ@m/h:1", "s3", "not shown"}, // the ',' ends the item
 	} {
 		_, err := ParseSpecs("s1=1@" + c.addr)
 		if err == nil {
@@ -294,7 +326,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 	for _, c := range []struct{ spec, want string }{
 		{"s1=1@redis://u:p%2Fw@h:1", "s1=1@redis://u:xxxxx@h:1"},
 		{"s1=1@rediss://u:p@w@h:1", "s1=1@rediss://u:xxxxx@h:1"},
-		{"s1=1@redis://u@h:1", "s1=1@redis://u@h:1"},
+		{"s1=1@redis://u@h:1", "s1=1@redis://xxxxx@h:1"}, // maybe a password where the user goes
 		{"s1=1@redis://h:1", "s1=1@redis://h:1"},
 		{"s1=1@sentinel/u:p%2Fw@m/h:1+h:2", "s1=1@sentinel/u:xxxxx@m/h:1+h:2"},
 		{"s1=1@sentinel/:pw@m/h:1", "s1=1@sentinel/:xxxxx@m/h:1"},

@@ -155,7 +155,7 @@ func TestK6Shape(t *testing.T) {
 			"export function handleSummary",
 			"'ramping-arrival-rate'",
 			"export function setup",
-			"http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 503))",
+			"http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 429, 503))",
 		} {
 			if !strings.Contains(src, want) {
 				t.Errorf("rain.js lacks %q", want)
@@ -558,8 +558,8 @@ func fakeRain(t *testing.T) string {
 			reply(w, 200, `{"status":"granted",`+ids+`,`+grant+`}`)
 		case 1:
 			reply(w, 200, `{"status":"granted",`+ids+`,"amount_cents":100}`)
-		case 2:
-			reply(w, 503, `{"status":"overloaded",`+ids+`}`)
+		case 2: // shed before the body was read: no ids
+			reply(w, 503, `{"status":"overloaded","pool_id":"","user_id":"","error":"overloaded"}`)
 		case 3:
 			reply(w, 410, `{"status":"granted",`+ids+`,`+grant+`}`)
 		case 4:
@@ -594,6 +594,9 @@ func TestK6ChecksBite(t *testing.T) {
 			if r.Checks[c].Fails == 0 {
 				t.Errorf("check %q never failed on a wrong answer (checks %v)", c, r.Checks)
 			}
+		}
+		if c := "overloaded: echoes pool_id and user_id"; r.Checks[c].Fails != 0 {
+			t.Errorf("check %q failed on a shed answered before the body was read (checks %v)", c, r.Checks)
 		}
 		if r.Counters["rain_grab_other"] != 2 {
 			t.Errorf("rain_grab_other = %v, want 2 (the two yays)", r.Counters["rain_grab_other"])

@@ -100,7 +100,7 @@ export const options = {
 };
 
 // Every status of shared/API.md but invalid is an expected answer.
-http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 503));
+http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 429, 503));
 
 export function setup() {
   const { poolID, res } = rain.loadPool(POOL, 'rain-k6', {

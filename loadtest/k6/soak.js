@@ -71,7 +71,7 @@ export const options = {
   teardownTimeout: '10m',
 };
 
-http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 503));
+http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 429, 503));
 
 export function setup() {
   const { poolID, res } = rain.loadPool(POOL, 'soak-k6', {

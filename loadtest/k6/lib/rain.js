@@ -115,10 +115,10 @@ export const GRAB_STATUSES = Object.freeze({
   ended: { code: 410 },
   not_found: { code: 404 },
   not_started: { code: 425, retryAfter: true },
-  overloaded: { code: 503, retryAfter: true },
+  overloaded: { code: 503, retryAfter: true, beforeBody: true }, // a shed may come before the body
   invalid: { code: 400, error: true },
-  // Both may be answered before the body is read, naming no pool or user
-  // (unauthorized: no token, or a bad one; rate_limited: over the per-IP rate).
+  // beforeBody: may be answered before the body is read, naming no pool or
+  // user (a shed; no token or a bad one; over the per-IP rate).
   unauthorized: { code: 401, error: true, beforeBody: true },
   rate_limited: { code: 429, retryAfter: true, beforeBody: true },
 });

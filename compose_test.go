@@ -181,7 +181,7 @@ func interpolate(s string) string {
 	re := regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*)|:?\?([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
 	return re.ReplaceAllStringFunc(s, func(m string) string {
 		sub := re.FindStringSubmatch(m)
-		if strings.Contains(m, "?") && sub[1] != "" {
+		if strings.HasPrefix(m, "${"+sub[1]+":?") || strings.HasPrefix(m, "${"+sub[1]+"?") {
 			return required(sub[1])
 		}
 		return sub[2]

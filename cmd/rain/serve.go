@@ -279,6 +279,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	defer ln.Close() // closed by Serve too; this covers a return before it
 	if c.MaxConns <= 0 {
 		c.MaxConns = defaultMaxConns()
 	}

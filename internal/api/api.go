@@ -94,7 +94,6 @@ type Server struct {
 	draining atomic.Bool
 }
 
-// New returns the API server.
 // The dashboard's files: a subtree pattern, which matches any path under
 // it, whether the dashboard has the file or not.
 const (
@@ -102,6 +101,7 @@ const (
 	dashPattern = "GET " + dashPrefix
 )
 
+// New returns the API server.
 func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -144,9 +144,6 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	s.answer(w, start, req, res, err)
 }
 
-// refuse answers a grab refused before any work: invalid (400),
-// unauthorized (401; the caller sets WWW-Authenticate) or rate_limited (429,
-// with Retry-After), with the reason in "error". Nothing was granted.
 // bodyUnreadWait is how long an answer given before the request's body
 // was read waits for that body to arrive (net/http reads what is left
 // before it answers, to keep the connection): a client that sent its
@@ -168,6 +165,9 @@ func (s *Server) unauthorized(w http.ResponseWriter, start time.Time, err error,
 	s.refuse(w, start, stUnauthorized, grabRequest{}, err.Error(), 0)
 }
 
+// refuse answers a grab refused before any work: invalid (400),
+// unauthorized (401; the caller sets WWW-Authenticate) or rate_limited (429,
+// with Retry-After), with the reason in "error". Nothing was granted.
 func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req grabRequest, reason string, retryAfter time.Duration) {
 	if st == stRateLimited {
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))

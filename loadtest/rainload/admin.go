@@ -53,10 +53,15 @@ func (a *admin) url(path string) string {
 	return strings.TrimSuffix(a.cfg.base.String(), "/") + path
 }
 
-// do sends an authorized request and returns the answer's code and body (at most
-// 1 MiB).
+// do sends an authorized request for path under -url and returns the answer's
+// code and body (at most 1 MiB).
 func (a *admin) do(ctx context.Context, method, path string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, a.url(path), bytes.NewReader(body))
+	return a.doURL(ctx, method, a.url(path), body)
+}
+
+// doURL is do for a whole URL.
+func (a *admin) doURL(ctx context.Context, method, u string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -113,7 +118,11 @@ func (a *admin) scrapeLoop(ctx context.Context) {
 func (a *admin) scrape(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 	defer cancel()
-	if code, b, err := a.do(ctx, http.MethodGet, "/metrics", nil); a.ok("/metrics", code, err) {
+	metrics := a.url("/metrics")
+	if a.cfg.metricsURL != "" {
+		metrics = a.cfg.metricsURL
+	}
+	if code, b, err := a.doURL(ctx, http.MethodGet, metrics, nil); a.ok("/metrics", code, err) {
 		if g := parseMetrics(b); len(g) > 0 {
 			a.mu.Lock()
 			a.gauges = g

@@ -33,6 +33,7 @@ type config struct {
 	progress    time.Duration
 	adminToken  string
 	scrape      bool
+	metricsURL  string // -metrics-url; "" is -url's /metrics
 	preload     bool
 	preloadN    int64        // packets
 	preloadSum  int64        // cents
@@ -61,6 +62,7 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	progress := fs.Duration("progress", time.Second, "print a progress line on stderr this often, rounded up to whole seconds; 0 for none")
 	token := fs.String("admin-token", "", "bearer `token` for -preload and -scrape")
 	scrape := fs.Bool("scrape", false, "every second, GET /metrics (rain_pool_* gauges) and GET /admin/pools/{pool} (remaining stock) into the timeline; needs -admin-token")
+	metricsURL := fs.String("metrics-url", "", "the `URL` -scrape reads the gauges from (default: {url}/metrics; give http://ADDR/metrics for a rain serve --metrics-listen ADDR)")
 	preload := fs.String("preload", "", "POST /admin/pools with `COUNT:TOTAL_CENTS` before the load (201 or 200 are fine); needs -admin-token")
 	userSecret := fs.String("user-secret", "", "send each grab with a user token (Authorization: Bearer, HS256, sub = its user id) signed with the secret in `FILE`, for a rain serve --user-auth hs256:FILE")
 	userAud := fs.String("user-audience", "", "the aud of the user tokens (rain serve --user-auth-audience)")
@@ -77,7 +79,15 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	c := &config{
 		pool: *pool, startRate: *startRate, users: *users, userPrefix: *prefix, repeat: *repeat,
 		maxInflight: *maxInflight, conns: *conns, timeout: *timeout, summary: *summary,
-		timeline: *timeline, progress: *progress, adminToken: *token, scrape: *scrape,
+		timeline: *timeline, progress: *progress, adminToken: *token, scrape: *scrape, metricsURL: *metricsURL,
+	}
+	if c.metricsURL != "" {
+		if mu, err := url.Parse(c.metricsURL); err != nil || mu.Scheme != "http" || mu.Host == "" {
+			return nil, fmt.Errorf("-metrics-url %q: want http://HOST[:PORT]/PATH", c.metricsURL)
+		}
+		if !c.scrape {
+			return nil, errors.New("-metrics-url goes with -scrape")
+		}
 	}
 	u, err := url.Parse(*rawURL)
 	if err != nil {

@@ -669,3 +669,29 @@ func BenchmarkAppendRequestSigned(b *testing.B) {
 		})
 	}
 }
+
+// TestScrapeMetricsURL: with -metrics-url, -scrape reads the gauges there
+// (a rain serve --metrics-listen serves /metrics apart from the API).
+func TestScrapeMetricsURL(t *testing.T) {
+	f := &fakeRain{}
+	url := f.start(t)
+	ops := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		io.WriteString(w, "rain_pool_capacity 77\n")
+	}))
+	t.Cleanup(ops.Close)
+	tl := filepath.Join(t.TempDir(), "t.jsonl")
+	runOK(t, context.Background(), "-url", url, "-pool", "p", "-rate", "50", "-duration", "1500ms",
+		"-progress", "0", "-timeline", tl, "-admin-token", "T", "-scrape", "-metrics-url", ops.URL+"/metrics")
+	ss := readTimeline(t, tl)
+	if last := ss[len(ss)-1]; last.Gauges["rain_pool_capacity"] != 77 {
+		t.Fatalf("last sample's gauges = %v, want capacity 77 from -metrics-url", last.Gauges)
+	}
+	var stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-url", url, "-pool", "p", "-rate", "1", "-duration", "1s", "-metrics-url", ops.URL + "/metrics"}, io.Discard, &stderr); err == nil {
+		t.Error("-metrics-url without -scrape was taken")
+	}
+}

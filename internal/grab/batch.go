@@ -189,7 +189,7 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.budget)
 	defer cancel()
 	open := b.br.current() != breakerClosed // open, or a probe is out
-	groups := st.groups[:0] // reused with their buffers
+	groups := st.groups[:0]                 // reused with their buffers
 	var valid int64
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil || open {

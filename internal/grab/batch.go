@@ -269,15 +269,22 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 			default:
 				r.res, r.err = claims[k], errs[k]
 			}
-			r.done <- struct{}{}
 		}
 		g.cmd = nil
 	}
+	// The breaker and the metrics see the batch before its callers do: a
+	// caller's next claim meets the breaker as this batch left it, and a
+	// scrape after an answer counts the batch.
 	b.br.done(failed)
 	if failed {
 		b.failures.Add(1)
 	}
 	if b.onBatch != nil {
 		b.onBatch(b.name, answered, took, failed)
+	}
+	for i := range groups {
+		for _, r := range groups[i].reqs {
+			r.done <- struct{}{}
+		}
 	}
 }

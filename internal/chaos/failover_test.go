@@ -112,15 +112,21 @@ func TestSentinelFailover(t *testing.T) {
 				default:
 				}
 				u := fmt.Sprintf("w%d.%d", w, i)
+				mu.Lock()
+				afterKill := !killedAt.IsZero() // this grab began after the kill
+				mu.Unlock()
 				r, err := svc.Grab(ctx, "ha", u)
 				mu.Lock()
 				switch {
 				case err == nil && r.Outcome == grab.Granted:
 					answered[u] = r
 					if onHA(u) {
-						if killedAt.IsZero() {
+						switch {
+						case killedAt.IsZero():
 							haBefore++
-						} else if resumedAt.IsZero() {
+						case afterKill && resumedAt.IsZero():
+							// Not a grab in flight at the kill: one the new
+							// primary answered.
 							resumedAt = time.Now()
 						}
 					}

@@ -503,3 +503,33 @@ func TestWatermarkQuorum(t *testing.T) {
 		t.Fatalf("Alloc after the primary lost its counter = %d, %v; want above 200", end, err)
 	}
 }
+
+// TestFrozenMirrorDoesNotHoldALoad: a watermark copy whose shard froze
+// (SIGSTOP) is given a moment once a majority answered, not its whole
+// budget: serial loads go on at the majority's pace.
+func TestFrozenMirrorDoesNotHoldALoad(t *testing.T) {
+	ctx := context.Background()
+	_, primary := newClient(t, redistest.Options{})
+	others := redistest.StartN(t, 3, redistest.Options{})
+	var mirrors []redis.Cmdable
+	for _, o := range others {
+		c := shard.NewClient(o.Addr, shard.Options{Timeout: 10 * time.Second})
+		t.Cleanup(func() { c.Close() })
+		mirrors = append(mirrors, c)
+	}
+	a := NewRedisAllocator(primary, Key, mirrors...)
+	a.MirrorTimeout = 5 * time.Second
+	if _, err := a.Alloc(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	others[2].Pause()
+	defer others[2].Resume()
+	start := time.Now()
+	end, err := a.Alloc(ctx, 100)
+	if err != nil || end != 200 {
+		t.Fatalf("Alloc with a frozen copy = %d, %v; want 200", end, err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Alloc with a frozen copy took %v: it waited for the copy's budget (5s)", took)
+	}
+}

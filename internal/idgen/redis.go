@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -114,31 +113,55 @@ func (a *RedisAllocator) decide(vals []int64, errs []error, op string) (int64, e
 	return high, nil
 }
 
-// each calls f on every mirror at once, each bounded by MirrorTimeout, and
-// waits for all; as soon as a majority has answered the others are
-// cancelled, so a mirror that hangs does not hold a load up.
+// quorumGrace is how long the mirrors that have not answered get once a
+// majority has (see each).
+const quorumGrace = 50 * time.Millisecond
+
+// errLate is the error of a mirror that had not answered quorumGrace after
+// a majority had.
+var errLate = errors.New("no answer within the grace after a majority answered")
+
+// each calls f on every mirror at once, each bounded by MirrorTimeout.
+// Once a majority has answered, the others get quorumGrace more: a mirror
+// that hangs does not hold a load up (its call goes on in the background
+// until its budget ends, and is counted as errLate), while a healthy one a
+// moment slower still counts (a read sees its watermark, which may be the
+// highest: a copy that acknowledged a raise can lose it in a crash; a raise
+// reaches it too).
 func (a *RedisAllocator) each(ctx context.Context, f func(context.Context, redis.Cmdable) (int64, error)) ([]int64, []error) {
+	type answer struct {
+		i   int
+		v   int64
+		err error
+	}
+	answers := make(chan answer, len(a.mirrors)) // buffered: a late call's goroutine never blocks
+	for i, m := range a.mirrors {
+		go func() {
+			mctx, cancel := context.WithTimeout(ctx, a.MirrorTimeout)
+			defer cancel()
+			v, err := f(mctx, m)
+			answers <- answer{i, v, err}
+		}()
+	}
 	vals := make([]int64, len(a.mirrors))
 	errs := make([]error, len(a.mirrors))
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var mu sync.Mutex // guards ok
-	ok := 0
-	var wg sync.WaitGroup
-	for i, m := range a.mirrors {
-		wg.Go(func() {
-			mctx, mcancel := context.WithTimeout(ctx, a.MirrorTimeout)
-			defer mcancel()
-			vals[i], errs[i] = f(mctx, m)
-			if errs[i] == nil {
-				mu.Lock()
-				if ok++; ok == a.quorum() {
-					cancel()
-				}
-				mu.Unlock()
-			}
-		})
+	for i := range errs {
+		errs[i] = errLate
 	}
-	wg.Wait()
+	ok := 0
+	var grace <-chan time.Time // set once a majority has answered
+	for range a.mirrors {
+		select {
+		case r := <-answers:
+			vals[r.i], errs[r.i] = r.v, r.err
+			if r.err == nil {
+				if ok++; ok == a.quorum() {
+					grace = time.After(quorumGrace)
+				}
+			}
+		case <-grace:
+			return vals, errs
+		}
+	}
 	return vals, errs
 }

@@ -99,22 +99,31 @@ func (s Spec) String() string {
 func (s Spec) URL() bool { return isURL(s.Addr) }
 
 func isURL(addr string) bool {
-	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
+	return hasPrefixFold(addr, "redis://") || hasPrefixFold(addr, "rediss://")
 }
 
-// credMarkers start the addresses that may hold credentials.
+// hasPrefixFold is strings.HasPrefix, ASCII case-insensitive.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// credMarkers start the addresses that may hold credentials (matched
+// ASCII case-insensitively).
 var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix}
 
 // credStart returns the length of addr's marker (see credMarkers), 0 when
 // it has none.
 func credStart(addr string) int {
 	for _, m := range credMarkers {
-		if strings.HasPrefix(addr, m) {
+		if hasPrefixFold(addr, m) {
 			return len(m)
 		}
 	}
 	return 0
 }
+
+// notShown stands for a part of an address an error does not show.
+const notShown = "(not shown: not a valid address)"
 
 // redact masks the credentials of a URL or sentinel address. It does not
 // parse the address (a password with an unencoded '/', '?' or '#' would end
@@ -122,8 +131,9 @@ func credStart(addr string) int {
 // everything between the scheme and the last '@' is user information, which
 // no host holds; what follows the user name's ':' there is masked, or the
 // whole of it when it has no ':' (a password written where the user goes).
-// An address with no '@' is shown only when it reads as one: else it may be
-// a password cut short by an unencoded ',' (the list's separator).
+// What follows the '@', or an address with no '@', is shown only when it
+// reads as an address: else it may be a piece of a password that an
+// unencoded ',' (the list's separator) or '@' cut.
 func redact(addr string) string {
 	n := credStart(addr)
 	if n == 0 {
@@ -132,42 +142,44 @@ func redact(addr string) string {
 	rest := addr[n:]
 	at := strings.LastIndexByte(rest, '@')
 	if at < 0 {
-		if !readable(addr) {
-			return addr[:n] + "(not shown: not a valid address)"
+		if !readable(addr[:n], rest) {
+			return addr[:n] + notShown
 		}
 		return addr
 	}
+	tail := rest[at:]
+	if !readable(addr[:n], rest[at+1:]) {
+		tail = "@" + notShown
+	}
 	user, _, hasPassword := strings.Cut(rest[:at], ":")
 	if !hasPassword {
-		return addr[:n] + "xxxxx" + rest[at:]
+		return addr[:n] + "xxxxx" + tail
 	}
-	return addr[:n] + user + ":xxxxx" + rest[at:]
+	return addr[:n] + user + ":xxxxx" + tail
 }
 
-// secret is what redact masks in addr ("" when nothing).
-func secret(addr string) string {
-	n := credStart(addr)
-	at := strings.LastIndexByte(addr[n:], '@')
-	if n == 0 || at < 0 {
-		return ""
+// readable reports whether what follows marker (and the user information,
+// if any) is well formed, and so holds no piece of a password: a URL's
+// host:port (with a path, query or fragment, which hold none), or a
+// sentinel form's master name and sentinel host:ports.
+func readable(marker, after string) bool {
+	if strings.EqualFold(marker, sentinelPrefix) {
+		master, list, ok := strings.Cut(after, "/")
+		if !ok || master == "" || strings.IndexFunc(master, func(r rune) bool { return r > 127 || !isNameByte(byte(r)) }) >= 0 {
+			return false
+		}
+		for _, a := range strings.Split(list, "+") {
+			if checkAddr(a) != nil {
+				return false
+			}
+		}
+		return true
 	}
-	cred := addr[n : n+at]
-	if _, password, ok := strings.Cut(cred, ":"); ok {
-		return password
+	host, _, _ := strings.Cut(after, "/")
+	if i := strings.IndexAny(host, "?#"); i >= 0 {
+		host = host[:i]
 	}
-	return cred
-}
-
-// readable reports whether an address without user information can hold
-// no piece of a password: a URL that parses to a host:port, or a sentinel
-// form whose master name has no ':' (as "user:pass" cut short would).
-func readable(addr string) bool {
-	if rest, ok := strings.CutPrefix(addr, sentinelPrefix); ok {
-		master, _, _ := strings.Cut(rest, "/")
-		return !strings.Contains(master, ":")
-	}
-	u, err := url.Parse(addr)
-	return err == nil && u.User == nil && checkAddr(u.Host) == nil
+	return checkAddr(host) == nil
 }
 
 // userinfo returns the user information of a URL address as redact finds
@@ -186,7 +198,10 @@ func userinfo(addr string) (string, bool) {
 // are ignored; an empty item (as from a trailing comma) is an error. Names must
 // be unique. The specs are returned in the order written.
 //
-// Every error names the offending item and says what is wrong with it.
+// Every error names the offending item and says what is wrong with it,
+// never showing a password: an item is shown with its address's
+// credentials masked, or by its place alone when it may be a piece of a
+// password (no error reason quotes an address that may hold one).
 func ParseSpecs(s string) ([]Spec, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, errors.New("shard specs: none given (want name=weight@host:port,...)")
@@ -201,16 +216,10 @@ func ParseSpecs(s string) ([]Spec, error) {
 		}
 		sp, err := parseSpec(item)
 		if err != nil {
-			msg := err.Error()
-			if pw := itemSecret(item); pw != "" {
-				// As a name or weight would show it, raw or quoted (%q).
-				quoted := strconv.Quote(pw)
-				msg = strings.ReplaceAll(strings.ReplaceAll(msg, quoted[1:len(quoted)-1], "xxxxx"), pw, "xxxxx")
-			}
-			return nil, fmt.Errorf("shard spec %q: %s", redactItem(item), msg)
+			return nil, fmt.Errorf("shard spec %s: %w", describeItem(item, i, len(items)), err)
 		}
 		if seen[sp.Name] {
-			return nil, fmt.Errorf("shard spec %q: duplicate name %q", redactItem(item), sp.Name)
+			return nil, fmt.Errorf("shard spec %s: duplicate name %q", describeItem(item, i, len(items)), sp.Name)
 		}
 		seen[sp.Name] = true
 		specs = append(specs, sp)
@@ -218,16 +227,30 @@ func ParseSpecs(s string) ([]Spec, error) {
 	return specs, nil
 }
 
+// describeItem names item i of n for an error: quoted, its address's
+// credentials masked; by its place alone when it has no marked address
+// but an '@' that may end a password's piece (an '@' before its '=', or
+// a second one).
+func describeItem(item string, i, n int) string {
+	if markedAddr(item) >= 0 {
+		return strconv.Quote(redactItem(item))
+	}
+	eq, at := strings.IndexByte(item, '='), strings.IndexByte(item, '@')
+	if at >= 0 && (eq < 0 || at < eq || strings.Count(item, "@") > 1) {
+		return fmt.Sprintf("%d of %d (not shown: it may hold a piece of a password)", i+1, n)
+	}
+	return strconv.Quote(item)
+}
+
 // markedAddr returns where the first URL or sentinel address starts in
 // item, wherever it is (a name or weight left out moves it); -1 if none.
 func markedAddr(item string) int {
-	first := -1
-	for _, m := range credMarkers {
-		if i := strings.Index(item, m); i >= 0 && (first < 0 || i < first) {
-			first = i
+	for i := range len(item) {
+		if credStart(item[i:]) > 0 {
+			return i
 		}
 	}
-	return first
+	return -1
 }
 
 // redactItem masks the credentials of an item's address, for errors.
@@ -237,15 +260,6 @@ func redactItem(item string) string {
 		return item
 	}
 	return item[:i] + redact(item[i:])
-}
-
-// itemSecret is what redactItem masks in item ("" when nothing).
-func itemSecret(item string) string {
-	i := markedAddr(item)
-	if i < 0 {
-		return ""
-	}
-	return secret(item[i:])
 }
 
 // parseSpec parses one trimmed item. Name and weight contain neither '=' nor
@@ -339,11 +353,16 @@ func checkShardAddr(addr string) error {
 	}
 	sh, ok, err := parseSentinel(addr)
 	if !ok {
+		if strings.Contains(addr, "@") || markedAddr(addr) >= 0 {
+			// Not quoted: what is before an '@' may be a password.
+			return errors.New("an address with an '@' that is not redis://, rediss:// or sentinel/ (not shown: it may hold a password)")
+		}
 		return checkAddr(addr)
 	}
 	if err != nil {
 		return fmt.Errorf("sentinel address %q: %w", redact(addr), err)
 	}
+	_, creds := userinfo(strings.Replace(addr, sentinelPrefix, "sentinel://", 1))
 	for i := 0; i < len(sh.Master); i++ {
 		if !isNameByte(sh.Master[i]) {
 			return fmt.Errorf("sentinel address %q: master name byte %q not allowed (want A-Z a-z 0-9 _ . -)", redact(addr), sh.Master[i])
@@ -351,6 +370,9 @@ func checkShardAddr(addr string) error {
 	}
 	for _, a := range sh.Sentinels {
 		if err := checkAddr(a); err != nil {
+			if creds { // what follows the '@' may be a piece of the password
+				return fmt.Errorf("sentinel address %q: a sentinel host:port after the '@' is not valid", redact(addr))
+			}
 			return fmt.Errorf("sentinel address %q: %w", redact(addr), err)
 		}
 	}
@@ -378,6 +400,9 @@ func checkURL(addr string) error {
 		return fmt.Errorf("URL address %s: rain uses database 0 (path %q)", redact(addr), u.Path)
 	}
 	if err := checkAddr(u.Host); err != nil {
+		if _, creds := userinfo(addr); creds { // what follows the '@' may be a piece of the password
+			return fmt.Errorf("URL address %s: the host:port after the '@' is not valid", redact(addr))
+		}
 		return fmt.Errorf("URL address %s: %w", redact(addr), err)
 	}
 	if _, err := redis.ParseURL(addr); err != nil {

@@ -46,6 +46,7 @@ func TestParseSpecs(t *testing.T) {
 }
 
 func TestParseSpecsErrors(t *testing.T) {
+	const H = "sentinel/(not shown: not a valid address)"
 	tests := []struct {
 		in   string
 		want string // the whole error message, or its part after `...: ` when prefix
@@ -56,12 +57,14 @@ func TestParseSpecsErrors(t *testing.T) {
 		{",s1=1@h:1", "shard spec 1 of 2: empty (stray comma?)"},
 		{"s1=1@h:1, ,s2=1@h:2", "shard spec 2 of 3: empty (stray comma?)"},
 		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
-		{"s1=1@sentinel/m", `shard spec "s1=1@sentinel/m": sentinel address "sentinel/m": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel//h:1", `shard spec "s1=1@sentinel//h:1": sentinel address "sentinel//h:1": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@sentinel/m m/h:1": sentinel address "sentinel/m m/h:1": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
-		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@sentinel/m/h:1+h": sentinel address "sentinel/m/h:1+h": bad address: address h: missing port in address`},
+		// A sentinel form that does not read as one is not shown: it may be
+		// a piece of a password an unencoded ',' cut.
+		{"s1=1@sentinel/m", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel//h:1", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
+		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": bad address: address h: missing port in address`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
-		{"s1@h:1=1", `shard spec "s1@h:1=1": missing "@" after the weight (want name=weight@host:port)`},
+		{"s1@h:1=1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): missing "@" after the weight (want name=weight@host:port)`},
 		{"=1@h:1", `shard spec "=1@h:1": empty name`},
 		{"s 1=1@h:1", `shard spec "s 1=1@h:1": name "s 1": byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
 		{"s#1=1@h:1", `shard spec "s#1=1@h:1": name "s#1": byte '#' not allowed (want A-Z a-z 0-9 _ . -)`},
@@ -92,7 +95,7 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1=1@h:080", `port "080" has a leading zero`},
 		{"s1=1@h h:1", `address "h h:1": byte ' ' not allowed in host`},
 		{"s1=1@ h:1,s2=1@h:2", `shard spec "s1=1@ h:1": address " h:1": byte ' ' not allowed in host`},
-		{"s1=1@a@b:1", `address "a@b:1": byte '@' not allowed in host`},
+		{"s1=1@a@b:1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): an address with an '@' that is not redis://, rediss:// or sentinel/ (not shown: it may hold a password)`},
 		{"s1=1@h:1,s1=2@h:2", `shard spec "s1=2@h:2": duplicate name "s1"`},
 		{"s1=1@h:1,s2=1@h:2,s1=1@h:1", `shard spec "s1=1@h:1": duplicate name "s1"`},
 	}
@@ -284,6 +287,16 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"s1=sentinel/u:secretZ@m/h:1", "secretZ"},
 		{"s1=1@redis://secretZ@h:99999", "secretZ"},
 		{"s1=1@sentinel/secretZ@m m/h:1", "secretZ"},
+		// A ',' or '@' left unencoded in a password cuts it into pieces;
+		// no piece shows, whichever item or part it lands in.
+		{"s=1@redis://u:1234,S3cretPW@h:6379", "S3cretPW"},
+		{"s=1@redis://u:p@S3cret,PW@h:6379", "S3cret"},
+		{"s=1@sentinel/S3cret,PW@m/h:1", "S3cret"},
+		// A scheme in capitals, or none, or a mistyped one.
+		{"s=1@REDIS://u:S3cretPW@h:99999", "S3cretPW"},
+		{"s=1@u:S3cretPW@h:1", "S3cretPW"},
+		{"s=1@redis:/u:S3cretPW@h", "S3cretPW"},
+		{"s=1@SENTINEL/u:S3cretPW@m/h:1", "S3cretPW"},
 	} {
 		_, err := ParseSpecs(c.spec)
 		if err == nil || strings.Contains(err.Error(), c.secret) {
@@ -301,14 +314,14 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"redis://u:s3cret@h:1/2", "s3cret", "database 0"},
 		{"redis://u:s3cret@h:1?db=1", "s3cret", "no query"},
 		{"redis://u:s3cret@h:1#frag", "s3cret", "no query"},
-		{"redis://u:s3cret@h:99999", "s3cret", "out of range"},
-		{"redis://u:s3cret@h", "s3cret", "missing port"},
+		{"redis://u:s3cret@h:99999", "s3cret", "host:port after the '@' is not valid"},
+		{"redis://u:s3cret@h", "s3cret", "host:port after the '@' is not valid"},
 		{"redis://u:s3%zzcret@h:1", "cret", "bad URL"},
-		{"redis://u:s3cret@:1", "s3cret", "empty host"},
+		{"redis://u:s3cret@:1", "s3cret", "host:port after the '@' is not valid"},
 		{"redis://u:s3,cret@h:1", "s3", "not shown"}, // the ',' ends the item
 		{"sentinel/u:se/cret@m/h:1", "cret", "percent-encode"},
 		{"sentinel/u:s3cret@m m/h:1", "s3cret", "master name"},
-		{"sentinel/u:s3cret@m/h", "s3cret", "missing port"},
+		{"sentinel/u:s3cret@m/h", "s3cret", "host:port after the '@' is not valid"},
 		{"sentinel/u:s3%zzcret@m/h:1", "cret", "percent-encoding"},
 		{"sentinel/u:s3cret@m", "s3cret", "want sentinel/"},
 		{"sentinel/u:s3,cretZ@m/h:1", "s3", "not shown"}, // the ',' ends the item
@@ -331,6 +344,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		{"s1=1@sentinel/u:p%2Fw@m/h:1+h:2", "s1=1@sentinel/u:xxxxx@m/h:1+h:2"},
 		{"s1=1@sentinel/:pw@m/h:1", "s1=1@sentinel/:xxxxx@m/h:1"},
 		{"s1=1@sentinel/m/h:1", "s1=1@sentinel/m/h:1"},
+		{"s1=1@REDIS://u:S3cretPW@h:1", "s1=1@REDIS://u:xxxxx@h:1"},
 	} {
 		specs, err := ParseSpecs(c.spec)
 		if err != nil {

@@ -93,7 +93,8 @@ func TestSentinelFailover(t *testing.T) {
 		mu        sync.Mutex
 		answered  = map[string]grab.Result{}
 		onHA      = func(u string) bool { return int(xxhash.Sum64String(u)%subPools) == haSub }
-		killedAt  time.Time
+		killedAt  time.Time // just before the kill
+		killed    bool      // the kill is done: the old primary answers no more
 		resumedAt time.Time
 		haBefore  int
 		failures  int
@@ -113,7 +114,7 @@ func TestSentinelFailover(t *testing.T) {
 				}
 				u := fmt.Sprintf("w%d.%d", w, i)
 				mu.Lock()
-				afterKill := !killedAt.IsZero() // this grab began after the kill
+				afterKill := killed // this grab began once the old primary was gone
 				mu.Unlock()
 				r, err := svc.Grab(ctx, "ha", u)
 				mu.Lock()
@@ -152,7 +153,10 @@ func TestSentinelFailover(t *testing.T) {
 	mu.Lock()
 	killedAt = time.Now()
 	mu.Unlock()
-	primary.Kill()
+	primary.Kill() // returns once the process is gone
+	mu.Lock()
+	killed = true
+	mu.Unlock()
 	old := primary.Addr
 	go func() {
 		for i := 0; i < 300; i++ {

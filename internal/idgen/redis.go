@@ -125,9 +125,9 @@ var errLate = errors.New("no answer within the grace after a majority answered")
 // Once a majority has answered, the others get quorumGrace more: a mirror
 // that hangs does not hold a load up (its call goes on in the background
 // until its budget ends, and is counted as errLate), while a healthy one a
-// moment slower still counts (a read sees its watermark, which may be the
-// highest: a copy that acknowledged a raise can lose it in a crash; a raise
-// reaches it too).
+// moment slower still counts: a raise reaches more copies than a bare
+// majority, and a read sees more of them, which is margin beyond what the
+// quorum promises (any read majority meets any raise majority).
 func (a *RedisAllocator) each(ctx context.Context, f func(context.Context, redis.Cmdable) (int64, error)) ([]int64, []error) {
 	type answer struct {
 		i   int

@@ -56,16 +56,18 @@ func (a *admin) url(path string) string {
 // do sends an authorized request for path under -url and returns the answer's
 // code and body (at most 1 MiB).
 func (a *admin) do(ctx context.Context, method, path string, body []byte) (int, []byte, error) {
-	return a.doURL(ctx, method, a.url(path), body)
+	return a.doURL(ctx, method, a.url(path), body, true)
 }
 
-// doURL is do for a whole URL.
-func (a *admin) doURL(ctx context.Context, method, u string, body []byte) (int, []byte, error) {
+// doURL is do for a whole URL; the admin token goes only with authorized.
+func (a *admin) doURL(ctx context.Context, method, u string, body []byte, authorized bool) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+a.cfg.adminToken)
+	if authorized {
+		req.Header.Set("Authorization", "Bearer "+a.cfg.adminToken)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -118,11 +120,12 @@ func (a *admin) scrapeLoop(ctx context.Context) {
 func (a *admin) scrape(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 	defer cancel()
+	// /metrics takes no token: it never goes there (nor to -metrics-url).
 	metrics := a.url("/metrics")
 	if a.cfg.metricsURL != "" {
 		metrics = a.cfg.metricsURL
 	}
-	if code, b, err := a.doURL(ctx, http.MethodGet, metrics, nil); a.ok("/metrics", code, err) {
+	if code, b, err := a.doURL(ctx, http.MethodGet, metrics, nil, false); a.ok("/metrics", code, err) {
 		if g := parseMetrics(b); len(g) > 0 {
 			a.mu.Lock()
 			a.gauges = g

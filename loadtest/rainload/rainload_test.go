@@ -49,7 +49,11 @@ type fakeRain struct {
 }
 
 func (f *fakeRain) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if strings.HasPrefix(r.URL.Path, "/admin/") || r.URL.Path == "/metrics" {
+	if r.URL.Path == "/metrics" && r.Header.Get("Authorization") != "" {
+		w.WriteHeader(http.StatusBadRequest) // rain's /metrics takes no token: none must be sent there
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/admin/") {
 		if r.Header.Get("Authorization") != "Bearer T" {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
@@ -676,7 +680,7 @@ func TestScrapeMetricsURL(t *testing.T) {
 	f := &fakeRain{}
 	url := f.start(t)
 	ops := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/metrics" {
+		if r.URL.Path != "/metrics" || r.Header.Get("Authorization") != "" {
 			w.WriteHeader(http.StatusNotFound)
 			return
 		}

@@ -59,10 +59,10 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
 		// A sentinel form that does not read as one is not shown: it may be
 		// a piece of a password an unencoded ',' cut.
-		{"s1=1@sentinel/m", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel//h:1", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
-		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@`+H+`": sentinel address "`+H+`": bad address: address h: missing port in address`},
+		{"s1=1@sentinel/m", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel//h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
+		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": bad address: address h: missing port in address`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
 		{"s1@h:1=1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): missing "@" after the weight (want name=weight@host:port)`},
 		{"=1@h:1", `shard spec "=1@h:1": empty name`},

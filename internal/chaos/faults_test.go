@@ -21,6 +21,7 @@ import (
 	"rain/internal/pool"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 // TestOneBadShard: four shards, two rain instances (the grab service, the
@@ -159,6 +160,19 @@ func TestOneBadShard(t *testing.T) {
 			f.stop()
 			back := time.Now()
 			recovered := l.until(func(r result) bool { return r.bad && r.code == 200 && r.at.After(back) }, 20*time.Second)
+			// The next fault starts once every instance's breakers have
+			// closed (one instance serving again does not mean the other
+			// does: its probe may still be out).
+			defer waittest.Until(t, 10*time.Second, "every instance's breakers closed", func() bool {
+				for _, sv := range svcs {
+					for _, st := range sv.ShardStats() {
+						if st.Breaker != 0 {
+							return false
+						}
+					}
+				}
+				return true
+			})
 			healthy := during.p99(false, true)
 			if n, of, first := during.failed(false); n > 0 {
 				t.Errorf("%d of %d grabs of users on healthy shards failed, the first: %s", n, of, first)

@@ -463,6 +463,19 @@ func TestUniqueAfterSerialShardLosesWrites(t *testing.T) {
 	}
 }
 
+// mirrorClients are clients of the watermark copies on servers, with rain
+// serve's options but a long budget: a copy that answers must count even on
+// a loaded machine (the tests using them are about votes, not timeouts).
+func mirrorClients(t *testing.T, servers []*redistest.Server) []redis.Cmdable {
+	var mirrors []redis.Cmdable
+	for _, o := range servers {
+		c := shard.NewClient(o.Addr, shard.Options{Timeout: 10 * time.Second})
+		t.Cleanup(func() { c.Close() })
+		mirrors = append(mirrors, c)
+	}
+	return mirrors
+}
+
 // TestWatermarkQuorum: serial loads need a majority of the watermark
 // copies, for reads and writes alike; a minority down is fine.
 func TestWatermarkQuorum(t *testing.T) {
@@ -471,14 +484,7 @@ func TestWatermarkQuorum(t *testing.T) {
 	// The copies keep what they acknowledged across a restart (the quorum
 	// promises nothing if a copy loses an acknowledged raise as well).
 	others := redistest.StartN(t, 3, redistest.Options{AOF: true, Fsync: "always"})
-	var mirrors []redis.Cmdable
-	for _, o := range others {
-		// A long budget: a copy that answers must count even on a loaded
-		// machine (this test is about the votes, not the timeouts).
-		c := shard.NewClient(o.Addr, shard.Options{Timeout: 10 * time.Second})
-		t.Cleanup(func() { c.Close() })
-		mirrors = append(mirrors, c)
-	}
+	mirrors := mirrorClients(t, others)
 	a := NewRedisAllocator(primary, Key, mirrors...)
 	end, err := a.Alloc(ctx, 100)
 	if err != nil || end != 100 {
@@ -514,12 +520,7 @@ func TestFrozenMirrorDoesNotHoldALoad(t *testing.T) {
 	ctx := context.Background()
 	_, primary := newClient(t, redistest.Options{})
 	others := redistest.StartN(t, 3, redistest.Options{})
-	var mirrors []redis.Cmdable
-	for _, o := range others {
-		c := shard.NewClient(o.Addr, shard.Options{Timeout: 10 * time.Second})
-		t.Cleanup(func() { c.Close() })
-		mirrors = append(mirrors, c)
-	}
+	mirrors := mirrorClients(t, others)
 	a := NewRedisAllocator(primary, Key, mirrors...)
 	a.MirrorTimeout = 5 * time.Second
 	if _, err := a.Alloc(ctx, 100); err != nil {

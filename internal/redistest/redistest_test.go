@@ -77,7 +77,7 @@ func TestNoAOFLosesData(t *testing.T) {
 
 func TestPauseResume(t *testing.T) {
 	s := Start(t, Options{})
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	rdb := shard.NewClient(s.Addr, shard.Options{}) // rain serve's options, retries included
 	defer rdb.Close()
 	ping := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

@@ -74,8 +74,9 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	}
 	// With user auth on, a grab without a bearer token is refused before
 	// it takes a place: it costs a header lookup.
-	authorization := r.Header.Get("Authorization")
+	var authorization string
 	if s.cfg.Users != nil {
+		authorization = r.Header.Get("Authorization")
 		if _, ok := auth.BearerToken(authorization); !ok {
 			s.unauthorized(w, start, auth.ErrNoToken, `Bearer realm="rain"`) // RFC 6750: no error code when no token was sent
 			return

@@ -10,8 +10,8 @@ import (
 // timeout, a connection refused or reset: the network's answers, not a
 // script's) trips it open: every claim for the shard is answered at once,
 // without work, so its users get a fast 503 and nothing waits on it. After
-// cooldown the next claim that comes finds it half-open and starts a probe
-// in the background, a PING bounded by the shard's budget; the claims keep
+// cooldown the next claim (or readiness check) that comes turns it
+// half-open and starts a probe in the background, a PING bounded by the shard's budget; the claims keep
 // being answered at once meanwhile, so no user's claim ever waits on a
 // shard known bad. If the probe is answered the breaker closes, if not it
 // opens again for another cooldown. The breaker heals by itself once the
@@ -92,6 +92,11 @@ func (b *breaker) probed(gen int64, answered bool) {
 		b.state = breakerClosed
 		return
 	}
+	b.openLocked()
+}
+
+// openLocked opens the breaker for a cooldown from now; b.mu is held.
+func (b *breaker) openLocked() {
 	b.state, b.openedAt = breakerOpen, b.now()
 	b.trips.Add(1)
 }
@@ -103,8 +108,7 @@ func (b *breaker) done(failed bool) {
 	defer b.mu.Unlock()
 	switch {
 	case failed && b.state != breakerOpen:
-		b.state, b.openedAt = breakerOpen, b.now()
-		b.trips.Add(1)
+		b.openLocked()
 	case !failed:
 		b.state = breakerClosed
 	}

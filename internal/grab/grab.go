@@ -82,11 +82,10 @@ type Service struct {
 
 	// Background work (readers of holders, breaker probes) starts through
 	// goBackground; Close ends it (stopCtx) and waits for it.
-	bgMu      sync.Mutex // guards bgStopped, and bg's Go against Close's Wait
-	bgStopped bool
-	bg        sync.WaitGroup
-	stopCtx   context.Context // done when Close begins
-	stopBg    context.CancelFunc
+	bgMu    sync.Mutex // orders bg's Go against Close's stopBg and Wait
+	bg      sync.WaitGroup
+	stopCtx context.Context // done when Close begins
+	stopBg  context.CancelFunc
 
 	// afterTrip, when set (tests), runs after each pipelined round trip of a
 	// sub-pool's preload with the next batch it lacks; an error aborts the
@@ -185,9 +184,8 @@ func New(shards *shard.Set, cfg Config) *Service {
 func (s *Service) Close() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.bgMu.Lock()
-	s.bgStopped = true
-	s.bgMu.Unlock()
 	s.stopBg()
+	s.bgMu.Unlock()
 	s.lanes.Wait()
 	s.bg.Wait()
 }
@@ -197,7 +195,7 @@ func (s *Service) Close() {
 func (s *Service) goBackground(f func()) bool {
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
-	if s.bgStopped {
+	if s.stopCtx.Err() != nil {
 		return false
 	}
 	s.bg.Go(f)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -65,6 +66,42 @@ func (g *connGuard) state(c net.Conn, st http.ConnState) {
 	}
 }
 
+// drain closes every idle connection once it has been idle for grace, and
+// returns when no connection is open or at deadline (it reports whether
+// none is). It runs after the listener has closed: a connection that
+// sends a request meanwhile is answered, and the answer closes it (the
+// API's Drain); one idle for grace is closed while no request is on its
+// way, so closing it drops nothing (a connection closed the moment it
+// turned idle would race the client's next request on the wire).
+func (g *connGuard) drain(deadline time.Time, grace time.Duration) bool {
+	for {
+		now := time.Now()
+		var victims []net.Conn
+		g.mu.Lock()
+		for c, since := range g.idle {
+			if now.Sub(since) >= grace {
+				victims = append(victims, c)
+				delete(g.idle, c)
+			}
+		}
+		open := g.open - len(victims)
+		g.mu.Unlock()
+		for _, c := range victims {
+			_ = c.Close()
+		}
+		if open <= 0 {
+			return true
+		}
+		if now.After(deadline) {
+			return false
+		}
+		time.Sleep(drainPoll)
+	}
+}
+
+// drainPoll is how often drain looks at the connections again.
+const drainPoll = 10 * time.Millisecond
+
 // stats returns the connections open and those closed to stay under max.
 func (g *connGuard) stats() (open int, shed int64) {
 	g.mu.Lock()
@@ -80,6 +117,40 @@ func defaultMaxConns() int {
 		return 256
 	}
 	return int(min(lim.Cur, 1<<20)) - 256
+}
+
+// stoppable is the API's listener: Stop ends it without resetting the
+// connections that are waiting in its backlog (their handshake done, not
+// yet accepted; closing a listening socket resets them, and their clients
+// would see a request cut off). Stop makes Accept take what is waiting and
+// then report net.ErrClosed, and only then closes the socket: what is lost
+// is a handshake completed in the microseconds between the last accept
+// and the close.
+type stoppable struct {
+	*net.TCPListener
+	stopping atomic.Bool
+}
+
+// Stop ends the listener; Serve returns net.ErrClosed once the backlog is
+// taken.
+func (l *stoppable) Stop() {
+	l.stopping.Store(true)
+	_ = l.SetDeadline(time.Now()) // an accept that would wait times out
+}
+
+func (l *stoppable) Accept() (net.Conn, error) {
+	c, err := l.TCPListener.Accept()
+	if err != nil && l.stopping.Load() {
+		// An accept woken by Stop's deadline reports it without asking
+		// the socket again; this one asks (it accepts before it waits), so
+		// only an empty backlog ends the listener.
+		if c, err = l.TCPListener.Accept(); err == nil {
+			return c, nil
+		}
+		_ = l.TCPListener.Close()
+		return nil, net.ErrClosed
+	}
+	return c, err
 }
 
 // jsonErrors wraps a listener so that the answers net/http writes itself,
@@ -151,4 +222,11 @@ func jsonServerError(p []byte) ([]byte, bool) {
 	out := fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
 		code, http.StatusText(code), len(js))
 	return append(out, js...), true
+}
+
+// openNow is the number of connections open.
+func (g *connGuard) openNow() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.open
 }

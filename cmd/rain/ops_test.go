@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"rain/internal/metrics"
 	"rain/internal/redistest"
 	"strings"
 	"testing"
@@ -71,7 +72,7 @@ func TestMetricsSeries(t *testing.T) {
 		{"rain_build_info", nil, 1, 1},
 		{"rain_grabs_total", status("granted"), 1, 1},
 		{"rain_grab_duration_seconds", status("granted"), 1, 1},
-		{"rain_grab_overloaded_total", nil, 0, 5},
+		{"rain_grab_overloaded_total", nil, 0, 6},
 		{"rain_shard_batch_duration_seconds", nil, 1, 4},
 		{"rain_shard_batch_claims", nil, 1, 4},
 		{"rain_shard_breaker_state", nil, 0, 4},
@@ -437,5 +438,48 @@ func TestJSONErrorConnHalfCloses(t *testing.T) {
 	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(server, buf); err != nil || string(buf) != "more" {
 		t.Fatalf("server read %q, %v after its half-close; want more", buf, err)
+	}
+}
+
+// TestMetricsWithAFrozenShard: a scrape of /metrics answers within the
+// stock's budget while a shard that holds a live sub-pool is frozen
+// (SIGSTOP), although a call to that shard may take --shard-timeout (3 s
+// here): the frozen shard's stock is left out of the scrape instead.
+func TestMetricsWithAFrozenShard(t *testing.T) {
+	servers := redistest.StartN(t, 2, durable)
+	environ := map[string]string{"RAIN_REDIS": fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr), "RAIN_ADMIN_TOKEN": longToken}
+	addr, _ := startServe(t, []string{"--shard-timeout", "3s"}, environ)
+	base := "http://" + addr
+	if code, body := post(t, base+"/admin/pools", longToken, `{"pool_id":"frz","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	if code, body := post(t, base+"/grab", "", `{"pool_id":"frz","user_id":"u1"}`); code != 200 {
+		t.Fatalf("grab = %d %v", code, body)
+	}
+	scrape := func() (time.Duration, string) {
+		t.Helper()
+		start := time.Now()
+		r, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		if r.StatusCode != 200 {
+			t.Fatalf("/metrics = %d", r.StatusCode)
+		}
+		return time.Since(start), string(b)
+	}
+	if _, body := scrape(); strings.Count(body, `rain_stock_remaining_cents{pool="frz"`) != 2 {
+		t.Fatalf("/metrics before the freeze lacks the stock of both sub-pools")
+	}
+	servers[1].Pause()
+	defer servers[1].Resume()
+	// Scrape past the stock's cache (metrics.StockEvery), so that one scrape
+	// at least reads the shards while b is frozen.
+	for end := time.Now().Add(metrics.StockEvery + 500*time.Millisecond); time.Now().Before(end); {
+		if took, _ := scrape(); took > 700*time.Millisecond {
+			t.Fatalf("a scrape with a frozen shard took %v, want within the stock's budget (%v)", took, metrics.StockBudget)
+		}
 	}
 }

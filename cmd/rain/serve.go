@@ -38,6 +38,15 @@ const reaperRetry = 4 * time.Second
 // load balancer's readiness probes.
 const defaultDrainDelay = 5 * time.Second
 
+// stopLinger is how long the listener stays open after grabs are answered
+// 503 (Retry-After: 1) at shutdown: under the Retry-After, so a client
+// told to come back later does not come back to a closing listener.
+const stopLinger = 300 * time.Millisecond
+
+// idleGrace is how long a connection must have been idle before shutdown
+// closes it (see connGuard.drain).
+const idleGrace = 500 * time.Millisecond
+
 // maxHeaderBytes bounds a request's headers; more is answered 431 (JSON).
 const maxHeaderBytes = 16 << 10
 
@@ -242,7 +251,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 			return err
 		}
 		defer workers.Close(c.ShutdownTimeout) // no-op after the drain below
-		gcfg.Workers = workers.Cap             // each shard's bulkhead: its share of the workers
+		gcfg.Places = workers.Places           // each shard's bulkhead: its share of the places
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
 	}
@@ -275,11 +284,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	reap := reaper.New(svc, lock.New(set.Clients(), lock.Config{Logger: log, RetryDelay: reaperRetry}), reaper.Config{Logger: log})
 	reg.Reaper(reap.Stats)
 
-	ln, err := net.Listen("tcp", c.Listen)
+	tcp, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return err
 	}
-	defer ln.Close() // closed by Serve too; this covers a return before it
+	ln := &stoppable{TCPListener: tcp.(*net.TCPListener)}
+	defer ln.Close() // closed by Stop or Serve too; this covers a return before them
 	if c.MaxConns <= 0 {
 		c.MaxConns = defaultMaxConns()
 	}
@@ -332,35 +342,53 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	defer func() { stopBackground(); _ = background.Wait() }()
 
 	// The server runs until it fails or ctx ends; then the shutdown below.
-	// Order: stop taking requests and let in-flight grabs finish (each is
-	// one atomic script: none is left half done), drain the worker pool,
-	// then the deferred calls stop the background work (the reaper releases
-	// its lock), the claim batchers, the serial loader and the shard clients.
+	// Order: readiness says 503 and every answer closes its connection;
+	// after the drain delay, grabs are answered 503 with Retry-After before
+	// any work, for stopLinger, so that clients still coming are told to go
+	// elsewhere; then the listener closes (what waits in its backlog is
+	// taken first); every request that reached rain is answered, and a
+	// connection is closed once answered, or once idle for idleGrace (never
+	// the moment it turns idle, which would race a request on the wire);
+	// in-flight grabs finish (each is one atomic script: none is left half
+	// done); the worker pool drains; then the deferred calls stop the
+	// background work (the reaper releases its lock), the claim batchers,
+	// the serial loader and the shard clients.
 	g, gctx := errgroup.WithContext(ctx)
+	served := make(chan struct{})
 	g.Go(func() error {
-		if err := srv.Serve(jsonErrors{ln}); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve: %w", err)
+		defer close(served)
+		err := srv.Serve(jsonErrors{ln})
+		if errors.Is(err, http.ErrServerClosed) || ln.stopping.Load() && errors.Is(err, net.ErrClosed) {
+			return nil
 		}
-		return nil
+		return fmt.Errorf("serve: %w", err)
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		handler.Drain()
 		if c.DrainDelay > 0 && ctx.Err() != nil {
-			// Readiness says 503 first; keep-alive connections close after
-			// their next answer, so clients reconnect to another instance.
-			handler.Drain()
-			srv.SetKeepAlivesEnabled(false)
 			log.Info("draining: /readyz answers 503", "drain_delay", c.DrainDelay)
 			time.Sleep(c.DrainDelay)
 		}
 		log.Info("shutting down", "timeout", c.ShutdownTimeout)
-		sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+		deadline := time.Now().Add(c.ShutdownTimeout)
+		handler.Stop()
+		time.Sleep(min(stopLinger, c.ShutdownTimeout))
+		ln.Stop()
+		select {
+		case <-served: // the backlog taken, the listener closed
+		case <-time.After(time.Until(deadline)):
+		}
+		if !conns.drain(deadline, idleGrace) {
+			log.Warn("connections still open at the shutdown timeout", "open", conns.openNow())
+		}
+		sctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {
 			return fmt.Errorf("shutdown: %w", err)
 		}
 		if workers != nil {
-			return workers.Close(c.ShutdownTimeout)
+			return workers.Close(time.Until(deadline))
 		}
 		return nil
 	})

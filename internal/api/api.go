@@ -22,6 +22,14 @@ type Grabber interface {
 	Grab(ctx context.Context, poolID, userID string) (grab.Result, error)
 }
 
+// beginner is a Grabber whose grabs come in two parts (grab.Service is
+// one): Begin, which queues the grab's claim at its shard, runs on a worker;
+// the request then waits for the shard's answer off the worker pool, so a
+// shard that stalls holds none of the workers the other shards' grabs need.
+type beginner interface {
+	Begin(ctx context.Context, poolID, userID string) grab.Pending
+}
+
 // Pools is what the operator endpoints need.
 type Pools interface {
 	Preload(ctx context.Context, spec grab.Spec) (*grab.Status, bool, error)
@@ -33,10 +41,10 @@ type Pools interface {
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
 // for a grab as its request arrives, before the body is read, or reports
-// false (shed: 503 at once); an admitted request then either Runs, which
+// false (shed: 503 at once); an admitted request may Run its task, which
 // waits for the task and returns pool.ErrOverloaded when it sheds after
 // all, pool.ErrPanicked when it panicked, or ctx's error when the client has
-// gone, or Leaves (its body was invalid).
+// gone; it Leaves once answered, whatever the answer.
 type Runner interface {
 	Admit() bool
 	Leave()
@@ -91,7 +99,8 @@ type Server struct {
 	grabs    *metrics.Grabs
 	ids      *requestIDs
 	access   accessSampler
-	draining atomic.Bool
+	draining atomic.Bool // Drain: /readyz 503, every answer closes its connection
+	stopping atomic.Bool // Stop: grabs answered 503 before any work
 }
 
 // The dashboard's files: a subtree pattern, which matches any path under

@@ -93,10 +93,14 @@ func (w *statusRecorder) Write(b []byte) (int, error) {
 func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ServeHTTP answers r: every answer carries X-Request-Id (the request's own
-// when it sent a sane one); a sample of them is logged.
+// when it sent a sane one), and Connection: close once draining; a sample
+// of them is logged.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := s.requestID(r)
 	w.Header()["X-Request-Id"] = []string{id}
+	if s.draining.Load() {
+		w.Header()["Connection"] = []string{"close"} // see Drain
+	}
 	start := time.Now()
 	if !s.access.admit(start) {
 		s.mux.ServeHTTP(w, r)

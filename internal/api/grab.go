@@ -48,10 +48,11 @@ const (
 	rsUnknown                   // a step that may grant lost its answer: a retry returns it
 	rsBusy                      // the user's own spill is in flight
 	rsClientGone                // the client left; the grab may still have run
+	rsStopping                  // the instance is shutting down: refused before any work
 	nReason
 )
 
-var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone"}
+var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone", "stopping"}
 
 var reasonTexts = [nReason]string{
 	"overloaded: the request was shed; nothing was granted",
@@ -59,10 +60,19 @@ var reasonTexts = [nReason]string{
 	"the outcome is not known yet: the grab may have been granted, and a retry returns it",
 	"a grab of this user is in flight; retry shortly",
 	"the request was cancelled; the grab may have been granted, and a retry returns it",
+	"this instance is shutting down; nothing was granted",
 }
+
+// errStopping is the error of a grab that arrived after Stop.
+var errStopping = errors.New("api: stopping")
 
 func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if s.stopping.Load() {
+		bodyUnread(w)
+		s.answer(w, start, grabRequest{}, grab.Result{}, errStopping)
+		return
+	}
 	// The client's rate first: a flood from one address costs a map lookup
 	// and a short answer, and takes no place in the worker pool.
 	if s.cfg.IPLimit != nil {
@@ -83,16 +93,15 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// Admission comes next, before the body is read: under overload a
-	// shed request costs its headers and a short answer, nothing more.
-	if s.cfg.Runner != nil && !s.cfg.Runner.Admit() {
-		bodyUnread(w)
-		s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
-		return
-	}
-	leave := func() {
-		if s.cfg.Runner != nil {
-			s.cfg.Runner.Leave()
+	// shed request costs its headers and a short answer, nothing more. The
+	// place is held until the answer.
+	if s.cfg.Runner != nil {
+		if !s.cfg.Runner.Admit() {
+			bodyUnread(w)
+			s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
+			return
 		}
+		defer s.cfg.Runner.Leave()
 	}
 	// The token is checked before the body is read: a forged or expired
 	// one is answered at once, whatever its body does.
@@ -100,20 +109,17 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Users != nil {
 		var err error
 		if sub, err = s.cfg.Users.Subject(authorization); err != nil {
-			leave()
 			s.unauthorized(w, start, err, `Bearer realm="rain", error="invalid_token"`)
 			return
 		}
 	}
 	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
 	if err != nil {
-		leave()
 		s.refuse(w, start, stInvalid, req, err.Error(), 0)
 		return
 	}
 	if s.cfg.Users != nil {
 		if req.UserID != "" && req.UserID != sub {
-			leave()
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
 			s.refuse(w, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
 			return
@@ -122,27 +128,36 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.UserLimit != nil {
 		if ok, wait := s.cfg.UserLimit.Allow(req.UserID, start); !ok {
-			leave()
 			s.refuse(w, start, stRateLimited, req, "this user is over its rate of grabs", wait)
 			return
 		}
 	}
-	var res grab.Result
-	if s.cfg.Runner == nil {
-		res, err = s.cfg.Grabber.Grab(r.Context(), req.PoolID, req.UserID)
-	} else {
-		var tres grab.Result
-		var terr error
-		// tres and terr are read only when Run returns nil: the task has
-		// finished then; on any error it may still be running.
-		err = s.cfg.Runner.Run(r.Context(), func(ctx context.Context) {
-			tres, terr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
-		})
-		if err == nil {
-			res, err = tres, terr
-		}
-	}
+	res, err := s.run(r.Context(), req)
 	s.answer(w, start, req, res, err)
+}
+
+// run runs an admitted grab: on the worker pool when there is one (only
+// its first part when the Grabber has two, see beginner), else on the
+// handler's goroutine.
+func (s *Server) run(ctx context.Context, req grabRequest) (grab.Result, error) {
+	if s.cfg.Runner == nil {
+		return s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
+	}
+	// What the task sets is read only when Run returns nil: the task has
+	// finished then; on any error it may still be running.
+	if b, ok := s.cfg.Grabber.(beginner); ok {
+		var pending grab.Pending
+		if err := s.cfg.Runner.Run(ctx, func(ctx context.Context) { pending = b.Begin(ctx, req.PoolID, req.UserID) }); err != nil {
+			return grab.Result{}, err
+		}
+		return pending.Wait()
+	}
+	var res grab.Result
+	var gerr error
+	if err := s.cfg.Runner.Run(ctx, func(ctx context.Context) { res, gerr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID) }); err != nil {
+		return grab.Result{}, err
+	}
+	return res, gerr
 }
 
 // bodyUnreadWait is how long an answer given before the request's body
@@ -230,6 +245,8 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		st = outcomeStatus(res.Outcome)
 	case errors.Is(err, pool.ErrOverloaded):
 		rs = rsShed
+	case errors.Is(err, errStopping):
+		rs = rsStopping
 	case errors.Is(err, pool.ErrPanicked):
 		// Logged by the pool; the request gets a 500 below.
 	case errors.Is(err, grab.ErrOutcomeUnknown):
@@ -247,7 +264,7 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		st = stOverloaded
 		res.RetryAfter = time.Second
 		s.grabs.Overloaded(int(rs))
-		if rs != rsShed {
+		if rs != rsShed && rs != rsStopping {
 			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
 		}
 	}

@@ -30,6 +30,20 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 }
 
 // Drain makes GET /readyz answer 503 {"ready":false,"draining":true} from
-// now on: the first step of a graceful stop, so that load balancers stop
-// sending before the listener closes.
+// now on, and every answer close its connection (Connection: close): the
+// first step of a graceful stop, so that load balancers stop sending and
+// keep-alive clients reconnect elsewhere before the listener closes. No
+// connection is closed under a request: each closes after its answer.
 func (s *Server) Drain() { s.draining.Store(true) }
+
+// Stop makes every grab from now on answer 503 overloaded with
+// Retry-After: 1 ("this instance is shutting down; nothing was granted")
+// before any work, and close its connection; it implies Drain. The second
+// step of a graceful stop, after the drain delay: a client that still
+// comes is told to retry later (elsewhere), so that by the time the
+// listener closes no well-behaved client is connecting to it. Grabs
+// already running are answered as usual.
+func (s *Server) Stop() {
+	s.draining.Store(true)
+	s.stopping.Store(true)
+}

@@ -69,7 +69,7 @@ func TestOneBadShard(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { workers.Close(5 * time.Second) })
-		svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1", Workers: workers.Cap})
+		svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1", Places: workers.Places})
 		t.Cleanup(svc.Close)
 		runCtx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})

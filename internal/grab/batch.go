@@ -32,8 +32,10 @@ const (
 	// 21,000 grabs/s, 2 lanes 15,200, 4 lanes 13,600.
 	lanesPerShard = 1
 	maxBatch      = 128
-	// queuePerShard bounds the claims waiting for one shard's lane.
-	queuePerShard = 4 * maxBatch
+	// queuePerShard bounds the claims waiting for one shard's lane: a bound
+	// on memory, sized above the request places of a worker pool at its
+	// defaults (the bulkhead holds a shard to its share of those first).
+	queuePerShard = 4096
 )
 
 // claimReq is one claim in flight. Reused through reqPool.
@@ -44,12 +46,22 @@ type claimReq struct {
 	serial int64
 	token  string // spill token, "" for pools of one sub-pool
 	valid  int64  // spill reservation validity, ms
+	queued int64  // when it was queued (unix ns)
 	res    lua.Claim
 	err    error
 	done   chan struct{} // capacity 1; receives once per use
 }
 
 var reqPool = sync.Pool{New: func() any { return &claimReq{done: make(chan struct{}, 1)} }}
+
+// wait waits for the claim's answer and gives the request back to reqPool.
+func (r *claimReq) wait() (lua.Claim, error) {
+	<-r.done
+	res, err := r.res, r.err
+	r.ctx, r.keys, r.res, r.err = nil, nil, lua.Claim{}, nil
+	reqPool.Put(r)
+	return res, err
+}
 
 // batcher runs the claims of one shard: its bulkhead, breaker and lane.
 type batcher struct {
@@ -64,20 +76,18 @@ type batcher struct {
 	// replicated: the shard runs with replicas (Sentinel), and each batch
 	// waits for one to have it (WAIT) before its grants are answered.
 	replicated bool
-	// limit, when set, is the most claims this shard may have queued or in
-	// flight at once while its current batch is late (out for longer than
-	// lateAfter): its share of the worker pool, so a shard that stalls
-	// holds at most its share of the workers (a bulkhead), while a shard
-	// that only works harder (an audit reading pages) is not cut short.
-	limit     func() int
-	lateAfter time.Duration
-	sentAt    atomic.Int64 // when the batch in flight was sent (unix ns); 0 when none is
-	inflight  atomic.Int64 // claims queued or in flight
-	br        *breaker
-	busy      atomic.Int64 // claims refused by the bulkhead, ever
-	refused   atomic.Int64 // claims refused by the open breaker, ever
-	failures  atomic.Int64 // batches the shard did not answer, ever
-	onBatch   func(shard string, claims int, took time.Duration, failed bool)
+	// places, when set, reports the request places held and how many there
+	// are (the worker pool's, Config.Places); share is this shard's share of
+	// them, by weight. The bulkhead: see admit.
+	places   func() (inUse, limit int64)
+	share    func(limit int64) int64
+	oldest   atomic.Int64 // when the oldest claim queued or in flight was queued (unix ns); 0 when none is
+	inflight atomic.Int64 // claims queued or in flight
+	br       *breaker
+	busy     atomic.Int64 // claims refused by the bulkhead, ever
+	refused  atomic.Int64 // claims refused by the open breaker, ever
+	failures atomic.Int64 // batches the shard did not answer, ever
+	onBatch  func(shard string, claims int, took time.Duration, failed bool)
 }
 
 // errNotSent wraps the error of a claim that never reached its shard.
@@ -87,49 +97,80 @@ var errNotSent = errors.New("claim not sent")
 // confirmed in time: a failover could lose it, so its outcome is unknown.
 var errNotReplicated = errors.New("no replica confirmed the grant in time")
 
-// claim queues a claim and waits for its answer. A claim the shard's
-// bulkhead or open breaker refuses, or whose ctx is done before its batch is
-// sent, does no Redis work (its error wraps errNotSent); once sent, the
-// caller waits for the answer (bounded by the budget), so an answer that
-// arrives is never lost.
+// claim queues a claim and waits for its answer (enqueue, then wait).
 func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
-	if b.limit != nil {
-		if n := b.inflight.Add(1); n > int64(b.limit()) && b.late() {
-			b.inflight.Add(-1)
-			b.busy.Add(1)
-			return lua.Claim{}, fmt.Errorf("%w: shard %s has its share of the work in flight", errNotSent, b.name)
-		}
-		defer b.inflight.Add(-1)
+	r, err := b.enqueue(ctx, k, user, serial, token, valid)
+	if err != nil {
+		return lua.Claim{}, err
 	}
-	if !b.br.allow() {
-		b.refused.Add(1)
-		return lua.Claim{}, fmt.Errorf("%w: shard %s is unavailable (its breaker is open)", errNotSent, b.name)
-	}
-	r := reqPool.Get().(*claimReq)
-	r.ctx, r.keys, r.user, r.serial, r.token, r.valid = ctx, k, user, serial, token, valid
-	select {
-	case b.reqs <- r:
-	case <-ctx.Done():
-		r.ctx, r.keys = nil, nil
-		reqPool.Put(r)
-		return lua.Claim{}, fmt.Errorf("%w: %w", errNotSent, ctx.Err())
-	case <-b.stop:
-		r.ctx, r.keys = nil, nil
-		reqPool.Put(r)
-		return lua.Claim{}, fmt.Errorf("%w: service closed", errNotSent)
-	}
-	<-r.done
-	res, err := r.res, r.err
-	r.ctx, r.keys, r.res, r.err = nil, nil, lua.Claim{}, nil
-	reqPool.Put(r)
-	return res, err
+	return r.wait()
 }
 
-// late reports whether the batch in flight has been out for longer than
-// lateAfter: the shard may be stalling.
-func (b *batcher) late() bool {
-	at := b.sentAt.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) > b.lateAfter
+// enqueue queues a claim for the shard's lane; its answer comes through the
+// request's wait. A claim the shard's breaker or bulkhead refuses (see
+// admit), or one queued when the lane's queue is full, does no Redis work:
+// its error wraps errNotSent. Once queued, the lane answers it (with
+// errNotSent if its ctx ends before its batch is sent); once sent, the
+// answer is bounded by the budget, and an answer that arrives is never lost.
+func (b *batcher) enqueue(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (*claimReq, error) {
+	if !b.br.allow() {
+		b.refused.Add(1)
+		return nil, fmt.Errorf("%w: shard %s is unavailable (its breaker is open)", errNotSent, b.name)
+	}
+	now := time.Now().UnixNano()
+	if err := b.admit(now); err != nil {
+		b.busy.Add(1)
+		return nil, fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	select {
+	case <-b.stop:
+		return nil, fmt.Errorf("%w: service closed", errNotSent)
+	default:
+	}
+	r := reqPool.Get().(*claimReq)
+	r.ctx, r.keys, r.user, r.serial, r.token, r.valid, r.queued = ctx, k, user, serial, token, valid, now
+	b.inflight.Add(1)
+	select {
+	case b.reqs <- r:
+		return r, nil
+	default:
+		b.inflight.Add(-1)
+		b.busy.Add(1)
+		r.ctx, r.keys = nil, nil
+		reqPool.Put(r)
+		return nil, fmt.Errorf("%w: shard %s has %d claims queued", errNotSent, b.name, cap(b.reqs))
+	}
+}
+
+// admit is the shard's bulkhead: it refuses a claim (nothing is sent) only
+// when the shard is not keeping up with the budget or would crowd the
+// others out, never because a batch is late (invariant 10: a shard that
+// answers, however slowly its fsync lands, serves its users):
+//
+//   - stalled: the oldest claim queued or in flight has waited longer than
+//     the budget (a frozen or dead shard; its breaker opens when the batch
+//     in flight times out);
+//   - crowding: the shard holds more than its share of the request places
+//     while they run short (over three quarters taken), so a shard that
+//     stalls under a flood holds at most its share and the other shards'
+//     grabs still find places.
+//
+// Claims do not hold workers while they wait (the worker pool runs a
+// grab's task only until its claim is queued), so a stalled shard costs
+// the others no worker.
+func (b *batcher) admit(now int64) error {
+	if at := b.oldest.Load(); at != 0 && time.Duration(now-at) > b.budget {
+		return fmt.Errorf("shard %s is stalled: a claim has waited %v, over the budget of %v",
+			b.name, time.Duration(now-at).Round(time.Millisecond), b.budget)
+	}
+	if b.places == nil {
+		return nil
+	}
+	inUse, limit := b.places()
+	if n := b.inflight.Load(); inUse > limit*3/4 && n >= b.share(limit) {
+		return fmt.Errorf("shard %s has its share of the requests in flight (%d) while they run short", b.name, n)
+	}
+	return nil
 }
 
 // lane serves batches until stop is closed. Claims still queued then are
@@ -147,6 +188,7 @@ func (b *batcher) lane() {
 				select {
 				case r := <-b.reqs:
 					r.err = fmt.Errorf("%w: service closed", errNotSent)
+					b.inflight.Add(-1)
 					r.done <- struct{}{}
 				default:
 					return
@@ -154,6 +196,8 @@ func (b *batcher) lane() {
 			}
 		}
 		batch = append(batch[:0], first)
+		// FIFO: the batch's first claim is the oldest the shard has.
+		b.oldest.Store(first.queued)
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -164,6 +208,8 @@ func (b *batcher) lane() {
 			}
 		}
 		b.run(batch, &st)
+		b.oldest.Store(0)
+		b.inflight.Add(-int64(len(batch)))
 	}
 }
 
@@ -239,9 +285,7 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		_ = pipe.Process(ctx, wait)
 	}
 	sent := time.Now()
-	b.sentAt.Store(sent.UnixNano())
 	_, _ = pipe.Exec(ctx) // errors are per command, read below
-	b.sentAt.Store(0)
 	took := time.Since(sent)
 	failed, answered := false, 0
 	for i := range groups {

@@ -40,13 +40,13 @@ type Config struct {
 	// home has not decided). Safety does not depend on it; a short age only
 	// turns away spills still in progress. Default 8s.
 	SpillAge time.Duration
-	// Workers, when set, reports the size of the worker pool grabs run on:
-	// while a shard's batch is late (out for more than a twentieth of the
-	// call budget), the shard may have at most its share of the workers (by
-	// weight, at least 2) in claims queued or in flight, so a shard that
-	// stalls holds only its share of the workers and the others go on.
-	// Nil: no bound.
-	Workers func() int
+	// Places, when set, reports the request places of the worker pool
+	// grabs run on: those held now, and how many there are (pool.Pool's
+	// Places). While they run short, a shard may hold at most its share of
+	// them (by weight, at least 2) in claims queued or in flight, so a shard
+	// that stalls under a flood leaves the others their places (the
+	// bulkhead; see batcher.admit). Nil: no such bound.
+	Places func() (inUse, limit int64)
 	// BreakerCooldown is how long a shard's breaker stays open after a
 	// failed call before it lets a probe through. Default 1s.
 	BreakerCooldown time.Duration
@@ -165,11 +165,10 @@ func New(shards *shard.Set, cfg Config) *Service {
 		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
 			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, start),
 			onBatch: cfg.OnBatch}
-		if cfg.Workers != nil {
-			w, total := shards.Weight(name), shards.TotalWeight()
-			b.limit = func() int { return max(2, (cfg.Workers()*w+total-1)/total) }
-			// A healthy batch, fsync included, is back in a few ms.
-			b.lateAfter = shards.Timeout() / 20
+		if cfg.Places != nil {
+			w, total := int64(shards.Weight(name)), int64(shards.TotalWeight())
+			b.places = cfg.Places
+			b.share = func(limit int64) int64 { return max(2, (limit*w+total-1)/total) }
 		}
 		s.batchers[name] = b
 		for range lanesPerShard {
@@ -225,35 +224,59 @@ type Result struct {
 }
 
 // Grab claims a packet of poolID for userID, or returns the grant the user
-// already holds. Ids must be valid (ValidID). It returns ErrUnavailable when
-// a shard or the serial generator cannot answer and nothing was granted,
-// ErrOutcomeUnknown when a step that may have granted lost its answer (a
-// retry returns the grant if there is one), and ErrBusy while the user's
-// own spill is in flight.
+// already holds: Begin, then Wait. Ids must be valid (ValidID). It returns
+// ErrUnavailable when a shard or the serial generator cannot answer and
+// nothing was granted, ErrOutcomeUnknown when a step that may have granted
+// lost its answer (a retry returns the grant if there is one), and ErrBusy
+// while the user's own spill is in flight.
 //
 // The common path is one script on one shard: the user's home sub-pool comes
 // from a hash of the user id, and dedup lives there.
 func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, error) {
+	return s.Begin(ctx, poolID, userID).Wait()
+}
+
+// Pending is a grab that Begin has started: its claim is queued at its
+// home sub-pool's shard, or its answer is known already. Wait returns it.
+type Pending struct {
+	s      *Service
+	p      *poolView
+	req    *claimReq // nil when res and err are the answer
+	ctx    context.Context
+	res    Result
+	err    error
+	user   string
+	j      int
+	serial int64
+	token  string
+}
+
+// Begin starts a grab: the answers rain gives without Redis (see the local
+// answers), the serial, and the claim queued at the user's home sub-pool's
+// shard. It does not wait for the shard: the worker pool runs Begin, and
+// the request waits for the shard's answer in Wait, holding no worker (a
+// shard that stalls costs the others none). ctx bounds the whole grab.
+func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 	if s.warm.Load() && !s.known.MayContain(poolID) {
-		return Result{Outcome: NotFound}, nil // unknown or forged: no Redis
+		return Pending{res: Result{Outcome: NotFound}} // unknown or forged: no Redis
 	}
 	p, err := s.pool(ctx, poolID)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return Result{Outcome: NotFound}, nil
+		return Pending{res: Result{Outcome: NotFound}}
 	case err != nil:
-		return Result{}, err
+		return Pending{err: err}
 	case p.rec.state != stateOpen:
-		return Result{Outcome: NotStarted, RetryAfter: time.Second}, nil
+		return Pending{res: Result{Outcome: NotStarted, RetryAfter: time.Second}}
 	case s.empty.AllEmpty(poolID, len(p.keys)) && s.surelyNotHolder(p, userID):
 		// Every sub-pool answered empty within the last second, no release
 		// has returned stock since, and this user holds no grant here: the
 		// flood after a sell-out is answered without Redis.
-		return Result{Outcome: SoldOut}, nil
+		return Pending{res: Result{Outcome: SoldOut}}
 	}
 	serial, err := s.serials.Next(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("%w: serial: %w", ErrUnavailable, err)
+		return Pending{err: fmt.Errorf("%w: serial: %w", ErrUnavailable, err)}
 	}
 	j := home(userID, len(p.keys))
 	var token string
@@ -261,16 +284,32 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 		// The serial is unique across instances: it names the spill too.
 		token = strconv.FormatInt(serial, 10)
 	}
-	c, err := p.batchers[j].claim(ctx, &p.keys[j], userID, serial, token, s.spillValidity.Milliseconds())
+	r, err := p.batchers[j].enqueue(ctx, &p.keys[j], userID, serial, token, s.spillValidity.Milliseconds())
 	if err != nil {
-		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, j, err)
+		return Pending{err: fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, j, err)}
+	}
+	return Pending{s: s, p: p, req: r, ctx: ctx, user: userID, j: j, serial: serial, token: token}
+}
+
+// Wait waits for the grab's claim to be answered, spills to a sibling
+// sub-pool when the home has no stock, and returns the grab's answer, as
+// Grab does. Call it once.
+func (g Pending) Wait() (Result, error) {
+	if g.req == nil {
+		return g.res, g.err
+	}
+	s, p, ctx := g.s, g.p, g.ctx
+	poolID := p.rec.spec.PoolID
+	c, err := g.req.wait()
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, g.j, err)
 	}
 	switch c.Outcome {
 	case lua.Reserved:
 		if err := s.step("reserved"); err != nil {
 			return Result{}, err
 		}
-		c, err = s.spill(ctx, p, userID, j, serial, token)
+		c, err = s.spill(ctx, p, g.user, g.j, g.serial, g.token)
 		if err != nil {
 			return Result{}, err
 		}
@@ -287,7 +326,7 @@ func (s *Service) Grab(ctx context.Context, poolID, userID string) (Result, erro
 	case lua.Empty:
 		// The home had none and, for a pool of several sub-pools, no
 		// sibling had any either (spill marked them).
-		s.empty.MarkEmpty(poolID, j)
+		s.empty.MarkEmpty(poolID, g.j)
 		return Result{Outcome: SoldOut}, nil
 	case lua.NotStarted:
 		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil

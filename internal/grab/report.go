@@ -7,6 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -414,8 +415,11 @@ type SubPoolStock struct {
 }
 
 // Stock reads the stock of every sub-pool of the open pools this instance
-// serves (one HMGET per sub-pool, pipelined per shard); a shard that does
-// not answer leaves its sub-pools out. It is what a metrics scrape reads.
+// serves (one HMGET per sub-pool, pipelined per shard, the shards at once);
+// a shard whose breaker is open is not asked, and one that does not answer
+// within ctx leaves its sub-pools out. It is what a metrics scrape reads: a
+// frozen shard costs the scrape ctx's bound at most, once (its breaker
+// opens on the claims meanwhile).
 func (s *Service) Stock(ctx context.Context) []SubPoolStock {
 	s.mu.RLock()
 	views := make(map[string]*poolView, len(s.pools))
@@ -425,22 +429,27 @@ func (s *Service) Stock(ctx context.Context) []SubPoolStock {
 		st  SubPoolStock
 		cmd *redis.SliceCmd
 	}
-	pipes := map[*redis.Client]redis.Pipeliner{}
+	pipes := map[*batcher]redis.Pipeliner{}
 	var reads []read
 	for id, p := range views {
-		for j, c := range p.clients {
-			pipe := pipes[c]
+		for j, b := range p.batchers {
+			if b.br.current() != breakerClosed {
+				continue
+			}
+			pipe := pipes[b]
 			if pipe == nil {
-				pipe = c.Pipeline()
-				pipes[c] = pipe
+				pipe = b.c.Pipeline()
+				pipes[b] = pipe
 			}
 			cmd := pipe.HMGet(ctx, p.keys[j].Meta, "stock_count", "stock_cents")
 			reads = append(reads, read{SubPoolStock{Pool: id, Index: j, Shard: p.rec.placement[j]}, cmd})
 		}
 	}
+	var wg sync.WaitGroup
 	for _, pipe := range pipes {
-		_, _ = pipe.Exec(ctx) // errors are per command, read below
+		wg.Go(func() { _, _ = pipe.Exec(ctx) }) // errors are per command, read below
 	}
+	wg.Wait()
 	var out []SubPoolStock
 	for _, r := range reads {
 		var n struct {

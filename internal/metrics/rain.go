@@ -145,9 +145,14 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 // /metrics) makes more shard reads than one a StockEvery.
 const StockEvery = time.Second
 
+// StockBudget bounds how long a scrape waits for the shards' stock: a
+// frozen shard's sub-pools are left out of that scrape rather than holding
+// it (and every scrape after it) up.
+const StockBudget = 200 * time.Millisecond
+
 // Stock registers the stock of every sub-pool of the open pools the
 // instance serves, read from the shards at scrape time (one read for both
-// families, bounded by a second, at most one per StockEvery). It is not
+// families, bounded by StockBudget, at most one per StockEvery). It is not
 // part of Gatherer's view: the dashboard's timeline does not read the
 // shards every second.
 func (r *Registry) Stock(read func(ctx context.Context) []grab.SubPoolStock) {
@@ -173,7 +178,7 @@ func (c *stockCollector) stock() []grab.SubPoolStock {
 	if !c.at.IsZero() && time.Since(c.at) < StockEvery {
 		return c.last
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), StockBudget)
 	defer cancel()
 	c.last, c.at = c.read(ctx), time.Now()
 	return c.last

@@ -13,6 +13,12 @@
 // the HTTP layer answers 503 with Retry-After. Accepted requests keep a low
 // tail latency instead of everyone timing out.
 //
+// A request holds a place from Admit to Leave, and a worker only while its
+// task runs: a grab's task queues its claim at a shard and returns, and the
+// request waits for the shard's answer off the pool (internal/grab). So a
+// shard that stalls holds places, which the grab service bounds per shard,
+// but never the workers the other shards' grabs run on.
+//
 // A panic in a task is recovered, counted and logged once per panic; Do
 // returns ErrPanicked and the pool keeps serving.
 package pool
@@ -44,14 +50,12 @@ var (
 
 // Config tunes a Pool. Zero fields take the documented defaults.
 type Config struct {
-	// Min and Max bound the capacity (workers). Defaults 32 and 1024: a
-	// shard that stalls holds the claims sent in the first moments, until
-	// its batch is late and its bulkhead shuts (internal/grab), and the
-	// other shards need workers meanwhile.
+	// Min and Max bound the capacity (workers). Defaults 32 and 1024.
 	Min, Max int
-	// Queue is how many callers may wait for a worker before Do sheds.
-	// Default 1024; negative means none wait (shed as soon as all workers
-	// are busy).
+	// Queue is how many more requests than workers may hold a place at
+	// once (waiting for a worker, or for their shard's answer after their
+	// task) before Admit sheds. Default 1024; negative means none (shed as
+	// soon as every worker's place is taken).
 	Queue int
 	// Interval between two resizing decisions. Default 500ms.
 	Interval time.Duration
@@ -119,8 +123,8 @@ type Pool struct {
 	cfg  Config
 	ants *ants.PoolWithFuncGeneric[*task] // runs Pool.run on each task
 
-	arrivals  atomic.Int64 // Do calls, ever
-	admitted  atomic.Int64 // tasks submitted and not yet finished (running or queued)
+	arrivals  atomic.Int64 // Admit calls, ever
+	admitted  atomic.Int64 // places held: admitted and not yet left
 	completed atomic.Int64 // tasks run to the end (or panicked), ever
 	busyNanos atomic.Int64 // total time tasks ran, ever
 	shed      atomic.Int64 // Do calls refused with ErrOverloaded, ever
@@ -159,23 +163,25 @@ func New(cfg Config) (*Pool, error) {
 	return p, nil
 }
 
-// Do runs fn on a worker and waits for it to finish: Admit, then Run. It
-// returns ErrOverloaded at once when all workers are busy and the queue is
-// full, ErrPanicked if fn panicked, ErrClosed after Close, and ctx's error
-// when ctx ends first. fn gets ctx; if ctx has ended by the time a worker
-// picks the task up (the client has gone), fn is not called at all.
+// Do runs fn on a worker and waits for it to finish: Admit, Run, Leave. It
+// returns ErrOverloaded at once when every place is taken, ErrPanicked if
+// fn panicked, ErrClosed after Close, and ctx's error when ctx ends first.
+// fn gets ctx; if ctx has ended by the time a worker picks the task up (the
+// client has gone), fn is not called at all.
 func (p *Pool) Do(ctx context.Context, fn func(ctx context.Context)) error {
 	if !p.Admit() {
 		return ErrOverloaded
 	}
+	defer p.Leave()
 	return p.Run(ctx, fn)
 }
 
-// Admit takes a place for one task among the workers and the queue, or
-// reports false at once (counted as shed) when there is none. It costs two
-// atomic adds, so the HTTP layer calls it as a request arrives, before
-// reading its body, and an overload is refused for almost nothing. A caller
-// admitted must then call Run or Leave, once.
+// Admit takes a place for one request, or reports false at once (counted
+// as shed) when there is none: the places are the workers plus the queue.
+// It costs two atomic adds, so the HTTP layer calls it as a request
+// arrives, before reading its body, and an overload is refused for almost
+// nothing. A caller admitted may Run tasks, and must Leave once, when it
+// has answered.
 func (p *Pool) Admit() bool {
 	p.arrivals.Add(1)
 	if p.admitted.Add(1) > p.limit() {
@@ -186,11 +192,17 @@ func (p *Pool) Admit() bool {
 	return true
 }
 
-// Leave gives back the place of an admitted caller that will not Run (its
-// request was invalid).
+// Leave gives back an admitted caller's place.
 func (p *Pool) Leave() { p.admitted.Add(-1) }
 
+// Places returns the places held now and how many there are (the workers
+// plus the queue): the grab service holds a shard that is late to its share
+// of them once they run short.
+func (p *Pool) Places() (inUse, limit int64) { return p.admitted.Load(), p.limit() }
+
 // Run runs fn on a worker for an admitted caller and waits for it, as Do.
+// The worker is free again when fn returns; the caller's place is not,
+// until it Leaves.
 //
 // A caller waiting in the queue waits inside ants, which cannot be woken by
 // ctx: it leaves when a worker frees up (the queue is bounded, so that is at
@@ -200,7 +212,6 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context)) error {
 	t.ctx, t.fn = ctx, fn
 	err := p.ants.Invoke(t)
 	if err != nil {
-		p.admitted.Add(-1)
 		t.ctx, t.fn = nil, nil
 		taskPool.Put(t)
 	}
@@ -232,8 +243,7 @@ type task struct {
 
 var taskPool = sync.Pool{New: func() any { return &task{done: make(chan error, 1)} }}
 
-// limit is how many tasks may be admitted at once: the workers plus the
-// queue.
+// limit is how many places there are: the workers plus the queue.
 func (p *Pool) limit() int64 {
 	return int64(p.ants.Cap()) + int64(max(p.cfg.Queue, 0))
 }
@@ -241,7 +251,6 @@ func (p *Pool) limit() int64 {
 // run is the task as a worker runs it.
 func (p *Pool) run(t *task) {
 	ctx, fn := t.ctx, t.fn
-	defer p.admitted.Add(-1)
 	if err := ctx.Err(); err != nil {
 		t.done <- err
 		return

@@ -382,29 +382,50 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	return p, nil
 }
 
-// findRecord reads the pool's record from the shards, the arbiter first,
-// and returns the first found. ErrNotFound when no shard that answered has it;
-// ErrUnavailable when none has it and some did not answer.
+// findRecord reads the pool's record: the arbiter's, which decides, or,
+// when the arbiter has none, the other shards' (an open copy before one
+// still loading: a preload opens the record on each shard in turn). A
+// record the other shards hold and an arbiter that answered lacks (it lost
+// its data) is written back to the arbiter, where none is, so the pool
+// never vanishes behind it. ErrNotFound when no shard that answered has
+// it; ErrUnavailable when none has it and some did not answer.
 func (s *Service) findRecord(ctx context.Context, id string) (*record, error) {
+	key := recordKey(id)
+	m, err := s.shards.Client(s.arbiter).HGetAll(ctx, key).Result()
+	if err == nil && len(m) > 0 {
+		return parseRecord(m)
+	}
 	var down []error
-	names := append([]string{s.arbiter}, s.shards.Names()...)
-	for i, name := range names {
-		if i > 0 && name == s.arbiter {
+	if err != nil {
+		down = append(down, fmt.Errorf("arbiter %s: %w", s.arbiter, err))
+	}
+	arbiterEmpty := err == nil
+	var found map[string]string
+	for _, name := range s.shards.Names() {
+		if name == s.arbiter {
 			continue
 		}
-		m, err := s.shards.Client(name).HGetAll(ctx, recordKey(id)).Result()
+		o, err := s.shards.Client(name).HGetAll(ctx, key).Result()
 		if err != nil {
 			down = append(down, fmt.Errorf("shard %s: %w", name, err))
 			continue
 		}
-		if len(m) > 0 {
-			return parseRecord(m)
+		if len(o) > 0 && (found == nil || found["state"] != stateOpen && o["state"] == stateOpen) {
+			found = o
 		}
 	}
-	if len(down) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
+	if found == nil {
+		if len(down) > 0 {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
+		}
+		return nil, ErrNotFound
 	}
-	return nil, ErrNotFound
+	if arbiterEmpty {
+		if stored, err := s.putRecord(ctx, s.shards.Client(s.arbiter), id, found); err == nil {
+			return stored, nil // what is stored there wins, written meanwhile or now
+		}
+	}
+	return parseRecord(found)
 }
 
 // client is the shard client of the record's sub-pool j.

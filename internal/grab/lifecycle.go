@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"rain/internal/lua"
@@ -159,12 +160,12 @@ type SubPoolRef struct {
 // configured here) are left out and their errors returned, joined, beside
 // the others.
 func (s *Service) SubPools(ctx context.Context) ([]SubPoolRef, error) {
-	ids, err := s.poolIDs(ctx)
-	if err != nil {
+	ids, _, err := s.poolIDs(ctx)
+	if ids == nil && err != nil {
 		return nil, err
 	}
 	var out []SubPoolRef
-	var errs []error
+	errs := []error{err} // a partial list: the pools of the shards that answered
 	for _, id := range ids {
 		p, err := s.pool(ctx, id)
 		if errors.Is(err, ErrNotFound) {
@@ -181,38 +182,88 @@ func (s *Service) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 	return out, errors.Join(errs...)
 }
 
-// poolIDs lists every pool: the arbiter's registry, which every preload
-// writes first (one call, whatever the number of shards), or, while the
-// arbiter does not answer, the union of the other shards' registries.
-func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
-	ids, err := s.shards.Client(s.arbiter).SMembers(ctx, registryKey).Result()
-	if err == nil {
-		return ids, nil
+// poolIDs lists every pool: the union of every shard's registry, read at
+// once (every preload writes every shard's). The union, not the arbiter's
+// alone: an arbiter that lost its data (a restart without its AOF) answers
+// with an empty registry, and a live pool must not vanish behind it (see
+// repairArbiter). It returns what the shards that answered hold, with
+// errPartial wrapping the others' errors when some did not answer (the list
+// may then lack a pool only those hold), or ErrUnavailable when none did.
+// missing lists the ids the arbiter, having answered, lacks.
+func (s *Service) poolIDs(ctx context.Context) (ids, missing []string, err error) {
+	names := s.shards.Names()
+	lists := make([][]string, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			if lists[i], errs[i] = s.shards.Client(name).SMembers(ctx, registryKey).Result(); errs[i] != nil {
+				errs[i] = fmt.Errorf("shard %s: %w", name, errs[i])
+			}
+		})
 	}
-	errs := []error{fmt.Errorf("arbiter %s: %w", s.arbiter, err)}
+	wg.Wait()
 	seen := map[string]bool{}
-	answered := false
-	for _, name := range s.shards.Names() {
+	var atArbiter map[string]bool
+	answered := 0
+	for i, name := range names {
+		if errs[i] != nil {
+			continue
+		}
+		answered++
 		if name == s.arbiter {
-			continue
+			atArbiter = make(map[string]bool, len(lists[i]))
+			for _, id := range lists[i] {
+				atArbiter[id] = true
+			}
 		}
-		members, err := s.shards.Client(name).SMembers(ctx, registryKey).Result()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %s: %w", name, err))
-			continue
-		}
-		answered = true
-		for _, id := range members {
+		for _, id := range lists[i] {
 			if !seen[id] {
 				seen[id] = true
 				ids = append(ids, id)
 			}
 		}
 	}
-	if !answered {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(errs...))
+	joined := errors.Join(errs...)
+	switch {
+	case answered == 0:
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, joined)
+	case atArbiter != nil:
+		for _, id := range ids {
+			if !atArbiter[id] {
+				missing = append(missing, id)
+			}
+		}
 	}
-	return ids, nil
+	if joined != nil {
+		return ids, missing, fmt.Errorf("%w: %w", errPartial, joined)
+	}
+	return ids, missing, nil
+}
+
+// errPartial is poolIDs' error when some shards did not answer: the ids it
+// returns are those the others hold.
+var errPartial = errors.New("some shards did not answer")
+
+// repairArbiter gives the arbiter back what it lacks of pools the other
+// shards hold (it lost its data): each pool's record (written only where
+// none is, so a record the arbiter has won) and its registry entry. The
+// registry refresh calls it; a failure is logged and tried again at the
+// next refresh.
+func (s *Service) repairArbiter(ctx context.Context, missing []string) {
+	for _, id := range missing {
+		rec, err := s.findRecord(ctx, id) // restores the arbiter's record
+		if err == nil {
+			err = s.shards.Client(s.arbiter).SAdd(ctx, registryKey, id).Err()
+		}
+		if err != nil {
+			s.log.Warn("the serial shard lacks a pool the other shards hold; restoring it failed, trying again at the next refresh",
+				"pool_id", id, "shard", s.arbiter, "err", err)
+			continue
+		}
+		s.log.Warn("the serial shard lacked a pool the other shards hold (did it lose its data?); restored its record and registry entry",
+			"pool_id", id, "shard", s.arbiter, "state", rec.state)
+	}
 }
 
 // poolList is the pools as Run's refresh last listed them, with the open
@@ -221,7 +272,8 @@ func (s *Service) poolIDs(ctx context.Context) ([]string, error) {
 func (s *Service) poolList(ctx context.Context) ([]string, error) {
 	listed := s.listed.Load()
 	if listed == nil {
-		return s.poolIDs(ctx)
+		ids, _, err := s.poolIDs(ctx)
+		return ids, err
 	}
 	ids := slices.Clone(*listed)
 	s.mu.RLock()
@@ -234,13 +286,16 @@ func (s *Service) poolList(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// refreshList lists the pools and keeps the list for poolList; it is what
-// Run's registry refresh calls.
+// refreshList lists the pools and keeps the list for poolList, and
+// repairs the arbiter's registry; it is what Run's registry refresh calls.
 func (s *Service) refreshList(ctx context.Context) ([]string, error) {
-	ids, err := s.poolIDs(ctx)
+	ids, missing, err := s.poolIDs(ctx)
 	if err == nil {
 		cp := slices.Clone(ids)
 		s.listed.Store(&cp)
+	}
+	if len(missing) > 0 {
+		s.repairArbiter(ctx, missing)
 	}
 	return ids, err
 }

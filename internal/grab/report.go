@@ -397,10 +397,13 @@ func (s *Service) readSpill(ctx context.Context, id string, rec *record, token s
 	return side, nil
 }
 
-// List returns the ids of every pool loaded, sorted: the registry as the
-// arbiter holds it (the other shards' while it does not answer).
+// List returns the ids of every pool loaded, sorted: the union of the
+// shards' registries, of those that answer when some do not.
 func (s *Service) List(ctx context.Context) ([]string, error) {
-	ids, err := s.poolIDs(ctx)
+	ids, _, err := s.poolIDs(ctx)
+	if errors.Is(err, errPartial) {
+		err = nil
+	}
 	slices.Sort(ids)
 	return ids, err
 }

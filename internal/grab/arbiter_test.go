@@ -1,0 +1,90 @@
+package grab
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+// TestArbiterRestartedEmpty: the arbiter (s1, the serial shard) loses its
+// data and restarts empty while a pool placed on the other shards is live.
+// Its registry is empty and its copy of the record gone, but the pool does
+// not vanish: no grab is ever answered not_found, neither on an instance
+// that had the pool cached nor on one that starts afterwards; users keep
+// their grants, new users are granted; and the registry refresh writes the
+// record and the registry entry back to the arbiter.
+func TestArbiterRestartedEmpty(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 3, redistest.Options{}) // no AOF: a restart comes back empty
+	// A pool whose sub-pools are on s2 and s3: the arbiter holds only its
+	// record and registry entry.
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("live%d", i); !slices.Contains(e.svc.place(c, 2), "s1") {
+			id = c
+		}
+	}
+	e.preload(t, Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
+	warm := e.svc
+	e.run(t, warm)
+	first := map[string]Result{}
+	for u := range 10 {
+		user := fmt.Sprintf("u%d", u)
+		r, err := warm.Grab(ctx, id, user)
+		if err != nil || r.Outcome != Granted {
+			t.Fatalf("Grab(%s) = %+v, %v; want granted", user, r, err)
+		}
+		first[user] = r
+	}
+
+	arbiter := e.servers[0]
+	arbiter.Kill()
+	arbiter.Restart()
+	if n, err := e.shards.Client("s1").Exists(ctx, recordKey(id), registryKey).Result(); err != nil || n != 0 {
+		t.Fatalf("the restarted arbiter holds %d of the record and the registry (%v), want none", n, err)
+	}
+	cold := e.service(t) // an instance started after the loss
+	e.run(t, cold)
+	grab := func(s *Service, user string) Result {
+		t.Helper()
+		for {
+			r, err := s.Grab(ctx, id, user)
+			if err == nil {
+				if r.Outcome == NotFound {
+					t.Fatalf("Grab(%s) of the live pool = not_found after the arbiter lost its data", user)
+				}
+				return r
+			}
+			// A shard that has just restarted may refuse a moment (its
+			// breaker); the answer is then 503, never 404.
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, s := range []*Service{warm, cold} {
+		for user, r := range first {
+			if again := grab(s, user); again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+				t.Fatalf("re-grab of %s = %+v, want already_granted %+v", user, again, r)
+			}
+		}
+		for u := range 10 {
+			if r := grab(s, fmt.Sprintf("new%p-%d", s, u)); r.Outcome != Granted {
+				t.Fatalf("grab of a new user = %+v, want granted", r)
+			}
+		}
+	}
+	waittest.Until(t, 10*time.Second, "the arbiter's record and registry entry restored", func() bool {
+		n, err := e.shards.Client("s1").Exists(ctx, recordKey(id)).Result()
+		in, err2 := e.shards.Client("s1").SIsMember(ctx, registryKey, id).Result()
+		return err == nil && err2 == nil && n == 1 && in
+	})
+	st, err := cold.Status(ctx, id)
+	if err != nil || st.State != stateOpen || st.HeldCount != 30 {
+		t.Fatalf("Status = %+v, %v; want open with 30 held", st, err)
+	}
+	e.assertAudit(t, id)
+}

@@ -113,7 +113,7 @@ func BenchmarkGrab(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				i := n.Add(1)
-				if _, err := lua.ClaimGrant(ctx, c, &k, "u"+strconv.FormatInt(i, 10), i, "", 0); err != nil {
+				if _, _, err := lua.ClaimMany(ctx, c, &k, 0, []lua.ClaimArg{{User: "u" + strconv.FormatInt(i, 10), Serial: i}}); err != nil {
 					b.Error(err)
 					return
 				}

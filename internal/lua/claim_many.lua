@@ -1,5 +1,5 @@
 -- claim_many: a batch of grabs on one sub-pool, in one atomic script. Each
--- claim is decided as claim.lua decides it, one after another in the order
+-- claim is decided as if it came alone, one after another in the order
 -- given; the script's setup (the window, the clock), the stock pops and the
 -- counter updates happen once for the whole batch.
 --
@@ -13,11 +13,27 @@
 -- ARGV[2], ARGV[3], ARGV[4]: user, serial, spill token ("" for pools of one
 --         sub-pool) of the first claim; then the next claim's three, ...
 --
--- Re-sent (a reply lost on the wire), every claim answers as its first run
--- did, as claim.lua's do: the grant made under a claim's serial is "granted"
--- again, the reservation made under its token "reserved" again.
+-- Each claim: the user's grant if they hold one ("already"; "granted"
+-- again for the very claim that made it, sent again); else, while the
+-- sub-pool grants (open, within its window), an amount popped from the
+-- stock and recorded as the user's held grant with serial and a deadline
+-- (now + hold, by the shard's clock), appended to the outbox; the stock
+-- empty: "empty", or with a spill token a reservation (token, now) and
+-- "reserved", or "busy" while another reservation of the user is younger
+-- than T.
 --
--- Returns one reply per claim, in order, each as claim.lua returns it:
+-- A held grant past its deadline is released here, as the reaper would
+-- release it (release.lua: its amount back to the stock, the record marked
+-- released, a release entry in the outbox), before the claim is decided:
+-- no answer shows a hold that has run out, and the user may grab again.
+-- Not for the claim that made the grant, sent again: that one answers
+-- "granted" as its first run did.
+--
+-- Re-sent (a reply lost on the wire), every claim answers as its first run
+-- did: the grant made under a claim's serial is "granted" again, the
+-- reservation made under its token "reserved" again.
+--
+-- Returns one reply per claim, in order:
 --   {"granted", amount, serial, deadline_ms} | {"already", amount, serial, deadline_ms}
 --   | {"empty"} | {"reserved"} | {"busy"} | {"not_started", ms_left} | {"ended"} | {"closed"}
 -- or a bad grant record's error as {"error", message}.
@@ -54,6 +70,24 @@ local deadline = string.format('%d', now + (tonumber(m[2]) or 0))
 local grantedUsers, grantedRecords, zargs = {}, {}, {}
 local popped, need = nil, 0
 local stockCount, stockCents = 0, 0
+local released = 0
+
+-- release returns an expired held grant's amount to the stock, as
+-- release.lua does.
+local function release(user, amount, ser, dl)
+  redis.call('RPUSH', stock, amount)
+  redis.call('HSET', grants, user, 'r:' .. amount .. ':' .. ser .. ':' .. dl)
+  redis.call('ZREM', deadlines, user)
+  redis.call('HINCRBY', meta, 'held_count', -1)
+  redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
+  redis.call('HINCRBY', meta, 'stock_count', 1)
+  redis.call('HINCRBY', meta, 'stock_cents', amount)
+  redis.call('HINCRBY', meta, 'released_count', 1)
+  redis.call('HINCRBY', meta, 'released_cents', amount)
+  redis.call('XADD', outbox, '*', 'type', 'release', 'pool', m[5], 'sub', m[6], 'user', user,
+    'amount', amount, 'serial', ser, 'deadline_ms', dl)
+  released = released + 1
+end
 
 -- take returns the next amount of the stock, popping what the rest of the
 -- batch may need in one call the first time.
@@ -75,6 +109,8 @@ for i = 1, n do
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then
       answer = {'error', 'RAINSTATE bad grant record for ' .. user}
+    elseif st == 'h' and ser ~= serial and tonumber(dl) <= now then
+      release(user, amount, ser, dl) -- its hold ran out: decided below as a new grab
     elseif st ~= 'r' then
       if ser == serial then
         answer = {'granted', tonumber(amount), tonumber(ser), tonumber(dl)}
@@ -143,10 +179,16 @@ if stockCount > 0 then
   redis.call('HSET', grants, unpack(hset))
   redis.call('ZADD', deadlines, unpack(zargs))
   local cents = string.format('%d', stockCents)
-  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
   redis.call('HINCRBY', meta, 'stock_count', -stockCount)
   redis.call('HINCRBY', meta, 'stock_cents', '-' .. cents)
   redis.call('HINCRBY', meta, 'held_count', stockCount)
   redis.call('HINCRBY', meta, 'held_cents', cents)
+end
+if stockCount > 0 or released > 0 then
+  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
+end
+if released > 0 then
+  -- Every instance hears it (internal/events): this sub-pool is no longer empty.
+  redis.call('PUBLISH', 'rain:events', 'stock ' .. m[5] .. ' ' .. m[6])
 end
 return out

@@ -29,8 +29,6 @@ var (
 	loadSrc string
 	//go:embed open.lua
 	openSrc string
-	//go:embed claim.lua
-	claimSrc string
 	//go:embed claim_many.lua
 	claimManySrc string
 	//go:embed audit.lua
@@ -61,7 +59,6 @@ var (
 	setupScript     = redis.NewScript(setupSrc)
 	loadScript      = redis.NewScript(loadSrc)
 	openScript      = redis.NewScript(openSrc)
-	claimScript     = redis.NewScript(claimSrc)
 	claimManyScript = redis.NewScript(claimManySrc)
 	auditScript     = redis.NewScript(auditSrc)
 	confirmScript   = redis.NewScript(confirmSrc)
@@ -78,7 +75,7 @@ var (
 
 	// scripts is every script, for LoadScripts and SHA.
 	scripts = map[string]*redis.Script{
-		"setup": setupScript, "load": loadScript, "open": openScript, "claim": claimScript, "claim_many": claimManyScript,
+		"setup": setupScript, "load": loadScript, "open": openScript, "claim_many": claimManyScript,
 		"audit": auditScript, "confirm": confirmScript, "release": releaseScript,
 		"take": takeScript, "adopt": adoptScript, "ack": ackScript, "abort": abortScript,
 		"decide": decideScript, "transfers": transfersScript, "record": recordScript,
@@ -249,35 +246,6 @@ type Claim struct {
 	WaitMS     int64
 }
 
-// ClaimGrant runs the claim script: the user's grant in the sub-pool if they
-// hold one, else a new one with serial, popped from the stock. One round trip.
-// With a spill token (pools of several sub-pools), an empty sub-pool records
-// a reservation valid for validityMS and answers Reserved. Sent again with
-// the same serial and token, it answers as the first run did.
-func ClaimGrant(ctx context.Context, c Client, k *Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
-	res, err := claimScript.Run(ctx, c, claimKeys(k), user, serial, token, validityMS).Slice()
-	if err != nil {
-		return Claim{}, err
-	}
-	return parseClaim(res)
-}
-
-// ClaimCmd queues a claim on a pipeline as EVALSHA; read it with ParseClaim.
-// A shard whose script cache is empty answers NOSCRIPT (IsNoScript): load
-// the scripts (LoadScripts) and queue the claim again.
-func ClaimCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, user string, serial int64, token string, validityMS int64) *redis.Cmd {
-	return claimScript.EvalSha(ctx, pipe, claimKeys(k), user, serial, token, validityMS)
-}
-
-// ParseClaim reads the result of a ClaimCmd.
-func ParseClaim(cmd *redis.Cmd) (Claim, error) {
-	res, err := cmd.Slice()
-	if err != nil {
-		return Claim{}, err
-	}
-	return parseClaim(res)
-}
-
 // ClaimArg is one claim of a batch: the user, the serial for a new grant,
 // and the spill token ("" for pools of one sub-pool).
 type ClaimArg struct {
@@ -287,8 +255,8 @@ type ClaimArg struct {
 }
 
 // ClaimManyCmd queues the claims of one batch on one sub-pool as one
-// EVALSHA of claim_many on pipe: each claim decided as ClaimGrant decides
-// it, in order, atomically. Read it with ParseClaimMany. A shard whose script
+// EVALSHA of claim_many on pipe: each claim decided in order, atomically,
+// as if it came alone (see claim_many.lua). Read it with ParseClaimMany. A shard whose script
 // cache is empty answers NOSCRIPT (IsNoScript): load the scripts and run the
 // batch again with ClaimMany. args is the caller's to reuse once the command
 // has been sent.

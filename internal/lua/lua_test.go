@@ -3,6 +3,7 @@ package lua
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 func TestKeysShareOneTag(t *testing.T) {
@@ -114,7 +116,7 @@ func TestOpenRefusesPartialStock(t *testing.T) {
 		t.Fatalf("OpenSubPool with 2 of 3 packets = %v (%d, %d), %v; want refused with 2 packets, 3 cents", opened, n, cents, err)
 	}
 	k := sp.Keys()
-	if c, err := ClaimGrant(ctx, c, &k, "u", 1, "", 0); err != nil || c.Outcome != Closed {
+	if c, err := claimOne(ctx, c, &k, "u", 1, "", 0); err != nil || c.Outcome != Closed {
 		t.Fatalf("claim on a loading sub-pool = %+v, %v; want closed", c, err)
 	}
 }
@@ -134,7 +136,7 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := sp.Keys()
-	got, err := ClaimGrant(ctx, c, &k, "u1", 77, "", 0)
+	got, err := claimOne(ctx, c, &k, "u1", 77, "", 0)
 	if err != nil || got.Outcome != Granted || got.Amount != 42 || got.Serial != 77 || got.DeadlineMS == 0 {
 		t.Fatalf("claim = %+v, %v; want granted 42 serial 77 with a deadline", got, err)
 	}
@@ -146,10 +148,10 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 	if v["user"] != "u1" || v["amount"] != "42" || v["serial"] != "77" || v["pool"] != "p" || v["sub"] != "0" {
 		t.Fatalf("outbox entry = %v, want the grant's user, amount, serial, pool, sub-pool", v)
 	}
-	if again, _ := ClaimGrant(ctx, c, &k, "u1", 78, "", 0); again.Outcome != Already || again.Serial != 77 {
+	if again, _ := claimOne(ctx, c, &k, "u1", 78, "", 0); again.Outcome != Already || again.Serial != 77 {
 		t.Fatalf("second claim = %+v, want already with serial 77", again)
 	}
-	if empty, _ := ClaimGrant(ctx, c, &k, "u2", 79, "", 0); empty.Outcome != Empty {
+	if empty, _ := claimOne(ctx, c, &k, "u2", 79, "", 0); empty.Outcome != Empty {
 		t.Fatalf("claim on an empty sub-pool = %+v, want empty", empty)
 	}
 	a, err := AuditSubPool(ctx, c, sp)
@@ -178,24 +180,24 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	}
 	k := sp.Keys()
 	const valid = 10_000
-	if got, _ := ClaimGrant(ctx, c, &k, "first", 1, "t1", valid); got.Outcome != Granted {
+	if got, _ := claimOne(ctx, c, &k, "first", 1, "t1", valid); got.Outcome != Granted {
 		t.Fatalf("first claim = %+v, want granted", got)
 	}
-	if got, _ := ClaimGrant(ctx, c, &k, "u", 2, "t2", valid); got.Outcome != Reserved {
+	if got, _ := claimOne(ctx, c, &k, "u", 2, "t2", valid); got.Outcome != Reserved {
 		t.Fatalf("claim on an empty home = %+v, want reserved", got)
 	}
 	time.Sleep(400 * time.Millisecond)
 	if r, err := ReleaseExpired(ctx, c, &k, 10); err != nil || r.Count != 1 {
 		t.Fatalf("release = %+v, %v; want the first grant back in stock", r, err)
 	}
-	if got, _ := ClaimGrant(ctx, c, &k, "u", 3, "t3", valid); got.Outcome != Busy {
+	if got, _ := claimOne(ctx, c, &k, "u", 3, "t3", valid); got.Outcome != Busy {
 		t.Fatalf("the same user's second request while spilling = %+v, want busy", got)
 	}
 	// The spill's adopt goes through (the amount came from a sibling).
 	if got, ok, err := Adopt(ctx, c, &k, "u", "t2", 2, 70, 1, valid); err != nil || !ok || got.Serial != 2 {
 		t.Fatalf("adopt = %+v, %v, %v; want the grant with serial 2", got, ok, err)
 	}
-	if got, _ := ClaimGrant(ctx, c, &k, "u", 4, "t4", valid); got.Outcome != Already || got.Serial != 2 {
+	if got, _ := claimOne(ctx, c, &k, "u", 4, "t4", valid); got.Outcome != Already || got.Serial != 2 {
 		t.Fatalf("claim after the adopt = %+v, want already with serial 2", got)
 	}
 	// A second adopt for a user who holds a grant is refused.
@@ -207,13 +209,14 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	}
 }
 
-// TestClaimManyMatchesClaim: batches of claim_many decide every claim as
-// claim decides it one by one: random batches (users repeated within and
-// across batches, pools of one sub-pool and of several) run through
-// claim_many on one sub-pool and claim by claim on a twin with the same
-// stock; the answers, the stock left and the grants agree (deadlines aside,
-// which come from the clock), and the audit of the batched one holds.
-func TestClaimManyMatchesClaim(t *testing.T) {
+// TestClaimManyBatchesAsOneByOne: a batch of claim_many decides every claim
+// as the same claims sent one by one decide them: random batches (users
+// repeated within and across batches, pools of one sub-pool and of several)
+// run through claim_many on one sub-pool and claim by claim (batches of
+// one) on a twin with the same stock; the answers, the stock left and the
+// grants agree (deadlines aside, which come from the clock), and the audit
+// of the batched one holds.
+func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -240,20 +243,20 @@ func TestClaimManyMatchesClaim(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, cl := range batch {
-				want, werr := ClaimGrant(ctx, c, &b, cl.User, cl.Serial, cl.Token, 60_000)
+				want, werr := claimOne(ctx, c, &b, cl.User, cl.Serial, cl.Token, 60_000)
 				if (errs[i] != nil) != (werr != nil) {
-					t.Fatalf("claim %+v: claim_many error %v, claim error %v", cl, errs[i], werr)
+					t.Fatalf("claim %+v: error %v in the batch, %v alone", cl, errs[i], werr)
 				}
 				got[i].DeadlineMS, want.DeadlineMS = 0, 0
 				if got[i] != want {
-					t.Fatalf("claim %+v: claim_many answered %+v, claim %+v", cl, got[i], want)
+					t.Fatalf("claim %+v: answered %+v in the batch, %+v alone", cl, got[i], want)
 				}
 			}
 		}
 		sa, _ := c.LRange(ctx, a.Stock, 0, -1).Result()
 		sb, _ := c.LRange(ctx, b.Stock, 0, -1).Result()
 		if !slices.Equal(sa, sb) {
-			t.Fatalf("stock left: claim_many %v, claim %v", sa, sb)
+			t.Fatalf("stock left: batched %v, one by one %v", sa, sb)
 		}
 		ga, _ := c.HGetAll(ctx, a.Grants).Result()
 		gb, _ := c.HGetAll(ctx, b.Grants).Result()
@@ -265,12 +268,68 @@ func TestClaimManyMatchesClaim(t *testing.T) {
 			return out
 		}
 		if !maps.Equal(trim(ga), trim(gb)) {
-			t.Fatalf("grants: claim_many %v, claim %v", ga, gb)
+			t.Fatalf("grants: batched %v, one by one %v", ga, gb)
 		}
 		au, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 10 + 2*round})
 		if err != nil || au.StockCount != au.ListLen || au.StockCents != au.ListSum || au.HeldCount != au.GrantsHeld ||
 			au.HeldCents != au.GrantsHeldCents || au.DeadlineEntries != au.GrantsHeld {
 			t.Fatalf("audit of the batched sub-pool = %+v, %v: counters and records disagree", au, err)
 		}
+	}
+}
+
+// claimOne runs one claim through claim_many, the script production runs:
+// a batch of one.
+func claimOne(ctx context.Context, c Client, k *Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
+	claims, errs, err := ClaimMany(ctx, c, k, validityMS, []ClaimArg{{User: user, Serial: serial, Token: token}})
+	if err != nil {
+		return Claim{}, err
+	}
+	return claims[0], errs[0]
+}
+
+// TestExpiredHoldReleasedOnRead: a held grant past its deadline (the reaper
+// has not swept it yet) is never answered: a grab of its user releases it
+// as the reaper would (its amount back to the stock, a release entry in the
+// outbox, the counters moved) and is decided as a new grab, with a deadline
+// ahead. The claim that made the grant, sent again, still answers it.
+func TestExpiredHoldReleasedOnRead(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := openSubPool(t, c, 0, 20, 7, 8) // a hold of 20 ms
+	first, err := claimOne(ctx, c, &k, "u", 1, "", 0)
+	if err != nil || first.Outcome != Granted {
+		t.Fatalf("claim = %+v, %v; want granted", first, err)
+	}
+	now := func() int64 {
+		tm, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMilli()
+	}
+	waittest.Until(t, 5*time.Second, "the grant's deadline passed on the shard's clock", func() bool { return now() > first.DeadlineMS })
+	if again, err := claimOne(ctx, c, &k, "u", 1, "", 0); err != nil || again != first {
+		t.Fatalf("the first claim sent again = %+v, %v; want its grant %+v", again, err, first)
+	}
+	next, err := claimOne(ctx, c, &k, "u", 2, "", 0)
+	if err != nil || next.Outcome != Granted || next.Serial != 2 || next.DeadlineMS < now() {
+		t.Fatalf("a grab after the hold ran out = %+v, %v; want a new grant with serial 2 and a deadline ahead", next, err)
+	}
+	m, _ := c.HGetAll(ctx, k.Meta).Result()
+	if m["released_count"] != "1" || m["released_cents"] != strconv.FormatInt(first.Amount, 10) || m["held_count"] != "1" || m["stock_count"] != "1" {
+		t.Fatalf("counters %v: want 1 released (%d cents), 1 held, 1 in stock", m, first.Amount)
+	}
+	entries, _ := c.XRange(ctx, k.Outbox, "-", "+").Result()
+	var kinds []string
+	for _, e := range entries {
+		kinds = append(kinds, fmt.Sprint(e.Values["type"], ":", e.Values["serial"]))
+	}
+	if !slices.Equal(kinds, []string{"grant:1", "release:1", "grant:2"}) {
+		t.Fatalf("outbox %v, want grant:1 release:1 grant:2", kinds)
+	}
+	a, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 0})
+	if err != nil || a.HeldCount != a.GrantsHeld || a.DeadlineEntries != a.HeldCount || a.StockCount != a.ListLen || a.StockCents != a.ListSum {
+		t.Fatalf("audit %+v, %v: counters and records disagree", a, err)
 	}
 }

@@ -36,21 +36,21 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		run    func() error
 		same   bool
 	}{
-		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u1", 101, "101", valid); return err }, true},
+		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u1", 101, "101", valid); return err }, true},
 		{"claim_many", func() error {
 			_, _, err := ClaimMany(ctx, c, &m, valid, []ClaimArg{{"m1", 201, "201"}, {"m2", 202, "202"}, {"m1", 203, "203"}})
 			return err
 		}, true},
-		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u2", 102, "102", valid); return err }, true},
+		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u2", 102, "102", valid); return err }, true},
 		{"take", func() error { _, _, err := Take(ctx, c, &j, "102", 0, "u2"); return err }, true},
 		{"adopt", func() error { _, _, err := Adopt(ctx, c, &h, "u2", "102", 102, 20, 1, valid); return err }, true},
 		{"ack", func() error { _, err := Ack(ctx, c, &j, "102"); return err }, true},
-		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u3", 103, "103", valid); return err }, true},
+		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u3", 103, "103", valid); return err }, true},
 		{"take", func() error { _, _, err := Take(ctx, c, &j, "103", 0, "u3"); return err }, true},
 		{"decide", func() error { _, err := Decide(ctx, c, &h, "103", "u3"); return err }, true},
 		{"adopt", func() error { _, _, err := Adopt(ctx, c, &h, "u3", "103", 103, 30, 1, valid); return err }, true},
 		{"ack", func() error { _, err := Untake(ctx, c, &j, "103"); return err }, true},
-		{"claim", func() error { _, err := ClaimGrant(ctx, c, &h, "u4", 104, "104", valid); return err }, true},
+		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u4", 104, "104", valid); return err }, true},
 		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104"); return err }, true},
 		{"confirm", func() error { _, err := Confirm(ctx, c, &h, "u1", 101); return err }, false},
 		// release's answer ends with how long until the next grant falls

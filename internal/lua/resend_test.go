@@ -96,12 +96,12 @@ func TestEveryStepTwice(t *testing.T) {
 		run  func() (any, error)
 		same bool // the second answer equals the first
 	}{
-		{"claim granted", func() (any, error) { return ClaimGrant(ctx, c, &h, "u1", 101, "101", valid) }, true},
+		{"claim granted", func() (any, error) { return claimOne(ctx, c, &h, "u1", 101, "101", valid) }, true},
 		{"claim_many", func() (any, error) {
 			cl, errs, err := ClaimMany(ctx, c, &m, valid, []ClaimArg{{"m1", 201, "201"}, {"m2", 202, "202"}, {"m1", 203, "203"}})
 			return fmt.Sprint(cl, errs), err
 		}, true},
-		{"claim reserved", func() (any, error) { return ClaimGrant(ctx, c, &h, "u2", 102, "102", valid) }, true},
+		{"claim reserved", func() (any, error) { return claimOne(ctx, c, &h, "u2", 102, "102", valid) }, true},
 		{"take", func() (any, error) {
 			r, a, err := Take(ctx, c, &j, "102", 0, "u2")
 			return fmt.Sprint(r, a), err
@@ -111,7 +111,7 @@ func TestEveryStepTwice(t *testing.T) {
 			return fmt.Sprint(cl, ok), err
 		}, true},
 		{"ack", func() (any, error) { return Ack(ctx, c, &j, "102") }, true},
-		{"claim reserved again", func() (any, error) { return ClaimGrant(ctx, c, &h, "u3", 103, "103", valid) }, true},
+		{"claim reserved again", func() (any, error) { return claimOne(ctx, c, &h, "u3", 103, "103", valid) }, true},
 		{"take again", func() (any, error) {
 			r, a, err := Take(ctx, c, &j, "103", 0, "u3")
 			return fmt.Sprint(r, a), err
@@ -123,7 +123,7 @@ func TestEveryStepTwice(t *testing.T) {
 		}, true},
 		{"untake", func() (any, error) { return Untake(ctx, c, &j, "103") }, true},
 		{"decide adopted", func() (any, error) { return Decide(ctx, c, &h, "102", "u2") }, true},
-		{"claim reserved, then abort", func() (any, error) { return ClaimGrant(ctx, c, &h, "u4", 104, "104", valid) }, true},
+		{"claim reserved, then abort", func() (any, error) { return claimOne(ctx, c, &h, "u4", 104, "104", valid) }, true},
 		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104") }, true},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 101) }, false},
 		{"record", func() (any, error) {

@@ -5,7 +5,9 @@ package grab
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -15,6 +17,7 @@ const (
 	ShardSlow        = "slow"         // answers, but slower than a fifth of the call budget
 	ShardDown        = "down"         // does not answer within the budget
 	ShardBreakerOpen = "breaker_open" // failed a call lately: its users are answered 503 at once
+	ShardUnknown     = "unknown"      // not reached, for a fault of this process (Readiness.Process says which)
 )
 
 // ShardState is one shard as readiness sees it.
@@ -27,10 +30,23 @@ type ShardState struct {
 }
 
 // Readiness is GET /readyz's answer: Ready when every shard a live pool
-// depends on is up (or slow).
+// depends on is up (or slow) and this process can reach them.
 type Readiness struct {
-	Ready  bool         `json:"ready"`
-	Shards []ShardState `json:"shards"`
+	Ready bool `json:"ready"`
+	// Process names a fault of this process, not of the shards, that keeps
+	// it from reaching them: "out of file descriptors". Empty when none.
+	Process string       `json:"process,omitempty"`
+	Shards  []ShardState `json:"shards"`
+}
+
+// ProcessOutOfFDs is Readiness.Process when the process cannot open a
+// connection for want of file descriptors.
+const ProcessOutOfFDs = "out of file descriptors"
+
+// outOfFDs reports whether err is the process's (or the system's) file
+// descriptor limit: the fault is rain's, not the shard's.
+func outOfFDs(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // Ready pings every shard at once, bounded by ctx and by the call budget,
@@ -50,6 +66,8 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 			err := s.shards.Client(name).Ping(ctx).Err()
 			st.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
 			switch {
+			case err != nil && outOfFDs(err):
+				st.State, st.Error = ShardUnknown, "not reached: this process is out of file descriptors ("+err.Error()+")"
 			case err != nil:
 				st.State, st.Error = ShardDown, err.Error()
 			case s.batchers[name].br.current() != breakerClosed:
@@ -70,6 +88,9 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 		st.InUse = inUse == nil || inUse[st.Name]
 		if st.InUse && (st.State == ShardDown || st.State == ShardBreakerOpen) {
 			out.Ready = false
+		}
+		if st.State == ShardUnknown {
+			out.Ready, out.Process = false, ProcessOutOfFDs
 		}
 	}
 	return out

@@ -19,7 +19,6 @@ var errExpired = fmt.Errorf("%w: validity ran out before an extension came back"
 // safe for concurrent use.
 type Lease struct {
 	name  string
-	token int64
 	log   *slog.Logger
 	every time.Duration // the watchdog's interval, TTL/3; also bounds one extension or unlock
 
@@ -30,7 +29,6 @@ type Lease struct {
 
 	ctx    context.Context         // ends with the lease; its cause says why
 	cancel context.CancelCauseFunc // ends the lease; the first cause wins
-	stop   context.CancelFunc      // frees MaxHold's timer; the watchdog calls it on return
 	done   chan struct{}           // closed when the watchdog has returned
 
 	release sync.Once
@@ -38,42 +36,30 @@ type Lease struct {
 }
 
 // newLease starts the watchdog of a lock just taken in m.
-func newLease(parent context.Context, name string, token int64, m *redsync.Mutex, cfg Config) *Lease {
-	base, stop := parent, context.CancelFunc(func() {})
-	if cfg.MaxHold > 0 {
-		base, stop = context.WithTimeoutCause(parent, cfg.MaxHold, ErrMaxHold)
-	}
-	ctx, cancel := context.WithCancelCause(base)
+func newLease(parent context.Context, name string, m *redsync.Mutex, cfg Config) *Lease {
+	ctx, cancel := context.WithCancelCause(parent)
 	le := &Lease{
 		name:   name,
-		token:  token,
 		log:    cfg.Logger,
 		every:  cfg.TTL / 3,
 		m:      m,
 		ctx:    ctx,
 		cancel: cancel,
-		stop:   stop,
 		done:   make(chan struct{}),
 	}
 	go le.watch()
 	return le
 }
 
-// Context is cancelled the moment the lease ends: lock lost, MaxHold reached,
-// Release, or Acquire's ctx ended. Run the work the lock protects under it.
+// Context is cancelled the moment the lease ends: lock lost, Release, or
+// Acquire's ctx ended. Run the work the lock protects under it.
 func (le *Lease) Context() context.Context { return le.ctx }
-
-// Token is the fencing token of this acquisition: it is greater than the
-// token of every earlier acquisition of the same lock name (with the same
-// FenceKey). A writer that records the highest token it has seen and refuses
-// lower ones cannot be overtaken by a holder that lost the lock.
-func (le *Lease) Token() int64 { return le.token }
 
 // Name returns the lock's name.
 func (le *Lease) Name() string { return le.name }
 
 // Err returns nil while the lease is held, and once its context is cancelled
-// why: an error matching ErrLost, ErrMaxHold or ErrReleased, or the cause of
+// why: an error matching ErrLost or ErrReleased, or the cause of
 // the ctx given to Acquire (context.Canceled, say).
 func (le *Lease) Err() error {
 	if le.ctx.Err() == nil {
@@ -93,8 +79,7 @@ func (le *Lease) Err() error {
 //
 // Release returns an error only when the unlock did not reach a quorum of
 // shards while the lock was still valid; the lock then expires by itself
-// within TTL. A lease that was lost, or whose lock expired after MaxHold, has
-// nothing left to unlock, and Release returns nil. Calling Release again does
+// within TTL. A lease that was lost has nothing left to unlock, and Release returns nil. Calling Release again does
 // nothing and returns the first call's result.
 func (le *Lease) Release(ctx context.Context) error {
 	le.release.Do(func() { le.relErr = le.unlock(ctx) })
@@ -126,7 +111,6 @@ func (le *Lease) unlock(ctx context.Context) error {
 // leaves the lease's context cancelled.
 func (le *Lease) watch() {
 	defer close(le.done)
-	defer le.stop()
 	defer le.logEnd()
 	expired := time.AfterFunc(time.Until(le.m.Until()), func() { le.cancel(errExpired) })
 	defer expired.Stop()
@@ -180,13 +164,11 @@ func (le *Lease) deadline() time.Time {
 	return d
 }
 
-// logEnd logs the ends of a lease its holder did not ask for. A lease ended
-// by Release or by Acquire's ctx is the holder's own doing and not logged.
+// logEnd logs the end of a lease its holder did not ask for (the lock
+// lost). A lease ended by Release or by Acquire's ctx is the holder's own
+// doing and not logged.
 func (le *Lease) logEnd() {
-	switch cause := context.Cause(le.ctx); {
-	case errors.Is(cause, ErrLost):
-		le.log.Warn("lock lost", "lock", le.name, "token", le.token, "cause", cause)
-	case errors.Is(cause, ErrMaxHold):
-		le.log.Info("lock max hold reached", "lock", le.name, "token", le.token)
+	if cause := context.Cause(le.ctx); errors.Is(cause, ErrLost) {
+		le.log.Warn("lock lost", "lock", le.name, "cause", cause)
 	}
 }

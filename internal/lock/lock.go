@@ -1,6 +1,5 @@
 // Package lock is rain's distributed lock: a redsync (Redlock) mutex over the
-// shards, a watchdog that keeps it alive while its holder works, and a fencing
-// token per acquisition.
+// shards, and a watchdog that keeps it alive while its holder works.
 //
 // Why a watchdog of our own: redsync has no auto-renewal (go-redsync/redsync
 // PR #153 was closed as won't fix) and bsm/redislock leaves refreshing to the
@@ -11,19 +10,20 @@
 // once instead of working on under a lock another may hold by now.
 //
 // A lock alone does not make writes safe: a holder can pause (GC, swap, a slow
-// disk) past its TTL and wake after another took over. Writers that must not
-// be overtaken check Lease.Token, which strictly increases across the
-// acquisitions of a name (a Redis INCR, like Redisson's fenced lock); and
-// rain's release script releases only a grant that is still held and past its
-// deadline, so a stale reaper cannot release twice.
+// disk) past its TTL and wake after another took over. rain does not rely on
+// it for safety: the reaper's release script releases only a grant that is
+// still held and past its deadline, checked atomically on the shard, so a
+// stale reaper cannot release twice. The lock keeps the work from being done
+// by every instance at once; it hands out no fencing token, as nothing in
+// rain would check one.
 //
 // The rules of a lease:
 //   - Its context derives from the ctx given to Acquire: cancelling that ctx
 //     ends the lease. A reaper whose run ctx is cancelled stops at once and,
 //     with the deferred Release, frees the lock for the next instance.
 //   - Its context is cancelled, and Lease.Err says why, when the lock is lost
-//     (ErrLost), MaxHold is reached (ErrMaxHold), Release is called
-//     (ErrReleased), or Acquire's ctx ends (that ctx's cause).
+//     (ErrLost), Release is called (ErrReleased), or Acquire's ctx ends (that
+//     ctx's cause).
 //   - Once its context is cancelled nothing extends the lock: it frees itself
 //     at most TTL later. Release frees it at once, and does so even when
 //     passed a cancelled ctx, so defer lease.Release(ctx) is the usual form.
@@ -32,10 +32,7 @@
 //     outlives its holder.
 //
 // A lock is held when a majority of the shards (N/2+1, redsync's quorum) hold
-// it, so one shard in three may be down. The fence counter lives on one shard
-// (Config.FenceClient): while that shard is down Acquire fails even with a
-// quorum, because a lease without a token would be unsafe for writers that
-// check it.
+// it, so one shard in three may be down.
 //
 // Every extension and unlock is bounded by TTL/3 through its ctx, so a dead
 // shard (connection refused) costs at most that. A shard that hangs instead
@@ -54,7 +51,7 @@
 //			if err != nil {
 //				return
 //			}
-//			reap(lease.Context(), lease.Token()) // returns as soon as the context is cancelled
+//			reap(lease.Context()) // returns as soon as the context is cancelled
 //			// Works with a cancelled ctx; an error only means the lock
 //			// expires by itself within TTL.
 //			_ = lease.Release(ctx)
@@ -78,19 +75,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Errors. ErrNotAcquired is returned by Acquire and TryAcquire; the others
-// are the causes Lease.Err reports (match them with errors.Is).
+// Errors. ErrNotAcquired is returned by Acquire; the others are the causes
+// Lease.Err reports (match them with errors.Is).
 var (
-	// ErrNotAcquired is returned when the lock could not be taken: another
-	// holds it, no quorum of shards answered, the fence counter could not be
-	// incremented, or Acquire's ctx ended (the error then wraps its cause too).
+	// ErrNotAcquired is returned when Acquire's ctx ended before the lock
+	// could be taken (the error then wraps its cause too).
 	ErrNotAcquired = errors.New("lock: not acquired")
 	// ErrLost is the cause when an extension failed or was refused (the key
 	// was deleted, expired or taken over on a quorum of shards), or when the
 	// lock's validity ran out before an extension came back.
 	ErrLost = errors.New("lock: lost")
-	// ErrMaxHold is the cause when the lease was held for Config.MaxHold.
-	ErrMaxHold = errors.New("lock: max hold reached")
 	// ErrReleased is the cause after Release.
 	ErrReleased = errors.New("lock: released")
 )
@@ -102,45 +96,20 @@ type Config struct {
 	// watchdog extends it every TTL/3, and a crashed holder's lock frees
 	// itself at most TTL later. Default 8s (redsync's).
 	TTL time.Duration
-	// Tries caps the attempts of Acquire. 0 (the default) means no cap:
-	// Acquire retries until it gets the lock or its ctx ends.
-	Tries int
 	// RetryDelay is the mean pause between two attempts of Acquire; each
 	// pause is drawn from [RetryDelay/2, 3*RetryDelay/2) so contenders do not
 	// stay in step. Default 200ms.
 	RetryDelay time.Duration
-	// MaxHold caps how long one lease is held: when it is reached, the
-	// lease's context is cancelled with ErrMaxHold and the watchdog stops
-	// extending. 0 (the default) is no cap.
-	MaxHold time.Duration
-	// FenceKey is the key of the counter fencing tokens come from, INCRed
-	// once per acquisition. Default "<name>:fence", one counter per lock name.
-	// A fixed key shared by several names works too: one counter is
-	// increasing for each of them.
-	FenceKey string
-	// FenceClient is the shard the fence counter lives on. Default: the first
-	// of the clients given to New.
-	FenceClient *redis.Client
-	// Logger gets a line when a lease is lost or reaches MaxHold. Default:
-	// discard.
+	// Logger gets a line when a lease is lost. Default: discard.
 	Logger *slog.Logger
 }
 
-func (c *Config) init(clients []*redis.Client) {
+func (c *Config) init() {
 	if c.TTL <= 0 {
 		c.TTL = 8 * time.Second
 	}
-	if c.Tries < 0 {
-		c.Tries = 0
-	}
 	if c.RetryDelay <= 0 {
 		c.RetryDelay = 200 * time.Millisecond
-	}
-	if c.MaxHold < 0 {
-		c.MaxHold = 0
-	}
-	if c.FenceClient == nil {
-		c.FenceClient = clients[0]
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -162,7 +131,7 @@ func New(clients []*redis.Client, cfg Config) *Locker {
 	if len(clients) == 0 {
 		panic("lock: New needs at least one client")
 	}
-	cfg.init(clients)
+	cfg.init()
 	pools := make([]rsredis.Pool, len(clients))
 	for i, c := range clients {
 		pools[i] = goredis.NewPool(c)
@@ -171,27 +140,27 @@ func New(clients []*redis.Client, cfg Config) *Locker {
 }
 
 // Acquire takes the lock name (the Redis key on every shard), retrying every
-// RetryDelay until it gets it, Tries runs out, or ctx ends. Errors wrap
-// ErrNotAcquired (and ctx's cause when ctx ended).
+// RetryDelay until it gets it or ctx ends; the error then wraps
+// ErrNotAcquired and ctx's cause.
 //
 // The lease's context derives from ctx, so ctx is the lifetime of the work,
-// not of the wait: a deadline on ctx ends the lease too. Bound the wait with
-// Tries instead.
+// not of the wait: a deadline on ctx ends the lease too.
 func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
-	for try := 1; ; try++ {
-		lease, err := l.TryAcquire(ctx, name)
-		if err == nil || ctx.Err() != nil || (l.cfg.Tries > 0 && try >= l.cfg.Tries) {
+	for {
+		lease, err := l.tryAcquire(ctx, name)
+		if err == nil || ctx.Err() != nil {
 			return lease, err
 		}
 		if err := wait.For(ctx, l.cfg.RetryDelay/2+rand.N(l.cfg.RetryDelay)); err != nil {
-			return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, err)
+			return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, context.Cause(ctx))
 		}
 	}
 }
 
-// TryAcquire makes one attempt at the lock name and returns at once. It
-// follows Acquire's rules otherwise.
-func (l *Locker) TryAcquire(ctx context.Context, name string) (*Lease, error) {
+// tryAcquire makes one attempt at the lock name. Its error wraps
+// ErrNotAcquired: another holds the lock, no quorum of shards answered, or
+// ctx has ended (then with ctx's cause).
+func (l *Locker) tryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, context.Cause(ctx))
 	}
@@ -208,39 +177,5 @@ func (l *Locker) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, err)
 	}
-	token, err := l.fence(ctx, name, m)
-	if err != nil {
-		// Best effort: what is not unlocked expires within TTL.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.TTL/3)
-		_, _ = m.UnlockContext(uctx)
-		cancel()
-		return nil, fmt.Errorf("lock %s: %w: fence: %w", name, ErrNotAcquired, err)
-	}
-	return newLease(ctx, name, token, m, l.cfg), nil
-}
-
-// fence increments the fence counter for a lock just taken in m. The token
-// counts only if the INCR came back while the lock was still valid: then it
-// ran before any later holder could take the lock, so before that holder's
-// INCR, and tokens follow the order of acquisition. Like an extension, the
-// INCR gets TTL/3 at most, so a dead fence shard does not stall Acquire.
-func (l *Locker) fence(ctx context.Context, name string, m *redsync.Mutex) (int64, error) {
-	key := l.cfg.FenceKey
-	if key == "" {
-		key = name + ":fence"
-	}
-	deadline := time.Now().Add(l.cfg.TTL / 3)
-	if until := m.Until(); until.Before(deadline) {
-		deadline = until
-	}
-	fctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	token, err := l.cfg.FenceClient.Incr(fctx, key).Result()
-	if err != nil {
-		return 0, fmt.Errorf("incr %s: %w", key, err)
-	}
-	if !time.Now().Before(m.Until()) {
-		return 0, fmt.Errorf("incr %s: lock expired before the token came back", key)
-	}
-	return token, nil
+	return newLease(ctx, name, m, l.cfg), nil
 }

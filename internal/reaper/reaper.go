@@ -87,7 +87,7 @@ func (r *Reaper) Run(ctx context.Context) {
 		}
 		r.acquisitions.Add(1)
 		r.leader.Store(true)
-		r.cfg.Logger.Info("reaper: leading", "fence_token", lease.Token())
+		r.cfg.Logger.Info("reaper: leading")
 		r.lead(lease.Context())
 		r.leader.Store(false)
 		if r.abandon {

@@ -2,7 +2,9 @@
 // sits between go-redis and a real redis-server and loses what a network
 // loses. It can swallow the reply of a command that already ran at Redis
 // (and reset the connection, as a broken link would), drop a command before
-// it reaches Redis, or swallow a fraction of all replies at random.
+// it reaches Redis, swallow a fraction of all replies at random, or cut the
+// client off altogether (a partition: from the shard's side, a client whose
+// process died), at once or right after a given command has run.
 //
 // It pairs replies with commands: it parses the commands a client sends
 // (RESP arrays of bulk strings, as go-redis writes them) and the replies
@@ -57,6 +59,8 @@ type Proxy struct {
 	conns    map[*conn]bool // open connections
 	replies  []*rule        // reply-drop rules, in the order added
 	requests []*rule        // request-drop rules
+	cuts     []*cut         // partition triggers, in the order added
+	cutOff   bool           // partitioned: nothing reaches Redis
 	loss     float64        // fraction of replies swallowed at random
 	rng      *rand.Rand     // draws for loss
 	stats    Stats          // what was done
@@ -69,6 +73,13 @@ type Proxy struct {
 type rule struct {
 	match Match
 	n     int
+}
+
+// cut partitions the proxy on the reply of the nth matching command.
+type cut struct {
+	match Match
+	n     int
+	then  func()
 }
 
 // Stats counts what the proxy did.
@@ -127,6 +138,44 @@ func (p *Proxy) SetReplyLoss(rate float64, seed uint64) {
 	defer p.mu.Unlock()
 	p.loss = rate
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+}
+
+// Partition cuts the client off the shard: every connection is reset, and
+// from now on a connection is reset as soon as it is accepted, so nothing
+// reaches Redis until Heal. To the shard it is a client whose process has
+// died; to the client, a shard it cannot reach.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	p.cutOff = true
+	p.mu.Unlock()
+	p.ResetConns()
+}
+
+// Heal ends a partition: connections are forwarded again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutOff = false
+}
+
+// Partitioned reports whether the proxy is partitioned now.
+func (p *Proxy) Partitioned() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cutOff
+}
+
+// PartitionAfter partitions the proxy when the reply of the nth command
+// matching m comes back from Redis: that command ran, its reply is lost, and
+// no command the client sends after it reaches Redis (one already on its way
+// in the same pipeline has run, as it would have before a crash). then,
+// when not nil, runs first, before the client can learn anything: to
+// partition the client's other proxies at the same moment, as one process
+// dying cuts all its connections.
+func (p *Proxy) PartitionAfter(m Match, n int, then func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = append(p.cuts, &cut{match: m, n: n, then: then})
 }
 
 // Record keeps every exchange from now on (see Exchanges).
@@ -229,6 +278,11 @@ func (p *Proxy) accept() {
 			c.reset()
 			return
 		}
+		if p.cutOff {
+			p.mu.Unlock()
+			c.reset()
+			continue
+		}
 		p.conns[c] = true
 		p.stats.Accepted++
 		p.mu.Unlock()
@@ -247,6 +301,19 @@ func takeRule(rules []*rule, cmd []string) bool {
 		}
 	}
 	return false
+}
+
+// takeCut returns the cut that cmd's reply fires (its nth match), if any.
+// Called with p.mu held.
+func takeCut(cuts []*cut, cmd []string) *cut {
+	for _, c := range cuts {
+		if c.n > 0 && c.match(cmd) {
+			if c.n--; c.n == 0 {
+				return c
+			}
+		}
+	}
+	return nil
 }
 
 // conn is one client connection and its connection to Redis.
@@ -285,7 +352,7 @@ func (c *conn) upstream() {
 		pass := c.passthrough
 		if !pass {
 			c.p.mu.Lock()
-			drop := takeRule(c.p.requests, cmd)
+			drop := c.p.cutOff || takeRule(c.p.requests, cmd)
 			if drop {
 				c.p.stats.RequestsDropped[cmd[0]]++
 			} else {
@@ -303,8 +370,13 @@ func (c *conn) upstream() {
 		}
 		if pass {
 			c.p.mu.Lock()
+			cutOff := c.p.cutOff
 			c.p.stats.Commands[cmd[0]]++
 			c.p.mu.Unlock()
+			if cutOff {
+				c.mu.Unlock()
+				return
+			}
 		}
 		c.mu.Unlock()
 		if _, err := c.server.Write(raw); err != nil {
@@ -345,10 +417,15 @@ func (c *conn) downstream() {
 		}
 		c.mu.Unlock()
 		swallow := false
+		var fire *cut
 		if cmd != nil {
 			p := c.p
 			p.mu.Lock()
-			swallow = takeRule(p.replies, cmd) || (p.loss > 0 && p.rng.Float64() < p.loss)
+			fire = takeCut(p.cuts, cmd)
+			if fire != nil {
+				p.cutOff = true
+			}
+			swallow = p.cutOff || takeRule(p.replies, cmd) || (p.loss > 0 && p.rng.Float64() < p.loss)
 			if swallow {
 				p.stats.RepliesSwallowed[cmd[0]]++
 			}
@@ -356,6 +433,12 @@ func (c *conn) downstream() {
 				p.log = append(p.log, Exchange{Cmd: cmd, Reply: raw, Swallowed: swallow})
 			}
 			p.mu.Unlock()
+		}
+		if fire != nil {
+			if fire.then != nil {
+				fire.then()
+			}
+			c.p.ResetConns()
 		}
 		if swallow {
 			return // reset: the reply and everything after it are lost

@@ -194,3 +194,41 @@ func TestResetConns(t *testing.T) {
 		t.Fatalf("PING after a reset = %v, want through (go-redis retries on a fresh connection)", err)
 	}
 }
+
+// A partition after a command: the command ran, its reply never comes, and
+// nothing sent after it reaches Redis, on any connection, until Heal; the
+// trigger's then runs at that moment (a second proxy cut with it).
+func TestPartitionAfter(t *testing.T) {
+	ctx := context.Background()
+	p, retrying, _, direct := clients(t)
+	srv2 := redistest.Start(t, redistest.Options{})
+	p2 := Start(t, srv2.Addr)
+	other := redis.NewClient(&redis.Options{Addr: p2.Addr, Protocol: 2})
+	t.Cleanup(func() { other.Close() })
+	p.PartitionAfter(Command("incr"), 2, p2.Partition)
+	if err := retrying.Incr(ctx, "n").Err(); err != nil {
+		t.Fatalf("the first INCR = %v, want it through (the cut is on the second)", err)
+	}
+	if err := retrying.Incr(ctx, "n").Err(); err == nil {
+		t.Fatal("the INCR the partition follows succeeded, want its reply lost")
+	}
+	if !p.Partitioned() || !p2.Partitioned() {
+		t.Fatalf("partitioned %v and %v, want both (the trigger's then)", p.Partitioned(), p2.Partitioned())
+	}
+	if err := retrying.Set(ctx, "after", "x", 0).Err(); err == nil {
+		t.Fatal("a SET through the partition succeeded")
+	}
+	if err := other.Ping(ctx).Err(); err == nil {
+		t.Fatal("a PING through the second, partitioned proxy succeeded")
+	}
+	if n, err := direct.Get(ctx, "n").Int(); err != nil || n != 2 {
+		t.Fatalf("n = %d, %v; want 2: the INCR the partition follows ran, its retries did not", n, err)
+	}
+	if n, err := direct.Exists(ctx, "after").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS after = %d, %v; want 0: nothing passes a partition", n, err)
+	}
+	p.Heal()
+	if err := retrying.Set(ctx, "after", "x", 0).Err(); err != nil {
+		t.Fatalf("SET after Heal = %v, want it through", err)
+	}
+}

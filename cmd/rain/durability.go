@@ -48,3 +48,14 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 	}
 	return true, nil
 }
+
+// checkSpecsDurability is checkDurability on the shards of specs, reached
+// with opts: the check runs before the instance is built.
+func checkSpecsDurability(ctx context.Context, specs []shard.Spec, opts shard.Options, mode string, log *slog.Logger) (relaxed bool, err error) {
+	set, err := shard.Open(specs, 0, opts)
+	if err != nil {
+		return false, err
+	}
+	defer set.Close()
+	return checkDurability(ctx, set, mode, log)
+}

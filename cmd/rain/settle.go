@@ -78,12 +78,11 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		sink = wh
 	}
-	set, svc, err := openTool(tc)
+	set, cat, err := openTool(tc)
 	if err != nil {
 		return err
 	}
 	defer set.Close()
-	defer svc.Close()
 	// A confirm must be on disk before the payout: settle refuses shards
 	// that could lose it, as serve does.
 	relaxed, err := checkDurability(ctx, set, durability, log)
@@ -91,7 +90,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
-	w := settle.New(set, svc, sink, cfg)
+	w := settle.New(set, cat, sink, cfg)
 	if listen != "" {
 		reg := metrics.New(buildInfo())
 		reg.Settle(w.Stats)
@@ -102,7 +101,8 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		defer stop()
 	}
-	return w.Run(ctx)
+	w.Run(ctx)
+	return nil
 }
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"rain/internal/shard"
 	"strings"
 	"time"
@@ -33,9 +33,10 @@ func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
 	return f, c
 }
 
-// openTool opens the shards of --redis and a service that preloads, reports
-// and audits; serialShard is the pool records' arbiter ("" = the first).
-func openTool(tc *toolConfig) (*shard.Set, *grab.Service, error) {
+// openTool opens the shards of --redis and the pool catalogue on them (the
+// tools grant nothing: no claim lanes, no serials); --serial-shard is the
+// pool records' arbiter ("" = the first).
+func openTool(tc *toolConfig) (*shard.Set, *catalog.Catalog, error) {
 	redis, serialShard := tc.Redis, tc.SerialShard
 	if redis == "" {
 		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
@@ -59,13 +60,12 @@ func openTool(tc *toolConfig) (*shard.Set, *grab.Service, error) {
 		set.Close()
 		return nil, nil, fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
 	}
-	// The tools grant nothing, so they need no serials.
-	return set, grab.New(set, grab.Config{Arbiter: serialShard}), nil
+	return set, catalog.New(set, catalog.Config{SerialShard: serialShard}), nil
 }
 
 func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f, tc := toolFlags("preload", stderr)
-	var spec grab.Spec
+	var spec catalog.Spec
 	var startsAt, endsAt string
 	f.StringVar(&spec.PoolID, "pool", "", "pool id (required)")
 	f.Int64Var(&spec.TotalCents, "total-cents", 0, "total of the pool in cents (required)")
@@ -93,14 +93,13 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		*t.out = &v
 	}
-	set, svc, err := openTool(tc)
+	set, cat, err := openTool(tc)
 	if err != nil {
 		return err
 	}
 	defer set.Close()
-	defer svc.Close()
 	progress, finish := preloadProgress(stderr, spec.PoolID, spec.Count)
-	st, created, err := svc.PreloadProgress(ctx, spec, progress)
+	st, created, err := cat.PreloadProgress(ctx, spec, progress)
 	finish()
 	if err != nil {
 		return err
@@ -117,16 +116,15 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
-	if err := grab.CheckID("--pool", *pool); err != nil {
+	if err := catalog.CheckID("--pool", *pool); err != nil {
 		return err
 	}
-	set, svc, err := openTool(tc)
+	set, cat, err := openTool(tc)
 	if err != nil {
 		return err
 	}
 	defer set.Close()
-	defer svc.Close()
-	rep, err := svc.Audit(ctx, *pool)
+	rep, err := cat.Audit(ctx, *pool)
 	if err != nil {
 		return err
 	}

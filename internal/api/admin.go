@@ -3,14 +3,14 @@ package api
 // This file is the operator endpoints, behind the admin token.
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"rain/internal/auth"
+	"rain/internal/catalog"
 	"rain/internal/dash"
-	"rain/internal/grab"
+	"strings"
 	"time"
 )
 
@@ -41,7 +41,7 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		got, ok := auth.BearerToken(r.Header.Get("Authorization"))
-		if !ok || !s.adminValid(got) {
+		if !ok || !s.cfg.Admins.Valid(got) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 			return
@@ -50,16 +50,8 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// adminValid compares token with the admin tokens in constant time.
-func (s *Server) adminValid(token string) bool {
-	if s.cfg.Admins != nil {
-		return s.cfg.Admins.Valid(token)
-	}
-	return len(s.token) > 0 && subtle.ConstantTimeCompare([]byte(token), s.token) == 1
-}
-
 func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
-	var spec grab.Spec
+	var spec catalog.Spec
 	if !readJSON(w, r, &spec) {
 		return
 	}
@@ -78,7 +70,7 @@ func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pool_id")
-	if err := grab.CheckID("pool_id", id); err != nil {
+	if err := catalog.CheckID("pool_id", id); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
@@ -92,7 +84,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("pool_id")
-	if err := grab.CheckID("pool_id", id); err != nil {
+	if err := catalog.CheckID("pool_id", id); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
@@ -110,6 +102,9 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 // list answers GET /admin/pools: {"pools": [ids, sorted]}.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	ids, err := s.cfg.Pools.List(r.Context())
+	if errors.Is(err, catalog.ErrPartial) {
+		err = nil // the pools of the shards that answered
+	}
 	if err != nil {
 		s.adminError(w, "list", "", err)
 		return
@@ -152,7 +147,7 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if err := errors.Join(grab.CheckID("pool_id", req.PoolID), grab.CheckID("user_id", req.UserID)); err != nil {
+	if err := errors.Join(catalog.CheckID("pool_id", req.PoolID), catalog.CheckID("user_id", req.UserID)); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
@@ -165,10 +160,10 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]string{"status": "confirmed"})
-	case errors.Is(err, grab.ErrGrantReleased), errors.Is(err, grab.ErrSerialMismatch):
-		writeError(w, http.StatusConflict, err)
-	case errors.Is(err, grab.ErrNoGrant):
-		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, catalog.ErrGrantReleased), errors.Is(err, catalog.ErrSerialMismatch):
+		writeDomainError(w, http.StatusConflict, err)
+	case errors.Is(err, catalog.ErrNoGrant):
+		writeDomainError(w, http.StatusNotFound, err)
 	default:
 		s.adminError(w, "confirm", req.PoolID, err)
 	}
@@ -177,17 +172,28 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 // adminError maps a domain error of an operator endpoint to its status.
 func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	switch {
-	case errors.Is(err, grab.ErrInvalid):
-		writeError(w, http.StatusBadRequest, err)
-	case errors.Is(err, grab.ErrConflict):
-		writeError(w, http.StatusConflict, err)
-	case errors.Is(err, grab.ErrNotFound):
-		writeError(w, http.StatusNotFound, err)
-	case errors.Is(err, grab.ErrUnavailable):
+	case errors.Is(err, catalog.ErrInvalid):
+		writeDomainError(w, http.StatusBadRequest, err)
+	case errors.Is(err, catalog.ErrConflict):
+		writeDomainError(w, http.StatusConflict, err)
+	case errors.Is(err, catalog.ErrNotFound):
+		writeDomainError(w, http.StatusNotFound, err)
+	case errors.Is(err, catalog.ErrUnavailable):
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, err)
+		writeDomainError(w, http.StatusServiceUnavailable, err)
 	default:
 		s.cfg.Logger.Error(op+" failed", "pool_id", pool, "err", err)
 		writeError(w, http.StatusInternalServerError, errors.New("internal error"))
 	}
+}
+
+// writeDomainError answers a domain error: its text after the package's
+// prefix ("catalog: "), which is for logs; what follows is what clients
+// read in "error".
+func writeDomainError(w http.ResponseWriter, code int, err error) {
+	msg := err.Error()
+	if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "catalog: ") {
+		msg = rest
+	}
+	writeJSON(w, code, map[string]string{"error": msg})
 }

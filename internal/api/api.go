@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"rain/internal/catalog"
 	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/limit"
@@ -32,9 +33,9 @@ type beginner interface {
 
 // Pools is what the operator endpoints need.
 type Pools interface {
-	Preload(ctx context.Context, spec grab.Spec) (*grab.Status, bool, error)
-	Status(ctx context.Context, id string) (*grab.Status, error)
-	Audit(ctx context.Context, id string) (*grab.Report, error)
+	Preload(ctx context.Context, spec catalog.Spec) (*catalog.Status, bool, error)
+	Status(ctx context.Context, id string) (*catalog.Status, error)
+	Audit(ctx context.Context, id string) (*catalog.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
 	List(ctx context.Context) ([]string, error)
 }
@@ -51,11 +52,10 @@ type Runner interface {
 	Run(ctx context.Context, fn func(ctx context.Context)) error
 }
 
-// Config wires a Server. Grabber, Pools, AdminToken and Ready are required.
+// Config wires a Server. Grabber, Pools, Admins and Ready are required.
 type Config struct {
-	Grabber    Grabber
-	Pools      Pools
-	AdminToken string
+	Grabber Grabber
+	Pools   Pools
 	// Ready reports each shard's state and whether every shard a live pool
 	// depends on is up (GET /readyz, answered within a second whatever the
 	// shards do).
@@ -74,8 +74,8 @@ type Config struct {
 	Users interface {
 		Subject(authorization string) (string, error)
 	}
-	// Admins, when set, checks admin tokens (several, reloadable); nil: the
-	// one AdminToken.
+	// Admins checks admin tokens (several, reloadable: auth.Admins), in
+	// constant time.
 	Admins interface{ Valid(token string) bool }
 	// UserLimit and IPLimit, when set, limit each user's and each client
 	// address's rate of grabs (429 rate_limited over it).
@@ -95,7 +95,6 @@ type Config struct {
 type Server struct {
 	cfg      Config
 	mux      *http.ServeMux
-	token    []byte
 	grabs    *metrics.Grabs
 	ids      *requestIDs
 	access   accessSampler
@@ -118,7 +117,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New(metrics.Build{Version: "devel"})
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), token: []byte(cfg.AdminToken),
+	s := &Server{cfg: cfg, mux: http.NewServeMux(),
 		grabs: cfg.Metrics.Grabs(statusNames[:], reasonNames[:]), ids: newRequestIDs(),
 		access: accessSampler{perSecond: int64(cfg.AccessLog)}}
 	s.mux.HandleFunc("POST /grab", s.grab)

@@ -18,12 +18,16 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
+	"rain/internal/auth"
+	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/metrics"
 	"rain/internal/pool"
+	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
@@ -36,6 +40,7 @@ type stack struct {
 	servers []*redistest.Server
 	shards  *shard.Set
 	svc     *grab.Service
+	cat     *catalog.Catalog
 	api     *Server
 	ts      *httptest.Server
 	client  *http.Client
@@ -54,7 +59,11 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 	t.Cleanup(func() { workers.Close(5 * time.Second) })
 	reg := metrics.New(metrics.Build{Version: "test"})
 	reg.Pool(workers.Stats)
-	cfg := Config{Grabber: svc, Pools: svc, AdminToken: token, Ready: svc.Ready, Runner: workers, Metrics: reg}
+	admins, err := auth.NewAdmins(token, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Grabber: svc, Pools: e.Catalog, Admins: admins, Ready: svc.Ready, Runner: workers, Metrics: reg}
 	for _, f := range tweak {
 		f(&cfg)
 	}
@@ -63,7 +72,7 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 	t.Cleanup(ts.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
-	return &stack{servers: servers, shards: set, svc: svc, api: a, ts: ts, client: client}
+	return &stack{servers: servers, shards: set, svc: svc, cat: e.Catalog, api: a, ts: ts, client: client}
 }
 
 // response is a decoded answer.
@@ -550,10 +559,11 @@ func TestConfirm(t *testing.T) {
 		t.Fatalf("confirm without token = %d, want 401", r.Code)
 	}
 	// Past its deadline and released, bob's grant can no longer be confirmed.
-	time.Sleep(1100 * time.Millisecond)
-	if sw, err := s.svc.ReleaseExpired(context.Background()); err != nil || sw.Released != 1 {
-		t.Fatalf("ReleaseExpired = %+v, %v; want bob's grant released", sw, err)
-	}
+	reap := reaper.New(s.cat, nil, reaper.Config{})
+	waittest.Until(t, 5*time.Second, "bob's grant released at its deadline", func() bool {
+		sw, err := reap.Sweep(context.Background())
+		return err == nil && sw.Released == 1
+	})
 	if r := confirm("c", "bob", b.Body["serial"]); r.Code != 409 {
 		t.Fatalf("confirm of a released grant = %d %v, want 409", r.Code, r.Body)
 	}

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"reflect"
 	"strings"
 	"sync"
@@ -46,14 +46,14 @@ func decodeGrab(body io.Reader, userOptional bool) (grabRequest, error) {
 		if err := decodeStrict(buf, &req); err != nil {
 			return req, err
 		}
-		if err := grab.CheckID("pool_id", req.PoolID); err != nil {
+		if err := catalog.CheckID("pool_id", req.PoolID); err != nil {
 			return req, err
 		}
 	}
 	if req.UserID == "" && userOptional {
 		return req, nil
 	}
-	return req, grab.CheckID("user_id", req.UserID)
+	return req, catalog.CheckID("user_id", req.UserID)
 }
 
 // bodyPool holds grab body buffers: one more byte than allowed, to tell a
@@ -84,7 +84,7 @@ func fastGrab(b []byte) (req grabRequest, ok bool) {
 		}
 		i = skipSpace(b, i+1)
 		val, j, ok := fastString(b, i)
-		if !ok || len(val) == 0 || len(val) > grab.MaxIDLen {
+		if !ok || len(val) == 0 || len(val) > catalog.MaxIDLen {
 			return req, false
 		}
 		switch string(key) {
@@ -129,7 +129,7 @@ func fastString(b []byte, i int) (s []byte, next int, ok bool) {
 		if c == '"' {
 			return b[i+1 : j], j + 1, true
 		}
-		if !grab.IDByte(c) {
+		if !catalog.IDByte(c) {
 			return nil, 0, false
 		}
 	}

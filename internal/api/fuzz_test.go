@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
 )
 
@@ -62,7 +63,7 @@ func FuzzDecodeGrab(f *testing.F) {
 		// With user auth on, user_id may be left out; present, it is checked
 		// as ever, and what is accepted without auth is accepted with it.
 		opt, optErr := decodeGrab(bytes.NewReader(body), true)
-		if optErr == nil && opt.UserID != "" && !grab.ValidID(opt.UserID) {
+		if optErr == nil && opt.UserID != "" && !catalog.ValidID(opt.UserID) {
 			t.Fatalf("decodeGrab(%q, user optional) accepted invalid user %+v", body, opt)
 		}
 		req, err := decodeGrab(bytes.NewReader(body), false)
@@ -75,7 +76,7 @@ func FuzzDecodeGrab(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !grab.ValidID(req.PoolID) || !grab.ValidID(req.UserID) {
+		if !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
 			t.Fatalf("decodeGrab(%q) accepted invalid ids %+v", body, req)
 		}
 		again, _ := json.Marshal(req)

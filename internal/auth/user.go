@@ -16,13 +16,12 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"rain/internal/catalog"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
-
-	"rain/internal/grab"
 )
 
 // UserConfig configures user identity.
@@ -168,7 +167,7 @@ func (u *Users) Subject(authorization string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
-	if err := grab.CheckID("the token's sub", claims.Subject); err != nil {
+	if err := catalog.CheckID("the token's sub", claims.Subject); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
 	return claims.Subject, nil

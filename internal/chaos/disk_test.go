@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,10 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/api"
-	"rain/internal/grab"
-	"rain/internal/idgen"
-	"rain/internal/pool"
+	"rain/internal/catalog"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
@@ -39,26 +35,8 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	for i, s := range servers {
 		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
 	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	workers, err := pool.New(pool.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { workers.Close(5 * time.Second) })
-	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1", Places: workers.Places})
-	t.Cleanup(svc.Close)
-	ts := httptest.NewServer(api.New(api.Config{Grabber: svc, Pools: svc, AdminToken: "t", Ready: svc.Ready, Runner: workers}))
-	t.Cleanup(ts.Close)
-	if _, _, err := svc.Preload(ctx, grab.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
+	in, ts := startInstance(t, specs, nil)
+	if _, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -132,7 +110,7 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	for what, n := range refused {
 		t.Errorf("%d grabs answered %s", n, what)
 	}
-	for _, st := range svc.ShardStats() {
+	for _, st := range in.Grabs.ShardStats() {
 		if st.Busy > 0 || st.Refused > 0 || st.Trips > 0 {
 			t.Errorf("shard %s: %+v, want no claim refused and no breaker trip", st.Name, st)
 		}

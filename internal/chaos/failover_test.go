@@ -11,8 +11,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
-	"rain/internal/idgen"
+	"rain/internal/instance"
 	"rain/internal/lua"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -65,20 +66,10 @@ func TestSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("p1"), idgen.Key, set.Except("p1")...), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "p1"})
-	t.Cleanup(svc.Close)
+	in, _ := startInstance(t, specs, func(c *instance.Config) { c.SerialShard = "p1" })
+	set, svc := in.Shards, in.Grabs
 	const subPools = 4 // one per shard
-	st, _, err := svc.Preload(ctx, grab.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
+	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +181,7 @@ func TestSentinelFailover(t *testing.T) {
 			t.Fatalf("%s was answered %+v; the shard holds %q (%v)", u, r, rec, err)
 		}
 	}
-	rep, err := svc.Audit(ctx, "ha")
+	rep, err := in.Catalog.Audit(ctx, "ha")
 	if err != nil || !rep.OK {
 		t.Fatalf("audit after the failover = %+v, %v", rep, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -15,10 +14,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"rain/internal/api"
+	"rain/internal/catalog"
 	"rain/internal/grab"
-	"rain/internal/idgen"
-	"rain/internal/pool"
+	"rain/internal/instance"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -52,41 +50,19 @@ func TestOneBadShard(t *testing.T) {
 		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
 	}
 	var urls []string
-	var svcs []*grab.Service
+	var instances []*instance.Instance
 	for range 2 {
-		set, err := shard.Open(specs, 0, shard.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { set.Close() })
-		gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { gen.Close() })
-		workers, err := pool.New(pool.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { workers.Close(5 * time.Second) })
-		svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1", Places: workers.Places})
-		t.Cleanup(svc.Close)
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); svc.Run(runCtx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		ts := httptest.NewServer(api.New(api.Config{Grabber: svc, Pools: svc, AdminToken: "t", Ready: svc.Ready, Runner: workers}))
-		t.Cleanup(ts.Close)
+		in, ts := startInstance(t, specs, nil)
 		urls = append(urls, ts.URL)
-		svcs = append(svcs, svc)
+		instances = append(instances, in)
 	}
 	const subPools = 4
-	st, _, err := svcs[0].Preload(ctx, grab.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
+	st, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The bad shard: one that is neither the serial shard nor the arbiter.
-	badSub := slices.IndexFunc(st.SubPools, func(sp grab.SubPoolStatus) bool { return sp.Shard != "s1" })
+	badSub := slices.IndexFunc(st.SubPools, func(sp catalog.SubPoolStatus) bool { return sp.Shard != "s1" })
 	badName := st.SubPools[badSub].Shard
 	bad := servers[slices.IndexFunc(specs, func(sp shard.Spec) bool { return sp.Name == badName })]
 
@@ -112,7 +88,7 @@ func TestOneBadShard(t *testing.T) {
 			bigID = id
 		}
 	}
-	if _, _, err := svcs[0].Preload(ctx, grab.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
+	if _, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
 		t.Fatal(err)
 	}
 	faults := []fault{
@@ -134,7 +110,7 @@ func TestOneBadShard(t *testing.T) {
 			go func() {
 				var err error
 				for end := time.Now().Add(window); err == nil && time.Now().Before(end); {
-					_, err = svcs[0].Audit(ctx, bigID)
+					_, err = instances[0].Catalog.Audit(ctx, bigID)
 				}
 				audits <- err
 			}()
@@ -164,8 +140,8 @@ func TestOneBadShard(t *testing.T) {
 			// closed (one instance serving again does not mean the other
 			// does: its probe may still be out).
 			defer waittest.Until(t, 10*time.Second, "every instance's breakers closed", func() bool {
-				for _, sv := range svcs {
-					for _, st := range sv.ShardStats() {
+				for _, in := range instances {
+					for _, st := range in.Grabs.ShardStats() {
 						if st.Breaker != 0 {
 							return false
 						}
@@ -213,12 +189,12 @@ func TestOneBadShard(t *testing.T) {
 	// audit is ok.
 	answered := l.granted()
 	for u, r := range answered {
-		again, err := svcs[1].Grab(ctx, "bad", u)
+		again, err := instances[1].Grabs.Grab(ctx, "bad", u)
 		if err != nil || again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
 			t.Fatalf("re-grab of %s = %+v, %v; want already_granted %+v", u, again, err, r)
 		}
 	}
-	rep, err := svcs[0].Audit(ctx, "bad")
+	rep, err := instances[0].Catalog.Audit(ctx, "bad")
 	if err != nil || !rep.OK {
 		t.Fatalf("audit after the faults = %+v, %v", rep, err)
 	}

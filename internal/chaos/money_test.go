@@ -13,8 +13,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/goleak"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
-	"rain/internal/idgen"
+	"rain/internal/instance"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
@@ -54,24 +55,13 @@ func (s *stack) shards(t *testing.T) *shard.Set {
 	return set
 }
 
-// instance is one rain serve's grab service, wired as serve wires it.
-func (s *stack) instance(t *testing.T, cfg grab.Config) *grab.Service {
+// instance is one rain serve on the stack, reaching the shards only
+// through the proxies (see startInstance), with spill transfers resolved by
+// its reaper after age.
+func (s *stack) instance(t *testing.T, age time.Duration) *instance.Instance {
 	t.Helper()
-	set := s.shards(t)
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	cfg.Serials, cfg.Arbiter = gen, "s1"
-	svc := grab.New(set, cfg)
-	t.Cleanup(svc.Close)
-	// Its local answers kept current, as in rain serve.
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return svc
+	in, _ := startInstance(t, s.specs, func(c *instance.Config) { c.Reaper.SpillAge = age })
+	return in
 }
 
 func (s *stack) setLoss(rate float64) {
@@ -101,22 +91,16 @@ func TestChaosLostReplies(t *testing.T) {
 func testChaosLostReplies(t *testing.T, loss float64) {
 	ctx := context.Background()
 	st := newStack(t, 4, redistest.Options{})
-	cfg := grab.Config{SpillAge: time.Second}
-	a, b := st.instance(t, cfg), st.instance(t, cfg)
+	ia, ib := st.instance(t, time.Second), st.instance(t, time.Second)
+	a, b := ia.Grabs, ib.Grabs
 	const packets, cents, subPools = 200, 20_000, 4
-	if _, _, err := a.Preload(ctx, grab.Spec{PoolID: "chaos", TotalCents: cents, Count: packets, SubPools: subPools}); err != nil {
+	if _, _, err := ia.Catalog.Preload(ctx, catalog.Spec{PoolID: "chaos", TotalCents: cents, Count: packets, SubPools: subPools}); err != nil {
 		t.Fatal(err)
 	}
 
-	// The reaper: spill recovery (nothing expires: the hold is 600s).
-	reapCtx, stopReaper := context.WithCancel(ctx)
+	// The instances' reapers recover spills (nothing expires: the hold is
+	// 600s).
 	var bg sync.WaitGroup
-	bg.Go(func() {
-		for reapCtx.Err() == nil {
-			_, _ = a.ReleaseExpired(reapCtx)
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
 	// Settlement, into a ledger, through its own connections.
 	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l, err := settle.OpenLedger(ledger)
@@ -125,13 +109,11 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	}
 	defer l.Close()
 	settleSet := st.shards(t)
-	pools := grab.New(settleSet, grab.Config{Arbiter: "s1"})
-	defer pools.Close()
-	w := settle.New(settleSet, pools, l, settle.Config{
+	w := settle.New(settleSet, catalog.New(settleSet, catalog.Config{SerialShard: "s1"}), l, settle.Config{
 		Consumer: "chaos", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 500 * time.Millisecond, RetryDelay: 20 * time.Millisecond})
 	settleCtx, stopSettle := context.WithCancel(ctx)
-	bg.Go(func() { _ = w.Run(settleCtx) })
+	bg.Go(func() { w.Run(settleCtx) })
 
 	st.setLoss(loss)
 	// 800 users, most of them at home in sub-pool 0.
@@ -188,11 +170,11 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	// Let the reaper finish every transfer in flight.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		s, err := a.Status(ctx, "chaos")
+		s, err := ia.Catalog.Status(ctx, "chaos")
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := a.Audit(ctx, "chaos")
+		rep, err := ia.Catalog.Audit(ctx, "chaos")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +186,6 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	stopReaper()
 
 	var granted, grantedCents int64
 	for u, r := range answered {
@@ -224,7 +205,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	if granted > packets || grantedCents > cents {
 		t.Fatalf("%d users answered a grant, %d cents: more than the pool's %d packets, %d cents", granted, grantedCents, packets, cents)
 	}
-	s, err := a.Status(ctx, "chaos")
+	s, err := ia.Catalog.Status(ctx, "chaos")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +217,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		lines := readLedger(t, ledger)
-		s, _ := a.Status(ctx, "chaos")
+		s, _ := ia.Catalog.Status(ctx, "chaos")
 		if int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0 {
 			for u, r := range answered {
 				if g, ok := lines[r.Serial]; !ok || g.UserID != u || g.AmountCents != r.Amount {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/catalog"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -25,11 +26,11 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 	// record and registry entry.
 	id := ""
 	for i := 0; id == ""; i++ {
-		if c := fmt.Sprintf("live%d", i); !slices.Contains(e.svc.place(c, 2), "s1") {
+		if c := fmt.Sprintf("live%d", i); !slices.Contains(e.shards.Ring().Distinct(c, 2), "s1") {
 			id = c
 		}
 	}
-	e.preload(t, Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
+	e.preload(t, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
 	warm := e.svc
 	e.run(t, warm)
 	first := map[string]Result{}
@@ -45,10 +46,10 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 	arbiter := e.servers[0]
 	arbiter.Kill()
 	arbiter.Restart()
-	if n, err := e.shards.Client("s1").Exists(ctx, recordKey(id), registryKey).Result(); err != nil || n != 0 {
+	if n, err := e.shards.Client("s1").Exists(ctx, "rain:{"+id+"}:pool", "rain:pools").Result(); err != nil || n != 0 {
 		t.Fatalf("the restarted arbiter holds %d of the record and the registry (%v), want none", n, err)
 	}
-	cold := e.service(t) // an instance started after the loss
+	cold, _ := e.service(t, e.shards) // an instance started after the loss
 	e.run(t, cold)
 	grab := func(s *Service, user string) Result {
 		t.Helper()
@@ -78,12 +79,12 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 		}
 	}
 	waittest.Until(t, 10*time.Second, "the arbiter's record and registry entry restored", func() bool {
-		n, err := e.shards.Client("s1").Exists(ctx, recordKey(id)).Result()
-		in, err2 := e.shards.Client("s1").SIsMember(ctx, registryKey, id).Result()
+		n, err := e.shards.Client("s1").Exists(ctx, "rain:{"+id+"}:pool").Result()
+		in, err2 := e.shards.Client("s1").SIsMember(ctx, "rain:pools", id).Result()
 		return err == nil && err2 == nil && n == 1 && in
 	})
-	st, err := cold.Status(ctx, id)
-	if err != nil || st.State != stateOpen || st.HeldCount != 30 {
+	st, err := e.cat.Status(ctx, id)
+	if err != nil || st.State != string(catalog.Open) || st.HeldCount != 30 {
 		t.Fatalf("Status = %+v, %v; want open with 30 held", st, err)
 	}
 	e.assertAudit(t, id)

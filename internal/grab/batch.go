@@ -97,15 +97,6 @@ var errNotSent = errors.New("claim not sent")
 // confirmed in time: a failover could lose it, so its outcome is unknown.
 var errNotReplicated = errors.New("no replica confirmed the grant in time")
 
-// claim queues a claim and waits for its answer (enqueue, then wait).
-func (b *batcher) claim(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (lua.Claim, error) {
-	r, err := b.enqueue(ctx, k, user, serial, token, valid)
-	if err != nil {
-		return lua.Claim{}, err
-	}
-	return r.wait()
-}
-
 // enqueue queues a claim for the shard's lane; its answer comes through the
 // request's wait. A claim the shard's breaker or bulkhead refuses (see
 // admit), or one queued when the lane's queue is full, does no Redis work:

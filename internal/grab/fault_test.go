@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/catalog"
 	"rain/internal/redistest"
 )
 
@@ -19,7 +20,7 @@ func TestShardKilledMidGrab(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{AOF: true, Fsync: "everysec"})
 	const packets, users, workers = 3000, 4000, 8
-	st := e.preload(t, Spec{PoolID: "kill", TotalCents: 300_000, Count: packets})
+	st := e.preload(t, catalog.Spec{PoolID: "kill", TotalCents: 300_000, Count: packets})
 	var victim *redistest.Server
 	for i, s := range e.servers {
 		if fmt.Sprintf("s%d", i+1) == st.SubPools[0].Shard {

@@ -1,3 +1,9 @@
+// Package grab is rain's grab path: a user's grab of a pool, from the pool's
+// record (internal/catalog) to the claim at the user's home sub-pool, batched
+// per shard, behind each shard's breaker and bulkhead; the spill to a
+// sibling sub-pool when the home is empty; and the answers given without
+// Redis (local.go). HTTP lives elsewhere (internal/api); this package speaks
+// in domain values and sentinel errors.
 package grab
 
 import (
@@ -7,39 +13,54 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/events"
+	"rain/internal/catalog"
 	"rain/internal/known"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/soldout"
 )
 
+// Errors Grab returns; the HTTP layer turns them into status codes.
+var (
+	// ErrUnavailable is returned when a shard or the serial generator
+	// cannot answer and rain knows nothing was granted: the request never
+	// reached a shard, or what reached it granted nothing.
+	ErrUnavailable = errors.New("grab: unavailable")
+	// ErrOutcomeUnknown is returned when a step that may have granted was
+	// sent and its answer was lost (a timed-out batch, a reply lost on the
+	// wire): the grab may have been granted. A retry of the same grab
+	// returns the grant if there is one, and never makes a second.
+	ErrOutcomeUnknown = errors.New("grab: outcome unknown: the grab may have been granted, and a retry returns it")
+	// ErrBusy is returned when the same user has a grab in flight that is
+	// taking stock from a sibling sub-pool: retry shortly. Nothing was
+	// granted by this request.
+	ErrBusy = errors.New("grab: a grab of this user is in flight")
+)
+
+// The local memory of empty sub-pools holds every sub-pool of a pool.
+const _ = uint(soldout.MaxSubPools - catalog.MaxSubPools)
+
 // Serials hands out grant serials (internal/idgen's Generator).
 type Serials interface {
 	Next(ctx context.Context) (int64, error)
 }
 
-// Config wires a Service. Zero fields take the documented defaults.
+// Config wires a Service. Serials and Catalog are required; zero fields
+// take the documented defaults.
 type Config struct {
-	// Serials hands out grant serials. Nil for a service that only
-	// preloads, reports and audits (Grab then fails).
+	// Serials hands out grant serials.
 	Serials Serials
-	// Arbiter names the shard whose pool records decide: a preload writes a
-	// pool's record there first, and what is stored there wins. Every
-	// instance must name the same one (rain uses the serial shard), even
-	// with different shard lists. Default: the first shard by name.
-	Arbiter string
-	// SpillAge is how long a spill's transfer stays in flight before the
-	// reaper resolves it by the home's verdict (which refuses a token the
-	// home has not decided). Safety does not depend on it; a short age only
-	// turns away spills still in progress. Default 8s.
-	SpillAge time.Duration
+	// Catalog is where pools' records are read (the same catalog the
+	// instance's operators and reaper use).
+	Catalog *catalog.Catalog
+	// SpillValidity is how long a spill's reservation lasts (T): the claim
+	// and the adopt refuse one older than this. Every instance and the
+	// reaper must use the same. Default lua.SpillValidity.
+	SpillValidity time.Duration
 	// Places, when set, reports the request places of the worker pool
 	// grabs run on: those held now, and how many there are (pool.Pool's
 	// Places). While they run short, a shard may hold at most its share of
@@ -59,101 +80,55 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Service grabs from, preloads, reports on and audits pools.
+// Service grabs from pools. Build it with New, stop it with Close.
 type Service struct {
 	shards   *shard.Set
+	cat      *catalog.Catalog
 	serials  Serials
-	arbiter  string
+	valid    time.Duration // Config.SpillValidity
 	log      *slog.Logger
 	batchers map[string]*batcher // by shard name; immutable after New
-	stop     chan struct{}       // closed by Close
-	stopOnce sync.Once           // guards close(stop)
-	lanes    sync.WaitGroup      // batcher lanes
 
 	mu    sync.RWMutex         // guards pools
 	pools map[string]*poolView // open pools; an open pool's record never changes
 
-	// known answers "no such pool" without Redis; empty remembers sub-pools
-	// that answered empty, briefly, so a sold-out pool is answered locally.
-	// Run keeps both current across instances.
-	known   *known.Filter
-	empty   *soldout.Cache
-	holders sync.Map // pool id -> *holderState, for sold-out pools
+	local local // the answers given without Redis
 
-	// Background work (readers of holders, breaker probes) starts through
-	// goBackground; Close ends it (stopCtx) and waits for it.
-	bgMu    sync.Mutex // orders bg's Go against Close's stopBg and Wait
+	// Everything the service runs in the background (the lanes, breaker
+	// probes, readers of holders) starts through goBackground; Close ends
+	// it (stopCtx) and waits for it. One stop mechanism.
+	bgMu    sync.Mutex // orders bg's Go against Close's stop and Wait
 	bg      sync.WaitGroup
 	stopCtx context.Context // done when Close begins
-	stopBg  context.CancelFunc
-
-	// afterTrip, when set (tests), runs after each pipelined round trip of a
-	// sub-pool's preload with the next batch it lacks; an error aborts the
-	// preload there, as a crash would.
-	afterTrip func(subPool int, nextBatch int64) error
-
-	// spillValidity is how long a spill reservation lasts (T); spillAge is
-	// how long a transfer stays in flight before the reaper resolves it (it
-	// asks the home for its verdict, which refuses the token if the home has
-	// not decided it: safe at any age, but an early verdict would turn away
-	// a spill still in progress). Tests shorten them.
-	spillValidity, spillAge time.Duration
-	dueMu                   sync.Mutex                // guards due
-	due                     map[lua.SubPool]time.Time // when each sub-pool next needs the reaper's sweep
-	listed                  atomic.Pointer[[]string]  // the pools as Run's refresh last listed them
-	warm                    atomic.Bool               // the known filter may answer not_found (see Run)
-
-	// spillHook, when set (tests), runs after each step of a spill
-	// ("reserved", "taken", "adopted", "acked"); an error stops the grab
-	// there, as a crash would.
-	spillHook func(step string) error
+	stop    context.CancelFunc
 }
-
-// Spill timing defaults.
-const (
-	defaultSpillValidity = 3 * time.Second
-	defaultSpillAge      = 8 * time.Second
-)
-
-// ErrBusy is returned by Grab when the same user has a grab in flight that
-// is taking stock from a sibling sub-pool: retry shortly. Nothing was
-// granted by this request.
-var ErrBusy = errors.New("a grab of this user is in flight")
 
 // poolView is what the grab path needs of an open pool, resolved once.
 type poolView struct {
-	rec      *record
+	rec      *catalog.Pool
 	batchers []*batcher      // of sub-pool j
 	clients  []*redis.Client // of sub-pool j
 	keys     []lua.Keys      // of sub-pool j
 }
 
-// home is the sub-pool that holds userID's grant in a pool of k sub-pools.
-func home(userID string, k int) int {
-	return int(xxhash.Sum64String(userID) % uint64(k))
-}
-
-// New returns a service over shards. It starts the claim batchers; Close
-// stops them.
-func New(shards *shard.Set, cfg Config) *Service {
+// New returns a service over the catalog's shards. It starts the claim
+// lanes; Close stops them.
+func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Arbiter == "" || shards.Client(cfg.Arbiter) == nil {
-		cfg.Arbiter = shards.Names()[0]
-	}
-	if cfg.SpillAge <= 0 {
-		cfg.SpillAge = defaultSpillAge
 	}
 	if cfg.BreakerCooldown <= 0 {
 		cfg.BreakerCooldown = time.Second
 	}
-	s := &Service{shards: shards, serials: cfg.Serials, arbiter: cfg.Arbiter, log: cfg.Logger,
-		pools: map[string]*poolView{}, batchers: map[string]*batcher{}, stop: make(chan struct{}),
-		due:           map[lua.SubPool]time.Time{},
-		spillValidity: defaultSpillValidity, spillAge: cfg.SpillAge,
-		known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}
-	s.stopCtx, s.stopBg = context.WithCancel(context.Background())
+	if cfg.SpillValidity <= 0 {
+		cfg.SpillValidity = lua.SpillValidity
+	}
+	shards := cfg.Catalog.Shards()
+	s := &Service{shards: shards, cat: cfg.Catalog, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
+		pools: map[string]*poolView{}, batchers: map[string]*batcher{},
+		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	cfg.Catalog.OnOpen(s.local.known.Add)
 	for _, name := range shards.Names() {
 		c := shards.Client(name)
 		probe := func() bool {
@@ -162,7 +137,7 @@ func New(shards *shard.Set, cfg Config) *Service {
 			return c.Ping(ctx).Err() == nil
 		}
 		start := func(f func()) { s.goBackground(f) }
-		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stop,
+		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
 			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, start),
 			onBatch: cfg.OnBatch}
 		if cfg.Places != nil {
@@ -172,20 +147,19 @@ func New(shards *shard.Set, cfg Config) *Service {
 		}
 		s.batchers[name] = b
 		for range lanesPerShard {
-			s.lanes.Go(b.lane)
+			s.goBackground(b.lane)
 		}
 	}
 	return s
 }
 
-// Close stops the claim batchers and waits for them. Call it after the last
-// Grab has returned (after the HTTP server's Shutdown).
+// Close stops the claim lanes and the background work, and waits for them.
+// Call it after the last Grab has returned (after the HTTP server's
+// Shutdown).
 func (s *Service) Close() {
-	s.stopOnce.Do(func() { close(s.stop) })
 	s.bgMu.Lock()
-	s.stopBg()
+	s.stop()
 	s.bgMu.Unlock()
-	s.lanes.Wait()
 	s.bg.Wait()
 }
 
@@ -224,11 +198,11 @@ type Result struct {
 }
 
 // Grab claims a packet of poolID for userID, or returns the grant the user
-// already holds: Begin, then Wait. Ids must be valid (ValidID). It returns
-// ErrUnavailable when a shard or the serial generator cannot answer and
-// nothing was granted, ErrOutcomeUnknown when a step that may have granted
-// lost its answer (a retry returns the grant if there is one), and ErrBusy
-// while the user's own spill is in flight.
+// already holds: Begin, then Wait. Ids must be valid (catalog.ValidID). It
+// returns ErrUnavailable when a shard or the serial generator cannot answer
+// and nothing was granted, ErrOutcomeUnknown when a step that may have
+// granted lost its answer (a retry returns the grant if there is one), and
+// ErrBusy while the user's own spill is in flight.
 //
 // The common path is one script on one shard: the user's home sub-pool comes
 // from a hash of the user id, and dedup lives there.
@@ -251,42 +225,39 @@ type Pending struct {
 	token  string
 }
 
-// Begin starts a grab: the answers rain gives without Redis (see the local
-// answers), the serial, and the claim queued at the user's home sub-pool's
-// shard. It does not wait for the shard: the worker pool runs Begin, and
-// the request waits for the shard's answer in Wait, holding no worker (a
-// shard that stalls costs the others none). ctx bounds the whole grab.
+// Begin starts a grab: the answers rain gives without Redis (local.go),
+// the serial, and the claim queued at the user's home sub-pool's shard. It
+// does not wait for the shard: the worker pool runs Begin, and the request
+// waits for the shard's answer in Wait, holding no worker (a shard that
+// stalls costs the others none). ctx bounds the whole grab.
 func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
-	if s.warm.Load() && !s.known.MayContain(poolID) {
-		return Pending{res: Result{Outcome: NotFound}} // unknown or forged: no Redis
+	if s.local.unknown(poolID) {
+		return Pending{res: Result{Outcome: NotFound}}
 	}
 	p, err := s.pool(ctx, poolID)
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, catalog.ErrNotFound):
 		return Pending{res: Result{Outcome: NotFound}}
 	case err != nil:
 		return Pending{err: err}
-	case p.rec.state != stateOpen:
+	case p.rec.State != catalog.Open:
 		return Pending{res: Result{Outcome: NotStarted, RetryAfter: time.Second}}
-	case s.empty.AllEmpty(poolID, len(p.keys)) && s.surelyNotHolder(p, userID):
-		// Every sub-pool answered empty within the last second, no release
-		// has returned stock since, and this user holds no grant here: the
-		// flood after a sell-out is answered without Redis.
+	case s.soldOutHere(p, userID):
 		return Pending{res: Result{Outcome: SoldOut}}
 	}
 	serial, err := s.serials.Next(ctx)
 	if err != nil {
 		return Pending{err: fmt.Errorf("%w: serial: %w", ErrUnavailable, err)}
 	}
-	j := home(userID, len(p.keys))
+	j := p.rec.Home(userID)
 	var token string
 	if len(p.keys) > 1 {
 		// The serial is unique across instances: it names the spill too.
 		token = strconv.FormatInt(serial, 10)
 	}
-	r, err := p.batchers[j].enqueue(ctx, &p.keys[j], userID, serial, token, s.spillValidity.Milliseconds())
+	r, err := p.batchers[j].enqueue(ctx, &p.keys[j], userID, serial, token, s.valid.Milliseconds())
 	if err != nil {
-		return Pending{err: fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, j, err)}
+		return Pending{err: fmt.Errorf("%w: claim %s sub-pool %d: %w", claimOutcome(err), poolID, j, err)}
 	}
 	return Pending{s: s, p: p, req: r, ctx: ctx, user: userID, j: j, serial: serial, token: token}
 }
@@ -298,19 +269,15 @@ func (g Pending) Wait() (Result, error) {
 	if g.req == nil {
 		return g.res, g.err
 	}
-	s, p, ctx := g.s, g.p, g.ctx
-	poolID := p.rec.spec.PoolID
+	s, p := g.s, g.p
+	poolID := p.rec.ID()
 	c, err := g.req.wait()
 	if err != nil {
-		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", sentErr(err), poolID, g.j, err)
+		return Result{}, fmt.Errorf("%w: claim %s sub-pool %d: %w", claimOutcome(err), poolID, g.j, err)
 	}
 	switch c.Outcome {
 	case lua.Reserved:
-		if err := s.step("reserved"); err != nil {
-			return Result{}, err
-		}
-		c, err = s.spill(ctx, p, g.user, g.j, g.serial, g.token)
-		if err != nil {
+		if c, err = s.spill(g.ctx, p, g.user, g.j, g.serial, g.token); err != nil {
 			return Result{}, err
 		}
 	case lua.Busy:
@@ -326,7 +293,7 @@ func (g Pending) Wait() (Result, error) {
 	case lua.Empty:
 		// The home had none and, for a pool of several sub-pools, no
 		// sibling had any either (spill marked them).
-		s.empty.MarkEmpty(poolID, g.j)
+		s.local.empty.MarkEmpty(poolID, g.j)
 		return Result{Outcome: SoldOut}, nil
 	case lua.NotStarted:
 		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil
@@ -337,12 +304,13 @@ func (g Pending) Wait() (Result, error) {
 	}
 }
 
-// sentErr classifies the error of a step that may grant: ErrUnavailable
-// when the step certainly did not run or ran and refused (it never reached
-// the shard, or the shard answered with an error: scripts fail before they
-// write), ErrOutcomeUnknown when it may have run (its answer was lost: a
-// timeout, a broken connection, whatever go-redis's retries last saw).
-func sentErr(err error) error {
+// claimOutcome is what the error of a step that may grant says was
+// granted: ErrUnavailable when the step certainly did not run or ran and
+// refused (it never reached the shard, or the shard answered with an
+// error: scripts fail before they write), ErrOutcomeUnknown when it may
+// have run (its answer was lost: a timeout, a broken connection, whatever
+// go-redis's retries last saw).
+func claimOutcome(err error) error {
 	var rerr redis.Error
 	if errors.Is(err, errNotSent) || errors.As(err, &rerr) {
 		return ErrUnavailable
@@ -350,8 +318,8 @@ func sentErr(err error) error {
 	return ErrOutcomeUnknown
 }
 
-// pool returns the pool's grab-path view, from the cache when it is open.
-// A pool that is not open yet is read again on every call.
+// pool returns the pool's grab-path view, from memory once it is open. A
+// pool that is not open yet is read again on every call.
 func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	s.mu.RLock()
 	p := s.pools[id]
@@ -359,132 +327,28 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	if p != nil {
 		return p, nil
 	}
-	rec, err := s.findRecord(ctx, id)
+	rec, err := s.cat.Pool(ctx, id)
+	if errors.Is(err, catalog.ErrUnavailable) {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	if err != nil {
 		return nil, err
 	}
 	p = &poolView{rec: rec}
-	for j, name := range rec.placement {
+	for j, name := range rec.Placement {
 		b := s.batchers[name]
 		if b == nil {
 			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, id, j, name)
 		}
 		p.batchers = append(p.batchers, b)
 		p.clients = append(p.clients, s.shards.Client(name))
-		p.keys = append(p.keys, lua.SubPool{Pool: id, Index: j}.Keys())
+		p.keys = append(p.keys, rec.SubPool(j).Keys())
 	}
-	if rec.state == stateOpen {
+	if rec.State == catalog.Open {
 		s.mu.Lock()
 		s.pools[id] = p
 		s.mu.Unlock()
 	}
-	s.known.Add(id)
+	s.local.known.Add(id)
 	return p, nil
-}
-
-// findRecord reads the pool's record: the arbiter's, which decides, or,
-// when the arbiter has none, the other shards' (an open copy before one
-// still loading: a preload opens the record on each shard in turn). A
-// record the other shards hold and an arbiter that answered lacks (it lost
-// its data) is written back to the arbiter, where none is, so the pool
-// never vanishes behind it. ErrNotFound when no shard that answered has
-// it; ErrUnavailable when none has it and some did not answer.
-func (s *Service) findRecord(ctx context.Context, id string) (*record, error) {
-	key := recordKey(id)
-	m, err := s.shards.Client(s.arbiter).HGetAll(ctx, key).Result()
-	if err == nil && len(m) > 0 {
-		return parseRecord(m)
-	}
-	var down []error
-	if err != nil {
-		down = append(down, fmt.Errorf("arbiter %s: %w", s.arbiter, err))
-	}
-	arbiterEmpty := err == nil
-	var found map[string]string
-	for _, name := range s.shards.Names() {
-		if name == s.arbiter {
-			continue
-		}
-		o, err := s.shards.Client(name).HGetAll(ctx, key).Result()
-		if err != nil {
-			down = append(down, fmt.Errorf("shard %s: %w", name, err))
-			continue
-		}
-		if len(o) > 0 && (found == nil || found["state"] != stateOpen && o["state"] == stateOpen) {
-			found = o
-		}
-	}
-	if found == nil {
-		if len(down) > 0 {
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
-		}
-		return nil, ErrNotFound
-	}
-	if arbiterEmpty {
-		if stored, err := s.putRecord(ctx, s.shards.Client(s.arbiter), id, found); err == nil {
-			return stored, nil // what is stored there wins, written meanwhile or now
-		}
-	}
-	return parseRecord(found)
-}
-
-// client is the shard client of the record's sub-pool j.
-func (s *Service) client(rec *record, j int) *redis.Client {
-	return s.shards.Client(rec.placement[j])
-}
-
-// Run keeps this instance's local answers current until ctx ends: it hears
-// rain:events on every shard (a new pool is known at once; stock returned to
-// a sub-pool, or a new holder, makes it no longer known empty and drops its
-// holders) and lists the pool registries every 2 s, so a lost notice
-// costs at most that. Run it in one goroutine beside serving grabs; it
-// returns when ctx ends.
-//
-// The known-pools filter answers unknown pools without Redis only once it
-// is warm: after a registry read that began when every shard had confirmed
-// its subscription to the notices (so a pool preloaded before that read is
-// in it, and one preloaded after is notified), or after the second read
-// when some shard never confirmed (then a lost notice is covered by the
-// next read, as ever). Until then an unknown pool is looked up on the
-// shards: an instance just started never answers not_found for a pool
-// preloaded a moment before.
-func (s *Service) Run(ctx context.Context) {
-	shards := int64(len(s.shards.Names()))
-	var subscribed, reads atomic.Int64
-	allSubscribed := make(chan struct{})
-	list := func(ctx context.Context) ([]string, error) {
-		ready := subscribed.Load() == shards || reads.Load() >= 1
-		ids, err := s.refreshList(ctx)
-		if err == nil {
-			if reads.Add(1); ready {
-				s.warm.Store(true)
-			}
-		}
-		return ids, err
-	}
-	refresh := known.NewSync(s.known, list, known.SyncConfig{Logger: s.log})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		// The first read waits for the subscriptions (a second at most:
-		// a shard down at the start is subscribed to when it answers).
-		select {
-		case <-allSubscribed:
-		case <-time.After(time.Second):
-		case <-ctx.Done():
-			return
-		}
-		refresh.Run(ctx)
-	})
-	events.Listen(ctx, s.shards.Clients(), events.Config{Logger: s.log, Subscribed: func() {
-		if subscribed.Add(1) == shards {
-			close(allSubscribed)
-		}
-	}}, events.Handlers{
-		Pool: s.known.Add,
-		Stock: func(pool string, j int) {
-			s.empty.Forget(pool, j)
-			s.dropHolders(pool, j)
-		},
-	})
-	wg.Wait()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/catalog"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -15,7 +16,7 @@ import (
 // instance is a second Service on env's shards, running its local caches.
 func (e *env) instance(t *testing.T) *Service {
 	t.Helper()
-	s := e.service(t)
+	s, _ := e.service(t, e.shards)
 	e.run(t, s)
 	return s
 }
@@ -28,7 +29,7 @@ func (e *env) run(t *testing.T, s *Service) {
 	go func() { defer close(done); s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waittest.Until(t, 5*time.Second, "the known-pools filter built and warm", func() bool {
-		return s.warm.Load() && !s.known.MayContain("never-preloaded-anywhere")
+		return s.local.warm.Load() && !s.local.known.MayContain("never-preloaded-anywhere")
 	})
 }
 
@@ -41,7 +42,7 @@ func TestNewPoolKnownEverywhere(t *testing.T) {
 	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != NotFound {
 		t.Fatalf("Grab before the preload = %+v, %v; want not_found", r, err)
 	}
-	e.preload(t, Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
+	e.preload(t, catalog.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
 	start := time.Now()
 	for {
 		r, err := other.Grab(context.Background(), "fresh", "u")
@@ -87,7 +88,7 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
 	e.run(t, e.svc)
-	e.preload(t, Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
+	e.preload(t, catalog.Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
 	var holder string
 	var held Result
 	for u := 0; ; u++ {
@@ -101,7 +102,7 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	}
 	// The sell-out starts the read of the holders; wait for it, then one
 	// grab at Redis marks the pool empty again for a second.
-	st := e.svc.holderState("hot")
+	st := e.svc.local.holderState("hot")
 	waittest.Until(t, 5*time.Second, "holders of the sold-out pool read", func() bool {
 		grabRetrying(t, e.svc, "hot", "prime")
 		return st.set.Load() != nil
@@ -143,7 +144,7 @@ func TestReleasedStockIsSeen(t *testing.T) {
 	e := newEnv(t, 2, redistest.Options{})
 	e.run(t, e.svc)
 	other := e.instance(t)
-	e.preload(t, Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
+	e.preload(t, catalog.Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
 	for u := range 3 {
 		if r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u)); r.Outcome != Granted {
 			t.Fatalf("grab %d = %+v", u, r)
@@ -153,7 +154,7 @@ func TestReleasedStockIsSeen(t *testing.T) {
 	if r := grabRetrying(t, other, "back", "late"); r.Outcome != SoldOut {
 		t.Fatalf("grab on the sold-out pool = %+v, want sold_out", r)
 	}
-	if sw, err := e.svc.ReleaseExpired(ctx); err != nil || sw.Released != 3 {
+	if sw, err := e.sweeper.Sweep(ctx); err != nil || sw.Released != 3 {
 		t.Fatalf("ReleaseExpired = %+v, %v", sw, err)
 	}
 	start := time.Now()

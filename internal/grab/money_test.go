@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"rain/internal/catalog"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
-	"rain/internal/shard"
 	"rain/internal/wait/waittest"
 )
 
@@ -37,7 +36,7 @@ func usersWithHome(prefix string, j, k, n int) []string {
 	var out []string
 	for u := 0; len(out) < n; u++ {
 		id := fmt.Sprintf("%s%d", prefix, u)
-		if home(id, k) == j {
+		if catalog.Home(id, k) == j {
 			out = append(out, id)
 		}
 	}
@@ -52,7 +51,7 @@ func usersWithHome(prefix string, j, k, n int) []string {
 func TestLostAdoptReply(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	st := e.preload(t, Spec{PoolID: "ad", TotalCents: 400, Count: 4, SubPools: 2})
+	st := e.preload(t, catalog.Spec{PoolID: "ad", TotalCents: 400, Count: 4, SubPools: 2})
 	homeShard := map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]
 	users := usersWithHome("u", 0, 2, 3)
 	for _, u := range users[:2] { // sub-pool 0 holds 2 packets
@@ -89,14 +88,14 @@ func TestLostClaimReply(t *testing.T) {
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
 	claim := redisproxy.Script(lua.SHA("claim_many")) // grabs claim in batches
 
-	st := e.preload(t, Spec{PoolID: "one", TotalCents: 100, Count: 1})
+	st := e.preload(t, catalog.Spec{PoolID: "one", TotalCents: 100, Count: 1})
 	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	p.DropReplies(claim, 1)
 	if r, err := e.svc.Grab(ctx, "one", "a"); err != nil || r.Outcome != Granted {
 		t.Fatalf("Grab with the claim's reply lost = %+v, %v; want granted", r, err)
 	}
 
-	st = e.preload(t, Spec{PoolID: "two", TotalCents: 400, Count: 4, SubPools: 2})
+	st = e.preload(t, catalog.Spec{PoolID: "two", TotalCents: 400, Count: 4, SubPools: 2})
 	p = proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	users := usersWithHome("v", 0, 2, 3)
 	for _, u := range users[:2] {
@@ -122,7 +121,7 @@ func TestLostClaimReply(t *testing.T) {
 func TestSpillStepsLoseReplies(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	e.preload(t, Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
+	e.preload(t, catalog.Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
 	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim_many"} {
 		for _, p := range proxies {
 			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
@@ -172,7 +171,7 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 func TestStalledShardOutcomes(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	st := e.preload(t, Spec{PoolID: "st", TotalCents: 10_000, Count: 100})
+	st := e.preload(t, catalog.Spec{PoolID: "st", TotalCents: 10_000, Count: 100})
 	victim := e.servers[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	if _, err := e.svc.Grab(ctx, "st", "warm"); err != nil { // the pool is cached, serials buffered
 		t.Fatal(err)
@@ -259,7 +258,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 func TestSpillShardLosesWrites(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{AOF: true, Fsync: "everysec"})
-	st := e.preload(t, Spec{PoolID: "lost", TotalCents: 400, Count: 4, SubPools: 2})
+	st := e.preload(t, catalog.Spec{PoolID: "lost", TotalCents: 400, Count: 4, SubPools: 2})
 	sibling := e.servers[map[string]int{"s1": 0, "s2": 1}[st.SubPools[1].Shard]]
 	users := usersWithHome("x", 0, 2, 3)
 	for _, u := range users[:2] {
@@ -276,7 +275,7 @@ func TestSpillShardLosesWrites(t *testing.T) {
 	sibling.RestoreAOF(before) // the take and the ack never reached its disk
 	sibling.Restart()
 
-	rep, err := e.svc.Audit(ctx, "lost")
+	rep, err := e.cat.Audit(ctx, "lost")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,70 +292,13 @@ func TestSpillShardLosesWrites(t *testing.T) {
 	}
 }
 
-// TestPreloadArbitration: two instances with different shard lists (whose
-// first shards by name differ, s0 and s1; both run with s1 as the serial
-// shard, the arbiter) preload one pool id at once.
-// One record wins everywhere: every shard that has the pool's record has
-// the arbiter's, and the loser answers the same pool or refuses, never a
-// second placement.
-func TestPreloadArbitration(t *testing.T) {
-	ctx := context.Background()
-	servers := redistest.StartN(t, 5, redistest.Options{}) // s0..s4
-	open := func(idx ...int) *Service {
-		var specs []shard.Spec
-		for _, i := range idx {
-			specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i), Weight: 1, Addr: servers[i].Addr})
-		}
-		set, err := shard.Open(specs, 0, shard.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { set.Close() })
-		svc := New(set, Config{Arbiter: "s1"})
-		t.Cleanup(svc.Close)
-		return svc
-	}
-	for round := range 20 {
-		a, b := open(1, 2, 3), open(0, 1, 4)
-		id := fmt.Sprintf("arb%d", round)
-		spec := Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}
-		var wg sync.WaitGroup
-		var errA, errB error
-		wg.Go(func() { _, _, errA = a.Preload(ctx, spec) })
-		wg.Go(func() { _, _, errB = b.Preload(ctx, spec) })
-		wg.Wait()
-		if errA != nil && errB != nil {
-			t.Fatalf("round %d: both preloads failed: %v; %v", round, errA, errB)
-		}
-		var first string
-		for _, i := range []int{1, 0, 2, 3, 4} { // the arbiter first
-			srv := servers[i]
-			c := shard.NewClient(srv.Addr, shard.Options{})
-			placement, err := c.HGet(ctx, recordKey(id), "placement").Result()
-			c.Close()
-			if err != nil {
-				continue // this shard has no record
-			}
-			if first == "" {
-				first = placement
-			}
-			if placement != first {
-				t.Fatalf("round %d: shard s%d holds placement %q, another %q", round, i, placement, first)
-			}
-		}
-		if first == "" {
-			t.Fatalf("round %d: no shard has the record", round)
-		}
-	}
-}
-
 // TestReadyUnderFaults: readiness answers within the call budget whatever
 // a shard does, and says which shard is not up; a shard no live pool uses
 // does not make the instance unready.
 func TestReadyUnderFaults(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	st := e.preload(t, Spec{PoolID: "r", TotalCents: 100, Count: 10})
+	st := e.preload(t, catalog.Spec{PoolID: "r", TotalCents: 100, Count: 10})
 	used := st.SubPools[0].Shard
 	var unused string
 	for _, n := range e.shards.Names() {
@@ -364,7 +306,7 @@ func TestReadyUnderFaults(t *testing.T) {
 			unused = n
 		}
 	}
-	if _, err := e.svc.refreshList(ctx); err != nil {
+	if _, err := e.cat.List(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if rd := e.svc.Ready(ctx); !rd.Ready {
@@ -404,8 +346,8 @@ func TestReadyUnderFaults(t *testing.T) {
 func TestBreakerHealsWithoutClaims(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	st := e.preload(t, Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
-	if _, err := e.svc.refreshList(ctx); err != nil {
+	st := e.preload(t, catalog.Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
+	if _, err := e.cat.List(ctx); err != nil {
 		t.Fatal(err)
 	}
 	used := st.SubPools[0].Shard
@@ -425,76 +367,4 @@ func TestBreakerHealsWithoutClaims(t *testing.T) {
 	if r, err := e.svc.Grab(ctx, "heal", "after"); err != nil || r.Outcome != Granted {
 		t.Fatalf("grab after the shard healed = %+v, %v; want granted", r, err)
 	}
-}
-
-// TestAuditInPages: the audit of a big sub-pool never holds its shard for
-// long: no command it sends takes 5 ms (the shard's slow log, set to 5 ms,
-// stays empty of them), and it still finds the pool whole. And an audit
-// while users grab reports no false problem.
-func TestAuditInPages(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, 1, redistest.Options{})
-	const packets = 300_000
-	e.preload(t, Spec{PoolID: "big", TotalCents: 3 * packets, Count: packets, HoldSeconds: 3600})
-	p, err := e.svc.pool(ctx, "big")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for b := range 100 { // 50,000 grants, 500 a batch
-		batch := make([]lua.ClaimArg, 500)
-		for i := range batch {
-			n := int64(b*500 + i + 1)
-			batch[i] = lua.ClaimArg{User: "u" + strconv.FormatInt(n, 10), Serial: 1e9 + n}
-		}
-		if _, _, err := lua.ClaimMany(ctx, p.clients[0], &p.keys[0], 0, batch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := p.clients[0]
-	if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "5000").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c.SlowLogReset(ctx)
-	rep, err := e.svc.Audit(ctx, "big")
-	if err != nil || !rep.OK || len(rep.Notes) != 0 {
-		t.Fatalf("audit of a quiet big pool = %+v, %v; want ok and recounted", rep, err)
-	}
-	slow, err := c.SlowLogGet(ctx, 100).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range slow {
-		t.Errorf("a command of the audit took %v: %v", s.Duration, s.Args)
-	}
-
-	// Audits while users grab: counters are always checked; a recount that
-	// races the grabs is noted, never a problem.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := e.svc.Grab(ctx, "big", fmt.Sprintf("live%d.%d", w, i)); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	for range 5 {
-		rep, err := e.svc.Audit(ctx, "big")
-		if err != nil || !rep.OK {
-			close(stop)
-			wg.Wait()
-			t.Fatalf("audit during grabs = %+v, %v; want ok", rep, err)
-		}
-		t.Logf("audit during grabs: ok, notes %q", rep.Notes)
-	}
-	close(stop)
-	wg.Wait()
 }

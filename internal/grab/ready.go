@@ -51,7 +51,7 @@ func outOfFDs(err error) bool {
 
 // Ready pings every shard at once, bounded by ctx and by the call budget,
 // and reports each shard's state. A shard is in use when a pool of the
-// registry (as Run last listed it) has a sub-pool there; when a pool cannot
+// registry (as it was last read) has a sub-pool there; when a pool cannot
 // be resolved, or the pools were never listed, every shard counts as in use.
 func (s *Service) Ready(ctx context.Context) Readiness {
 	ctx, cancel := context.WithTimeout(ctx, s.shards.Timeout())
@@ -99,22 +99,17 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 // shardsInUse returns the shards the listed pools have sub-pools on; nil
 // means every shard (the pools were never listed, or one cannot be read).
 func (s *Service) shardsInUse(ctx context.Context) map[string]bool {
-	ids := s.listed.Load()
+	ids := s.cat.LastListed()
 	if ids == nil {
 		return nil
 	}
 	in := map[string]bool{}
-	for _, id := range *ids {
-		s.mu.RLock()
-		p := s.pools[id]
-		s.mu.RUnlock()
-		if p == nil {
-			var err error
-			if p, err = s.pool(ctx, id); err != nil {
-				return nil
-			}
+	for _, id := range ids {
+		p, err := s.cat.Pool(ctx, id)
+		if err != nil {
+			return nil
 		}
-		for _, name := range p.rec.placement {
+		for _, name := range p.Placement {
 			in[name] = true
 		}
 	}

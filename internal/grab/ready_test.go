@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"rain/internal/catalog"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
@@ -25,7 +26,7 @@ func TestReadyOutOfDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	svc := New(set, Config{Arbiter: "s1"})
+	svc := New(Config{Catalog: catalog.New(set, catalog.Config{SerialShard: "s1"})})
 	t.Cleanup(svc.Close)
 
 	var orig syscall.Rlimit

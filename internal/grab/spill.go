@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"rain/internal/lua"
 )
@@ -21,16 +20,16 @@ import (
 // the first run. The home decides every token once, by adopt or by decide
 // (the reaper's, or ours after a lost answer), and the sibling follows the
 // home's verdict, so whatever a crash or a lost reply leaves, the reaper
-// finishes it without comparing clocks (recoverSpills). Dedup stays at h:
+// finishes it without comparing clocks (internal/reaper). Dedup stays at h:
 // the user can never get two grants.
 func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, serial int64, token string) (lua.Claim, error) {
-	id := p.rec.spec.PoolID
+	id := p.rec.ID()
 	k := len(p.keys)
-	s.empty.MarkEmpty(id, h)
+	s.local.empty.MarkEmpty(id, h)
 	skipped := 0 // siblings whose shard is unavailable: no sold_out then
 	for step := 1; step < k; step++ {
 		j := (h + step) % k
-		if s.empty.Empty(id, j) {
+		if s.local.empty.Empty(id, j) {
 			continue // answered empty within the last second, no stock back since
 		}
 		if p.batchers[j].br.current() != breakerClosed { // open, or a probe is out
@@ -49,7 +48,7 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		}
 		switch taken {
 		case lua.TakeEmpty:
-			s.empty.MarkEmpty(id, j)
+			s.local.empty.MarkEmpty(id, j)
 			continue
 		case lua.TakeSettled, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
@@ -58,11 +57,8 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			s.abort(ctx, p, userID, h, token)
 			return lua.Claim{}, fmt.Errorf("%w: spill token %s of %s is already used at sub-pool %d", ErrUnavailable, token, id, j)
 		}
-		if err := s.step("taken"); err != nil {
-			return lua.Claim{}, err
-		}
 		actx, cancel := s.stepContext(ctx)
-		c, ok, err := lua.Adopt(actx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.spillValidity.Milliseconds())
+		c, ok, err := lua.Adopt(actx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.valid.Milliseconds())
 		cancel()
 		if err == nil && ok {
 			err = s.replicate(ctx, p, h)
@@ -89,18 +85,11 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// Refused: the reservation is older than T, or the user holds a
 			// grant. The amount goes back; if that fails the reaper does it.
 			s.settle(ctx, p, j, token, false)
-			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s refused at home: its reservation lapsed (T = %v) or the user holds a grant", ErrUnavailable, userID, id, s.spillValidity)
-		}
-		if err := s.step("adopted"); err != nil {
-			return lua.Claim{}, err
+			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s refused at home: its reservation lapsed (T = %v) or the user holds a grant", ErrUnavailable, userID, id, s.valid)
 		}
 		// The grant stands. A failed ack leaves the transfer to the reaper,
 		// which reads the home's verdict and acks it.
-		if s.settle(ctx, p, j, token, true) {
-			if err := s.step("acked"); err != nil {
-				return lua.Claim{}, err
-			}
-		}
+		s.settle(ctx, p, j, token, true)
 		return c, nil
 	}
 	// No sibling had stock: nothing was taken, so nothing can be granted
@@ -122,7 +111,7 @@ func (s *Service) stepContext(ctx context.Context) (context.Context, context.Can
 // to sub-pool j's shard so far (WAIT); an error means a failover could lose
 // it. On a shard without replicas it does nothing.
 func (s *Service) replicate(ctx context.Context, p *poolView, j int) error {
-	if !s.shards.Replicated(p.rec.placement[j]) {
+	if !s.shards.Replicated(p.rec.Placement[j]) {
 		return nil
 	}
 	ctx, cancel := s.stepContext(ctx)
@@ -142,16 +131,16 @@ func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, 
 	adopted, err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token)
 	switch {
 	case err != nil:
-		s.log.Debug("spill abort failed; the reservation lapses after T", "pool_id", p.rec.spec.PoolID, "sub_pool", h, "err", err)
+		s.log.Debug("spill abort failed; the reservation lapses after T", "pool_id", p.rec.ID(), "sub_pool", h, "err", err)
 	case adopted:
-		s.log.Error("spill abort found the token adopted", "pool_id", p.rec.spec.PoolID, "sub_pool", h, "token", token)
+		s.log.Error("spill abort found the token adopted", "pool_id", p.rec.ID(), "sub_pool", h, "token", token)
 	}
 }
 
 // settle acks (the home adopted) or untakes (it refused) the transfer of
-// token at sibling j, and reports whether it did. A failure is left to the
-// reaper, which follows the home's verdict.
-func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, adopted bool) bool {
+// token at sibling j. A failure is left to the reaper, which follows the
+// home's verdict.
+func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, adopted bool) {
 	op, f := "untake", lua.Untake
 	if adopted {
 		op, f = "ack", lua.Ack
@@ -161,64 +150,8 @@ func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, 
 	res, err := f(sctx, p.clients[j], &p.keys[j], token)
 	switch {
 	case err != nil:
-		s.log.Debug("spill "+op+" failed; the reaper finishes it", "pool_id", p.rec.spec.PoolID, "sub_pool", j, "token", token, "err", err)
-		return false
+		s.log.Debug("spill "+op+" failed; the reaper finishes it", "pool_id", p.rec.ID(), "sub_pool", j, "token", token, "err", err)
 	case res == lua.SettleConflict || res == lua.NoTransfer:
-		s.log.Error("spill "+op+" found the transfer settled the other way, or gone", "pool_id", p.rec.spec.PoolID, "sub_pool", j, "token", token)
-		return false
+		s.log.Error("spill "+op+" found the transfer settled the other way, or gone", "pool_id", p.rec.ID(), "sub_pool", j, "token", token)
 	}
-	return true
-}
-
-func (s *Service) step(name string) error {
-	if s.spillHook == nil {
-		return nil
-	}
-	return s.spillHook(name)
-}
-
-// recoverSpills drops expired reservations of sub-pool j and resolves its
-// transfers in flight for longer than spillAge: the home's verdict (decide
-// refuses the token if the home has not decided it) says ack (adopted from
-// j with this amount) or untake (anything else). The verdict is recorded
-// once and kept for the pool's life, so the answer does not depend on clocks
-// or on what became of the grant since.
-//
-// It returns how long until a transfer of j can next need resolving.
-func (s *Service) recoverSpills(ctx context.Context, p *poolView, j int) (time.Duration, error) {
-	stale, nextMS, err := lua.StaleTransfers(ctx, p.clients[j], &p.keys[j], s.spillValidity.Milliseconds(), s.spillAge.Milliseconds())
-	if err != nil {
-		return 0, err
-	}
-	var errs []error
-	for _, t := range stale {
-		if t.Home < 0 || t.Home >= len(p.keys) || t.Home == j {
-			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d names home %d of %d sub-pools", t.Token, j, t.Home, len(p.keys)))
-			continue
-		}
-		v, err := lua.Decide(ctx, p.clients[t.Home], &p.keys[t.Home], t.Token, t.User)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		adopted := v.Adopted && v.Origin == j && v.Amount == t.Amount
-		if v.Adopted && !adopted {
-			s.log.Error("spill token adopted from another sibling or with another amount; untaking here",
-				"pool_id", p.rec.spec.PoolID, "sub_pool", j, "home", t.Home, "token", t.Token,
-				"verdict_origin", v.Origin, "verdict_amount", v.Amount, "transfer_amount", t.Amount)
-		}
-		f := lua.Untake
-		if adopted {
-			f = lua.Ack
-		}
-		res, err := f(ctx, p.clients[j], &p.keys[j], t.Token)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if res == lua.SettleConflict {
-			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was settled the other way", t.Token, j))
-		}
-	}
-	return time.Duration(nextMS) * time.Millisecond, errors.Join(errs...)
 }

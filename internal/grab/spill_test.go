@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"rain/internal/catalog"
 	"rain/internal/lua"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // grabRetrying grabs, retrying while the user has a spill in flight.
@@ -32,7 +37,7 @@ func grabRetrying(t *testing.T, s *Service, pool, user string) Result {
 // gets a packet, whatever their home sub-pool.
 func TestSpillNoFalseSoldOut(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
-	e.preload(t, Spec{PoolID: "spill", TotalCents: 10_000, Count: 100, SubPools: 4})
+	e.preload(t, catalog.Spec{PoolID: "spill", TotalCents: 10_000, Count: 100, SubPools: 4})
 	var cents int64
 	for u := range 100 {
 		r := grabRetrying(t, e.svc, "spill", fmt.Sprintf("u%d", u))
@@ -47,7 +52,7 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 	if r := grabRetrying(t, e.svc, "spill", "late"); r.Outcome != SoldOut {
 		t.Fatalf("the 101st user got %+v, want sold_out", r)
 	}
-	st, _ := e.svc.Status(context.Background(), "spill")
+	st, _ := e.cat.Status(context.Background(), "spill")
 	if st.HeldCount != 100 || st.RemainingCount != 0 {
 		t.Fatalf("status %+v, want 100 held, none left", st)
 	}
@@ -58,7 +63,7 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 // exactly the stock is granted, nobody twice.
 func TestSpillRace(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
-	e.preload(t, Spec{PoolID: "race", TotalCents: 4_000, Count: 40, SubPools: 4})
+	e.preload(t, catalog.Spec{PoolID: "race", TotalCents: 4_000, Count: 40, SubPools: 4})
 	var mu sync.Mutex
 	granted := map[string]Result{}
 	var wg sync.WaitGroup
@@ -89,57 +94,97 @@ func TestSpillRace(t *testing.T) {
 	e.assertAudit(t, "race")
 }
 
-// TestSpillCrashAtEveryStep: a grab dies after each step of the spill
-// protocol; the reaper's recovery then leaves no cent lost or doubled, the
-// audit stays ok throughout, and the user ends with at most one grant.
-func TestSpillCrashAtEveryStep(t *testing.T) {
-	for _, step := range []string{"reserved", "taken", "adopted", "acked"} {
-		t.Run(step, func(t *testing.T) {
-			ctx := context.Background()
-			e := newEnv(t, 2, redistest.Options{})
-			e.svc.spillValidity, e.svc.spillAge = 300*time.Millisecond, 200*time.Millisecond
-			const count, total = 8, 800
-			e.preload(t, Spec{PoolID: "crash", TotalCents: total, Count: count, SubPools: 4})
-			crash := errors.New("crash")
-			crashed := ""
-			e.svc.spillHook = func(s string) error {
-				if s == step && crashed == "" {
-					crashed = "now"
-					return crash
-				}
-				return nil
-			}
-			// Grab until a spill crashes at the step.
-			granted := map[string]Result{}
-			var victim string
-			for u := 0; victim == "" && u < 1000; u++ {
-				user := fmt.Sprintf("u%d", u)
-				r, err := e.svc.Grab(ctx, "crash", user)
-				switch {
-				case errors.Is(err, crash):
-					victim = user
-				case err != nil:
-					t.Fatal(err)
-				case r.Outcome == Granted:
-					granted[user] = r
-				}
-			}
-			if victim == "" {
-				t.Fatal("no grab reached a spill")
-			}
-			e.assertAudit(t, "crash") // consistent even mid-protocol
+// crashingEnv is two shards, a survivor instance that reaches them
+// directly, and a crashing one that reaches them only through proxies,
+// whose spill T and age before recovery are short. crash cuts the crashing
+// instance off every shard (a partition: to the shards, a process that
+// died) right after the first reply of script on the proxies of shards.
+func crashingEnv(t *testing.T) (survivor, crashing *env, crash func(script string, shards ...int)) {
+	t.Helper()
+	const valid, age = 300 * time.Millisecond, 200 * time.Millisecond
+	servers := redistest.StartN(t, 2, redistest.Options{})
+	proxies := make([]*redisproxy.Proxy, len(servers))
+	addrs := make([]string, len(servers))
+	for i, srv := range servers {
+		proxies[i] = redisproxy.Start(t, srv.Addr)
+		addrs[i] = proxies[i].Addr
+	}
+	survivor = envWith(t, servers, redistest.Addrs(servers), valid, age)
+	crashing = envWith(t, servers, addrs, valid, age)
+	die := func() {
+		for _, p := range proxies {
+			p.Partition()
+		}
+	}
+	crash = func(script string, shards ...int) {
+		for _, i := range shards {
+			proxies[i].PartitionAfter(redisproxy.Script(lua.SHA(script)), 1, die)
+		}
+	}
+	return survivor, crashing, crash
+}
 
-			time.Sleep(e.svc.spillValidity + e.svc.spillAge + 100*time.Millisecond)
-			if _, err := e.svc.ReleaseExpired(ctx); err != nil {
-				t.Fatalf("ReleaseExpired: %v", err)
+// spillVictim drains the stock of sub-pool 0 of the pool (k sub-pools, n
+// packets each) with users whose home it is, through e, and returns their
+// grants, a user of the same home, whose grab must spill, and the shard
+// (its index) of that home.
+func spillVictim(t *testing.T, e *env, pool string, k, n int) (drained map[string]Result, victim string, shardOfHome int) {
+	t.Helper()
+	p, err := e.cat.Pool(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained = map[string]Result{}
+	users := usersWithHome("h", 0, k, n+1)
+	for _, u := range users[:n] {
+		if drained[u] = grabRetrying(t, e.svc, pool, u); drained[u].Outcome != Granted {
+			t.Fatalf("grab of %s at its home = %+v, want granted", u, drained[u])
+		}
+	}
+	return drained, users[n], slices.Index(e.shards.Names(), p.Placement[0])
+}
+
+// resolved waits until the survivor's reaper has finished what the crash
+// left in flight: every packet in the stock or held, none in a transfer.
+func resolved(t *testing.T, e *env, pool string, count int64) {
+	t.Helper()
+	waittest.Until(t, 10*time.Second, "the reaper resolved the spill the crash left", func() bool {
+		e.sweep(t)
+		st := e.status(t, pool)
+		return st.RemainingCount+st.HeldCount+st.ConfirmedCount == count
+	})
+}
+
+// TestSpillCrashAtEveryStep: a grab that spills dies right after each step
+// of the protocol: its process is cut off from every shard the moment the
+// step's reply comes back (the reply never reaches it). The pool is
+// consistent meanwhile; once the reservation's T and the transfer's age
+// have passed, the survivor's reaper finishes what it left; then every
+// packet is granted exactly once, to users who each hold one.
+func TestSpillCrashAtEveryStep(t *testing.T) {
+	for _, step := range []struct{ name, script string }{
+		{"reserved", "claim_many"}, {"taken", "take"}, {"adopted", "adopt"}, {"acked", "ack"},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			e, crashing, crash := crashingEnv(t)
+			const count, total = 8, 800
+			e.preload(t, catalog.Spec{PoolID: "crash", TotalCents: total, Count: count, SubPools: 4})
+			granted, victim, home := spillVictim(t, e, "crash", 4, count/4)
+			if step.script == "claim_many" {
+				crash(step.script, home) // the victim's claim at its home reserves
+			} else {
+				crash(step.script, 0, 1) // the spill's step, wherever it runs
 			}
+			r, err := crashing.svc.Grab(context.Background(), "crash", victim)
+			t.Logf("the victim's grab, cut off after %s: %+v, %v", step.script, r, err)
+			e.assertAudit(t, "crash") // consistent even mid-protocol
+			resolved(t, e, "crash", count)
 			e.assertAudit(t, "crash")
-			// Nothing in flight is left, and the victim holds at most one grant.
-			r := grabRetrying(t, e.svc, "crash", victim)
-			if r.Outcome == Granted || r.Outcome == AlreadyGranted {
+			// The victim holds at most one grant, and the others get the rest.
+			if r := grabRetrying(t, e.svc, "crash", victim); r.Outcome == Granted || r.Outcome == AlreadyGranted {
 				granted[victim] = r
 			}
-			for u := 1000; len(granted) < count && u < 3000; u++ {
+			for u := 0; len(granted) < count && u < 3000; u++ {
 				user := fmt.Sprintf("u%d", u)
 				if r := grabRetrying(t, e.svc, "crash", user); r.Outcome == Granted {
 					granted[user] = r
@@ -150,9 +195,9 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 				cents += r.Amount
 			}
 			if len(granted) != count || cents != total {
-				t.Fatalf("after the crash at %q: %d grants, %d cents; want all %d packets, %d cents, each once", step, len(granted), cents, count, total)
+				t.Fatalf("after the crash at %q: %d grants, %d cents; want all %d packets, %d cents, each once", step.name, len(granted), cents, count, total)
 			}
-			st := e.status(t)
+			st := e.status(t, "crash")
 			if st.RemainingCount != 0 || st.HeldCount != count || st.HeldCents != total {
 				t.Fatalf("status %+v, want everything held, nothing left or in flight", st)
 			}
@@ -161,62 +206,49 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 	}
 }
 
-func (e *env) status(t *testing.T, pool ...string) *Status {
+func (e *env) status(t *testing.T, pool ...string) *catalog.Status {
 	t.Helper()
 	id := "crash"
 	if len(pool) > 0 {
 		id = pool[0]
 	}
-	st, err := e.svc.Status(context.Background(), id)
+	st, err := e.cat.Status(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
 }
 
-// TestSpillAdoptedThenRegrabbed: a grab dies after adopt, before the ack; its
-// grant expires and is released, the user grabs again; only then does the
-// reaper resolve the transfer. It must ack it (the grant was made), not put
-// the amount back at the sibling a second time.
+// TestSpillAdoptedThenRegrabbed: a grab dies after adopt, before the ack;
+// its grant expires and is released, the user grabs again; only then does
+// the reaper resolve the transfer. It must ack it (the grant was made), not
+// put the amount back at the sibling a second time.
 func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, 2, redistest.Options{})
-	e.svc.spillValidity, e.svc.spillAge = 300*time.Millisecond, 200*time.Millisecond
-	e.preload(t, Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
-	crash := errors.New("crash")
-	crashed := false
-	e.svc.spillHook = func(s string) error {
-		if s == "adopted" && !crashed {
-			crashed = true
-			return crash
-		}
-		return nil
+	e, crashing, crash := crashingEnv(t)
+	e.preload(t, catalog.Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
+	_, victim, _ := spillVictim(t, e, "re", 2, 2)
+	crash("ack", 0, 1)
+	if r, err := crashing.svc.Grab(ctx, "re", victim); err != nil || r.Outcome != Granted {
+		t.Fatalf("the victim's grab, cut off before its ack = %+v, %v; want granted (the adopt ran)", r, err)
 	}
-	var victim string
-	for u := 0; victim == "" && u < 1000; u++ {
-		user := fmt.Sprintf("u%d", u)
-		if _, err := e.svc.Grab(ctx, "re", user); errors.Is(err, crash) {
-			victim = user
-		}
-	}
-	if victim == "" {
-		t.Fatal("no grab reached a spill")
-	}
-	time.Sleep(1200 * time.Millisecond) // past the hold, T and the margin
-	p, err := e.svc.pool(ctx, "re")
+	p, err := e.cat.Pool(ctx, "re")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := home(victim, 2)
-	if _, err := lua.ReleaseExpired(ctx, p.clients[h], &p.keys[h], 100); err != nil {
-		t.Fatal(err)
-	}
+	k := p.SubPool(0).Keys()
+	home := e.shards.Client(p.Placement[0])
+	waittest.Until(t, 5*time.Second, "the victim's grant released at its deadline", func() bool {
+		if _, err := lua.ReleaseExpired(ctx, home, &k, 100); err != nil {
+			t.Fatal(err)
+		}
+		g, err := home.HGet(ctx, k.Grants, victim).Result()
+		return err == nil && strings.HasPrefix(g, "r:")
+	})
 	if r := grabRetrying(t, e.svc, "re", victim); r.Outcome != Granted {
 		t.Fatalf("the victim's grab after the release = %+v, want a new grant", r)
 	}
-	if _, err := e.svc.ReleaseExpired(ctx); err != nil {
-		t.Fatal(err)
-	}
+	resolved(t, e, "re", 4)
 	e.assertAudit(t, "re")
 	st := e.status(t, "re")
 	if st.RemainingCount+st.HeldCount+st.ConfirmedCount != 4 || st.RemainingCents+st.HeldCents+st.ConfirmedCents != 400 {

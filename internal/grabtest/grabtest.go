@@ -1,6 +1,8 @@
-// Package grabtest starts rain's grab service on real redis-server shards,
-// for the tests of the packages built on it (api, settle, reaper). rain's
-// tests never mock Redis.
+// Package grabtest starts rain's grab path on real redis-server shards, for
+// the tests of the packages a rain instance is built from (api, settle,
+// reaper), which cannot import internal/instance (it imports them): the
+// serial generator, the catalogue and the grab service, wired as
+// instance.New wires them. rain's tests never mock Redis.
 package grabtest
 
 import (
@@ -9,18 +11,21 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/idgen"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
 
-// Env is a grab service on n shards named s1..sn, weight 1 each.
+// Env is a grab service on n shards named s1..sn, weight 1 each; s1 is the
+// serial shard.
 type Env struct {
 	Servers []*redistest.Server
 	Shards  *shard.Set
 	Clients []*redis.Client // one per shard, in name order
 	Serials *idgen.Generator
+	Catalog *catalog.Catalog
 	Service *grab.Service
 }
 
@@ -29,26 +34,45 @@ type Env struct {
 func Start(tb testing.TB, n int, opts redistest.Options) *Env {
 	tb.Helper()
 	servers := redistest.StartN(tb, n, opts)
-	specs := make([]shard.Spec, n)
-	for i, s := range servers {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr}
+	return On(tb, servers, redistest.Addrs(servers))
+}
+
+// On is the service on servers, reached at addrs (theirs, or proxies in
+// front of them), with rain serve's client options, go-redis's retries
+// included.
+func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
+	tb.Helper()
+	specs := make([]shard.Spec, len(addrs))
+	for i, a := range addrs {
+		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
 	}
-	// The options of rain serve, go-redis's retries included.
 	set, err := shard.Open(specs, 0, shard.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { set.Close() })
+	e := &Env{Servers: servers, Shards: set}
+	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{})
+	for _, name := range set.Names() {
+		e.Clients = append(e.Clients, set.Client(name))
+	}
+	return e
+}
+
+// Service is a serial generator on s1 (watermark copies on the others), a
+// catalogue with s1 as its serial shard and a grab service with cfg (its
+// Serials and Catalog filled in) on set: one more instance's grab path on
+// the same shards.
+func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, *catalog.Catalog, *grab.Service) {
+	tb.Helper()
 	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { gen.Close() })
-	svc := grab.New(set, grab.Config{Serials: gen, Arbiter: "s1"})
+	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
+	cfg.Serials, cfg.Catalog = gen, cat
+	svc := grab.New(cfg)
 	tb.Cleanup(svc.Close)
-	e := &Env{Servers: servers, Shards: set, Serials: gen, Service: svc}
-	for _, name := range set.Names() {
-		e.Clients = append(e.Clients, set.Client(name))
-	}
-	return e
+	return gen, cat, svc
 }

@@ -16,15 +16,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"rain/internal/lock"
+	"rain/internal/lua"
 	"rain/internal/wait"
 )
-
-// Sweeper releases expired grants (grab.Service does).
-type Sweeper interface {
-	ReleaseExpired(ctx context.Context) (grab.Sweep, error)
-}
 
 // Locker takes the reaper's lock (lock.Locker does).
 type Locker interface {
@@ -37,13 +33,22 @@ type Config struct {
 	Interval time.Duration
 	// LockName is the lock every instance competes for. Default "rain:reaper".
 	LockName string
+	// SpillValidity is a spill reservation's validity (T), as the grab path
+	// uses it: reservations older than this are dropped. Default
+	// lua.SpillValidity.
+	SpillValidity time.Duration
+	// SpillAge is how long a spill's transfer stays in flight before the
+	// reaper resolves it by the home's verdict (which refuses a token the
+	// home has not decided). Safety does not depend on it; a short age only
+	// turns away spills still in progress. Default 8s.
+	SpillAge time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
 
 // Reaper sweeps while it holds the lock.
 type Reaper struct {
-	sweeper Sweeper
+	sweeper *sweeper
 	locker  Locker
 	cfg     Config
 
@@ -52,14 +57,10 @@ type Reaper struct {
 	released, releasedCts  atomic.Int64 // grants and cents released
 	lagMS                  atomic.Int64 // oldest overdue grant at the last pass
 	acquisitions, lostLock atomic.Int64
-
-	// abandon, when set (tests), makes Run return without releasing the lock,
-	// as a killed process would: the lock then frees itself after its TTL.
-	abandon bool
 }
 
-// New returns a reaper; Run starts it.
-func New(s Sweeper, l Locker, cfg Config) *Reaper {
+// New returns a reaper of the catalog's pools; Run starts it.
+func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
@@ -69,7 +70,22 @@ func New(s Sweeper, l Locker, cfg Config) *Reaper {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{sweeper: s, locker: l, cfg: cfg}
+	if cfg.SpillValidity <= 0 {
+		cfg.SpillValidity = lua.SpillValidity
+	}
+	if cfg.SpillAge <= 0 {
+		cfg.SpillAge = 8 * time.Second
+	}
+	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, due: map[lua.SubPool]time.Time{}}
+	return &Reaper{sweeper: w, locker: l, cfg: cfg}
+}
+
+// Sweep makes one pass now (see Run, which makes one every Interval while
+// it holds the lock): every grant held past its deadline released, every
+// spill a crash left half done finished. Safe without the lock, and beside
+// another pass (see the package's comment).
+func (r *Reaper) Sweep(ctx context.Context) (Sweep, error) {
+	return r.sweeper.sweep(ctx)
 }
 
 // Run competes for the lock and sweeps every Interval while it holds it,
@@ -90,9 +106,6 @@ func (r *Reaper) Run(ctx context.Context) {
 		r.cfg.Logger.Info("reaper: leading")
 		r.lead(lease.Context())
 		r.leader.Store(false)
-		if r.abandon {
-			return
-		}
 		if errors.Is(lease.Err(), lock.ErrLost) {
 			r.lostLock.Add(1)
 			r.cfg.Logger.Warn("reaper: lock lost; sweeping stopped", "err", lease.Err())
@@ -118,7 +131,7 @@ func (r *Reaper) lead(ctx context.Context) {
 }
 
 func (r *Reaper) sweep(ctx context.Context) {
-	sw, err := r.sweeper.ReleaseExpired(ctx)
+	sw, err := r.Sweep(ctx)
 	r.sweeps.Add(1)
 	r.released.Add(sw.Released)
 	r.releasedCts.Add(sw.ReleasedCents)

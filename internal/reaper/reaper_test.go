@@ -11,9 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/lock"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -22,22 +24,24 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type env struct {
+	servers []*redistest.Server
 	shards  *shard.Set
 	clients []*redis.Client
+	cat     *catalog.Catalog
 	svc     *grab.Service
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ge := grabtest.Start(t, 3, redistest.Options{})
-	return &env{shards: ge.Shards, clients: ge.Clients, svc: ge.Service}
+	return &env{servers: ge.Servers, shards: ge.Shards, clients: ge.Clients, cat: ge.Catalog, svc: ge.Service}
 }
 
 // grabAll preloads pool id and grabs every packet; it returns the grants by user.
 func (e *env) grabAll(t *testing.T, id string, count int, hold int64) map[string]grab.Result {
 	t.Helper()
 	ctx := context.Background()
-	if _, _, err := e.svc.Preload(ctx, grab.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	// Users whose home sub-pool is already empty are sold out: go on with
@@ -60,9 +64,9 @@ func (e *env) locker(ttl time.Duration) *lock.Locker {
 	return lock.New(e.clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
 }
 
-func (e *env) status(t *testing.T, id string) *grab.Status {
+func (e *env) status(t *testing.T, id string) *catalog.Status {
 	t.Helper()
-	st, err := e.svc.Status(context.Background(), id)
+	st, err := e.cat.Status(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +75,25 @@ func (e *env) status(t *testing.T, id string) *grab.Status {
 
 func (e *env) assertAudit(t *testing.T, id string) {
 	t.Helper()
-	r, err := e.svc.Audit(context.Background(), id)
+	r, err := e.cat.Audit(context.Background(), id)
 	if err != nil || !r.OK {
 		t.Fatalf("Audit(%s) = %+v, %v", id, r, err)
 	}
+}
+
+// waitDue waits until the shards' clock is past every grant's deadline.
+func (e *env) waitDue(t *testing.T, grants map[string]grab.Result) {
+	t.Helper()
+	var last time.Time
+	for _, g := range grants {
+		if g.ExpiresAt.After(last) {
+			last = g.ExpiresAt
+		}
+	}
+	waittest.Until(t, 10*time.Second, "every grant past its deadline on the shards' clock", func() bool {
+		now, err := e.clients[0].Time(context.Background()).Result()
+		return err == nil && now.After(last)
+	})
 }
 
 // start runs r until the test ends; stop ends it early.
@@ -103,12 +122,12 @@ func TestExpiredGrantsReleased(t *testing.T) {
 			releasedCents += g.Amount
 			continue
 		}
-		if err := e.svc.Confirm(ctx, "p", user, g.Serial); err != nil {
+		if err := e.cat.Confirm(ctx, "p", user, g.Serial); err != nil {
 			t.Fatalf("Confirm(%s): %v", user, err)
 		}
 		confirmedCents += g.Amount
 	}
-	r := New(e.svc, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
+	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "50 grants released", func() bool { return r.Stats().Released == 50 })
 
@@ -122,7 +141,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 	}
 	e.assertAudit(t, "p")
 	for user, g := range expiring {
-		if err := e.svc.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, grab.ErrGrantReleased) {
+		if err := e.cat.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, catalog.ErrGrantReleased) {
 			t.Fatalf("Confirm of %s's released grant = %v, want ErrGrantReleased", user, err)
 		}
 		again, err := e.svc.Grab(ctx, "p", user)
@@ -142,14 +161,15 @@ func TestTwoSweepsAtOnce(t *testing.T) {
 	for _, g := range grants {
 		cents += g.Amount
 	}
-	time.Sleep(1100 * time.Millisecond)
+	e.waitDue(t, grants)
 	var mu sync.Mutex
 	var released, releasedCents int64
 	var wg sync.WaitGroup
 	for range 2 {
+		r := New(e.cat, nil, Config{})
 		wg.Go(func() {
 			for range 20 {
-				sw, err := e.svc.ReleaseExpired(context.Background())
+				sw, err := r.Sweep(context.Background())
 				if err != nil {
 					t.Error(err)
 					return
@@ -172,25 +192,33 @@ func TestTwoSweepsAtOnce(t *testing.T) {
 	e.assertAudit(t, "p")
 }
 
-// TestTakeoverAfterKill: the leading reaper dies mid-sweep without releasing
-// its lock; another instance takes over within the lock's TTL and releases
-// what is due.
+// TestTakeoverAfterKill: the leading reaper's process dies mid-sweep
+// without releasing its lock (it is cut off from every shard: a partition,
+// which to the shards is a process that died); another instance takes over
+// within the lock's TTL and releases what is due.
 func TestTakeoverAfterKill(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	e := newEnv(t)
-	a := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
-	a.abandon = true
-	stopA := start(t, a)
+	proxies := make([]*redisproxy.Proxy, len(e.servers))
+	addrs := make([]string, len(e.servers))
+	for i, srv := range e.servers {
+		proxies[i] = redisproxy.Start(t, srv.Addr)
+		addrs[i] = proxies[i].Addr
+	}
+	doomed := grabtest.On(t, e.servers, addrs)
+	a := New(doomed.Catalog, lock.New(doomed.Clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond}), Config{Interval: 50 * time.Millisecond})
+	start(t, a)
 	waittest.Until(t, 5*time.Second, "a leads", func() bool { return a.Stats().Leader })
 
-	b := New(e.svc, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
+	b := New(e.cat, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
 	start(t, b)
-	time.Sleep(2 * ttl)
+	e.grabAll(t, "p", 20, 1)
 	if b.Stats().Leader {
 		t.Fatal("b leads while a holds the lock")
 	}
-	e.grabAll(t, "p", 20, 1)
-	stopA() // killed: its watchdog stops, the lock is not released
+	for _, p := range proxies {
+		p.Partition() // a dies: its lock is neither extended nor released
+	}
 	took := waittest.Until(t, ttl+2*time.Second, "b takes over", func() bool { return b.Stats().Leader })
 	t.Logf("b took over %v after a died (TTL %v)", took, ttl)
 	waittest.Until(t, 5*time.Second, "b releases the expired grants", func() bool { return b.Stats().Released == 20 })
@@ -202,7 +230,7 @@ func TestTakeoverAfterKill(t *testing.T) {
 func TestLostLockStopsSweeping(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	e := newEnv(t)
-	r := New(e.svc, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
+	r := New(e.cat, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 5*time.Second, "r leads", func() bool { return r.Stats().Leader })
 	for _, c := range e.clients {

@@ -34,7 +34,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
@@ -74,7 +74,7 @@ type Sink interface {
 
 // SubPools lists the sub-pools to settle (grab.Service does).
 type SubPools interface {
-	SubPools(ctx context.Context) ([]grab.SubPoolRef, error)
+	SubPools(ctx context.Context) ([]catalog.SubPoolRef, error)
 }
 
 // Config tunes a Worker. Zero fields take the documented defaults.
@@ -155,10 +155,6 @@ type Worker struct {
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
 	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry its last pass left unsettled; 0: none
 	conflicted                                         sync.Map       // "stream id" of entries left pending for a serial conflict
-
-	// hook, when set (tests), runs after each step of an entry ("confirmed",
-	// "delivered"); an error stops the worker there, as a crash would.
-	hook func(step string, g Grant) error
 }
 
 // New returns a worker; Run starts it.
@@ -203,31 +199,19 @@ func (p *pass) behind(id string) {
 	}
 }
 
-// errStopped is how a test hook's error stops a shard loop.
-var errStopped = errors.New("settle: stopped by hook")
-
-// Run settles until ctx ends (then it returns nil) or a shard loop fails for
-// good. It runs one loop per shard.
-func (w *Worker) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	names := w.shards.Names()
-	errs := make([]error, len(names))
+// Run settles until ctx ends, one loop per shard. A shard that does not
+// answer is tried again; nothing makes Run give up but ctx.
+func (w *Worker) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for i, name := range names {
-		wg.Go(func() {
-			if err := w.loop(ctx, i, name); err != nil && ctx.Err() == nil {
-				errs[i] = fmt.Errorf("shard %s: %w", name, err)
-				cancel() // one loop down stops the worker: let it restart whole
-			}
-		})
+	for i, name := range w.shards.Names() {
+		wg.Go(func() { w.loop(ctx, i, name) })
 	}
 	wg.Wait()
-	return errors.Join(errs...)
 }
 
-// loop settles one shard's outboxes; i is the shard's place in behind.
-func (w *Worker) loop(ctx context.Context, i int, name string) error {
+// loop settles one shard's outboxes until ctx ends; i is the shard's place
+// in behind.
+func (w *Worker) loop(ctx context.Context, i int, name string) {
 	c := w.shards.Client(name)
 	var streams []string
 	known := map[string]bool{}
@@ -249,23 +233,16 @@ func (w *Worker) loop(ctx context.Context, i int, name string) error {
 		// Own pending entries first (a failed delivery, or a restart under
 		// the same consumer name), then those abandoned by others.
 		var p pass
-		if err := w.read(ctx, c, streams, "0", &p); err != nil {
-			return err
-		}
+		w.read(ctx, c, streams, "0", &p)
 		if now.After(nextClaim) {
-			if err := w.claim(ctx, c, streams, &p); err != nil {
-				return err
-			}
+			w.claim(ctx, c, streams, &p)
 			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
 		}
-		if err := w.read(ctx, c, streams, ">", &p); err != nil {
-			return err
-		}
+		w.read(ctx, c, streams, ">", &p)
 		if !p.incomplete && ctx.Err() == nil {
 			w.behind[i].Store(p.oldest)
 		}
 	}
-	return nil
 }
 
 // streams returns the outbox keys on shard name not yet in known, creating
@@ -290,7 +267,7 @@ func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, know
 
 // read reads entries from streams at id (">" new, "0" own pending) and
 // handles them, noting in p what it left unsettled.
-func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) error {
+func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) {
 	args := make([]string, 0, 2*len(streams))
 	args = append(args, streams...)
 	for range streams {
@@ -304,29 +281,24 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
 	}).Result()
 	switch {
-	case errors.Is(err, redis.Nil):
-		return nil
-	case ctx.Err() != nil:
-		return nil
+	case errors.Is(err, redis.Nil), ctx.Err() != nil:
+		return
 	case err != nil:
 		p.incomplete = true
 		w.cfg.Logger.Warn("settle: read", "err", err)
 		_ = wait.For(ctx, w.cfg.RetryDelay)
-		return nil // a shard down: keep trying
+		return // a shard down: keep trying
 	}
 	for _, st := range res {
-		if err := w.handleAll(ctx, c, st.Stream, st.Messages, p); err != nil {
-			return err
-		}
+		w.handleAll(ctx, c, st.Stream, st.Messages, p)
 		if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
 			p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
 		}
 	}
-	return nil
 }
 
 // claim takes over entries pending on other consumers for ClaimAfter.
-func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) error {
+func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) {
 	for _, key := range streams {
 		start := "0-0"
 		for {
@@ -341,27 +313,24 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p
 				}
 				break
 			}
-			if err := w.handleAll(ctx, c, key, msgs, p); err != nil {
-				return err
-			}
+			w.handleAll(ctx, c, key, msgs, p)
 			if next == "0-0" || len(msgs) == 0 {
 				break
 			}
 			start = next
 		}
 	}
-	return nil
 }
 
 // handleAll handles msgs in order and stops at the first that fails (it
 // and those after it stay pending for the next pass), noting it in p.
-func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) error {
+func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) {
 	for _, m := range msgs {
 		err := w.handle(ctx, c, stream, m)
 		switch {
 		case err == nil:
-		case errors.Is(err, errStopped) || ctx.Err() != nil:
-			return err
+		case ctx.Err() != nil:
+			return
 		case errors.Is(err, ErrSerialConflict):
 			// Left pending for an operator; the other entries go on. Counted
 			// and logged once per entry, though it is met on every pass.
@@ -377,10 +346,9 @@ func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, 
 			w.failures.Add(1)
 			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)
 			_ = wait.For(ctx, w.cfg.RetryDelay)
-			return nil
+			return
 		}
 	}
-	return nil
 }
 
 // handle settles one entry: confirm, deliver, acknowledge.
@@ -401,16 +369,10 @@ func (w *Worker) handle(ctx context.Context, c *redis.Client, stream string, m r
 	}
 	switch res {
 	case lua.Confirmed, lua.AlreadyConfirmed:
-		if err := w.step("confirmed", g); err != nil {
-			return err
-		}
 		if err := w.sink.Deliver(ctx, g); err != nil {
 			return fmt.Errorf("deliver serial %d: %w", g.Serial, err)
 		}
 		w.delivered.Add(1)
-		if err := w.step("delivered", g); err != nil {
-			return err
-		}
 	case lua.WasReleased:
 		w.expired.Add(1)
 	default:
@@ -419,16 +381,6 @@ func (w *Worker) handle(ctx context.Context, c *redis.Client, stream string, m r
 			"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
 	}
 	return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
-}
-
-func (w *Worker) step(name string, g Grant) error {
-	if w.hook == nil {
-		return nil
-	}
-	if err := w.hook(name, g); err != nil {
-		return fmt.Errorf("%w: %w", errStopped, err)
-	}
-	return nil
 }
 
 func parseGrant(v map[string]any) (Grant, error) {
@@ -450,7 +402,7 @@ func parseGrant(v map[string]any) (Grant, error) {
 		return g, fmt.Errorf("sub: %w", err)
 	}
 	g.SubPool = int(sub)
-	if !grab.ValidID(g.PoolID) || !grab.ValidID(g.UserID) {
+	if !catalog.ValidID(g.PoolID) || !catalog.ValidID(g.UserID) {
 		return g, errors.New("bad pool or user id")
 	}
 	return g, nil

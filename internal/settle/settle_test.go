@@ -18,8 +18,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
+	"rain/internal/lua"
+	"rain/internal/reaper"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -28,8 +32,10 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type env struct {
-	shards *shard.Set
-	svc    *grab.Service
+	servers []*redistest.Server
+	shards  *shard.Set
+	cat     *catalog.Catalog
+	svc     *grab.Service
 }
 
 // newEnv preloads pool "p" (count packets, 2 sub-pools on 2 shards) and
@@ -37,9 +43,9 @@ type env struct {
 func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 	t.Helper()
 	ge := grabtest.Start(t, 2, redistest.Options{})
-	set, svc := ge.Shards, ge.Service
+	set, svc, cat := ge.Shards, ge.Service, ge.Catalog
 	ctx := context.Background()
-	if _, _, err := svc.Preload(ctx, grab.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	grants := map[int64]grab.Result{}
@@ -55,28 +61,25 @@ func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 			t.Fatalf("only %d of %d packets granted", len(grants), count)
 		}
 	}
-	return &env{shards: set, svc: svc}, grants
+	return &env{servers: ge.Servers, shards: set, cat: cat, svc: svc}, grants
 }
 
-// run starts a worker until the returned stop is called; stop returns Run's error.
-func run(t *testing.T, w *Worker) (stop func() error) {
+// run starts a worker until the returned stop is called, which waits for
+// Run to return.
+func run(t *testing.T, w *Worker) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
 	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() { cancel(); err = <-done })
-		return err
-	}
-	t.Cleanup(func() { stop() })
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
 	return stop
 }
 
 func (e *env) confirmed(t *testing.T) int64 {
 	t.Helper()
-	st, err := e.svc.Status(context.Background(), "p")
+	st, err := e.cat.Status(context.Background(), "p")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +88,7 @@ func (e *env) confirmed(t *testing.T) int64 {
 
 func (e *env) assertAudit(t *testing.T) {
 	t.Helper()
-	r, err := e.svc.Audit(context.Background(), "p")
+	r, err := e.cat.Audit(context.Background(), "p")
 	if err != nil || !r.OK {
 		t.Fatalf("audit = %+v, %v", r, err)
 	}
@@ -126,6 +129,43 @@ func openLedger(t *testing.T, path string) *Ledger {
 	return l
 }
 
+// doomed is a worker's view of the shards through proxies: cut (by
+// partition, or by the returned function) it is a process that died.
+func (e *env) doomed(t *testing.T) (set *shard.Set, cat *catalog.Catalog, proxies []*redisproxy.Proxy, die func()) {
+	t.Helper()
+	addrs := make([]string, len(e.servers))
+	for _, srv := range e.servers {
+		p := redisproxy.Start(t, srv.Addr)
+		proxies = append(proxies, p)
+		addrs = append(addrs, p.Addr)
+	}
+	addrs = addrs[len(e.servers):]
+	ge := grabtest.On(t, e.servers, addrs)
+	die = func() {
+		for _, p := range proxies {
+			p.Partition()
+		}
+	}
+	return ge.Shards, ge.Catalog, proxies, die
+}
+
+// dying is a sink that calls die after it has delivered its nth grant: the
+// process dies after a payout, before its ack.
+type dying struct {
+	Sink
+	n   atomic.Int32
+	at  int32
+	die func()
+}
+
+func (d *dying) Deliver(ctx context.Context, g Grant) error {
+	err := d.Sink.Deliver(ctx, g)
+	if d.n.Add(1) == d.at {
+		d.die()
+	}
+	return err
+}
+
 func fastConfig(consumer string) Config {
 	return Config{Consumer: consumer, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond}
@@ -135,43 +175,39 @@ func TestSettleToLedger(t *testing.T) {
 	e, grants := newEnv(t, 100, 0)
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
-	w := New(e.shards, e.svc, l, fastConfig("a"))
+	w := New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
 	waittest.Until(t, 20*time.Second, "all delivered", func() bool { return w.Stats().Delivered == 100 })
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	stop()
 	checkLedger(t, path, grants)
 	e.assertAudit(t)
 }
 
-// TestCrashAtEveryStep: a worker dies right after confirming, or right after
-// delivering (before the ack); a second worker takes the pending entries
-// over. Exactly one ledger line per serial, every grant confirmed.
+// TestCrashAtEveryStep: a worker dies (it is cut off from every shard: a
+// partition, which to the shards is a process that died) right after the
+// tenth confirm ran (its reply lost), or right after the tenth delivery
+// (before its ack); a second worker takes the pending entries over. Exactly
+// one ledger line per serial, every grant confirmed.
 func TestCrashAtEveryStep(t *testing.T) {
 	for _, step := range []string{"confirmed", "delivered"} {
 		t.Run(step, func(t *testing.T) {
 			e, grants := newEnv(t, 60, 0)
 			path := filepath.Join(t.TempDir(), "ledger.jsonl")
 			l := openLedger(t, path)
-			crash := errors.New("crash")
-			first := New(e.shards, e.svc, l, fastConfig("first"))
-			var mu sync.Mutex
-			n := 0
-			first.hook = func(s string, _ Grant) error {
-				mu.Lock()
-				defer mu.Unlock()
-				if s == step {
-					if n++; n == 10 {
-						return crash
-					}
+			set, cat, proxies, die := e.doomed(t)
+			var sink Sink = l
+			if step == "confirmed" {
+				for _, p := range proxies {
+					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm")), 10, die)
 				}
-				return nil
+			} else {
+				sink = &dying{Sink: l, at: 10, die: die}
 			}
-			if err := first.Run(context.Background()); !errors.Is(err, crash) {
-				t.Fatalf("first worker's Run = %v, want the crash", err)
-			}
+			first := New(set, cat, sink, fastConfig("first"))
+			stopFirst := run(t, first)
+			waittest.Until(t, 20*time.Second, "the first worker cut off", func() bool { return proxies[0].Partitioned() })
+			stopFirst()
 			l.Close()
 			if e.confirmed(t) == 60 {
 				t.Fatal("the first worker settled everything before its crash: the test proves nothing")
@@ -179,13 +215,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 
 			// The process restarts: the ledger is read again, another consumer takes over.
 			l2 := openLedger(t, path)
-			second := New(e.shards, e.svc, l2, fastConfig("second"))
+			second := New(e.shards, e.cat, l2, fastConfig("second"))
 			stop := run(t, second)
 			waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
 			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
-			if err := stop(); err != nil {
-				t.Fatalf("second worker's Run: %v", err)
-			}
+			stop()
 			checkLedger(t, path, grants)
 			e.assertAudit(t)
 		})
@@ -195,7 +229,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 // pending counts entries pending in the settle group on every outbox.
 func pending(t *testing.T, e *env) int64 {
 	t.Helper()
-	subs, err := e.svc.SubPools(context.Background())
+	subs, err := e.cat.SubPools(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +302,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 		}
 	}))
 	defer wallet.Close()
-	w := New(e.shards, e.svc, &Webhook{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
+	w := New(e.shards, e.cat, &Webhook{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "all grants confirmed and paid", func() bool {
 		mu.Lock()
@@ -288,14 +322,19 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 // settlement saw it is acknowledged, not delivered.
 func TestReleasedGrantIsNotPaid(t *testing.T) {
 	e, _ := newEnv(t, 20, 1)
-	time.Sleep(1100 * time.Millisecond)
-	sw, err := e.svc.ReleaseExpired(context.Background())
-	if err != nil || sw.Released != 20 {
-		t.Fatalf("ReleaseExpired = %+v, %v; want 20 released", sw, err)
-	}
+	reap := reaper.New(e.cat, nil, reaper.Config{})
+	var released int64
+	waittest.Until(t, 10*time.Second, "the 20 grants released at their deadline", func() bool {
+		sw, err := reap.Sweep(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		released += sw.Released
+		return released == 20
+	})
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
-	w := New(e.shards, e.svc, l, fastConfig("a"))
+	w := New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
 	stop()
@@ -323,7 +362,7 @@ func TestSerialConflictIsAnAlarm(t *testing.T) {
 	if err := l.Deliver(context.Background(), other); err != nil {
 		t.Fatal(err)
 	}
-	w := New(e.shards, e.svc, l, fastConfig("a"))
+	w := New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "the other grants paid", func() bool { return w.Stats().Delivered == 9 && w.Stats().Conflicts == 1 })
 	time.Sleep(300 * time.Millisecond) // several passes over the pending entry
@@ -366,21 +405,12 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	defer wallet.Close()
 	sink := &Webhook{URL: wallet.URL, Backoff: time.Millisecond}
 
-	crash := errors.New("crash")
-	first := New(e.shards, e.svc, sink, fastConfig("first"))
-	var n atomic.Int32 // the hook runs on every shard's loop at once
-	first.hook = func(step string, _ Grant) error {
-		if step == "delivered" {
-			if n.Add(1) == 5 {
-				return crash
-			}
-		}
-		return nil
-	}
-	if err := first.Run(context.Background()); !errors.Is(err, crash) {
-		t.Fatalf("first worker = %v, want the crash", err)
-	}
-	second := New(e.shards, e.svc, sink, fastConfig("second"))
+	set, cat, proxies, die := e.doomed(t)
+	first := New(set, cat, &dying{Sink: sink, at: 5, die: die}, fastConfig("first"))
+	stopFirst := run(t, first)
+	waittest.Until(t, 20*time.Second, "the first worker dead after a payout", func() bool { return proxies[0].Partitioned() })
+	stopFirst()
+	second := New(e.shards, e.cat, sink, fastConfig("second"))
 	stop := run(t, second)
 	waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.confirmed(t) == 40 && pending(t, e) == 0 })
 	stop()
@@ -455,7 +485,7 @@ func TestLagFollowsTheOldestUnsettled(t *testing.T) {
 	written := time.Now() // every grant's outbox entry is older than this
 	sink := &failingSink{delivered: map[int]int{}}
 	sink.down.Store(true)
-	w := New(e.shards, e.svc, sink, fastConfig("a"))
+	w := New(e.shards, e.cat, sink, fastConfig("a"))
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "sub-pool 1 settled while sub-pool 0 fails", func() bool {
 		sink.mu.Lock()

@@ -28,7 +28,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"syscall"
 	"time"
 
@@ -158,7 +158,7 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", Error: err.Error()})
 		return
 	}
-	if !grab.ValidID(req.PoolID) || !grab.ValidID(req.UserID) {
+	if !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", PoolID: req.PoolID, UserID: req.UserID, Error: "bad pool_id or user_id"})
 		return
 	}
@@ -211,7 +211,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	if !grab.ValidID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
+	if !catalog.ValidID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
 		reply(w, http.StatusBadRequest, map[string]string{"error": "need a valid pool_id, count > 0, total_cents >= count"})
 		return
 	}

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -170,7 +170,7 @@ func (f *fixed) grab(b, body []byte) ([]byte, bool) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || !grab.ValidID(req.PoolID) || !grab.ValidID(req.UserID) {
+	if err := dec.Decode(&req); err != nil || !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
 		return append(b, `{"status":"invalid","error":"bad grab body"}`...), false
 	}
 	// The ids were checked to need no JSON escaping.

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"rain/internal/grab"
+	"rain/internal/catalog"
 	"rain/loadtest/rainload/internal/schedule"
 )
 
@@ -46,7 +46,7 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rainload run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rawURL := fs.String("url", "http://127.0.0.1:8080", "base `URL` of the target (http only); the driver POSTs {url}/grab")
-	pool := fs.String("pool", "", "pool `id` to grab from (required; "+grab.IDRule+")")
+	pool := fs.String("pool", "", "pool `id` to grab from (required; "+catalog.IDRule+")")
 	rate := fs.Float64("rate", 0, "constant arrival `rate` in requests per second, with -duration (or use -stages)")
 	duration := fs.Duration("duration", 0, "length of a constant -rate load")
 	stages := fs.String("stages", "", "ramping arrival rate: comma-separated `DURATION:RATE` stages, each ramping linearly to RATE over DURATION from where the last ended, e.g. 5s:1000,10s:8000,5s:8000,5s:0 (instead of -rate and -duration)")
@@ -102,7 +102,7 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	}
 	// Ids are checked once here, so that the hot path can put them into
 	// JSON without escaping.
-	if err := grab.CheckID("-pool", c.pool); err != nil {
+	if err := catalog.CheckID("-pool", c.pool); err != nil {
 		return nil, err
 	}
 
@@ -129,8 +129,8 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	if c.users < 1 {
 		return nil, fmt.Errorf("-users %d: want >= 1", c.users)
 	}
-	if c.userPrefix == "" || !grab.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
-		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, grab.IDRule)
+	if c.userPrefix == "" || !catalog.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
+		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, catalog.IDRule)
 	}
 	if !(c.repeat >= 0 && c.repeat <= 1) {
 		return nil, fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)

@@ -1,45 +1,16 @@
-// Package grab is rain's grab service: pools are preloaded into sub-pools on
-// the shards, users grab from them, operators read their status and audit
-// them. HTTP lives elsewhere (internal/api); this package speaks in domain
-// values and sentinel errors.
-//
-// A pool's record (spec, seed of its split, placement of its sub-pools, state)
-// is stored under rain:{P}:pool on every shard that exists when it is
-// preloaded, so a later change of the ring never strands it: the placement is
-// read back, never recomputed. Sub-pool j lives on the shard its placement
-// names, under keys tagged {P:j} (see internal/lua).
-package grab
+package catalog
+
+// This file is what an operator's pool spec is: its fields, its limits,
+// the id rules, and how rain fills in what the operator leaves out.
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"rain/internal/lua"
-	"rain/internal/soldout"
 	"rain/internal/split"
-)
-
-// Errors callers match. The HTTP layer turns them into status codes.
-var (
-	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
-	ErrInvalid = errors.New("invalid")
-	// ErrConflict is returned when a pool id exists with a different spec.
-	ErrConflict = errors.New("pool exists with a different spec")
-	// ErrNotFound is returned for a pool that does not exist.
-	ErrNotFound = errors.New("no such pool")
-	// ErrUnavailable is returned when a shard or the serial generator cannot
-	// answer and rain knows nothing was granted: the request never reached a
-	// shard, or what reached it granted nothing.
-	ErrUnavailable = errors.New("unavailable")
-	// ErrOutcomeUnknown is returned when a step that may have granted was
-	// sent and its answer was lost (a timed-out batch, a reply lost on the
-	// wire): the grab may have been granted. A retry of the same grab
-	// returns the grant if there is one, and never makes a second.
-	ErrOutcomeUnknown = errors.New("outcome unknown: the grab may have been granted, and a retry returns it")
 )
 
 // Limits of a pool spec.
@@ -48,9 +19,9 @@ const (
 	// MaxTotalCents keeps every sum exact in Lua, whose numbers are doubles
 	// (exact to 2^53 ≈ 9e15).
 	MaxTotalCents = 1_000_000_000_000_000
-	// MaxSubPools bounds the sub-pools of one pool; the local caches of
-	// empty sub-pools bound indexes by the same number.
-	MaxSubPools = soldout.MaxSubPools
+	// MaxSubPools bounds the sub-pools of one pool (the grab path's local
+	// memory of empty sub-pools holds as many).
+	MaxSubPools = 1024
 	// DefaultHoldSeconds is how long a grant waits for confirmation by default.
 	DefaultHoldSeconds = 600
 	// MaxHoldSeconds bounds hold_seconds (30 days).
@@ -176,43 +147,6 @@ func (s Spec) window() lua.Window {
 		w.EndsMS = s.EndsAt.UnixMilli()
 	}
 	return w
-}
-
-// Pool states, as stored in the pool record.
-const (
-	stateLoading = "loading"
-	stateOpen    = "open"
-)
-
-// record is a pool as stored under rain:{P}:pool.
-type record struct {
-	spec      Spec
-	specJSON  string
-	seed      uint64
-	placement []string // shard name of sub-pool j
-	state     string
-}
-
-func recordKey(pool string) string { return "rain:{" + pool + "}:pool" }
-
-// registryKey lists every pool id on a shard.
-const registryKey = "rain:pools"
-
-func parseRecord(m map[string]string) (*record, error) {
-	r := &record{specJSON: m["spec"], state: m["state"]}
-	if err := json.Unmarshal([]byte(r.specJSON), &r.spec); err != nil {
-		return nil, fmt.Errorf("pool record: spec: %w", err)
-	}
-	seed, err := strconv.ParseUint(m["seed"], 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("pool record: seed: %w", err)
-	}
-	r.seed = seed
-	if m["placement"] == "" {
-		return nil, errors.New("pool record: no placement")
-	}
-	r.placement = strings.Split(m["placement"], ",")
-	return r, nil
 }
 
 // subPoolCounts splits count packets over k sub-pools: the first count%k get

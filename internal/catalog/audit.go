@@ -1,106 +1,17 @@
-package grab
+package catalog
+
+// This file is the audit: conservation of a pool, in count and in cents,
+// sub-pool by sub-pool and spill by spill.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"reflect"
-	"slices"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/lua"
 )
-
-// Status is a pool's state for operators (GET /admin/pools/{id}).
-type Status struct {
-	PoolID         string          `json:"pool_id"`
-	State          string          `json:"state"`
-	TotalCents     int64           `json:"total_cents"`
-	Count          int64           `json:"count"`
-	RemainingCount int64           `json:"remaining_count"`
-	RemainingCents int64           `json:"remaining_cents"`
-	HeldCount      int64           `json:"held_count"`
-	HeldCents      int64           `json:"held_cents"`
-	ConfirmedCount int64           `json:"confirmed_count"`
-	ConfirmedCents int64           `json:"confirmed_cents"`
-	ReleasedCount  int64           `json:"released_count"`
-	ReleasedCents  int64           `json:"released_cents"`
-	SubPools       []SubPoolStatus `json:"sub_pools"`
-	Spec           Spec            `json:"spec"`
-}
-
-// SubPoolStatus is one sub-pool's share of a Status.
-type SubPoolStatus struct {
-	Index          int    `json:"index"`
-	Shard          string `json:"shard"`
-	State          string `json:"state"`
-	Count          int64  `json:"count"`       // packets loaded into it
-	TotalCents     int64  `json:"total_cents"` // cents loaded into it
-	RemainingCount int64  `json:"remaining_count"`
-	RemainingCents int64  `json:"remaining_cents"`
-}
-
-// subPoolCounters is what Status reads of a sub-pool's meta hash.
-type subPoolCounters struct {
-	State          string `redis:"state"`
-	Count          int64  `redis:"count"`
-	Cents          int64  `redis:"cents"`
-	StockCount     int64  `redis:"stock_count"`
-	StockCents     int64  `redis:"stock_cents"`
-	HeldCount      int64  `redis:"held_count"`
-	HeldCents      int64  `redis:"held_cents"`
-	ConfirmedCount int64  `redis:"confirmed_count"`
-	ConfirmedCents int64  `redis:"confirmed_cents"`
-	ReleasedCount  int64  `redis:"released_count"`
-	ReleasedCents  int64  `redis:"released_cents"`
-}
-
-// statusFields are subPoolCounters' redis tags, the fields HMGET asks for.
-var statusFields = func() []string {
-	t := reflect.TypeFor[subPoolCounters]()
-	out := make([]string, t.NumField())
-	for i := range out {
-		out[i] = t.Field(i).Tag.Get("redis")
-	}
-	return out
-}()
-
-// Status reads the pool's counters from every sub-pool.
-func (s *Service) Status(ctx context.Context, id string) (*Status, error) {
-	rec, err := s.findRecord(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	st := &Status{PoolID: id, State: rec.state, TotalCents: rec.spec.TotalCents, Count: rec.spec.Count,
-		Spec: rec.spec, SubPools: []SubPoolStatus{}}
-	for j, name := range rec.placement {
-		c := s.shards.Client(name)
-		if c == nil {
-			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
-		}
-		var n subPoolCounters
-		if err := c.HMGet(ctx, lua.SubPool{Pool: id, Index: j}.Keys().Meta, statusFields...).Scan(&n); err != nil {
-			return nil, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
-		}
-		if n.State == "" {
-			n.State = "missing"
-		}
-		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
-			Count: n.Count, TotalCents: n.Cents, RemainingCount: n.StockCount, RemainingCents: n.StockCents})
-		st.RemainingCount += n.StockCount
-		st.RemainingCents += n.StockCents
-		st.HeldCount += n.HeldCount
-		st.HeldCents += n.HeldCents
-		st.ConfirmedCount += n.ConfirmedCount
-		st.ConfirmedCents += n.ConfirmedCents
-		st.ReleasedCount += n.ReleasedCount
-		st.ReleasedCents += n.ReleasedCents
-	}
-	return st, nil
-}
 
 // Report is the conservation check of one pool (GET /admin/pools/{id}/audit).
 type Report struct {
@@ -157,25 +68,25 @@ func (p Problem) String() string {
 // that looks wrong is read again on both sides before it is reported: a
 // spill that moved between the reads is not a false alarm, and a real
 // mismatch is pinned to its token. And the sub-pools add up to the spec.
-func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
-	rec, err := s.findRecord(ctx, id)
+func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
+	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	r := &Report{PoolID: id, Problems: []Problem{}}
-	subs := make([]lua.SubPoolAudit, len(rec.placement))
-	for j, name := range rec.placement {
-		c := s.shards.Client(name)
-		if c == nil {
+	subs := make([]lua.SubPoolAudit, len(p.Placement))
+	for j, name := range p.Placement {
+		client := c.shards.Client(name)
+		if client == nil {
 			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
 		}
-		if subs[j], err = lua.AuditSubPool(ctx, c, lua.SubPool{Pool: id, Index: j}); err != nil {
+		if subs[j], err = lua.AuditSubPool(ctx, client, p.SubPool(j)); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
 	var count, cents int64
 	for j, a := range subs {
-		name := rec.placement[j]
+		name := p.Placement[j]
 		add := func(q string, want, got int64) {
 			if want != got {
 				r.Problems = append(r.Problems, Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
@@ -187,7 +98,7 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		}
 		count += a.Count
 		cents += a.Cents
-		if rec.state == stateOpen && a.State != stateOpen {
+		if p.State == Open && State(a.State) != Open {
 			add("open", 1, 0)
 		}
 		// Read with the counters, atomically: these hold on a live pool.
@@ -195,7 +106,7 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 		add("deadline index entries (held_count)", a.HeldCount, a.DeadlineEntries)
 		add("inflight_count (transfers)", a.InflightCount, a.Transfers)
 		add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
-		if a.State == stateOpen {
+		if State(a.State) == Open {
 			add("count + received - sent = stock + held + confirmed + in flight (counters)",
 				a.Count+a.ReceivedCount-a.SentCount, a.StockCount+a.HeldCount+a.ConfirmedCount+a.InflightCount)
 			add("cents + received - sent = stock + held + confirmed + in flight (counters)",
@@ -228,16 +139,16 @@ func (s *Service) Audit(ctx context.Context, id string) (*Report, error) {
 			add("received_cents (adopted verdicts)", a.ReceivedCents, a.AdoptedCents)
 		}
 	}
-	if rec.state == stateOpen {
+	if p.State == Open {
 		whole := func(q string, want, got int64) {
 			if want != got {
 				r.Problems = append(r.Problems, Problem{Quantity: q, Expected: want, Found: got})
 			}
 		}
-		whole("count (sum of sub-pools)", rec.spec.Count, count)
-		whole("total_cents (sum of sub-pools)", rec.spec.TotalCents, cents)
+		whole("count (sum of sub-pools)", p.Spec.Count, count)
+		whole("total_cents (sum of sub-pools)", p.Spec.TotalCents, cents)
 	}
-	spills, err := s.auditSpills(ctx, id, rec, subs)
+	spills, err := c.auditSpills(ctx, id, p, subs)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +166,7 @@ type spillSide struct {
 // auditSpills matches every spill token across its two sub-pools (see
 // Audit). Tokens that look wrong are read again, both sides, before they
 // are reported.
-func (s *Service) auditSpills(ctx context.Context, id string, rec *record, subs []lua.SubPoolAudit) ([]Problem, error) {
+func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lua.SubPoolAudit) ([]Problem, error) {
 	type key struct {
 		token        string
 		home, origin int
@@ -321,13 +232,13 @@ func (s *Service) auditSpills(ctx context.Context, id string, rec *record, subs 
 	}
 	var problems []Problem
 	for _, k := range suspects {
-		side, err := s.readSpill(ctx, id, rec, k.token, k.home, k.origin)
+		side, err := c.readSpill(ctx, id, p, k.token, k.home, k.origin)
 		if err != nil {
 			return nil, err
 		}
 		if q := spillProblem(k.origin, side.transfer, side.verdict); q != "" {
 			origin := k.origin
-			p := Problem{SubPool: &origin, Shard: rec.placement[origin], Token: k.token, Quantity: q}
+			p := Problem{SubPool: &origin, Shard: p.Placement[origin], Token: k.token, Quantity: q}
 			if side.transfer != nil {
 				p.Found = side.transfer.Amount
 			}
@@ -362,12 +273,12 @@ func spillProblem(j int, t *lua.TransferRecord, v *lua.Verdict) string {
 
 // readSpill reads one token's records again: the transfer at sibling
 // origin, then the verdict at home.
-func (s *Service) readSpill(ctx context.Context, id string, rec *record, token string, home, origin int) (spillSide, error) {
+func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token string, home, origin int) (spillSide, error) {
 	var side spillSide
-	if origin >= 0 && origin < len(rec.placement) {
+	if origin >= 0 && origin < len(p.Placement) {
 		k := lua.SubPool{Pool: id, Index: origin}.Keys()
-		c := s.client(rec, origin)
-		if v, err := c.HGet(ctx, k.Transfers, token).Result(); err == nil {
+		client := c.client(p, origin)
+		if v, err := client.HGet(ctx, k.Transfers, token).Result(); err == nil {
 			if t, err := lua.ParseTransfer(v, false); err == nil {
 				side.transfer = &t
 			}
@@ -375,7 +286,7 @@ func (s *Service) readSpill(ctx context.Context, id string, rec *record, token s
 			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		if side.transfer == nil {
-			if v, err := c.HGet(ctx, k.Settled, token).Result(); err == nil {
+			if v, err := client.HGet(ctx, k.Settled, token).Result(); err == nil {
 				if t, err := lua.ParseTransfer(v, true); err == nil {
 					side.transfer = &t
 				}
@@ -384,9 +295,9 @@ func (s *Service) readSpill(ctx context.Context, id string, rec *record, token s
 			}
 		}
 	}
-	if home >= 0 && home < len(rec.placement) {
+	if home >= 0 && home < len(p.Placement) {
 		k := lua.SubPool{Pool: id, Index: home}.Keys()
-		if v, err := s.client(rec, home).HGet(ctx, k.Verdicts, token).Result(); err == nil {
+		if v, err := c.client(p, home).HGet(ctx, k.Verdicts, token).Result(); err == nil {
 			if vd, err := lua.ParseVerdict(v); err == nil {
 				side.verdict = &vd
 			}
@@ -395,75 +306,4 @@ func (s *Service) readSpill(ctx context.Context, id string, rec *record, token s
 		}
 	}
 	return side, nil
-}
-
-// List returns the ids of every pool loaded, sorted: the union of the
-// shards' registries, of those that answer when some do not.
-func (s *Service) List(ctx context.Context) ([]string, error) {
-	ids, _, err := s.poolIDs(ctx)
-	if errors.Is(err, errPartial) {
-		err = nil
-	}
-	slices.Sort(ids)
-	return ids, err
-}
-
-// SubPoolStock is one sub-pool's stock, for metrics.
-type SubPoolStock struct {
-	Pool           string
-	Index          int
-	Shard          string
-	RemainingCount int64
-	RemainingCents int64
-}
-
-// Stock reads the stock of every sub-pool of the open pools this instance
-// serves (one HMGET per sub-pool, pipelined per shard, the shards at once);
-// a shard whose breaker is open is not asked, and one that does not answer
-// within ctx leaves its sub-pools out. It is what a metrics scrape reads: a
-// frozen shard costs the scrape ctx's bound at most, once (its breaker
-// opens on the claims meanwhile).
-func (s *Service) Stock(ctx context.Context) []SubPoolStock {
-	s.mu.RLock()
-	views := make(map[string]*poolView, len(s.pools))
-	maps.Copy(views, s.pools)
-	s.mu.RUnlock()
-	type read struct {
-		st  SubPoolStock
-		cmd *redis.SliceCmd
-	}
-	pipes := map[*batcher]redis.Pipeliner{}
-	var reads []read
-	for id, p := range views {
-		for j, b := range p.batchers {
-			if b.br.current() != breakerClosed {
-				continue
-			}
-			pipe := pipes[b]
-			if pipe == nil {
-				pipe = b.c.Pipeline()
-				pipes[b] = pipe
-			}
-			cmd := pipe.HMGet(ctx, p.keys[j].Meta, "stock_count", "stock_cents")
-			reads = append(reads, read{SubPoolStock{Pool: id, Index: j, Shard: p.rec.placement[j]}, cmd})
-		}
-	}
-	var wg sync.WaitGroup
-	for _, pipe := range pipes {
-		wg.Go(func() { _, _ = pipe.Exec(ctx) }) // errors are per command, read below
-	}
-	wg.Wait()
-	var out []SubPoolStock
-	for _, r := range reads {
-		var n struct {
-			Count int64 `redis:"stock_count"`
-			Cents int64 `redis:"stock_cents"`
-		}
-		if r.cmd.Err() != nil || r.cmd.Scan(&n) != nil {
-			continue
-		}
-		r.st.RemainingCount, r.st.RemainingCents = n.Count, n.Cents
-		out = append(out, r.st)
-	}
-	return out
 }

@@ -1,0 +1,107 @@
+package main
+
+// This file is the flags of `rain serve`.
+
+import (
+	"io"
+	"time"
+
+	"rain/internal/shard"
+)
+
+// serveConfig is everything `rain serve` takes.
+type serveConfig struct {
+	Listen          string
+	Redis           string
+	AdminToken      string
+	SerialShard     string
+	ShutdownTimeout time.Duration
+	Log             *logOptions
+	Pool            string // "on" or "off"
+	PoolMin         int
+	PoolMax         int
+	PoolQueue       int
+	DebugListen     string // pprof; "" = off
+	MetricsListen   string // /metrics apart from the API; "" = on the API's listener
+	ShardTimeout    time.Duration
+	MaxConns        int
+	IdleTimeout     time.Duration
+	Durability      string // "strict" or "relaxed"
+	DrainDelay      time.Duration
+	AccessLog       int
+	RedisCA         string
+	AdminTokenFile  string
+	UserAuth        string
+	UserAudience    string
+	UserIssuer      string
+	UserLeeway      time.Duration
+	UserRate        float64
+	UserBurst       int
+	IPRate          float64
+	IPBurst         int
+	ClientIPHeader  string
+	RateLimitKeys   int
+}
+
+func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
+	c := &serveConfig{}
+	f := newFlags("serve", stderr)
+	f.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to serve HTTP on")
+	f.StringVar(&c.Redis, "redis", "", "shards as name=weight@host:port, comma-separated; empty runs embedded in-memory shards (trying out only)")
+	f.StringVar(&c.AdminToken, "admin-token", "", "bearer token of the operator endpoints (generated and printed when running embedded)")
+	f.StringVar(&c.SerialShard, "serial-shard", "", "shard that holds the grant serial counter (default: the first in --redis); keep it when the shard list changes")
+	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
+	c.Log = f.logFlags()
+	f.StringVar(&c.Pool, "pool", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
+	f.IntVar(&c.PoolMin, "pool-min", 32, "fewest workers of the grab pool (more than a stalled shard can hold while its breaker trips)")
+	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
+	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
+	durabilityFlag(f, &c.Durability)
+	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
+	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")
+	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Second, "how long a keep-alive client connection may stay idle")
+	f.DurationVar(&c.DrainDelay, "drain-delay", -1, "on SIGTERM, how long /readyz answers 503 before the listener closes, so load balancers stop sending first (default 5s on --redis shards, 0 embedded)")
+	f.IntVar(&c.AccessLog, "access-log", 20, "requests logged a second at most (one line each with its X-Request-Id; a sample under load); 0: none")
+	redisCAFlag(f, &c.RedisCA)
+	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file of admin tokens, one a line (several for rotation; reloaded on SIGHUP), beside or instead of --admin-token")
+	f.StringVar(&c.UserAuth, "user-auth", "", `check a signed user token (Authorization: Bearer <JWT>) on every grab: "hs256:FILE" (shared secret), "rs256:FILE" or "eddsa:FILE" (PEM public key), "jwks:FILE"; reloaded on SIGHUP; empty: off (grabs name their user in the body)`)
+	f.StringVar(&c.UserAudience, "user-auth-audience", "", "the aud a user token must carry (empty: not checked)")
+	f.StringVar(&c.UserIssuer, "user-auth-issuer", "", "the iss a user token must carry (empty: not checked)")
+	f.DurationVar(&c.UserLeeway, "user-auth-leeway", 5*time.Second, "clock skew allowed on a user token's exp and nbf")
+	f.Float64Var(&c.UserRate, "user-rate", 0, "grabs a second one user may make (a token bucket; 429 rate_limited over it); 0: no limit")
+	f.IntVar(&c.UserBurst, "user-burst", 5, "grabs one user may make at once before --user-rate applies")
+	f.Float64Var(&c.IPRate, "ip-rate", 0, "grabs a second one client address may make; 0: no limit")
+	f.IntVar(&c.IPBurst, "ip-burst", 50, "grabs one client address may make at once before --ip-rate applies")
+	f.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header in which a trusted proxy in front of rain puts the client's address (X-Forwarded-For: its last entry; X-Real-IP); empty: the peer address. Only set it behind such a proxy: clients can send any header")
+	f.IntVar(&c.RateLimitKeys, "rate-limit-keys", 100_000, "users (and client addresses) whose rate is remembered at most: memory stays bounded under a flood of distinct ids")
+	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
+	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
+	f.bindEnv("listen", "RAIN_LISTEN")
+	f.bindEnv("redis", "RAIN_REDIS")
+	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
+	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
+	f.bindEnv("shutdown-timeout", "RAIN_SHUTDOWN_TIMEOUT")
+	f.bindEnv("pool", "RAIN_POOL")
+	f.bindEnv("pool-min", "RAIN_POOL_MIN")
+	f.bindEnv("pool-max", "RAIN_POOL_MAX")
+	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
+	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
+	f.bindEnv("metrics-listen", "RAIN_METRICS_LISTEN")
+	f.bindEnv("drain-delay", "RAIN_DRAIN_DELAY")
+	f.bindEnv("admin-token-file", "RAIN_ADMIN_TOKEN_FILE")
+	f.bindEnv("user-auth", "RAIN_USER_AUTH")
+	f.bindEnv("user-auth-audience", "RAIN_USER_AUTH_AUDIENCE")
+	f.bindEnv("user-auth-issuer", "RAIN_USER_AUTH_ISSUER")
+	f.bindEnv("user-auth-leeway", "RAIN_USER_AUTH_LEEWAY")
+	f.bindEnv("user-rate", "RAIN_USER_RATE")
+	f.bindEnv("user-burst", "RAIN_USER_BURST")
+	f.bindEnv("ip-rate", "RAIN_IP_RATE")
+	f.bindEnv("ip-burst", "RAIN_IP_BURST")
+	f.bindEnv("client-ip-header", "RAIN_CLIENT_IP_HEADER")
+	f.bindEnv("rate-limit-keys", "RAIN_RATE_LIMIT_KEYS")
+	f.bindEnv("access-log", "RAIN_ACCESS_LOG")
+	f.bindEnv("shard-timeout", "RAIN_SHARD_TIMEOUT")
+	f.bindEnv("max-conns", "RAIN_MAX_CONNS")
+	f.bindEnv("idle-timeout", "RAIN_IDLE_TIMEOUT")
+	return f, c
+}

@@ -1,0 +1,140 @@
+// Package catalog is what rain stores about its pools, and the one place
+// that reads and writes it: a pool's spec and the rules of its ids, its
+// record (spec, seed of its split, placement of its sub-pools, state), the
+// registry of pools, preload, status, audit, the list of sub-pools that
+// settlement and the reaper work through, and the confirm of a grant.
+//
+// A pool's record is stored under rain:{P}:pool on every shard, and its id in
+// the registry rain:pools of every shard, so a later change of the ring
+// never strands it: the placement is read back, never recomputed. The serial
+// shard (Config.SerialShard) arbitrates: a preload writes the record there
+// first, atomically, and what is stored there wins. Sub-pool j lives on the
+// shard its placement names, under keys tagged {P:j} (internal/lua).
+//
+// The grab path (internal/grab) reads records from here; settlement, the
+// reaper, the metrics and the tools use the catalog alone, and start no
+// claim lanes.
+package catalog
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"rain/internal/shard"
+)
+
+// Errors callers match; the HTTP layer turns them into status codes. Each
+// reads "catalog: ..."; clients are answered the text after that prefix.
+var (
+	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
+	ErrInvalid = errors.New("catalog: invalid")
+	// ErrConflict is returned when a pool id exists with a different spec.
+	ErrConflict = errors.New("catalog: pool exists with a different spec")
+	// ErrNotFound is returned for a pool that does not exist.
+	ErrNotFound = errors.New("catalog: no such pool")
+	// ErrUnavailable is returned when a shard does not answer: nothing the
+	// call would have written was written, or what was is finished by
+	// running the same call again.
+	ErrUnavailable = errors.New("catalog: unavailable")
+	// ErrGrantReleased is returned by Confirm when the grant was released at
+	// its deadline before it was confirmed: its amount is back in the stock.
+	ErrGrantReleased = errors.New("catalog: grant was released")
+	// ErrSerialMismatch is returned by Confirm when the user's grant has
+	// another serial.
+	ErrSerialMismatch = errors.New("catalog: serial does not match the user's grant")
+	// ErrNoGrant is returned by Confirm when the user holds no grant in the
+	// pool.
+	ErrNoGrant = errors.New("catalog: no such grant")
+	// ErrPartial is returned by List with the ids it read when some shards
+	// did not answer: those the others hold.
+	ErrPartial = errors.New("catalog: some shards did not answer")
+)
+
+// Config wires a Catalog. Zero fields take the documented defaults.
+type Config struct {
+	// SerialShard names the shard whose pool records decide (rain serve's
+	// serial shard, which also holds the grant serial counter): a preload
+	// writes a pool's record there first, and what is stored there wins.
+	// Every instance and tool must name the same one, even with different
+	// shard lists. Default: the first shard by name.
+	SerialShard string
+	// Logger for repairs of the serial shard's copies. Default: discard.
+	Logger *slog.Logger
+}
+
+// Catalog reads and writes the pools' records on a set of shards. It is
+// safe for concurrent use and owns no goroutine.
+type Catalog struct {
+	shards *shard.Set
+	serial string // Config.SerialShard
+	log    *slog.Logger
+
+	mu     sync.RWMutex          // guards open and onOpen
+	open   map[string]*Pool      // records of open pools, read once: see Pool
+	onOpen []func(poolID string) // see OnOpen
+
+	listed atomic.Pointer[listing] // the registry as List last read it
+}
+
+// listing is a registry read and when it was made.
+type listing struct {
+	ids []string
+	at  time.Time
+}
+
+// New returns a catalog over shards.
+func New(shards *shard.Set, cfg Config) *Catalog {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SerialShard == "" || shards.Client(cfg.SerialShard) == nil {
+		cfg.SerialShard = shards.Names()[0]
+	}
+	return &Catalog{shards: shards, serial: cfg.SerialShard, log: cfg.Logger, open: map[string]*Pool{}}
+}
+
+// Shards is the set the catalog works on.
+func (c *Catalog) Shards() *shard.Set { return c.shards }
+
+// listedEvery is how long a registry read serves Listed.
+const listedEvery = 2 * time.Second
+
+// Listed is the pools as List last read them, with the open pools met since
+// (a pool preloaded a moment ago may not be in the read yet); it reads the
+// registry when the last read is older than 2 s, or there was none. What
+// background work that visits every pool (the reaper) goes through.
+func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
+	l := c.listed.Load()
+	if l == nil || time.Since(l.at) > listedEvery {
+		ids, err := c.List(ctx)
+		if err != nil && !errors.Is(err, ErrPartial) {
+			return nil, err
+		}
+		if l = c.listed.Load(); l == nil {
+			l = &listing{ids: ids} // a partial read, the first
+		}
+	}
+	ids := slices.Clone(l.ids)
+	c.mu.RLock()
+	for id := range c.open {
+		if !slices.Contains(l.ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	c.mu.RUnlock()
+	return ids, nil
+}
+
+// LastListed is the registry as List last read it, without I/O; nil when
+// it never did.
+func (c *Catalog) LastListed() []string {
+	if l := c.listed.Load(); l != nil {
+		return l.ids
+	}
+	return nil
+}

@@ -1,0 +1,88 @@
+package catalog
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"rain/internal/lua"
+)
+
+// State is where a pool is in its life, as its record says.
+type State string
+
+// Pool states.
+const (
+	// Loading: the record is written, the stock is being loaded; grabs
+	// answer not_started.
+	Loading State = "loading"
+	// Open: every sub-pool holds all its stock; grabs are decided by the
+	// sub-pools (their window: not started, open, ended).
+	Open State = "open"
+)
+
+// Pool is a pool's record as stored under rain:{P}:pool: its spec, the seed
+// of its split, the shard of each sub-pool, its state. A Pool is a value
+// read from the shards: it never changes once read.
+type Pool struct {
+	Spec      Spec
+	Seed      uint64
+	Placement []string // shard name of sub-pool j
+	State     State
+
+	specJSON string // Spec as stored: two preloads are the same when these are equal
+}
+
+// ID is the pool's id.
+func (p *Pool) ID() string { return p.Spec.PoolID }
+
+// SubPools is the number of sub-pools.
+func (p *Pool) SubPools() int { return len(p.Placement) }
+
+// SubPool names sub-pool j.
+func (p *Pool) SubPool(j int) lua.SubPool { return lua.SubPool{Pool: p.Spec.PoolID, Index: j} }
+
+// Home is the sub-pool that holds userID's grant: dedup lives there, so a
+// user's grab is one script on one shard unless the home is empty.
+func (p *Pool) Home(userID string) int { return Home(userID, len(p.Placement)) }
+
+// Home is the home sub-pool of userID in a pool of k sub-pools.
+func Home(userID string, k int) int {
+	return int(xxhash.Sum64String(userID) % uint64(k))
+}
+
+// recordKey is the key of a pool's record; its hash tag is the pool's own.
+func recordKey(pool string) string { return "rain:{" + pool + "}:pool" }
+
+// registryKey lists every pool id on a shard.
+const registryKey = "rain:pools"
+
+// fields is the record as stored.
+func (p *Pool) fields() map[string]string {
+	return map[string]string{
+		"spec": p.specJSON, "seed": strconv.FormatUint(p.Seed, 10),
+		"placement": strings.Join(p.Placement, ","), "state": string(p.State),
+	}
+}
+
+// parseRecord reads a record as stored.
+func parseRecord(m map[string]string) (*Pool, error) {
+	p := &Pool{specJSON: m["spec"], State: State(m["state"])}
+	if err := json.Unmarshal([]byte(p.specJSON), &p.Spec); err != nil {
+		return nil, fmt.Errorf("pool record: spec: %w", err)
+	}
+	seed, err := strconv.ParseUint(m["seed"], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("pool record: seed: %w", err)
+	}
+	p.Seed = seed
+	if m["placement"] == "" {
+		return nil, errors.New("pool record: no placement")
+	}
+	p.Placement = strings.Split(m["placement"], ",")
+	return p, nil
+}

@@ -1,0 +1,208 @@
+// Package instance builds one rain instance: every component rain serve
+// runs, wired once, by one constructor, so that rain serve, the API's tests
+// and the chaos tests run the same thing.
+//
+// An instance is the shards' clients, the grant serial generator (on the
+// serial shard, watermarks on the others), the pool catalogue, the grab
+// path, the worker pool grabs run on, the reaper, the metrics registry, the
+// dashboard's timeline and the HTTP API. The listener and the HTTP server
+// are the caller's (rain serve's, or a test's httptest server).
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"rain/internal/api"
+	"rain/internal/catalog"
+	"rain/internal/dash"
+	"rain/internal/grab"
+	"rain/internal/idgen"
+	"rain/internal/limit"
+	"rain/internal/lock"
+	"rain/internal/metrics"
+	"rain/internal/pool"
+	"rain/internal/reaper"
+	"rain/internal/shard"
+)
+
+// Config is what an instance is built from; rain serve fills it from its
+// flags. Zero fields take the documented defaults.
+type Config struct {
+	// Shards, required, are opened with ShardOptions (rain serve's client
+	// options, go-redis's retries included, unless a test says otherwise).
+	Shards       []shard.Spec
+	ShardOptions shard.Options
+	// SerialShard names the shard of the serial counter, which also
+	// arbitrates pool records. Default: the first of Shards.
+	SerialShard string
+	// Pool bounds the worker pool grabs run on. Nil runs grabs on the
+	// handler's goroutine, unbounded (rain serve --pool=off).
+	Pool *pool.Config
+	// API is the HTTP layer's configuration (admin tokens, user auth, rate
+	// limits, access log); the instance fills in what it builds: Grabber,
+	// Pools, Ready, Runner, Metrics, Timeline and Logger.
+	API api.Config
+	// Relaxed says the shards were let through --durability relaxed though
+	// some can lose grants (rain_durability_relaxed).
+	Relaxed bool
+	// Build is the version the metrics report.
+	Build metrics.Build
+	// ReaperRetry is how long an instance waits between two tries at the
+	// reaper's lock (jittered). Default 4s.
+	ReaperRetry time.Duration
+	// Reaper tunes the reaper; its Logger is the instance's.
+	Reaper reaper.Config
+	// SpillValidity is the spill reservations' validity (T) for the grab
+	// path and the reaper alike. Default lua.SpillValidity.
+	SpillValidity time.Duration
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+// Instance is one rain instance. Build it with New; Start its background
+// work; Close it after the HTTP server has shut down.
+type Instance struct {
+	Shards   *shard.Set
+	Serials  *idgen.Generator
+	Catalog  *catalog.Catalog
+	Grabs    *grab.Service
+	Workers  *pool.Pool // nil with Config.Pool nil
+	Reaper   *reaper.Reaper
+	Metrics  *metrics.Registry
+	Timeline *dash.Timeline
+	API      *api.Server
+
+	log       *slog.Logger
+	stopBg    context.CancelFunc // ends the background work; nil before Start
+	bg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// New builds an instance. It does no I/O but what its components do when
+// built: the serial generator reserves its first segment.
+func New(cfg Config) (*Instance, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if len(cfg.Shards) == 0 {
+		return nil, errors.New("instance: no shards")
+	}
+	if cfg.SerialShard == "" {
+		cfg.SerialShard = cfg.Shards[0].Name
+	}
+	if cfg.ReaperRetry <= 0 {
+		cfg.ReaperRetry = 4 * time.Second
+	}
+	set, err := shard.Open(cfg.Shards, 0, cfg.ShardOptions)
+	if err != nil {
+		return nil, err
+	}
+	if set.Client(cfg.SerialShard) == nil {
+		set.Close()
+		return nil, fmt.Errorf("serial shard %q is not one of the shards", cfg.SerialShard)
+	}
+	in := &Instance{Shards: set, log: cfg.Logger}
+	if err := in.build(cfg); err != nil {
+		in.closeParts()
+		return nil, err
+	}
+	return in, nil
+}
+
+// build makes the components, in the order they depend on each other.
+func (in *Instance) build(cfg Config) error {
+	set := in.Shards
+	in.Metrics = metrics.New(cfg.Build)
+	in.Metrics.Durability(cfg.Relaxed)
+	// Serials come from the serial shard, with watermark copies on the others.
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(cfg.SerialShard), idgen.Key, set.Except(cfg.SerialShard)...), idgen.Config{})
+	if err != nil {
+		return err
+	}
+	in.Serials = gen
+	in.Metrics.Serials(gen.Stats)
+	in.Catalog = catalog.New(set, catalog.Config{SerialShard: cfg.SerialShard, Logger: cfg.Logger})
+	gcfg := grab.Config{Serials: gen, Catalog: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
+		OnBatch: in.Metrics.Batches(set.Names())}
+	if cfg.Pool != nil {
+		pc := *cfg.Pool
+		pc.Logger = cfg.Logger
+		if in.Workers, err = pool.New(pc); err != nil {
+			return err
+		}
+		gcfg.Places = in.Workers.Places // each shard's bulkhead: its share of the places
+		in.Metrics.Pool(in.Workers.Stats)
+	}
+	in.Grabs = grab.New(gcfg)
+	in.Metrics.Shards(in.Grabs.ShardStats, set)
+	in.Metrics.Stock(in.Grabs.Stock)
+	// The reaper competes for its lock in every instance; one sweeps. An
+	// instance waiting for the lock tries every few seconds: a crashed
+	// leader is taken over within TTL + ReaperRetry, and the waiting costs
+	// each shard one attempt per instance every few seconds.
+	rc := cfg.Reaper
+	rc.Logger, rc.SpillValidity = cfg.Logger, cfg.SpillValidity
+	in.Reaper = reaper.New(in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
+	in.Metrics.Reaper(in.Reaper.Stats)
+	in.Timeline = dash.NewTimeline(in.Metrics.Gatherer())
+	acfg := cfg.API
+	acfg.Grabber, acfg.Pools, acfg.Ready = in.Grabs, in.Catalog, in.Grabs.Ready
+	acfg.Metrics, acfg.Timeline, acfg.Logger = in.Metrics, in.Timeline, cfg.Logger
+	if in.Workers != nil {
+		acfg.Runner = in.Workers
+	}
+	in.Metrics.RateLimits(map[string]*limit.Limiter{"user": acfg.UserLimit, "ip": acfg.IPLimit})
+	in.API = api.New(acfg)
+	return nil
+}
+
+// Start runs the background work until Close: the local answers kept
+// current across instances (internal/grab), the reaper, the dashboard's
+// timeline.
+func (in *Instance) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	in.stopBg = cancel
+	in.bg.Go(func() { in.Grabs.Run(ctx) })
+	in.bg.Go(func() { in.Reaper.Run(ctx) })
+	in.bg.Go(func() { in.Timeline.Run(ctx) })
+}
+
+// Close stops the instance; call it once the HTTP server has shut down (no
+// request in flight). In order: the worker pool drains (its tasks finish,
+// for up to drain), the background work stops (the reaper releases its
+// lock), the claim lanes stop, the serial loader stops, the shard clients
+// close. It returns the pool's error when its tasks did not finish in time.
+// Calling it again does nothing.
+func (in *Instance) Close(drain time.Duration) error {
+	var err error
+	in.closeOnce.Do(func() {
+		if in.Workers != nil {
+			err = in.Workers.Close(drain)
+		}
+		if in.stopBg != nil {
+			in.stopBg()
+			in.bg.Wait()
+		}
+		in.closeParts()
+	})
+	return err
+}
+
+// closeParts closes what New built, the last built first.
+func (in *Instance) closeParts() {
+	if in.Grabs != nil {
+		in.Grabs.Close()
+	}
+	if in.Workers != nil {
+		_ = in.Workers.Close(0) // a no-op once drained
+	}
+	if in.Serials != nil {
+		in.Serials.Close()
+	}
+	_ = in.Shards.Close()
+}

@@ -1,0 +1,187 @@
+package lua
+
+// This file is a grant's life on its sub-pool: the claim that makes it, the
+// confirm that keeps it, the release that gives its amount back.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Outcome is the result of a claim.
+type Outcome uint8
+
+// Claim outcomes.
+const (
+	Granted    Outcome = iota + 1 // a new grant
+	Already                       // the user's existing grant
+	Empty                         // no stock left in this sub-pool
+	NotStarted                    // before the window; Claim.Wait says how long
+	Ended                         // after the window
+	Closed                        // the sub-pool is not open
+	Reserved                      // empty; a spill reservation was recorded
+	Busy                          // the user has a spill in flight: retry
+)
+
+// Claim is a claim's answer. Amount, Serial and DeadlineMS are set for
+// Granted and Already; WaitMS for NotStarted.
+type Claim struct {
+	Outcome    Outcome
+	Amount     int64
+	Serial     int64
+	DeadlineMS int64
+	WaitMS     int64
+}
+
+// ClaimArg is one claim of a batch: the user, the serial for a new grant,
+// and the spill token ("" for pools of one sub-pool).
+type ClaimArg struct {
+	User   string
+	Serial int64
+	Token  string
+}
+
+// ClaimManyCmd queues the claims of one batch on one sub-pool as one
+// EVALSHA of claim_many on pipe: each claim decided in order, atomically,
+// as if it came alone (see claim_many.lua). Read it with ParseClaimMany. A shard whose script
+// cache is empty answers NOSCRIPT (IsNoScript): load the scripts and run the
+// batch again with ClaimMany. args is the caller's to reuse once the command
+// has been sent.
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, validityMS int64, claims []ClaimArg, args []any) *redis.Cmd {
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, claims)...)
+}
+
+// ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT).
+func ClaimMany(ctx context.Context, c Client, k *Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, claims)...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	return parseClaimMany(res, len(claims))
+}
+
+func claimManyArgs(args []any, validityMS int64, claims []ClaimArg) []any {
+	args = append(args[:0], validityMS)
+	for _, c := range claims {
+		args = append(args, c.User, c.Serial, c.Token)
+	}
+	return args
+}
+
+// ParseClaimMany reads the result of a ClaimManyCmd of n claims: each
+// claim's answer, or its own error (a bad grant record); err is set when
+// the batch as a whole failed (then nothing else is).
+func ParseClaimMany(cmd *redis.Cmd, n int) (claims []Claim, errs []error, err error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	return parseClaimMany(res, n)
+}
+
+func parseClaimMany(res []any, n int) ([]Claim, []error, error) {
+	if len(res) != n {
+		return nil, nil, fmt.Errorf("claim_many: %d answers for %d claims", len(res), n)
+	}
+	claims, errs := make([]Claim, n), make([]error, n)
+	for i, r := range res {
+		one, ok := r.([]any)
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("claim_many: unexpected answer %v", r)
+		case str(one, 0) == "error":
+			errs[i] = errors.New(str(one, 1))
+		default:
+			claims[i], errs[i] = parseClaim(one)
+		}
+	}
+	return claims, errs, nil
+}
+
+func claimKeys(k *Keys) []string {
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve}
+}
+
+func parseClaim(res []any) (Claim, error) {
+	switch str(res, 0) {
+	case "granted":
+		return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "already":
+		return Claim{Outcome: Already, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "empty":
+		return Claim{Outcome: Empty}, nil
+	case "not_started":
+		return Claim{Outcome: NotStarted, WaitMS: integer(res, 1)}, nil
+	case "ended":
+		return Claim{Outcome: Ended}, nil
+	case "closed":
+		return Claim{Outcome: Closed}, nil
+	case "reserved":
+		return Claim{Outcome: Reserved}, nil
+	case "busy":
+		return Claim{Outcome: Busy}, nil
+	}
+	return Claim{}, fmt.Errorf("claim: unexpected reply %v", res)
+}
+
+// Confirmation is what a confirm did.
+type Confirmation uint8
+
+// Confirm results.
+const (
+	Confirmed        Confirmation = iota + 1 // held, now confirmed
+	AlreadyConfirmed                         // confirmed before: nothing to do
+	WasReleased                              // released at its deadline: too late
+	SerialMismatch                           // the user's grant has another serial
+	UnknownGrant                             // the user holds no grant here
+)
+
+// Confirm moves the user's held grant with serial to confirmed. Sent again,
+// it answers AlreadyConfirmed: the same effect.
+func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) (Confirmation, error) {
+	res, err := confirmScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, user, serial).Slice()
+	if err != nil {
+		return 0, err
+	}
+	switch str(res, 0) {
+	case "confirmed":
+		return Confirmed, nil
+	case "already":
+		return AlreadyConfirmed, nil
+	case "released":
+		return WasReleased, nil
+	case "mismatch":
+		return SerialMismatch, nil
+	case "unknown":
+		return UnknownGrant, nil
+	}
+	return 0, fmt.Errorf("confirm: unexpected reply %v", res)
+}
+
+// Released is what one release call did.
+type Released struct {
+	Count, Cents int64
+	// OldestOverdueMS is how long past its deadline the oldest overdue grant
+	// was when the call began; 0 if none was.
+	OldestOverdueMS int64
+	// More is true when the batch was full: more grants may be due.
+	More bool
+	// NextMS is how long until a grant of the sub-pool can next fall due.
+	NextMS int64
+}
+
+// ReleaseExpired releases up to limit grants of the sub-pool that are still
+// held and past their deadline (by the shard's clock): amounts back to the
+// stock, grants marked released, counters, an outbox record each. Sent
+// again, it releases nothing twice (what it released is no longer held).
+func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released, error) {
+	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, limit).Slice()
+	if err != nil {
+		return Released{}, err
+	}
+	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1,
+		NextMS: integer(res, 4)}, nil
+}

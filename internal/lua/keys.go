@@ -1,0 +1,49 @@
+package lua
+
+// This file is the key schema: every key of a sub-pool, built in one place.
+
+import "strconv"
+
+// SubPool names sub-pool Index of pool Pool.
+type SubPool struct {
+	Pool  string
+	Index int
+}
+
+// Keys are the Redis keys of one sub-pool.
+type Keys struct {
+	Meta      string // hash: spec, state, counters
+	Stock     string // list: pre-split amounts
+	Grants    string // hash: user -> "state:amount:serial:deadline_ms"
+	Deadlines string // zset: user by deadline_ms
+	Outbox    string // stream: grants for settlement
+	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
+	Transfers string // hash: token -> "amount:home:ms:user", spills out in flight (as a sibling)
+	Settled   string // hash: token -> "a|u:amount:home:ms:user", spills out acked or untaken
+	Verdicts  string // hash: token -> "a:origin:amount:deadline_ms:user" | "r:user" (as a home)
+}
+
+// Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
+func (s SubPool) Tag() string { return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "}" }
+
+// Keys builds the sub-pool's keys; they all carry Tag. It is the only place
+// sub-pool keys are made.
+func (s SubPool) Keys() Keys {
+	p := "rain:" + s.Tag() + ":"
+	return Keys{
+		Meta:      p + "meta",
+		Stock:     p + "stock",
+		Grants:    p + "grants",
+		Deadlines: p + "deadlines",
+		Outbox:    p + "outbox",
+		Reserve:   p + "reserve",
+		Transfers: p + "transfers",
+		Settled:   p + "settled",
+		Verdicts:  p + "verdicts",
+	}
+}
+
+// All lists every key of the sub-pool.
+func (k Keys) All() []string {
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Settled, k.Verdicts}
+}

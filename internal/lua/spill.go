@@ -1,0 +1,227 @@
+package lua
+
+// This file is the spill protocol's steps: take, adopt, decide, ack,
+// untake, abort, and the reaper's view of transfers in flight.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SpillValidity is how long a spill's reservation lasts (T): claim_many and
+// adopt refuse a reservation older than this, and the reaper drops it. Every
+// rain process must use the same; tests shorten it.
+const SpillValidity = 3 * time.Second
+
+// Taken is what a take did.
+type Taken uint8
+
+// Take results.
+const (
+	TakenAmount  Taken = iota + 1 // the amount is in flight under the token
+	TakeEmpty                     // the sub-pool has no stock (or is not open)
+	TakeSettled                   // the token's transfer was acked or untaken already
+	TakeConflict                  // the token is stored for another user or home
+)
+
+// Take moves one amount of sibling sub-pool k into an in-flight transfer
+// for user, whose home sub-pool is home. Taking again with a token returns
+// the same transfer, as long as it is in flight.
+func Take(ctx context.Context, c Client, k *Keys, token string, home int, user string) (Taken, int64, error) {
+	res, err := takeScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, home, user).Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	switch str(res, 0) {
+	case "taken":
+		return TakenAmount, integer(res, 1), nil
+	case "empty", "closed":
+		return TakeEmpty, 0, nil
+	case "settled":
+		return TakeSettled, 0, nil
+	case "conflict":
+		return TakeConflict, 0, nil
+	}
+	return 0, 0, fmt.Errorf("take: unexpected reply %v", res)
+}
+
+// Adopt turns user's reservation at home (keys k) into a held grant of
+// amount from sibling origin, if the reservation still carries token and is
+// younger than validityMS and the user holds no grant; else it records the
+// token as refused and ok is false. Sent again, it answers as the first run did.
+func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
+	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts},
+		user, token, serial, amount, origin, validityMS).Slice()
+	if err != nil {
+		return Claim{}, false, err
+	}
+	if str(res, 0) != "granted" {
+		return Claim{}, false, nil
+	}
+	return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, true, nil
+}
+
+// Verdict is the home's decision on a spill token.
+type Verdict struct {
+	Adopted    bool  // else refused
+	Origin     int   // the sibling it was adopted from
+	Amount     int64 // the amount adopted
+	DeadlineMS int64 // the grant's deadline
+}
+
+// Decide returns the home's verdict on token, refusing it for good if the
+// home has not decided it yet. The sibling acks a transfer only if the
+// verdict is adopted from it with its amount, and untakes it otherwise.
+func Decide(ctx context.Context, c Client, k *Keys, token, user string) (Verdict, error) {
+	res, err := decideScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, token, user).Slice()
+	if err != nil {
+		return Verdict{}, err
+	}
+	switch str(res, 0) {
+	case "adopted":
+		return Verdict{Adopted: true, Origin: int(integer(res, 1)), Amount: integer(res, 2), DeadlineMS: integer(res, 3)}, nil
+	case "refused":
+		return Verdict{}, nil
+	}
+	return Verdict{}, fmt.Errorf("decide: unexpected reply %v", res)
+}
+
+// Settlement is what an ack or an untake did.
+type Settlement uint8
+
+// Ack and Untake results.
+const (
+	Acked          Settlement = iota + 1 // the transfer is sent (granted at its home)
+	Returned                             // the amount is back in the stock
+	NoTransfer                           // no transfer under the token
+	SettleConflict                       // settled the other way already
+)
+
+// Ack marks a transfer the home adopted as sent; Untake puts one the home
+// refused back in the stock. Both are idempotent: sent again, each answers
+// as the first run did.
+func Ack(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
+	return settleTransfer(ctx, c, k, token, "ack")
+}
+
+// Untake: see Ack.
+func Untake(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
+	return settleTransfer(ctx, c, k, token, "untake")
+}
+
+func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (Settlement, error) {
+	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, op).Slice()
+	if err != nil {
+		return 0, err
+	}
+	switch str(res, 0) {
+	case "acked":
+		return Acked, nil
+	case "returned":
+		return Returned, nil
+	case "gone":
+		return NoTransfer, nil
+	case "conflict":
+		return SettleConflict, nil
+	}
+	return 0, fmt.Errorf("%s: unexpected reply %v", op, res)
+}
+
+// Abort refuses token at home and drops user's reservation if it still
+// carries the token. adopted is true when the home had adopted the token
+// already: then there is nothing to abort.
+func Abort(ctx context.Context, c Client, k *Keys, user, token string) (adopted bool, err error) {
+	res, err := abortScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, user, token).Slice()
+	if err != nil {
+		return false, err
+	}
+	return str(res, 0) == "adopted", nil
+}
+
+// StaleTransfer is a transfer out of a sub-pool in flight long enough to
+// resolve.
+type StaleTransfer struct {
+	Token  string
+	Home   int
+	User   string
+	Amount int64
+}
+
+// StaleTransfers drops the sub-pool's reservations older than validityMS and
+// lists its transfers in flight for more than ageMS; nextMS is how long
+// until one can next be.
+func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (stale []StaleTransfer, nextMS int64, err error) {
+	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, ageMS).Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	for i := 2; i+3 < len(res); i += 4 {
+		home, err := strconv.Atoi(str(res, i+1))
+		if err != nil {
+			return nil, 0, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
+		}
+		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2), Amount: integer(res, i+3)})
+	}
+	return stale, integer(res, 1), nil
+}
+
+// TransferRecord is one spill out of a sub-pool, parsed from its record.
+type TransferRecord struct {
+	State  byte // 't' in flight, 'a' acked, 'u' untaken
+	Amount int64
+	Home   int
+	User   string
+}
+
+// ParseTransfer reads a transfer record (state 't') or a settled one.
+func ParseTransfer(rec string, settled bool) (TransferRecord, error) {
+	var t TransferRecord
+	t.State = 't'
+	if settled {
+		if len(rec) < 2 || rec[1] != ':' || (rec[0] != 'a' && rec[0] != 'u') {
+			return t, fmt.Errorf("settled transfer %q: bad state", rec)
+		}
+		t.State, rec = rec[0], rec[2:]
+	}
+	parts := strings.SplitN(rec, ":", 4)
+	if len(parts) != 4 {
+		return t, fmt.Errorf("transfer %q: want amount:home:ms:user", rec)
+	}
+	var err error
+	if t.Amount, err = strconv.ParseInt(parts[0], 10, 64); err != nil {
+		return t, fmt.Errorf("transfer %q: amount: %w", rec, err)
+	}
+	if t.Home, err = strconv.Atoi(parts[1]); err != nil {
+		return t, fmt.Errorf("transfer %q: home: %w", rec, err)
+	}
+	t.User = parts[3]
+	return t, nil
+}
+
+// ParseVerdict reads a verdict record: adopted ("a:origin:amount:deadline:user")
+// or refused ("r:user").
+func ParseVerdict(rec string) (Verdict, error) {
+	if strings.HasPrefix(rec, "r:") {
+		return Verdict{}, nil
+	}
+	parts := strings.SplitN(rec, ":", 5)
+	if len(parts) != 5 || parts[0] != "a" {
+		return Verdict{}, fmt.Errorf("verdict %q: want a:origin:amount:deadline:user or r:user", rec)
+	}
+	origin, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: origin: %w", rec, err)
+	}
+	amount, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: amount: %w", rec, err)
+	}
+	deadline, err := strconv.ParseInt(parts[3], 10, 64)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("verdict %q: deadline: %w", rec, err)
+	}
+	return Verdict{Adopted: true, Origin: origin, Amount: amount, DeadlineMS: deadline}, nil
+}

@@ -6,9 +6,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"rain/internal/shard"
 	"strings"
 	"time"
+
+	"rain/internal/shard"
 )
 
 // durabilityFlag binds --durability [RAIN_DURABILITY].

@@ -9,11 +9,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"rain/internal/metrics"
-	"rain/internal/redistest"
 	"strings"
 	"testing"
 	"time"
+
+	"rain/internal/metrics"
+	"rain/internal/redistest"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"

@@ -7,15 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
+	"time"
+
 	"rain/internal/auth"
 	"rain/internal/metrics"
 	"rain/internal/settle"
-	"strings"
-	"time"
 )
 
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -49,35 +51,11 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	cfg.Logger = log
 	log.Info("rain settle", versionAttrs()...)
-	var sink settle.Sink
-	switch {
-	case (ledger == "") == (webhook == ""):
-		return errors.New("give exactly one of --ledger and --webhook")
-	case ledger != "":
-		l, err := settle.OpenLedger(ledger)
-		if err != nil {
-			return err
-		}
-		defer l.Close()
-		sink = l
-	default:
-		if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("--webhook %q: want an http(s) URL", webhook)
-		}
-		wh := &settle.Webhook{URL: webhook}
-		if webhookSecretFile != "" {
-			b, err := os.ReadFile(webhookSecretFile)
-			if err != nil {
-				return fmt.Errorf("--webhook-secret-file: %w", err)
-			}
-			if wh.Secret = []byte(strings.TrimSpace(string(b))); len(wh.Secret) < auth.MinSecret {
-				return fmt.Errorf("--webhook-secret-file %s: a secret of %d bytes; want at least %d", webhookSecretFile, len(wh.Secret), auth.MinSecret)
-			}
-		} else {
-			log.Warn("webhook deliveries are not signed: give --webhook-secret-file so the wallet can tell rain's deliveries from forged ones")
-		}
-		sink = wh
+	sink, closeSink, err := settleSink(ledger, webhook, webhookSecretFile, log)
+	if err != nil {
+		return err
 	}
+	defer closeSink()
 	set, cat, err := openTool(tc)
 	if err != nil {
 		return err
@@ -103,6 +81,37 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	w.Run(ctx)
 	return nil
+}
+
+// settleSink is the sink --ledger or --webhook names (exactly one of
+// them); closeSink closes it.
+func settleSink(ledger, webhook, secretFile string, log *slog.Logger) (sink settle.Sink, closeSink func(), err error) {
+	switch {
+	case (ledger == "") == (webhook == ""):
+		return nil, nil, errors.New("give exactly one of --ledger and --webhook")
+	case ledger != "":
+		l, err := settle.OpenLedger(ledger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return l, func() { l.Close() }, nil
+	}
+	if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, nil, fmt.Errorf("--webhook %q: want an http(s) URL", webhook)
+	}
+	wh := &settle.Webhook{URL: webhook}
+	if secretFile == "" {
+		log.Warn("webhook deliveries are not signed: give --webhook-secret-file so the wallet can tell rain's deliveries from forged ones")
+		return wh, func() {}, nil
+	}
+	b, err := os.ReadFile(secretFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--webhook-secret-file: %w", err)
+	}
+	if wh.Secret = []byte(strings.TrimSpace(string(b))); len(wh.Secret) < auth.MinSecret {
+		return nil, nil, fmt.Errorf("--webhook-secret-file %s: a secret of %d bytes; want at least %d", secretFile, len(wh.Secret), auth.MinSecret)
+	}
+	return wh, func() {}, nil
 }
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the

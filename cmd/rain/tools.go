@@ -8,10 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"rain/internal/catalog"
-	"rain/internal/shard"
 	"strings"
 	"time"
+
+	"rain/internal/catalog"
+	"rain/internal/shard"
 )
 
 // toolConfig is what every operator tool takes.

@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"time"
+
 	"rain/internal/auth"
 	"rain/internal/catalog"
 	"rain/internal/dash"
-	"strings"
-	"time"
 )
 
 // maxAdminBody bounds operator request bodies.

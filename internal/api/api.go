@@ -7,12 +7,13 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
+
 	"rain/internal/catalog"
 	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/limit"
 	"rain/internal/metrics"
-	"sync/atomic"
 )
 
 // MaxGrabBody is the largest POST /grab body accepted.

@@ -9,10 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"rain/internal/catalog"
 	"reflect"
 	"strings"
 	"sync"
+
+	"rain/internal/catalog"
 )
 
 // grabRequest is the POST /grab body.

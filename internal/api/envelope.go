@@ -8,12 +8,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"rain/internal/dash"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"rain/internal/dash"
 )
 
 // requestIDs makes request ids: a random prefix per process and a count,

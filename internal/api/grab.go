@@ -7,12 +7,13 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
-	"rain/internal/auth"
-	"rain/internal/grab"
-	"rain/internal/pool"
 	"strconv"
 	"strings"
 	"time"
+
+	"rain/internal/auth"
+	"rain/internal/grab"
+	"rain/internal/pool"
 )
 
 // Grab statuses of API.md, indexed for the metrics.

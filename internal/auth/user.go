@@ -16,10 +16,11 @@ import (
 	"fmt"
 	"math/big"
 	"os"
-	"rain/internal/catalog"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"rain/internal/catalog"
 
 	"github.com/golang-jwt/jwt/v5"
 )

@@ -86,58 +86,9 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	}
 	var count, cents int64
 	for j, a := range subs {
-		name := p.Placement[j]
-		add := func(q string, want, got int64) {
-			if want != got {
-				r.Problems = append(r.Problems, Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
-			}
-		}
-		if !a.Found {
-			add("sub_pool_exists", 1, 0)
-			continue
-		}
+		r.checkSubPool(j, p.Placement[j], p.State, &a)
 		count += a.Count
 		cents += a.Cents
-		if p.State == Open && State(a.State) != Open {
-			add("open", 1, 0)
-		}
-		// Read with the counters, atomically: these hold on a live pool.
-		add("stock_count (list length)", a.StockCount, a.ListLen)
-		add("deadline index entries (held_count)", a.HeldCount, a.DeadlineEntries)
-		add("inflight_count (transfers)", a.InflightCount, a.Transfers)
-		add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
-		if State(a.State) == Open {
-			add("count + received - sent = stock + held + confirmed + in flight (counters)",
-				a.Count+a.ReceivedCount-a.SentCount, a.StockCount+a.HeldCount+a.ConfirmedCount+a.InflightCount)
-			add("cents + received - sent = stock + held + confirmed + in flight (counters)",
-				a.Cents+a.ReceivedCents-a.SentCents, a.StockCents+a.HeldCents+a.ConfirmedCents+a.InflightCents)
-		}
-		add("unreadable grant or spill records", 0, a.BadRecords)
-		if !a.Recounted {
-			r.Notes = append(r.Notes, fmt.Sprintf("sub-pool %d on %s changed during every recount: its records were not recounted (its counters were checked)", j, name))
-		} else {
-			// Read in pages while nothing moved: the records agree with
-			// the counters.
-			add("stock_cents (list sum)", a.StockCents, a.ListSum)
-			add("held_count (grants)", a.HeldCount, a.GrantsHeld)
-			add("held_cents (grants)", a.HeldCents, a.GrantsHeldCents)
-			add("confirmed_count (grants)", a.ConfirmedCount, a.GrantsConfirmed)
-			add("confirmed_cents (grants)", a.ConfirmedCents, a.GrantsConfirmedCents)
-			// A released user may grab again, which replaces the released
-			// record: the counters count every release, the records only
-			// those not grabbed again.
-			if a.ReleasedCount < a.GrantsReleased {
-				add("released_count (at least the released grant records)", a.GrantsReleased, a.ReleasedCount)
-			}
-			if a.ReleasedCents < a.GrantsReleasedCents {
-				add("released_cents (at least the released grant records)", a.GrantsReleasedCents, a.ReleasedCents)
-			}
-			add("duplicate serials", 0, a.DuplicateSerials)
-			add("sent_count (acked transfers)", a.SentCount, a.Acked)
-			add("sent_cents (acked transfers)", a.SentCents, a.AckedCents)
-			add("received_count (adopted verdicts)", a.ReceivedCount, a.Adopted)
-			add("received_cents (adopted verdicts)", a.ReceivedCents, a.AdoptedCents)
-		}
 	}
 	if p.State == Open {
 		whole := func(q string, want, got int64) {
@@ -157,6 +108,60 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	return r, nil
 }
 
+// checkSubPool adds to r what is wrong with sub-pool j (on shard name) as
+// a read it; state is the pool's.
+func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAudit) {
+	add := func(q string, want, got int64) {
+		if want != got {
+			r.Problems = append(r.Problems, Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
+		}
+	}
+	if !a.Found {
+		add("sub_pool_exists", 1, 0)
+		return
+	}
+	if state == Open && State(a.State) != Open {
+		add("open", 1, 0)
+	}
+	// Read with the counters, atomically: these hold on a live pool.
+	add("stock_count (list length)", a.StockCount, a.ListLen)
+	add("deadline index entries (held_count)", a.HeldCount, a.DeadlineEntries)
+	add("inflight_count (transfers)", a.InflightCount, a.Transfers)
+	add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
+	if State(a.State) == Open {
+		add("count + received - sent = stock + held + confirmed + in flight (counters)",
+			a.Count+a.ReceivedCount-a.SentCount, a.StockCount+a.HeldCount+a.ConfirmedCount+a.InflightCount)
+		add("cents + received - sent = stock + held + confirmed + in flight (counters)",
+			a.Cents+a.ReceivedCents-a.SentCents, a.StockCents+a.HeldCents+a.ConfirmedCents+a.InflightCents)
+	}
+	add("unreadable grant or spill records", 0, a.BadRecords)
+	if !a.Recounted {
+		r.Notes = append(r.Notes, fmt.Sprintf("sub-pool %d on %s changed during every recount: its records were not recounted (its counters were checked)", j, name))
+		return
+	}
+	// Read in pages while nothing moved: the records agree with the
+	// counters.
+	add("stock_cents (list sum)", a.StockCents, a.ListSum)
+	add("held_count (grants)", a.HeldCount, a.GrantsHeld)
+	add("held_cents (grants)", a.HeldCents, a.GrantsHeldCents)
+	add("confirmed_count (grants)", a.ConfirmedCount, a.GrantsConfirmed)
+	add("confirmed_cents (grants)", a.ConfirmedCents, a.GrantsConfirmedCents)
+	// A released user may grab again, which replaces the released record:
+	// the counters count every release, the records only those not grabbed
+	// again.
+	if a.ReleasedCount < a.GrantsReleased {
+		add("released_count (at least the released grant records)", a.GrantsReleased, a.ReleasedCount)
+	}
+	if a.ReleasedCents < a.GrantsReleasedCents {
+		add("released_cents (at least the released grant records)", a.GrantsReleasedCents, a.ReleasedCents)
+	}
+	add("duplicate serials", 0, a.DuplicateSerials)
+	add("sent_count (acked transfers)", a.SentCount, a.Acked)
+	add("sent_cents (acked transfers)", a.SentCents, a.AckedCents)
+	add("received_count (adopted verdicts)", a.ReceivedCount, a.Adopted)
+	add("received_cents (adopted verdicts)", a.ReceivedCents, a.AdoptedCents)
+}
+
 // spillSide is what one sub-pool says of one spill token.
 type spillSide struct {
 	transfer *lua.TransferRecord // at the sibling: in flight or settled; nil if none
@@ -167,56 +172,54 @@ type spillSide struct {
 // Audit). Tokens that look wrong are read again, both sides, before they
 // are reported.
 func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lua.SubPoolAudit) ([]Problem, error) {
-	type key struct {
-		token        string
-		home, origin int
+	var problems []Problem
+	for _, k := range spillSuspects(subs) {
+		side, err := c.readSpill(ctx, id, p, k.token, k.home, k.origin)
+		if err != nil {
+			return nil, err
+		}
+		if q := spillProblem(k.origin, side.transfer, side.verdict); q != "" {
+			origin := k.origin
+			pr := Problem{SubPool: &origin, Shard: p.Placement[origin], Token: k.token, Quantity: q}
+			if side.transfer != nil {
+				pr.Found = side.transfer.Amount
+			}
+			if side.verdict != nil {
+				pr.Expected = side.verdict.Amount
+			}
+			problems = append(problems, pr)
+		}
 	}
-	var suspects []key
-	seen := map[key]bool{}
-	suspect := func(k key) {
+	return problems, nil
+}
+
+// spillKey names one spill: its token, its home and the sibling it took
+// from.
+type spillKey struct {
+	token        string
+	home, origin int
+}
+
+// spillSuspects lists, once each, the spills whose two sides as the
+// sub-pools were read disagree (see spillProblem).
+func spillSuspects(subs []lua.SubPoolAudit) []spillKey {
+	var suspects []spillKey
+	seen := map[spillKey]bool{}
+	suspect := func(k spillKey) {
 		if !seen[k] {
 			seen[k] = true
 			suspects = append(suspects, k)
 		}
 	}
-	transfer := func(j int, token string) *lua.TransferRecord {
-		if j < 0 || j >= len(subs) {
-			return nil
-		}
-		if v, ok := subs[j].TransferRecords[token]; ok {
-			t, err := lua.ParseTransfer(v, false)
-			if err == nil {
-				return &t
-			}
-		}
-		if v, ok := subs[j].SettledRecords[token]; ok {
-			t, err := lua.ParseTransfer(v, true)
-			if err == nil {
-				return &t
-			}
-		}
-		return nil
-	}
-	verdict := func(h int, token string) *lua.Verdict {
-		if h < 0 || h >= len(subs) {
-			return nil
-		}
-		if v, ok := subs[h].VerdictRecords[token]; ok {
-			if vd, err := lua.ParseVerdict(v); err == nil {
-				return &vd
-			}
-		}
-		return nil
-	}
 	for j, a := range subs {
 		for _, m := range []map[string]string{a.TransferRecords, a.SettledRecords} {
 			for token := range m {
-				t := transfer(j, token)
+				t := readTransfer(subs, j, token)
 				if t == nil {
 					continue // unreadable: counted in bad_records
 				}
-				if spillProblem(j, t, verdict(t.Home, token)) != "" {
-					suspect(key{token, t.Home, j})
+				if spillProblem(j, t, readVerdict(subs, t.Home, token)) != "" {
+					suspect(spillKey{token, t.Home, j})
 				}
 			}
 		}
@@ -225,30 +228,45 @@ func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lu
 			if err != nil || !vd.Adopted {
 				continue
 			}
-			if spillProblem(vd.Origin, transfer(vd.Origin, token), &vd) != "" {
-				suspect(key{token, j, vd.Origin})
+			if spillProblem(vd.Origin, readTransfer(subs, vd.Origin, token), &vd) != "" {
+				suspect(spillKey{token, j, vd.Origin})
 			}
 		}
 	}
-	var problems []Problem
-	for _, k := range suspects {
-		side, err := c.readSpill(ctx, id, p, k.token, k.home, k.origin)
-		if err != nil {
-			return nil, err
-		}
-		if q := spillProblem(k.origin, side.transfer, side.verdict); q != "" {
-			origin := k.origin
-			p := Problem{SubPool: &origin, Shard: p.Placement[origin], Token: k.token, Quantity: q}
-			if side.transfer != nil {
-				p.Found = side.transfer.Amount
-			}
-			if side.verdict != nil {
-				p.Expected = side.verdict.Amount
-			}
-			problems = append(problems, p)
+	return suspects
+}
+
+// readTransfer is token's transfer out of sub-pool j as the audit read it,
+// in flight or settled; nil if none (or unreadable).
+func readTransfer(subs []lua.SubPoolAudit, j int, token string) *lua.TransferRecord {
+	if j < 0 || j >= len(subs) {
+		return nil
+	}
+	if v, ok := subs[j].TransferRecords[token]; ok {
+		if t, err := lua.ParseTransfer(v, false); err == nil {
+			return &t
 		}
 	}
-	return problems, nil
+	if v, ok := subs[j].SettledRecords[token]; ok {
+		if t, err := lua.ParseTransfer(v, true); err == nil {
+			return &t
+		}
+	}
+	return nil
+}
+
+// readVerdict is home h's verdict on token as the audit read it; nil if
+// undecided (or unreadable).
+func readVerdict(subs []lua.SubPoolAudit, h int, token string) *lua.Verdict {
+	if h < 0 || h >= len(subs) {
+		return nil
+	}
+	if v, ok := subs[h].VerdictRecords[token]; ok {
+		if vd, err := lua.ParseVerdict(v); err == nil {
+			return &vd
+		}
+	}
+	return nil
 }
 
 // spillProblem says what is wrong with a spill token whose transfer out of

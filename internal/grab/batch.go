@@ -223,11 +223,57 @@ type laneState struct {
 // the shard's breaker; with the breaker open the claims queued are answered
 // at once, unsent.
 func (b *batcher) run(batch []*claimReq, st *laneState) {
+	groups, valid := b.group(batch, st)
+	if len(groups) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.budget)
 	defer cancel()
+	pipe := b.c.Pipeline()
+	for i := range groups {
+		g := &groups[i]
+		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, g.claims, g.args)
+	}
+	var wait *redis.IntCmd
+	if b.replicated {
+		// Every write of the batch went on this connection before WAIT:
+		// its answer is how many replicas have all of them.
+		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
+		_ = pipe.Process(ctx, wait)
+	}
+	sent := time.Now()
+	_, _ = pipe.Exec(ctx) // errors are per command, read below
+	took := time.Since(sent)
+	failed, answered := false, 0
+	for i := range groups {
+		failed = b.read(ctx, &groups[i], valid, wait) || failed
+		answered += len(groups[i].reqs)
+	}
+	// The breaker and the metrics see the batch before its callers do: a
+	// caller's next claim meets the breaker as this batch left it, and a
+	// scrape after an answer counts the batch.
+	b.br.done(failed)
+	if failed {
+		b.failures.Add(1)
+	}
+	if b.onBatch != nil {
+		b.onBatch(b.name, answered, took, failed)
+	}
+	for i := range groups {
+		for _, r := range groups[i].reqs {
+			r.done <- struct{}{}
+		}
+	}
+}
+
+// group sorts the claims of a batch by sub-pool, one group (one claim_many)
+// each, in st's reused buffers, and answers at once, unsent, the claims
+// whose ctx has ended or whose shard's breaker is open (or probing). valid
+// is the spill reservations' validity, the same for every claim of a
+// service.
+func (b *batcher) group(batch []*claimReq, st *laneState) (groups []group, valid int64) {
 	open := b.br.current() != breakerClosed // open, or a probe is out
-	groups := st.groups[:0]                 // reused with their buffers
-	var valid int64
+	groups = st.groups[:0]
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil || open {
 			if open {
@@ -237,7 +283,7 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 			r.done <- struct{}{}
 			continue
 		}
-		valid = r.valid // the same for every claim of a service
+		valid = r.valid
 		gi := -1
 		for i := range groups {
 			if groups[i].keys == r.keys {
@@ -260,66 +306,34 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 		g.claims = append(g.claims, lua.ClaimArg{User: r.user, Serial: r.serial, Token: r.token})
 	}
 	st.groups = groups
-	if len(groups) == 0 {
-		return
-	}
-	pipe := b.c.Pipeline()
-	for i := range groups {
-		g := &groups[i]
-		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, g.claims, g.args)
-	}
-	var wait *redis.IntCmd
-	if b.replicated {
-		// Every write of the batch went on this connection before WAIT:
-		// its answer is how many replicas have all of them.
-		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
-		_ = pipe.Process(ctx, wait)
-	}
-	sent := time.Now()
-	_, _ = pipe.Exec(ctx) // errors are per command, read below
-	took := time.Since(sent)
-	failed, answered := false, 0
-	for i := range groups {
-		g := &groups[i]
-		claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
-		if lua.IsNoScript(err) {
-			// A restarted shard has an empty script cache: load and run
-			// again. Nothing ran for these claims, so running them is safe.
-			if err = lua.LoadScripts(ctx, b.c); err == nil {
-				claims, errs, err = lua.ClaimMany(ctx, b.c, g.keys, valid, g.claims)
-			}
-		}
-		var rerr redis.Error
-		if err != nil && !errors.As(err, &rerr) {
-			failed = true // the network's error: the shard did not answer
-		}
-		replicated := wait == nil || (wait.Err() == nil && wait.Val() >= 1)
-		answered += len(g.reqs)
-		for k, r := range g.reqs {
-			switch {
-			case err != nil:
-				r.err = err
-			case errs[k] == nil && claims[k].Outcome == lua.Granted && !replicated:
-				r.err = fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, wait.Val(), wait.Err())
-			default:
-				r.res, r.err = claims[k], errs[k]
-			}
-		}
-		g.cmd = nil
-	}
-	// The breaker and the metrics see the batch before its callers do: a
-	// caller's next claim meets the breaker as this batch left it, and a
-	// scrape after an answer counts the batch.
-	b.br.done(failed)
-	if failed {
-		b.failures.Add(1)
-	}
-	if b.onBatch != nil {
-		b.onBatch(b.name, answered, took, failed)
-	}
-	for i := range groups {
-		for _, r := range groups[i].reqs {
-			r.done <- struct{}{}
+	return groups, valid
+}
+
+// read sets the answer of every claim of g from its claim_many's reply (the
+// script loaded and run again on NOSCRIPT: nothing ran then, so running it
+// is safe); a grant no replica confirmed (WAIT) is an unknown outcome. It
+// reports whether the shard failed to answer (the network's error, not a
+// script's).
+func (b *batcher) read(ctx context.Context, g *group, valid int64, wait *redis.IntCmd) (failed bool) {
+	claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
+	if lua.IsNoScript(err) {
+		if err = lua.LoadScripts(ctx, b.c); err == nil {
+			claims, errs, err = lua.ClaimMany(ctx, b.c, g.keys, valid, g.claims)
 		}
 	}
+	var rerr redis.Error
+	failed = err != nil && !errors.As(err, &rerr)
+	replicated := wait == nil || (wait.Err() == nil && wait.Val() >= 1)
+	for k, r := range g.reqs {
+		switch {
+		case err != nil:
+			r.err = err
+		case errs[k] == nil && claims[k].Outcome == lua.Granted && !replicated:
+			r.err = fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, wait.Val(), wait.Err())
+		default:
+			r.res, r.err = claims[k], errs[k]
+		}
+	}
+	g.cmd = nil
+	return failed
 }

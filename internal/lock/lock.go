@@ -66,8 +66,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"rain/internal/wait"
 	"time"
+
+	"rain/internal/wait"
 
 	"github.com/go-redsync/redsync/v4"
 	rsredis "github.com/go-redsync/redsync/v4/redis"

@@ -4,6 +4,10 @@ package metrics
 
 import (
 	"context"
+	"strconv"
+	"sync"
+	"time"
+
 	"rain/internal/grab"
 	"rain/internal/idgen"
 	"rain/internal/limit"
@@ -11,9 +15,6 @@ import (
 	"rain/internal/reaper"
 	"rain/internal/settle"
 	"rain/internal/shard"
-	"strconv"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )

@@ -14,15 +14,8 @@ package redistest
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -153,55 +146,6 @@ func (s *Server) args() []string {
 	return append(args, s.opts.Args...)
 }
 
-// StartSentinel starts a Redis Sentinel (redis-server --sentinel) that
-// watches the primary at primaryAddr under the name master, agreeing on a
-// failure with quorum sentinels. It considers the primary down after
-// downAfter without an answer. Like Start, it is stopped in tb's cleanup.
-func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration) *Server {
-	tb.Helper()
-	return StartSentinelAuth(tb, master, primaryAddr, quorum, downAfter, "")
-}
-
-// StartSentinelAuth is StartSentinel for a primary (and replicas) that
-// require authPass (sentinel auth-pass); "" for none.
-func StartSentinelAuth(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration, authPass string) *Server {
-	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		tb.Fatal(Missing)
-	}
-	host, port, err := net.SplitHostPort(primaryAddr)
-	if err != nil {
-		tb.Fatalf("redistest: sentinel: primary %q: %v", primaryAddr, err)
-	}
-	s := &Server{tb: tb, bin: bin, opts: Options{sentinel: true}, Dir: tb.TempDir()}
-	conf := fmt.Sprintf("sentinel monitor %s %s %s %d\n"+
-		"sentinel down-after-milliseconds %s %d\n"+
-		"sentinel failover-timeout %s 5000\n"+
-		"sentinel parallel-syncs %s 1\n", master, host, port, quorum,
-		master, downAfter.Milliseconds(), master, master)
-	if authPass != "" {
-		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", master, authPass)
-	}
-	if err := os.WriteFile(filepath.Join(s.Dir, "sentinel.conf"), []byte(conf), 0o644); err != nil {
-		tb.Fatalf("redistest: sentinel: %v", err)
-	}
-	tb.Cleanup(s.Kill)
-	var lastErr error
-	for range 5 {
-		if s.port, err = freePort(); err != nil {
-			tb.Fatalf("redistest: free port: %v", err)
-		}
-		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
-		if lastErr = s.start(); lastErr == nil {
-			return s
-		}
-	}
-	tb.Fatalf("redistest: start redis sentinel: %v", lastErr)
-	return nil
-}
-
-// start runs the process and waits for PING.
 func (s *Server) start() error {
 	cmd := exec.Command(s.bin, s.args()...)
 	cmd.Dir = s.Dir
@@ -294,50 +238,6 @@ func (s *Server) signal(sig syscall.Signal) {
 
 // aofDir is where Redis 7 keeps the AOF (appenddirname, inside dir): a
 // manifest and the base and incr files it names.
-func (s *Server) aofDir() string { return filepath.Join(s.Dir, "appendonlydir") }
-
-// SnapshotAOF copies the server's AOF directory into a fresh temporary
-// directory and returns the copy's path, for RestoreAOF. The server must run
-// with AOF on. It waits for an AOF rewrite in progress to finish, so the
-// manifest and the files it names agree. The copy holds what Redis has
-// written to the files: with Fsync "always" that is every write acknowledged
-// so far. Call it while no writes are in flight; a write that lands during
-// the copy may be cut short in it (Redis loads such a tail only with
-// aof-load-truncated yes, its default, dropping the torn command).
-func (s *Server) SnapshotAOF() string {
-	s.tb.Helper()
-	if !s.opts.AOF {
-		s.tb.Fatalf("redistest: SnapshotAOF of %s, which runs without AOF", s.Addr)
-	}
-	if err := waitAOFIdle(s.Addr); err != nil {
-		s.tb.Fatalf("redistest: SnapshotAOF of %s: %v", s.Addr, err)
-	}
-	dst := filepath.Join(s.tb.TempDir(), "appendonlydir")
-	if err := os.CopyFS(dst, os.DirFS(s.aofDir())); err != nil {
-		s.tb.Fatalf("redistest: SnapshotAOF of %s: %v", s.Addr, err)
-	}
-	return dst
-}
-
-// RestoreAOF replaces the server's AOF directory with snapshot, a copy made
-// by SnapshotAOF, so the next Restart comes back with the older state: a host
-// that lost the tail of its AOF. The server must be down (Kill it first).
-func (s *Server) RestoreAOF(snapshot string) {
-	s.tb.Helper()
-	s.mu.Lock()
-	up := s.cmd != nil
-	s.mu.Unlock()
-	if up {
-		s.tb.Fatalf("redistest: RestoreAOF of %s while it is running; Kill it first", s.Addr)
-	}
-	if err := os.RemoveAll(s.aofDir()); err != nil {
-		s.tb.Fatalf("redistest: RestoreAOF of %s: %v", s.Addr, err)
-	}
-	if err := os.CopyFS(s.aofDir(), os.DirFS(snapshot)); err != nil {
-		s.tb.Fatalf("redistest: RestoreAOF of %s: %v", s.Addr, err)
-	}
-}
-
 // Restart starts the server again on the same port and directory after Kill.
 func (s *Server) Restart() {
 	s.tb.Helper()
@@ -462,66 +362,4 @@ func Clients(tb testing.TB, servers []*Server) []*redis.Client {
 		cs[i] = c
 	}
 	return cs
-}
-
-// TLS is what a test needs to reach a server over TLS: the arguments that
-// give redis-server a TLS port with a certificate for 127.0.0.1 signed by a
-// CA made for the test (clients are not asked for certificates), the CA's
-// PEM file and the TLS port.
-type TLS struct {
-	Args   []string
-	CAFile string
-	Port   int
-}
-
-// NewTLS makes a CA and a server certificate for 127.0.0.1 in a temporary
-// directory, and picks a free port for TLS.
-func NewTLS(tb testing.TB) TLS {
-	tb.Helper()
-	dir := tb.TempDir()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rain test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	write := func(name, typ string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
-			tb.Fatal(err)
-		}
-		return p
-	}
-	caFile := write("ca.pem", "CERTIFICATE", caDER)
-	certFile := write("server.pem", "CERTIFICATE", der)
-	keyFile := write("server.key", "EC PRIVATE KEY", keyDER)
-	port, err := freePort()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return TLS{CAFile: caFile, Port: port, Args: []string{
-		"--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
-		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}}
 }

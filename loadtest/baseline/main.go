@@ -28,9 +28,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"rain/internal/catalog"
 	"syscall"
 	"time"
+
+	"rain/internal/catalog"
 
 	"github.com/redis/go-redis/v9"
 )

@@ -9,10 +9,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"rain/internal/catalog"
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"rain/internal/catalog"
 )
 
 // runFixed is `rainload fixed`: a server that answers every valid POST /grab with

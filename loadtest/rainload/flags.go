@@ -89,12 +89,32 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 			return nil, errors.New("-metrics-url goes with -scrape")
 		}
 	}
-	u, err := url.Parse(*rawURL)
+	if err := c.target(*rawURL); err != nil {
+		return nil, err
+	}
+	if err := c.schedule(*stages, *rate, *duration, set); err != nil {
+		return nil, err
+	}
+	if err := c.bounds(); err != nil {
+		return nil, err
+	}
+	if err := c.preloadSpec(*preload); err != nil {
+		return nil, err
+	}
+	if err := c.userTokens(*userSecret, *userAud, *userIss); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// target checks -url and -pool.
+func (c *config) target(rawURL string) error {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("-url: %w", err)
+		return fmt.Errorf("-url: %w", err)
 	}
 	if u.Scheme != "http" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("-url %q: want http://HOST[:PORT][/PATH]", *rawURL)
+		return fmt.Errorf("-url %q: want http://HOST[:PORT][/PATH]", rawURL)
 	}
 	c.base, c.addr = u, u.Host
 	if u.Port() == "" {
@@ -102,79 +122,97 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	}
 	// Ids are checked once here, so that the hot path can put them into
 	// JSON without escaping.
-	if err := catalog.CheckID("-pool", c.pool); err != nil {
-		return nil, err
-	}
+	return catalog.CheckID("-pool", c.pool)
+}
 
+// schedule sets the arrival schedule: -stages, or -rate and -duration.
+func (c *config) schedule(stages string, rate float64, duration time.Duration, set map[string]bool) error {
+	var err error
 	switch {
-	case *stages != "" && (set["rate"] || set["duration"]):
-		return nil, errors.New("give -rate and -duration, or -stages, not both")
-	case *stages != "":
-		if c.stages, err = schedule.Parse(*stages); err != nil {
-			return nil, fmt.Errorf("-stages: %w", err)
+	case stages != "" && (set["rate"] || set["duration"]):
+		return errors.New("give -rate and -duration, or -stages, not both")
+	case stages != "":
+		if c.stages, err = schedule.Parse(stages); err != nil {
+			return fmt.Errorf("-stages: %w", err)
 		}
 		if _, err := schedule.New(c.startRate, c.stages); err != nil {
-			return nil, fmt.Errorf("-stages: %w", err)
+			return fmt.Errorf("-stages: %w", err)
 		}
 	case set["start-rate"]:
-		return nil, errors.New("-start-rate goes with -stages")
+		return errors.New("-start-rate goes with -stages")
 	default:
-		if !(*rate > 0) || math.IsInf(*rate, 0) || *duration <= 0 {
-			return nil, errors.New("give -rate > 0 and -duration > 0, or -stages")
+		if !(rate > 0) || math.IsInf(rate, 0) || duration <= 0 {
+			return errors.New("give -rate > 0 and -duration > 0, or -stages")
 		}
-		c.startRate = *rate
-		c.stages = []schedule.Stage{{Duration: *duration, Target: *rate}}
+		c.startRate = rate
+		c.stages = []schedule.Stage{{Duration: duration, Target: rate}}
 	}
+	return nil
+}
 
+// bounds checks the users, the repeats, the in-flight and connection
+// bounds, the timeout and the progress interval.
+func (c *config) bounds() error {
 	if c.users < 1 {
-		return nil, fmt.Errorf("-users %d: want >= 1", c.users)
+		return fmt.Errorf("-users %d: want >= 1", c.users)
 	}
 	if c.userPrefix == "" || !catalog.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
-		return nil, fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, catalog.IDRule)
+		return fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, catalog.IDRule)
 	}
 	if !(c.repeat >= 0 && c.repeat <= 1) {
-		return nil, fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)
+		return fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)
 	}
 	if c.maxInflight < 1 {
-		return nil, fmt.Errorf("-max-inflight %d: want >= 1", c.maxInflight)
+		return fmt.Errorf("-max-inflight %d: want >= 1", c.maxInflight)
 	}
 	if c.conns < 1 {
-		return nil, fmt.Errorf("-conns %d: want >= 1", c.conns)
+		return fmt.Errorf("-conns %d: want >= 1", c.conns)
 	}
 	c.conns = min(c.conns, c.maxInflight) // more could never be busy
 	if c.timeout <= 0 {
-		return nil, fmt.Errorf("-timeout %v: want > 0", c.timeout)
+		return fmt.Errorf("-timeout %v: want > 0", c.timeout)
 	}
 	if c.progress < 0 {
-		return nil, fmt.Errorf("-progress %v: want >= 0", c.progress)
+		return fmt.Errorf("-progress %v: want >= 0", c.progress)
 	}
-	if *preload != "" {
-		n, sum, ok := strings.Cut(*preload, ":")
+	return nil
+}
+
+// preloadSpec reads -preload COUNT:TOTAL_CENTS.
+func (c *config) preloadSpec(preload string) error {
+	if preload != "" {
+		n, sum, ok := strings.Cut(preload, ":")
+		var err error
 		c.preloadN, err = strconv.ParseInt(n, 10, 64)
 		if err == nil {
 			c.preloadSum, err = strconv.ParseInt(sum, 10, 64)
 		}
 		if !ok || err != nil || c.preloadN < 1 || c.preloadSum < 1 {
-			return nil, fmt.Errorf("-preload %q: want COUNT:TOTAL_CENTS, both > 0", *preload)
+			return fmt.Errorf("-preload %q: want COUNT:TOTAL_CENTS, both > 0", preload)
 		}
 		c.preload = true
 	}
 	if (c.preload || c.scrape) && c.adminToken == "" {
-		return nil, errors.New("-preload and -scrape need -admin-token")
+		return errors.New("-preload and -scrape need -admin-token")
 	}
+	return nil
+}
+
+// userTokens sets the signer of -user-secret.
+func (c *config) userTokens(secret, aud, iss string) error {
 	switch {
-	case *userSecret != "":
+	case secret != "":
 		// The tokens outlive the run, its last answers and some slack.
 		var length time.Duration
 		for _, st := range c.stages {
 			length += st.Duration
 		}
 		expires := time.Now().Add(length + c.timeout + 10*time.Minute)
-		if c.signer, err = newTokenSigner(*userSecret, *userAud, *userIss, expires); err != nil {
-			return nil, err
-		}
-	case *userAud != "" || *userIss != "":
-		return nil, errors.New("-user-audience and -user-issuer go with -user-secret")
+		var err error
+		c.signer, err = newTokenSigner(secret, aud, iss, expires)
+		return err
+	case aud != "" || iss != "":
+		return errors.New("-user-audience and -user-issuer go with -user-secret")
 	}
-	return c, nil
+	return nil
 }

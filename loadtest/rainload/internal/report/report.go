@@ -143,12 +143,18 @@ func writeRun(b *strings.Builder, i int, r Run) {
 		},
 	}.write(b)
 
+	writeScraped(b, r.Samples, xs, col)
+}
+
+// writeScraped draws what the driver scraped from the target, when it did:
+// the worker pool's gauges and the pool's remaining stock.
+func writeScraped(b *strings.Builder, samples []timeline.Sample, xs []float64, col func(f func(s timeline.Sample) float64) []float64) {
 	var pool []series
 	for _, g := range []struct{ name, color string }{
 		{"rain_pool_capacity", blue}, {"rain_pool_running", green},
 		{"rain_pool_waiting", orange}, {"rain_pool_target", purple},
 	} {
-		if has(r.Samples, func(s timeline.Sample) bool { _, ok := s.Gauges[g.name]; return ok }) {
+		if has(samples, func(s timeline.Sample) bool { _, ok := s.Gauges[g.name]; return ok }) {
 			pool = append(pool, series{strings.TrimPrefix(g.name, "rain_pool_"), g.color,
 				col(func(s timeline.Sample) float64 {
 					if v, ok := s.Gauges[g.name]; ok {
@@ -163,7 +169,7 @@ func writeRun(b *strings.Builder, i int, r Run) {
 	} else {
 		b.WriteString("<p class=\"none\">No rain_pool_* gauges were scraped in this run.</p>\n")
 	}
-	if has(r.Samples, func(s timeline.Sample) bool { return s.RemainingCount != nil }) {
+	if has(samples, func(s timeline.Sample) bool { return s.RemainingCount != nil }) {
 		chart{
 			title: "Remaining stock (packets)", xs: xs,
 			series: []series{{"remaining_count", purple, col(func(s timeline.Sample) float64 {
@@ -228,11 +234,9 @@ const (
 	plotW, plotH             = width - left - right, height - top - bottom
 )
 
-func (c chart) write(b *strings.Builder) {
-	xmax := 1.0
-	for _, x := range c.xs {
-		xmax = max(xmax, math.Ceil(x))
-	}
+// yAxis is the chart's y range and ticks: powers of ten on a log scale,
+// else from 0 in nice steps.
+func (c chart) yAxis() (ymin, ymax float64, yticks []float64) {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range c.series {
 		for _, y := range s.ys {
@@ -242,8 +246,6 @@ func (c chart) write(b *strings.Builder) {
 			lo, hi = min(lo, y), max(hi, y)
 		}
 	}
-	var yticks []float64
-	var ymin, ymax float64
 	if c.logY {
 		if math.IsInf(lo, 1) {
 			lo, hi = 1, 1
@@ -256,16 +258,25 @@ func (c chart) write(b *strings.Builder) {
 		for v := ymin; v <= ymax*1.0001; v *= 10 {
 			yticks = append(yticks, v)
 		}
-	} else {
-		if math.IsInf(hi, -1) || hi <= 0 {
-			hi = 1
-		}
-		step := niceStep(hi / 4)
-		ymax = math.Ceil(hi/step) * step
-		for v := 0.0; v <= ymax*1.0001; v += step {
-			yticks = append(yticks, v)
-		}
+		return ymin, ymax, yticks
 	}
+	if math.IsInf(hi, -1) || hi <= 0 {
+		hi = 1
+	}
+	step := niceStep(hi / 4)
+	ymax = math.Ceil(hi/step) * step
+	for v := 0.0; v <= ymax*1.0001; v += step {
+		yticks = append(yticks, v)
+	}
+	return 0, ymax, yticks
+}
+
+func (c chart) write(b *strings.Builder) {
+	xmax := 1.0
+	for _, x := range c.xs {
+		xmax = max(xmax, math.Ceil(x))
+	}
+	ymin, ymax, yticks := c.yAxis()
 	px := func(x float64) float64 { return left + x/xmax*plotW }
 	py := func(y float64) float64 {
 		f := (y - ymin) / (ymax - ymin)

@@ -1,0 +1,64 @@
+package redistest
+
+// This file starts Redis Sentinels.
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) that
+// watches the primary at primaryAddr under the name master, agreeing on a
+// failure with quorum sentinels. It considers the primary down after
+// downAfter without an answer. Like Start, it is stopped in tb's cleanup.
+func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration) *Server {
+	tb.Helper()
+	return StartSentinelAuth(tb, master, primaryAddr, quorum, downAfter, "")
+}
+
+// StartSentinelAuth is StartSentinel for a primary (and replicas) that
+// require authPass (sentinel auth-pass); "" for none.
+func StartSentinelAuth(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration, authPass string) *Server {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatal(Missing)
+	}
+	host, port, err := net.SplitHostPort(primaryAddr)
+	if err != nil {
+		tb.Fatalf("redistest: sentinel: primary %q: %v", primaryAddr, err)
+	}
+	s := &Server{tb: tb, bin: bin, opts: Options{sentinel: true}, Dir: tb.TempDir()}
+	conf := fmt.Sprintf("sentinel monitor %s %s %s %d\n"+
+		"sentinel down-after-milliseconds %s %d\n"+
+		"sentinel failover-timeout %s 5000\n"+
+		"sentinel parallel-syncs %s 1\n", master, host, port, quorum,
+		master, downAfter.Milliseconds(), master, master)
+	if authPass != "" {
+		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", master, authPass)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir, "sentinel.conf"), []byte(conf), 0o644); err != nil {
+		tb.Fatalf("redistest: sentinel: %v", err)
+	}
+	tb.Cleanup(s.Kill)
+	var lastErr error
+	for range 5 {
+		if s.port, err = freePort(); err != nil {
+			tb.Fatalf("redistest: free port: %v", err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		if lastErr = s.start(); lastErr == nil {
+			return s
+		}
+	}
+	tb.Fatalf("redistest: start redis sentinel: %v", lastErr)
+	return nil
+}
+
+// start runs the process and waits for PING.

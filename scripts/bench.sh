@@ -116,8 +116,8 @@ bench_idgen() {
 }
 
 bench_preload() {
-  echo "== preload: go test -run x -bench Preload -benchtime 5x ./internal/grab"
-  go test -run x -bench Preload -benchtime 5x ./internal/grab | grep -E '^Benchmark'
+  echo "== preload: go test -run x -bench Preload -benchtime 5x ./internal/catalog"
+  go test -run x -bench Preload -benchtime 5x ./internal/catalog | grep -E '^Benchmark'
 }
 
 # free_port VAR sets VAR to a TCP port on 127.0.0.1 that nothing listens on, below

@@ -1,4 +1,4 @@
-// Package api is rain's HTTP layer: the contract of shared/API.md, and the one
+// Package api is rain's HTTP layer: the contract of docs/api.md, and the one
 // place where domain results and errors become status codes.
 package api
 

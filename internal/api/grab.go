@@ -16,7 +16,7 @@ import (
 	"rain/internal/pool"
 )
 
-// Grab statuses of API.md, indexed for the metrics.
+// Grab statuses of docs/api.md, indexed for the metrics.
 type status int
 
 const (

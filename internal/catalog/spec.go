@@ -28,7 +28,7 @@ const (
 	MaxHoldSeconds = 30 * 24 * 3600
 )
 
-// IDRule is the id syntax of API.md, for messages.
+// IDRule is the id syntax of docs/api.md, for messages.
 const IDRule = "1-64 characters from [A-Za-z0-9_.:-]"
 
 // ValidID reports whether s is a valid pool or user id: 1–64 characters from

@@ -90,13 +90,6 @@ type batcher struct {
 	onBatch  func(shard string, claims int, took time.Duration, failed bool)
 }
 
-// errNotSent wraps the error of a claim that never reached its shard.
-var errNotSent = errors.New("claim not sent")
-
-// errNotReplicated is the error of a grant its shard made but no replica
-// confirmed in time: a failover could lose it, so its outcome is unknown.
-var errNotReplicated = errors.New("no replica confirmed the grant in time")
-
 // enqueue queues a claim for the shard's lane; its answer comes through the
 // request's wait. A claim the shard's breaker or bulkhead refuses (see
 // admit), or one queued when the lane's queue is full, does no Redis work:

@@ -24,7 +24,8 @@ import (
 	"rain/internal/soldout"
 )
 
-// Errors Grab returns; the HTTP layer turns them into status codes.
+// Errors. Grab returns the exported ones; the HTTP layer turns them into
+// status codes.
 var (
 	// ErrUnavailable is returned when a shard or the serial generator
 	// cannot answer and rain knows nothing was granted: the request never
@@ -39,6 +40,13 @@ var (
 	// taking stock from a sibling sub-pool: retry shortly. Nothing was
 	// granted by this request.
 	ErrBusy = errors.New("grab: a grab of this user is in flight")
+
+	// errNotSent wraps the error of a claim that never reached its shard.
+	errNotSent = errors.New("grab: claim not sent")
+	// errNotReplicated is the error of a grant its shard made but no
+	// replica confirmed in time: a failover could lose it, so its outcome
+	// is unknown.
+	errNotReplicated = errors.New("grab: no replica confirmed the grant in time")
 )
 
 // The local memory of empty sub-pools holds every sub-pool of a pool.

@@ -9,7 +9,7 @@ import (
 )
 
 // spill takes an amount for userID from a sibling of their empty home
-// sub-pool h, by the crash-safe protocol of DESIGN.md: the claim at h has
+// sub-pool h, by a crash-safe protocol (README: Hot pools): the claim at h has
 // recorded a reservation (token, h's clock); take at sibling j moves an
 // amount into an in-flight transfer; adopt at h turns the reservation into a
 // held grant and records the verdict "adopted"; ack at j marks the transfer

@@ -143,7 +143,7 @@ func (w *sweeper) setDue(sp lua.SubPool, t time.Time) {
 // refuses the token if the home has not decided it) says ack (adopted from
 // j with this amount) or untake (anything else). The verdict is recorded
 // once and kept for the pool's life, so the answer does not depend on clocks
-// or on what became of the grant since (DESIGN.md: recovery by the reaper).
+// or on what became of the grant since (the protocol: internal/grab's spill).
 //
 // It returns how long until a transfer of j can next need resolving.
 func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (time.Duration, error) {

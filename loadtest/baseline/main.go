@@ -2,7 +2,7 @@
 // in scripts/bench.sh: one net/http server, one go-redis client, one Redis, no worker
 // pool, and exactly one Script.Run (EVALSHA, EVAL on NOSCRIPT) per POST /grab.
 //
-// It speaks just enough of ../shared/API.md to be loaded the same way as rain:
+// It speaks just enough of docs/api.md to be loaded the same way as rain:
 //
 //	POST /admin/pools  {"pool_id","total_cents","count"} with Authorization: Bearer <token>
 //	POST /grab         {"pool_id","user_id"}
@@ -62,7 +62,7 @@ const (
 	preloadPipe  = 50
 )
 
-// maxBody is API.md's limit on a /grab body.
+// maxBody is docs/api.md's limit on a /grab body.
 const maxBody = 4 << 10
 
 func main() {

@@ -99,7 +99,7 @@ export const options = {
   teardownTimeout: '5m',
 };
 
-// Every status of shared/API.md but invalid is an expected answer.
+// Every status of docs/api.md but invalid is an expected answer.
 http.setResponseCallback(http.expectedStatuses(200, 404, 410, 425, 429, 503));
 
 export function setup() {

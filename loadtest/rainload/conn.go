@@ -14,7 +14,7 @@ import (
 )
 
 // maxBody is how much of a response body conn keeps to find its status; the rest
-// is read and thrown away. API.md's answers are a few hundred bytes.
+// is read and thrown away. docs/api.md's answers are a few hundred bytes.
 const maxBody = 16 << 10
 
 // conn is one keep-alive connection to the target and the goroutine that owns it:
@@ -71,7 +71,7 @@ func (c *conn) do(a arrival) (status, int) {
 		c.close()
 		// A kept-alive connection that the server closed while it was idle
 		// fails before any answer: send once more on a new one. net/http does
-		// so only for requests it may replay; a grab may be replayed (API.md:
+		// so only for requests it may replay; a grab may be replayed (docs/api.md:
 		// a retry never yields a second grant).
 		if !reused || retried || !errors.Is(err, errNoAnswer) {
 			return transport, 0
@@ -292,7 +292,7 @@ func digits(n int64) int {
 
 // classify maps an HTTP answer to its status: 503 is overloaded and other 5xx
 // are errors whatever the body says; otherwise the body's "status" decides, and
-// an answer without a status of API.md is an error.
+// an answer without a status of docs/api.md is an error.
 func classify(code int, body []byte) status {
 	switch {
 	case code == http.StatusServiceUnavailable:
@@ -326,7 +326,7 @@ func classify(code int, body []byte) status {
 }
 
 // statusField returns the string value of the top-level "status" key of a JSON
-// object, or nil. It is a scan, not a parser: API.md's bodies are flat objects
+// object, or nil. It is a scan, not a parser: docs/api.md's bodies are flat objects
 // whose other values cannot contain `"status"` (ids are checked not to).
 func statusField(body []byte) []byte {
 	i := bytes.Index(body, []byte(`"status"`))

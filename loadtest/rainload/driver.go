@@ -11,7 +11,7 @@ import (
 	"rain/loadtest/rainload/internal/schedule"
 )
 
-// status is what became of one request: a status of API.md, or one of the two
+// status is what became of one request: a status of docs/api.md, or one of the two
 // ways a request can fail without one.
 type status int
 
@@ -26,7 +26,7 @@ const (
 	invalid
 	unauthorized // 401: no user token, or one rain does not take (-user-secret)
 	rateLimited  // 429: over a per-IP or per-user rate of rain's
-	errStatus    // an HTTP answer that is not API.md's: 5xx other than 503, or no known status
+	errStatus    // an HTTP answer that is not docs/api.md's: 5xx other than 503, or no known status
 	transport    // no HTTP answer: connection error or timeout
 	nStatus
 )
@@ -37,7 +37,7 @@ var statusNames = [nStatus]string{
 	"overloaded", "invalid", "unauthorized", "rate_limited", "error", "transport",
 }
 
-// goodput reports whether s is an answer API.md means as one (200, 404, 410, 425).
+// goodput reports whether s is an answer docs/api.md means as one (200, 404, 410, 425).
 func (s status) goodput() bool { return s <= ended }
 
 // accepted reports whether the server took the request on: everything but a shed

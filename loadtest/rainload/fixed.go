@@ -43,7 +43,7 @@ func runFixed(ctx context.Context, args []string, stderr io.Writer) error {
 // cores, and net/http's server costs about as much CPU per request as the driver
 // itself, which would halve the ceiling measured and say little about the driver.
 // A grab body is still decoded with encoding/json (unknown fields refused, ids
-// checked as API.md says) and answered 200 {"status":"granted",...} with amount
+// checked as docs/api.md says) and answered 200 {"status":"granted",...} with amount
 // 1 and a counting serial; a bad one 400 invalid.
 type fixed struct {
 	serial atomic.Int64
@@ -94,7 +94,7 @@ func (f *fixed) serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// maxRequest bounds a request's body (API.md's 4 KiB).
+// maxRequest bounds a request's body (docs/api.md's 4 KiB).
 const maxRequest = 4 << 10
 
 // handle serves requests on c until it closes or sends something that is not a

@@ -28,7 +28,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // answers is what fakeRain answers a user whose number ends in i: every status of
-// API.md with its code, a 500, and a dropped connection.
+// docs/api.md with its code, a 500, and a dropped connection.
 var answers = [10]struct {
 	code   int
 	status string // "" for no answer at all

@@ -29,8 +29,8 @@ import (
 //	achieved_rps              answered / schedule_s
 //	goodput_rps               (granted + already_granted + sold_out + not_found + not_started + ended) / schedule_s
 //	shed_rps                  overloaded / schedule_s
-//	statuses                  requests by status: the ten of API.md, "error" (5xx other than 503,
-//	                          or an answer with no status of API.md) and "transport" (no answer:
+//	statuses                  requests by status: the ten of docs/api.md, "error" (5xx other than 503,
+//	                          or an answer with no status of docs/api.md) and "transport" (no answer:
 //	                          connection error or timeout); every key is present
 //	http_codes                answers by HTTP code ("200": n)
 //	latency_ms                percentiles in milliseconds, measured from when each request was due:

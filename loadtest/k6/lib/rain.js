@@ -1,6 +1,6 @@
 // lib/rain.js — what every rain k6 script shares: configuration from the
 // environment, the operator calls, POST /grab with its checks against the HTTP
-// contract (shared/API.md), the per-status metrics, and a small text summary
+// contract (docs/api.md), the per-status metrics, and a small text summary
 // that needs nothing from the network (no jslib import), so scripts run offline.
 //
 // Import it with a relative path: import * as rain from './lib/rain.js';
@@ -106,7 +106,7 @@ export function newPoolID(prefix) {
 
 // ------------------------------------------------------------------- metrics
 
-// GRAB_STATUSES is the table of shared/API.md: every status POST /grab
+// GRAB_STATUSES is the table of docs/api.md: every status POST /grab
 // answers, its HTTP code, and what the answer must carry.
 export const GRAB_STATUSES = Object.freeze({
   granted: { code: 200, grant: true },
@@ -134,7 +134,7 @@ export const M = Object.freeze({
   shed: 'rain_grab_shed', // Rate: share of grabs answered overloaded
   doubleGrants: 'rain_grab_double_grants', // Counter: repeats answered with another grant
   grantedCents: 'rain_granted_cents', // Counter: cents of new grants
-  other: 'rain_grab_other', // Counter: answers with no status of API.md
+  other: 'rain_grab_other', // Counter: answers with no status of docs/api.md
   status: (s) => `rain_grab_${s}`, // Counter per status
   preloadRate: 'rain_preload_packets_per_s', // Trend: packets loaded per second
 });
@@ -316,7 +316,7 @@ function hasGrant(body) {
     RFC3339.test(body.expires_at) && !isNaN(Date.parse(body.expires_at));
 }
 
-// checkGrab checks one answer of POST /grab against shared/API.md, counts its
+// checkGrab checks one answer of POST /grab against docs/api.md, counts its
 // status, and returns {status, grant}. prior is the grant this VU saw for the
 // user before (null if none): while it is held, a repeat must come back
 // already_granted with the same amount and serial, never as a second grant.
@@ -327,7 +327,7 @@ export function checkGrab(res, req, prior) {
   (spec ? statusCounters[status] : otherCounter).add(1);
   shedRate.add(status === 'overloaded');
 
-  const sets = { 'grab: a status of API.md': () => spec !== undefined };
+  const sets = { 'grab: a status of docs/api.md': () => spec !== undefined };
   let grant = null;
   if (spec) {
     sets[`${status}: HTTP ${spec.code}`] = (r) => r.status === spec.code;

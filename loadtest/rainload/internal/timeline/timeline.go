@@ -24,7 +24,7 @@ type Sample struct {
 	// Answered is how many HTTP answers arrived this second (transport errors
 	// are not answers).
 	Answered int64 `json:"answered"`
-	// Goodput is the answers that API.md means as answers: granted,
+	// Goodput is the answers that docs/api.md means as answers: granted,
 	// already_granted, sold_out, not_found, not_started and ended.
 	Goodput int64 `json:"goodput"`
 	// Shed is the answers that were 503 overloaded.
@@ -35,7 +35,7 @@ type Sample struct {
 	// Inflight is the requests sent and not yet finished at the end of the second.
 	Inflight int64 `json:"inflight"`
 	// Statuses counts this second's finished requests by status (the eight of
-	// API.md, "error" and "transport"); statuses with no request are left out.
+	// docs/api.md, "error" and "transport"); statuses with no request are left out.
 	Statuses map[string]int64 `json:"statuses"`
 	// P50Ms, P99Ms and P999Ms are latency percentiles in milliseconds of the
 	// accepted requests (everything but overloaded and transport errors) that

@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // metricRE finds the names of rain's, Go's and the process's series in a
@@ -216,19 +217,14 @@ func start(t *testing.T, cmd *exec.Cmd) {
 
 func waitOK(t *testing.T, url string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if r, err := http.Get(url); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				return
-			}
+	waittest.Until(t, 15*time.Second, url+" answering 200", func() bool {
+		r, err := http.Get(url)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not answering 200 after 15s", url)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		r.Body.Close()
+		return r.StatusCode == 200
+	})
 }
 
 func do(t *testing.T, method, url, token, body string) {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/wait/waittest"
+
 	"github.com/chromedp/chromedp"
 )
 
@@ -115,10 +117,10 @@ func TestDashboardInBrowser(t *testing.T) {
 		})
 	}
 	grantPoints := 0
-	for deadline := time.Now().Add(30 * time.Second); grantPoints < 3 && time.Now().Before(deadline); {
-		time.Sleep(500 * time.Millisecond)
+	waittest.Until(t, 30*time.Second, "three points of grants on the chart", func() bool {
 		grantPoints = eval(`points.filter(p => (p.grabs.granted || 0) > 0).length`)
-	}
+		return grantPoints >= 3
+	})
 	close(stop)
 	wg.Wait()
 	if grantPoints < 3 {
@@ -135,14 +137,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal("no grab took stock")
 	}
 	want := strconv.FormatInt(st.RemainingCount, 10)
-	shown := ""
-	for deadline := time.Now().Add(10 * time.Second); shown != want && time.Now().Before(deadline); {
-		time.Sleep(300 * time.Millisecond)
-		shown = attr("pool-bar", "data-remaining")
-	}
-	if shown != want {
-		t.Fatalf("the page shows %s packets remaining, the status endpoint %s", shown, want)
-	}
+	waittest.Until(t, 10*time.Second, "the page showing the status endpoint's "+want+" packets remaining", func() bool {
+		return attr("pool-bar", "data-remaining") == want
+	})
 	width, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("pool-bar").style.width`))
 	must(t, err)
 	pct, err := strconv.ParseFloat(strings.TrimSuffix(width, "%"), 64)
@@ -159,12 +156,10 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	// The audit button reports the pool whole.
 	eval(`document.getElementById("audit").click(), 0`)
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-		if r := text("audit-result"); r != "" && r != "auditing…" {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waittest.Until(t, 20*time.Second, "the audit's result on the page", func() bool {
+		r := text("audit-result")
+		return r != "" && r != "auditing…"
+	})
 	if ok := attr("audit-result", "data-ok"); ok != "true" {
 		t.Fatalf("the audit button shows ok=%q (%s), want true", ok, text("audit-result"))
 	}

@@ -15,6 +15,7 @@ import (
 
 	"rain/internal/metrics"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -206,10 +207,9 @@ func TestLogsAndRequestIDs(t *testing.T) {
 	if a == "" || b == "" || a == b || b == "bad id with spaces" {
 		t.Errorf("new request ids %q and %q, want two distinct fresh ids", a, b)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(logs.String(), `"request_id":"abc-123"`) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, "the access log line of request abc-123", func() bool {
+		return strings.Contains(logs.String(), `"request_id":"abc-123"`)
+	})
 	sc := bufio.NewScanner(strings.NewReader(logs.String()))
 	first := true
 	for sc.Scan() {
@@ -298,38 +298,27 @@ func TestDrainOnStop(t *testing.T) {
 		done <- run(ctx, []string{"serve", "--listen", addr, "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
 	}()
 	base := "http://" + addr
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r, err := http.Get(base + "/readyz"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == 200 {
-				break
-			}
+	t.Cleanup(cancel)
+	waittest.Until(t, 10*time.Second, "rain serve ready", func() bool {
+		r, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("not ready after 10s:\n%s", logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		r.Body.Close()
+		return r.StatusCode == 200
+	})
 	stopped := time.Now()
 	cancel()
-	var ready map[string]any
-	for time.Since(stopped) < time.Second {
+	waittest.Until(t, time.Second, "/readyz 503 draining after SIGTERM", func() bool {
+		var ready map[string]any
 		r, err := http.Get(base + "/readyz")
 		if err != nil {
 			t.Fatalf("readyz during the drain: %v", err)
 		}
 		_ = json.NewDecoder(r.Body).Decode(&ready)
 		r.Body.Close()
-		if r.StatusCode == 503 && ready["draining"] == true {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if ready["draining"] != true {
-		t.Fatalf("readyz after SIGTERM = %v, want 503 draining", ready)
-	}
+		return r.StatusCode == 503 && ready["draining"] == true
+	})
 	if r, err := http.Get(base + "/livez"); err != nil || r.StatusCode != 200 {
 		t.Fatalf("livez during the drain = %v, %v; want served", r, err)
 	} else {

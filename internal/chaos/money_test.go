@@ -20,6 +20,7 @@ import (
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
@@ -168,8 +169,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	st.setLoss(0)
 
 	// Let the reaper finish every transfer in flight.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waittest.Until(t, 30*time.Second, "every spill in flight finished and the audit ok", func() bool {
 		s, err := ia.Catalog.Status(ctx, "chaos")
 		if err != nil {
 			t.Fatal(err)
@@ -178,14 +178,8 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.OK && s.RemainingCount+s.HeldCount+s.ConfirmedCount == packets {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled 30s after the loss stopped: status %+v, audit %+v", s, rep.Problems)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return rep.OK && s.RemainingCount+s.HeldCount+s.ConfirmedCount == packets
+	})
 
 	var granted, grantedCents int64
 	for u, r := range answered {
@@ -214,22 +208,16 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	}
 
 	// Settlement pays every grant once.
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		lines := readLedger(t, ledger)
+	var lines map[int64]settle.Grant
+	waittest.Until(t, 30*time.Second, "the ledger holding every grant", func() bool {
+		lines = readLedger(t, ledger)
 		s, _ := ia.Catalog.Status(ctx, "chaos")
-		if int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0 {
-			for u, r := range answered {
-				if g, ok := lines[r.Serial]; !ok || g.UserID != u || g.AmountCents != r.Amount {
-					t.Errorf("ledger line of serial %d = %+v (%v), want %s's grant of %d", r.Serial, g, ok, u, r.Amount)
-				}
-			}
-			break
+		return int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0
+	})
+	for u, r := range answered {
+		if g, ok := lines[r.Serial]; !ok || g.UserID != u || g.AmountCents != r.Amount {
+			t.Errorf("ledger line of serial %d = %+v (%v), want %s's grant of %d", r.Serial, g, ok, u, r.Amount)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ledger has %d lines 30s after the loss stopped; status %+v", len(lines), s)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	stopSettle()
 	bg.Wait()

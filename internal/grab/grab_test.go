@@ -13,6 +13,7 @@ import (
 	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -92,6 +93,16 @@ func (e *env) sweep(t testing.TB) reaper.Sweep {
 		t.Fatalf("reaper sweep: %v", err)
 	}
 	return sw
+}
+
+// waitShardClock waits until s1's clock (the one the scripts read) is past
+// at.
+func (e *env) waitShardClock(t testing.TB, at time.Time) {
+	t.Helper()
+	waittest.Until(t, 10*time.Second, "the shards' clock past "+at.Format(time.StampMilli), func() bool {
+		now, err := e.shards.Client("s1").Time(context.Background()).Result()
+		return err == nil && now.After(at)
+	})
 }
 
 func (e *env) preload(t testing.TB, spec catalog.Spec) *catalog.Status {
@@ -190,7 +201,7 @@ func TestWindow(t *testing.T) {
 	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != Granted {
 		t.Fatalf("Grab within window = %+v, %v; want granted", r, err)
 	}
-	time.Sleep(time.Until(end) + 50*time.Millisecond)
+	e.waitShardClock(t, end)
 	if r, err := e.svc.Grab(ctx, "brief", "u2"); err != nil || r.Outcome != Ended {
 		t.Fatalf("Grab after end = %+v, %v; want ended", r, err)
 	}

@@ -43,21 +43,14 @@ func TestNewPoolKnownEverywhere(t *testing.T) {
 		t.Fatalf("Grab before the preload = %+v, %v; want not_found", r, err)
 	}
 	e.preload(t, catalog.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
-	start := time.Now()
-	for {
+	took := waittest.Until(t, time.Second, "the other instance grants from the pool", func() bool {
 		r, err := other.Grab(context.Background(), "fresh", "u")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Outcome == Granted {
-			break
-		}
-		if time.Since(start) > time.Second {
-			t.Fatalf("the other instance still answers %+v a second after the preload", r)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("known on the other instance %v after the preload", time.Since(start))
+		return r.Outcome == Granted
+	})
+	t.Logf("known on the other instance %v after the preload", took)
 }
 
 // commandCalls sums INFO commandstats calls of the given commands over every shard.
@@ -145,28 +138,23 @@ func TestReleasedStockIsSeen(t *testing.T) {
 	e.run(t, e.svc)
 	other := e.instance(t)
 	e.preload(t, catalog.Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
+	var last time.Time
 	for u := range 3 {
-		if r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u)); r.Outcome != Granted {
+		r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u))
+		if r.Outcome != Granted {
 			t.Fatalf("grab %d = %+v", u, r)
 		}
+		last = r.ExpiresAt
 	}
-	time.Sleep(1100 * time.Millisecond) // the grants are past their deadline
+	e.waitShardClock(t, last) // the grants are past their deadline
 	if r := grabRetrying(t, other, "back", "late"); r.Outcome != SoldOut {
 		t.Fatalf("grab on the sold-out pool = %+v, want sold_out", r)
 	}
 	if sw, err := e.sweeper.Sweep(ctx); err != nil || sw.Released != 3 {
 		t.Fatalf("ReleaseExpired = %+v, %v", sw, err)
 	}
-	start := time.Now()
-	for {
-		r := grabRetrying(t, other, "back", "late")
-		if r.Outcome == Granted {
-			break
-		}
-		if time.Since(start) > 500*time.Millisecond {
-			t.Fatalf("the other instance answered %+v %v after the release; the stock notice should reach it at once", r, time.Since(start))
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Logf("released stock granted through the other instance %v after the release", time.Since(start))
+	took := waittest.Until(t, 500*time.Millisecond, "the released stock granted through the other instance (the stock notice reaches it at once)", func() bool {
+		return grabRetrying(t, other, "back", "late").Outcome == Granted
+	})
+	t.Logf("released stock granted through the other instance %v after the release", took)
 }

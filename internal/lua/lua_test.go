@@ -186,10 +186,13 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	if got, _ := claimOne(ctx, c, &k, "u", 2, "t2", valid); got.Outcome != Reserved {
 		t.Fatalf("claim on an empty home = %+v, want reserved", got)
 	}
-	time.Sleep(400 * time.Millisecond)
-	if r, err := ReleaseExpired(ctx, c, &k, 10); err != nil || r.Count != 1 {
-		t.Fatalf("release = %+v, %v; want the first grant back in stock", r, err)
-	}
+	waittest.Until(t, 5*time.Second, "the first grant released past its hold", func() bool {
+		r, err := ReleaseExpired(ctx, c, &k, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count == 1
+	})
 	if got, _ := claimOne(ctx, c, &k, "u", 3, "t3", valid); got.Outcome != Busy {
 		t.Fatalf("the same user's second request while spilling = %+v, want busy", got)
 	}

@@ -667,8 +667,10 @@ func BenchmarkAppendRequestSigned(b *testing.B) {
 		c := newConn(&driver{cfg: cfg})
 		b.Run(fmt.Sprintf("signed=%v", extra != nil), func(b *testing.B) {
 			buf := make([]byte, 0, 1024)
-			for i := range b.N {
-				buf = c.appendRequest(buf[:0], int64(i))
+			var i int64
+			for b.Loop() {
+				i++
+				buf = c.appendRequest(buf[:0], i)
 			}
 		})
 	}

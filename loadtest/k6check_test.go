@@ -586,7 +586,7 @@ func TestK6ChecksBite(t *testing.T) {
 			"granted: amount_cents, serial, expires_at", // 1: no serial
 			"overloaded: Retry-After",                   // 2: no Retry-After
 			"granted: HTTP 200",                         // 3: a grant with 410
-			"grab: a status of docs/api.md",                  // 4: "yay"
+			"grab: a status of docs/api.md",             // 4: "yay"
 			"sold_out: no grant fields",                 // 5: sold_out with a grant
 			"not_found: echoes pool_id and user_id",     // 6: ids of someone else
 			"audit: ok, no problems",                    // teardown: ok:false

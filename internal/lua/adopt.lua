@@ -17,10 +17,11 @@
 -- first wins, atomically on this one shard, so no clock decides whether a
 -- transfer was granted.
 --
--- Adopt grants only if the user's reservation still carries this token and
--- is younger than T by this shard's clock, and the user holds no grant;
--- otherwise it records a refusal. Re-sent, it answers as the first run did:
--- the same grant, or stale.
+-- Adopt grants only if the home is not sealed by a close, the user's
+-- reservation still carries this token and is younger than T by this
+-- shard's clock, and the user holds no grant; otherwise it records a
+-- refusal. Re-sent, it answers as the first run did: the same grant, or
+-- stale.
 -- Returns {"granted", amount, serial, deadline_ms} | {"stale"}
 local meta, grants, deadlines, outbox, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -36,6 +37,9 @@ end
 local function refuse()
   redis.call('HSET', verdicts, token, 'r:' .. user)
   return {'stale'}
+end
+if redis.call('HGET', meta, 'state') == 'closing' then
+  return refuse() -- sealed by a close (seal.lua): it grants nothing more
 end
 local r = redis.call('HGET', reserve, user)
 if not r then

@@ -161,6 +161,57 @@ func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) 
 	return 0, fmt.Errorf("confirm: unexpected reply %v", res)
 }
 
+// ConfirmArg is one grant of a batch to confirm: its user and serial.
+type ConfirmArg struct {
+	User   string
+	Serial int64
+}
+
+// ConfirmResult is the answer for one grant of ConfirmMany: what the
+// confirm did, and the grant's amount when it is confirmed (now or before).
+type ConfirmResult struct {
+	Result Confirmation
+	Amount int64
+}
+
+// ConfirmMany confirms a batch of grants of one sub-pool, each as Confirm
+// does, in one script: one answer per grant, or the grant's own error (a
+// bad record); err is set when the batch as a whole failed.
+func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([]ConfirmResult, []error, error) {
+	args := make([]any, 0, 2*len(grants))
+	for _, g := range grants {
+		args = append(args, g.User, g.Serial)
+	}
+	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, args...).Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(res) != len(grants) {
+		return nil, nil, fmt.Errorf("confirm_many: %d answers for %d grants", len(res), len(grants))
+	}
+	out, errs := make([]ConfirmResult, len(grants)), make([]error, len(grants))
+	for i, r := range res {
+		one, _ := r.([]any)
+		switch str(one, 0) {
+		case "confirmed":
+			out[i] = ConfirmResult{Confirmed, integer(one, 1)}
+		case "already":
+			out[i] = ConfirmResult{AlreadyConfirmed, integer(one, 1)}
+		case "released":
+			out[i].Result = WasReleased
+		case "mismatch":
+			out[i].Result = SerialMismatch
+		case "unknown":
+			out[i].Result = UnknownGrant
+		case "error":
+			errs[i] = errors.New(str(one, 1))
+		default:
+			errs[i] = fmt.Errorf("confirm_many: unexpected answer %v", r)
+		}
+	}
+	return out, errs, nil
+}
+
 // Released is what one release call did.
 type Released struct {
 	Count, Cents int64

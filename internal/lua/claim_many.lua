@@ -46,7 +46,9 @@ local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local shut -- the answer of every claim without a grant when the sub-pool does not grant now
-if m[1] ~= 'open' then
+if m[1] == 'closing' then
+  shut = {'ended'} -- sealed by a close (seal.lua): it has ended
+elseif m[1] ~= 'open' then
   shut = {'closed'}
 else
   local starts, ends = tonumber(m[3]), tonumber(m[4])

@@ -61,23 +61,32 @@ var (
 	serialSrc string
 	//go:embed watermark.lua
 	watermarkSrc string
+	//go:embed confirm_many.lua
+	confirmManySrc string
+	//go:embed end.lua
+	endSrc string
+	//go:embed seal.lua
+	sealSrc string
 
-	setupScript     = redis.NewScript(setupSrc)
-	loadScript      = redis.NewScript(loadSrc)
-	openScript      = redis.NewScript(openSrc)
-	claimManyScript = redis.NewScript(claimManySrc)
-	auditScript     = redis.NewScript(auditSrc)
-	confirmScript   = redis.NewScript(confirmSrc)
-	releaseScript   = redis.NewScript(releaseSrc)
-	takeScript      = redis.NewScript(takeSrc)
-	adoptScript     = redis.NewScript(adoptSrc)
-	ackScript       = redis.NewScript(ackSrc)
-	abortScript     = redis.NewScript(abortSrc)
-	decideScript    = redis.NewScript(decideSrc)
-	transfersScript = redis.NewScript(transfersSrc)
-	recordScript    = redis.NewScript(recordSrc)
-	serialScript    = redis.NewScript(serialSrc)
-	watermarkScript = redis.NewScript(watermarkSrc)
+	setupScript       = redis.NewScript(setupSrc)
+	loadScript        = redis.NewScript(loadSrc)
+	openScript        = redis.NewScript(openSrc)
+	claimManyScript   = redis.NewScript(claimManySrc)
+	auditScript       = redis.NewScript(auditSrc)
+	confirmScript     = redis.NewScript(confirmSrc)
+	releaseScript     = redis.NewScript(releaseSrc)
+	takeScript        = redis.NewScript(takeSrc)
+	adoptScript       = redis.NewScript(adoptSrc)
+	ackScript         = redis.NewScript(ackSrc)
+	abortScript       = redis.NewScript(abortSrc)
+	decideScript      = redis.NewScript(decideSrc)
+	transfersScript   = redis.NewScript(transfersSrc)
+	recordScript      = redis.NewScript(recordSrc)
+	serialScript      = redis.NewScript(serialSrc)
+	watermarkScript   = redis.NewScript(watermarkSrc)
+	confirmManyScript = redis.NewScript(confirmManySrc)
+	endScript         = redis.NewScript(endSrc)
+	sealScript        = redis.NewScript(sealSrc)
 
 	// scripts is every script, for LoadScripts and SHA.
 	scripts = map[string]*redis.Script{
@@ -86,6 +95,7 @@ var (
 		"take": takeScript, "adopt": adoptScript, "ack": ackScript, "abort": abortScript,
 		"decide": decideScript, "transfers": transfersScript, "record": recordScript,
 		"serial": serialScript, "watermark": watermarkScript,
+		"confirm_many": confirmManyScript, "end": endScript, "seal": sealScript,
 	}
 )
 

@@ -97,3 +97,54 @@ func PutRecord(ctx context.Context, c Client, key string, fields map[string]stri
 	}
 	return m, nil
 }
+
+// End ends the sub-pool's window now, unless it ended before; it returns
+// the end (the shard's clock, ms), or -1 when the sub-pool has no meta
+// record (it was never set up).
+func End(ctx context.Context, c Client, k *Keys) (int64, error) {
+	res, err := endScript.Run(ctx, c, []string{k.Meta}).Slice()
+	if err != nil {
+		return 0, err
+	}
+	return integer(res, 0), nil
+}
+
+// Sealed is what Seal found of a sub-pool.
+type Sealed struct {
+	// OK: the sub-pool is sealed (its state "closing"): nothing moves in it
+	// any more. Else Reason says why not ("window", "held", "inflight",
+	// "unsettled", "missing"), with N of them.
+	OK     bool
+	Reason string
+	N      int64
+	// Fresh: this call sealed it (it was open). A close that fails opens
+	// again only what it sealed itself, never what a concurrent close did.
+	Fresh bool
+	// The counters, when sealed.
+	Count, Cents, StockCount, StockCents, ConfirmedCount, ConfirmedCents int64
+}
+
+// Seal checks the sub-pool can close and seals it (see seal.lua); Unseal
+// opens a sealed one again, when the close of another sub-pool failed.
+func Seal(ctx context.Context, c Client, k *Keys) (Sealed, error) {
+	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "seal").Slice()
+	if err != nil {
+		return Sealed{}, err
+	}
+	switch str(res, 0) {
+	case "sealed":
+		return Sealed{OK: true, Count: integer(res, 1), Cents: integer(res, 2), StockCount: integer(res, 3),
+			StockCents: integer(res, 4), ConfirmedCount: integer(res, 5), ConfirmedCents: integer(res, 6),
+			Fresh: integer(res, 7) == 1}, nil
+	case "open":
+		return Sealed{Reason: str(res, 1), N: integer(res, 2)}, nil
+	case "missing":
+		return Sealed{Reason: "missing"}, nil
+	}
+	return Sealed{}, fmt.Errorf("seal: unexpected reply %v", res)
+}
+
+// Unseal puts a sealed sub-pool back to open (see Seal).
+func Unseal(ctx context.Context, c Client, k *Keys) error {
+	return sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "unseal").Err()
+}

@@ -15,7 +15,8 @@ import (
 // swallows its first reply and resets the connection, on a client with
 // rain serve's options, whose retry sends the script again. The reply to
 // the re-send must be the very reply that was lost (byte for byte), except
-// where the step says otherwise: confirm answers "already" and a batch
+// where the step says otherwise: confirm and confirm_many answer "already",
+// a seal sent again is no longer fresh, and a batch
 // load "skipped" (the same effect: the caller reads the next batch from
 // either), release's hint of when to look again moves with the clock, and a
 // serial reservation sent again reserves a new segment.
@@ -28,6 +29,7 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 	h := openSubPool(t, c, 0, 60_000, 10)
 	j := openSubPool(t, c, 1, 60_000, 20, 30)
 	m := openSubPool(t, c, 3, 60_000, 5, 6) // for claim_many
+	e := openSubPool(t, c, 4, 60_000, 9)    // ended and sealed
 	p.Record()
 	const valid = 60_000
 
@@ -53,6 +55,12 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u4", 104, "104", valid); return err }, true},
 		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104"); return err }, true},
 		{"confirm", func() error { _, err := Confirm(ctx, c, &h, "u1", 101); return err }, false},
+		{"confirm_many", func() error {
+			_, _, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102}, {"u1", 101}})
+			return err
+		}, false},
+		{"end", func() error { _, err := End(ctx, c, &e); return err }, true},
+		{"seal", func() error { _, err := Seal(ctx, c, &e); return err }, false},
 		// release's answer ends with how long until the next grant falls
 		// due, which moves with the clock between the two runs.
 		{"release", func() error { _, err := ReleaseExpired(ctx, c, &h, 10); return err }, false},

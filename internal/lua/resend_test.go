@@ -80,7 +80,8 @@ func openSubPool(t *testing.T, c *redis.Client, j int, hold int64, amounts ...in
 // arguments, as go-redis sends it again after a lost reply, answers as the
 // first run did and changes nothing. (Through a real loss-injecting proxy:
 // see resend_proxy_test.go.) Where the second answer differs by design it
-// says so: confirm answers "already" (the same effect), release and the
+// says so: confirm and confirm_many answer "already" (the same effect), a
+// seal is no longer fresh, release and the
 // serial reservation do the work of a new call (nothing twice, a gap).
 func TestEveryStepTwice(t *testing.T) {
 	ctx := context.Background()
@@ -88,7 +89,8 @@ func TestEveryStepTwice(t *testing.T) {
 	h := openSubPool(t, c, 0, 60_000, 10)     // home: one packet
 	j := openSubPool(t, c, 1, 60_000, 20, 30) // sibling: two
 	m := openSubPool(t, c, 3, 60_000, 5, 6)   // for claim_many
-	all := slices.Concat(h.All(), j.All(), m.All())
+	e := openSubPool(t, c, 4, 60_000, 9)      // ended and sealed
+	all := slices.Concat(h.All(), j.All(), m.All(), e.All())
 	const valid = 60_000
 
 	steps := []struct {
@@ -126,6 +128,14 @@ func TestEveryStepTwice(t *testing.T) {
 		{"claim reserved, then abort", func() (any, error) { return claimOne(ctx, c, &h, "u4", 104, "104", valid) }, true},
 		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104") }, true},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 101) }, false},
+		// confirm_many sent again answers "already" where it confirmed.
+		{"confirm_many", func() (any, error) {
+			r, errs, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102}, {"u1", 101}})
+			return fmt.Sprint(r, errs), err
+		}, false},
+		{"end", func() (any, error) { return End(ctx, c, &e) }, true},
+		// seal sent again answers the same account, no longer fresh.
+		{"seal", func() (any, error) { return Seal(ctx, c, &e) }, false},
 		{"record", func() (any, error) {
 			return PutRecord(ctx, c, "rain:{r}:pool", map[string]string{"spec": "s", "seed": "1", "placement": "a", "state": "open"})
 		}, true},

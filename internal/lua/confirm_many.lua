@@ -1,0 +1,63 @@
+-- confirm_many: settlement confirms a batch of grants of one sub-pool, each
+-- as confirm.lua confirms one, in order, atomically.
+--
+-- KEYS[1] meta       rain:{P:j}:meta
+-- KEYS[2] grants     rain:{P:j}:grants
+-- KEYS[3] deadlines  rain:{P:j}:deadlines
+-- ARGV[1], ARGV[2]: user id and serial of the first grant; then the next
+--         grant's two, ...
+--
+-- Confirms only a held grant with that serial, whatever its deadline (a
+-- grant still held has not been released, so confirming it is safe);
+-- confirming again is a no-op. Sent again after a lost reply, every answer
+-- is "already" where the first run said "confirmed": the same effect.
+-- Returns one reply per grant: {"confirmed", amount} | {"already", amount}
+--   | {"released"} | {"mismatch"} (another serial) | {"unknown"} (no grant)
+--   | {"error", message} (a bad grant record)
+local meta, grants, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local n = #ARGV / 2
+local users = {}
+for i = 1, n do
+  users[i] = ARGV[2 * i - 1]
+end
+local recs = redis.call('HMGET', grants, unpack(users))
+local out = {}
+local count, cents = 0, 0
+local done = {} -- user -> serial confirmed in this batch
+for i = 1, n do
+  local user, serial = users[i], ARGV[2 * i]
+  local g = recs[i]
+  if done[user] then
+    g = 'c:' .. done[user]
+  end
+  if not g then
+    out[i] = {'unknown'}
+  else
+    local st, amount, ser = string.match(g, '^(%a):(%d+):(%d+)')
+    if st == nil then
+      out[i] = {'error', 'RAINSTATE bad grant record for ' .. user}
+    elseif ser ~= serial then
+      out[i] = {'mismatch'}
+    elseif st == 'c' then
+      out[i] = {'already', tonumber(amount)}
+    elseif st == 'r' then
+      out[i] = {'released'}
+    else
+      redis.call('HSET', grants, user, 'c' .. string.sub(g, 2))
+      redis.call('ZREM', deadlines, user)
+      done[user] = string.sub(g, 3)
+      count = count + 1
+      cents = cents + tonumber(amount)
+      out[i] = {'confirmed', tonumber(amount)}
+    end
+  end
+end
+if count > 0 then
+  local c = string.format('%d', cents)
+  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
+  redis.call('HINCRBY', meta, 'held_count', -count)
+  redis.call('HINCRBY', meta, 'held_cents', '-' .. c)
+  redis.call('HINCRBY', meta, 'confirmed_count', count)
+  redis.call('HINCRBY', meta, 'confirmed_cents', c)
+end
+return out

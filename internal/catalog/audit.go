@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -73,6 +74,9 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.State.Over() {
+		return auditAccount(p), nil
+	}
 	r := &Report{PoolID: id, Problems: []Problem{}}
 	subs := make([]lua.SubPoolAudit, len(p.Placement))
 	for j, name := range p.Placement {
@@ -108,6 +112,29 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	return r, nil
 }
 
+// auditAccount is the audit of a pool whose life is over, from its account:
+// its keys are freed (or being freed), and the account was recorded when
+// the audit of its sub-pools was ok.
+func auditAccount(p *Pool) *Report {
+	a := p.Account
+	r := &Report{PoolID: p.ID(), Problems: []Problem{},
+		Notes: []string{fmt.Sprintf("%s %s: answered from its account", p.State, a.ClosedAt.Format(time.RFC3339))}}
+	if a.PreloadedCount != a.ConfirmedCount+a.UnclaimedCount {
+		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_count = confirmed_count + unclaimed_count (account)",
+			Expected: a.PreloadedCount, Found: a.ConfirmedCount + a.UnclaimedCount})
+	}
+	if a.PreloadedCents != a.ConfirmedCents+a.UnclaimedCents {
+		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_cents = confirmed_cents + unclaimed_cents (account)",
+			Expected: a.PreloadedCents, Found: a.ConfirmedCents + a.UnclaimedCents})
+	}
+	if a.PreloadedCount != p.Spec.Count || a.PreloadedCents != p.Spec.TotalCents {
+		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_cents (account) = total_cents (spec)",
+			Expected: p.Spec.TotalCents, Found: a.PreloadedCents})
+	}
+	r.OK = len(r.Problems) == 0
+	return r
+}
+
 // checkSubPool adds to r what is wrong with sub-pool j (on shard name) as
 // a read it; state is the pool's.
 func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAudit) {
@@ -120,7 +147,8 @@ func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAud
 		add("sub_pool_exists", 1, 0)
 		return
 	}
-	if state == Open && State(a.State) != Open {
+	live := State(a.State) == Open || State(a.State) == Closing // closing: sealed by a close
+	if state == Open && !live {
 		add("open", 1, 0)
 	}
 	// Read with the counters, atomically: these hold on a live pool.
@@ -128,7 +156,7 @@ func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAud
 	add("deadline index entries (held_count)", a.HeldCount, a.DeadlineEntries)
 	add("inflight_count (transfers)", a.InflightCount, a.Transfers)
 	add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
-	if State(a.State) == Open {
+	if live {
 		add("count + received - sent = stock + held + confirmed + in flight (counters)",
 			a.Count+a.ReceivedCount-a.SentCount, a.StockCount+a.HeldCount+a.ConfirmedCount+a.InflightCount)
 		add("cents + received - sent = stock + held + confirmed + in flight (counters)",

@@ -50,6 +50,11 @@ var (
 	// ErrNoGrant is returned by Confirm when the user holds no grant in the
 	// pool.
 	ErrNoGrant = errors.New("catalog: no such grant")
+	// ErrNotNow wraps why a pool cannot do what was asked in the state it
+	// is in: a close before the pool has ended, while grants are held or
+	// unsettled, with the audit's or the books' differences; an end before
+	// it has loaded. Nothing was changed (HTTP 409).
+	ErrNotNow = errors.New("catalog: not now")
 	// ErrPartial is returned by List with the ids it read when some shards
 	// did not answer: those the others hold.
 	ErrPartial = errors.New("catalog: some shards did not answer")
@@ -63,6 +68,10 @@ type Config struct {
 	// Every instance and tool must name the same one, even with different
 	// shard lists. Default: the first shard by name.
 	SerialShard string
+	// Books, when set, is the system of record a close reconciles with
+	// (the grants it holds, per sub-pool) and writes the final account to.
+	// Nil: closes check the shards alone.
+	Books Books
 	// Logger for repairs of the serial shard's copies. Default: discard.
 	Logger *slog.Logger
 }
@@ -72,11 +81,12 @@ type Config struct {
 type Catalog struct {
 	shards *shard.Set
 	serial string // Config.SerialShard
+	books  Books  // Config.Books
 	log    *slog.Logger
 
-	mu     sync.RWMutex          // guards open and onOpen
-	open   map[string]*Pool      // records of open pools, read once: see Pool
-	onOpen []func(poolID string) // see OnOpen
+	mu      sync.RWMutex          // guards records and onOpen
+	records map[string]*Pool      // records of open and closed pools, read once: see Pool
+	onOpen  []func(poolID string) // see OnOpen
 
 	listed atomic.Pointer[listing] // the registry as List last read it
 }
@@ -95,7 +105,7 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 	if cfg.SerialShard == "" || shards.Client(cfg.SerialShard) == nil {
 		cfg.SerialShard = shards.Names()[0]
 	}
-	return &Catalog{shards: shards, serial: cfg.SerialShard, log: cfg.Logger, open: map[string]*Pool{}}
+	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, log: cfg.Logger, records: map[string]*Pool{}}
 }
 
 // Shards is the set the catalog works on.
@@ -121,7 +131,7 @@ func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
 	}
 	ids := slices.Clone(l.ids)
 	c.mu.RLock()
-	for id := range c.open {
+	for id := range c.records {
 		if !slices.Contains(l.ids, id) {
 			ids = append(ids, id)
 		}

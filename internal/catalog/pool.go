@@ -23,7 +23,31 @@ const (
 	// Open: every sub-pool holds all its stock; grabs are decided by the
 	// sub-pools (their window: not started, open, ended).
 	Open State = "open"
+	// Closing: a close has sealed every sub-pool and recorded the account;
+	// it is freeing the pool's keys. Grabs answer ended.
+	Closing State = "closing"
+	// Closed: the pool's keys are freed; its record holds the account.
+	// Grabs answer ended.
+	Closed State = "closed"
 )
+
+// Over reports whether the pool's life is over: closing or closed.
+func (s State) Over() bool { return s == Closing || s == Closed }
+
+// stage orders the states along a pool's life (an unknown state first).
+func (s State) stage() int {
+	switch s {
+	case Loading:
+		return 1
+	case Open:
+		return 2
+	case Closing:
+		return 3
+	case Closed:
+		return 4
+	}
+	return 0
+}
 
 // Pool is a pool's record as stored under rain:{P}:pool: its spec, the seed
 // of its split, the shard of each sub-pool, its state. A Pool is a value
@@ -33,6 +57,7 @@ type Pool struct {
 	Seed      uint64
 	Placement []string // shard name of sub-pool j
 	State     State
+	Account   *Account // the final account, once closing or closed
 
 	specJSON string // Spec as stored: two preloads are the same when these are equal
 }
@@ -63,10 +88,15 @@ const registryKey = "rain:pools"
 
 // fields is the record as stored.
 func (p *Pool) fields() map[string]string {
-	return map[string]string{
+	f := map[string]string{
 		"spec": p.specJSON, "seed": strconv.FormatUint(p.Seed, 10),
 		"placement": strings.Join(p.Placement, ","), "state": string(p.State),
 	}
+	if p.Account != nil {
+		b, _ := json.Marshal(p.Account) // plain fields cannot fail
+		f["account"] = string(b)
+	}
+	return f
 }
 
 // parseRecord reads a record as stored.
@@ -84,5 +114,11 @@ func parseRecord(m map[string]string) (*Pool, error) {
 		return nil, errors.New("pool record: no placement")
 	}
 	p.Placement = strings.Split(m["placement"], ",")
+	if a := m["account"]; a != "" {
+		p.Account = &Account{}
+		if err := json.Unmarshal([]byte(a), p.Account); err != nil {
+			return nil, fmt.Errorf("pool record: account: %w", err)
+		}
+	}
 	return p, nil
 }

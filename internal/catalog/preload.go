@@ -88,6 +88,9 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 			return nil, err
 		}
 	}
+	if existing.State.Over() {
+		return nil, fmt.Errorf("%w: pool %s is %s: its id cannot be loaded again", ErrConflict, spec.PoolID, existing.State)
+	}
 	if existing.specJSON != spec.canonical() {
 		return nil, fmt.Errorf("%w: pool %s exists as %s", ErrConflict, spec.PoolID, existing.specJSON)
 	}

@@ -16,13 +16,14 @@ import (
 	"rain/internal/lua"
 )
 
-// Pool returns the pool's record, from memory once it is open: an open
-// pool's record does not change, so the grab path reads it once. A pool not
-// open yet is read again on every call. ErrNotFound for no such pool;
+// Pool returns the pool's record, from memory once it is open or closed:
+// neither changes but by a close (whose notice, internal/events, makes the
+// instances Forget it), so the grab path reads it once. A pool loading or
+// closing is read again on every call. ErrNotFound for no such pool;
 // ErrUnavailable when it cannot be read now.
 func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
 	c.mu.RLock()
-	p := c.open[id]
+	p := c.records[id]
 	c.mu.RUnlock()
 	if p != nil {
 		return p, nil
@@ -31,20 +32,28 @@ func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.State == Open {
+	if p.State == Open || p.State == Closed {
 		c.mu.Lock()
-		c.open[id] = p
+		c.records[id] = p
 		c.mu.Unlock()
 	}
 	return p, nil
 }
 
+// Forget drops what the catalogue keeps in memory of the pool: its life
+// moved on (a close, seen here or through the notice of another instance).
+func (c *Catalog) Forget(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.records, id)
+}
+
 // Find reads the pool's record: the serial shard's, which decides, or, when
-// the serial shard has none, the other shards' (an open copy before one
-// still loading: a preload opens the record on each shard in turn). A record
-// the other shards hold and a serial shard that answered lacks (it lost its
-// data) is written back to it, where none is, so the pool never vanishes
-// behind it. ErrNotFound when no shard that answered has it; ErrUnavailable
+// the serial shard has none, the other shards' (the copy furthest along the
+// pool's life: a preload opens the record on each shard in turn, a close
+// closes it on each in turn). A record the other shards hold and a serial
+// shard that answered lacks (it lost its data) is written back to it, where
+// none is, so the pool never vanishes behind it. ErrNotFound when no shard that answered has it; ErrUnavailable
 // when none has it and some did not answer.
 func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 	key := recordKey(id)
@@ -67,7 +76,7 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 			down = append(down, fmt.Errorf("shard %s: %w", name, err))
 			continue
 		}
-		if len(o) > 0 && (found == nil || found["state"] != string(Open) && o["state"] == string(Open)) {
+		if len(o) > 0 && (found == nil || State(o["state"]).stage() > State(found["state"]).stage()) {
 			found = o
 		}
 	}

@@ -28,6 +28,9 @@ type Status struct {
 	ReleasedCents  int64           `json:"released_cents"`
 	SubPools       []SubPoolStatus `json:"sub_pools"`
 	Spec           Spec            `json:"spec"`
+	// Account is the final account of a closed (or closing) pool: then it
+	// is the pool's status, and the fields above are not read.
+	Account *Account `json:"-"`
 }
 
 // SubPoolStatus is one sub-pool's share of a Status.
@@ -54,6 +57,7 @@ type subPoolCounters struct {
 	ConfirmedCents int64  `redis:"confirmed_cents"`
 	ReleasedCount  int64  `redis:"released_count"`
 	ReleasedCents  int64  `redis:"released_cents"`
+	EndsMS         int64  `redis:"ends_ms"`
 }
 
 // statusFields are subPoolCounters' redis tags, the fields HMGET asks for.
@@ -66,25 +70,32 @@ var statusFields = func() []string {
 	return out
 }()
 
-// Status reads the pool's counters from every sub-pool.
+// Status reads the pool's counters from every sub-pool. A sub-pool whose
+// window is over (by its shard's clock) is "ended", and the pool is when
+// every one is. A closed pool's status is its account (Status.Account).
 func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	if p.State.Over() {
+		return &Status{PoolID: id, State: string(p.State), Account: p.Account}, nil
+	}
 	st := &Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
 		Spec: p.Spec, SubPools: []SubPoolStatus{}}
+	ended := p.State == Open
 	for j, name := range p.Placement {
-		client := c.shards.Client(name)
-		if client == nil {
-			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
+		n, err := c.subPoolCounters(ctx, p, j)
+		if err != nil {
+			return nil, err
 		}
-		var n subPoolCounters
-		if err := client.HMGet(ctx, p.SubPool(j).Keys().Meta, statusFields...).Scan(&n); err != nil {
-			return nil, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
+		if n.State != string(Open) {
+			ended = false
 		}
-		if n.State == "" {
-			n.State = "missing"
+		if n.State == string(Open) && n.EndsMS > 0 && n.EndsMS <= n.now {
+			n.State = "ended"
+		} else {
+			ended = false
 		}
 		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
 			Count: n.Count, TotalCents: n.Cents, RemainingCount: n.StockCount, RemainingCents: n.StockCents})
@@ -97,7 +108,41 @@ func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
 		st.ReleasedCount += n.ReleasedCount
 		st.ReleasedCents += n.ReleasedCents
 	}
+	if ended {
+		st.State = "ended"
+	}
 	return st, nil
+}
+
+// counters is a sub-pool's counters and its shard's clock (ms).
+type counters struct {
+	subPoolCounters
+	now int64
+}
+
+// subPoolCounters reads sub-pool j's counters and its shard's clock, in one
+// round trip.
+func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters, error) {
+	name := p.Placement[j]
+	client := c.shards.Client(name)
+	if client == nil {
+		return counters{}, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
+	}
+	pipe := client.Pipeline()
+	meta := pipe.HMGet(ctx, p.SubPool(j).Keys().Meta, statusFields...)
+	clock := pipe.Time(ctx)
+	var n counters
+	if _, err := pipe.Exec(ctx); err != nil {
+		return n, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
+	}
+	if err := meta.Scan(&n.subPoolCounters); err != nil {
+		return n, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
+	}
+	n.now = clock.Val().UnixMilli()
+	if n.State == "" {
+		n.State = "missing"
+	}
+	return n, nil
 }
 
 // SubPoolRef names a sub-pool and the shard that holds it.
@@ -125,6 +170,9 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 		if err != nil {
 			errs = append(errs, err) // skip it now, list the others
 			continue
+		}
+		if p.State.Over() {
+			continue // its keys are freed, or being freed
 		}
 		for j, name := range p.Placement {
 			out = append(out, SubPoolRef{SubPool: p.SubPool(j), Shard: name})

@@ -18,6 +18,9 @@
 //	stock <pool> <j>     sub-pool j (decimal, ≥ 0) of pool changed in a way
 //	                     local answers must hear: stock came back to it (a
 //	                     release, an untake), or it gained a holder (an adopt)
+//	state <id>           the pool's life moved on: it was ended by the
+//	                     operator, or closed; what an instance keeps of it
+//	                     lapses
 //
 // Ids are non-empty and contain no space or control character.
 package events
@@ -51,6 +54,9 @@ const (
 	// Stock says that stock came back to sub-pool Event.Sub of pool
 	// Event.Pool, or that it gained a holder: local answers about it lapse.
 	Stock
+	// State says that pool Event.Pool was ended or closed: what an instance
+	// keeps of it (its record, local answers) lapses.
+	State
 )
 
 // Event is one notice.
@@ -67,6 +73,8 @@ func (e Event) String() string {
 		return "pool " + e.Pool
 	case Stock:
 		return "stock " + e.Pool + " " + strconv.Itoa(e.Sub)
+	case State:
+		return "state " + e.Pool
 	}
 	return fmt.Sprintf("kind%d %s %d", e.Kind, e.Pool, e.Sub)
 }
@@ -76,9 +84,13 @@ func (e Event) String() string {
 func Parse(s string) (Event, error) {
 	kind, rest, _ := strings.Cut(s, " ")
 	switch kind {
-	case "pool":
+	case "pool", "state":
 		if validID(rest) {
-			return Event{Kind: Pool, Pool: rest}, nil
+			k := Pool
+			if kind == "state" {
+				k = State
+			}
+			return Event{Kind: k, Pool: rest}, nil
 		}
 	case "stock":
 		pool, sub, _ := strings.Cut(rest, " ")
@@ -161,6 +173,7 @@ type Config struct {
 type Handlers struct {
 	Pool  func(id string)
 	Stock func(pool string, j int)
+	State func(id string)
 }
 
 // Listen subscribes to Channel on every client and hands each notice to
@@ -221,6 +234,10 @@ func dispatch(payload string, h Handlers, log *slog.Logger) {
 	case Stock:
 		if h.Stock != nil {
 			h.Stock(e.Pool, e.Sub)
+		}
+	case State:
+		if h.State != nil {
+			h.State(e.Pool)
 		}
 	}
 }

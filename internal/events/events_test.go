@@ -33,6 +33,9 @@ func TestParse(t *testing.T) {
 		{"stock p1 0", events.Event{Kind: events.Stock, Pool: "p1"}, true},
 		{"stock p1 17", events.Event{Kind: events.Stock, Pool: "p1", Sub: 17}, true},
 		{"stock p1 999999999", events.Event{Kind: events.Stock, Pool: "p1", Sub: 999999999}, true},
+		{"state p1", events.Event{Kind: events.State, Pool: "p1"}, true},
+		{"state", events.Event{}, false},
+		{"state p1 0", events.Event{}, false},
 		{"", events.Event{}, false},
 		{"pool", events.Event{}, false},
 		{"pool ", events.Event{}, false},
@@ -136,6 +139,7 @@ func (r *recorder) handlers() events.Handlers {
 	return events.Handlers{
 		Pool:  func(id string) { r.add(events.Event{Kind: events.Pool, Pool: id}) },
 		Stock: func(pool string, j int) { r.add(events.Event{Kind: events.Stock, Pool: pool, Sub: j}) },
+		State: func(id string) { r.add(events.Event{Kind: events.State, Pool: id}) },
 	}
 }
 
@@ -165,12 +169,15 @@ func TestListenDispatches(t *testing.T) {
 	if err := events.Publish(ctx, pub, events.Event{Kind: events.Stock, Pool: "p1", Sub: 2}); err != nil {
 		t.Fatal(err)
 	}
+	if err := events.Publish(ctx, pub, events.Event{Kind: events.State, Pool: "p1"}); err != nil {
+		t.Fatal(err)
+	}
 	// Malformed messages and other channels are dropped.
 	pub[0].Publish(ctx, events.Channel, "pool a b")
 	pub[0].Publish(ctx, "other", "pool p2")
 
 	// Each notice arrives once per shard.
-	waitFor(t, &r, []string{"pool p1", "pool p1", "stock p1 2", "stock p1 2"})
+	waitFor(t, &r, []string{"pool p1", "pool p1", "state p1", "state p1", "stock p1 2", "stock p1 2"})
 }
 
 // waitFor waits up to a second for the handlers to have got want (sorted).

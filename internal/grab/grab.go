@@ -248,6 +248,8 @@ func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 		return Pending{res: Result{Outcome: NotFound}}
 	case err != nil:
 		return Pending{err: err}
+	case p.rec.State.Over():
+		return Pending{res: Result{Outcome: Ended}} // closing or closed
 	case p.rec.State != catalog.Open:
 		return Pending{res: Result{Outcome: NotStarted, RetryAfter: time.Second}}
 	case s.soldOutHere(p, userID):
@@ -307,8 +309,27 @@ func (g Pending) Wait() (Result, error) {
 		return Result{Outcome: NotStarted, RetryAfter: time.Duration(c.WaitMS) * time.Millisecond}, nil
 	case lua.Ended:
 		return Result{Outcome: Ended}, nil
-	default: // lua.Closed: the sub-pool is still loading
+	default: // lua.Closed: the sub-pool is loading, or gone with its pool's close
+		if rec, err := s.cat.Find(g.ctx, poolID); err == nil && rec.State.Over() {
+			s.forget(poolID)
+			return Result{Outcome: Ended}, nil
+		}
 		return Result{Outcome: NotStarted, RetryAfter: time.Second}, nil
+	}
+}
+
+// forget drops what the instance keeps of a pool whose life moved on (it
+// was ended or closed): its view, its record, its local answers.
+func (s *Service) forget(poolID string) {
+	s.mu.Lock()
+	p := s.pools[poolID]
+	delete(s.pools, poolID)
+	s.mu.Unlock()
+	s.cat.Forget(poolID)
+	if p != nil {
+		for j := range p.keys {
+			s.local.stockBack(poolID, j)
+		}
 	}
 }
 

@@ -3,7 +3,7 @@ package grab
 // The answers rain gives without Redis, all of them, and what keeps them
 // true.
 //
-// A grab is answered without a trip to a shard in exactly three cases:
+// A grab is answered without a trip to a shard in exactly four cases:
 //
 //  1. not_found, for a pool id the known-pools filter rules out (a Bloom
 //     filter: no false negatives). The filter holds every pool in the
@@ -15,7 +15,9 @@ package grab
 //     shards, which then say the pool does not exist.
 //  2. not_started, for a pool whose record is not open yet (still loading):
 //     the record is read from the shards on every such grab.
-//  3. sold_out, when every sub-pool of the pool answered empty within the
+//  3. ended, for a pool whose record says it is closing or closed (its
+//     keys are freed; the record never changes again once closed).
+//  4. sold_out, when every sub-pool of the pool answered empty within the
 //     last second (internal/soldout), no release has returned stock since
 //     (a release's notice on rain:events forgets the sub-pool at once), and
 //     this user holds no grant there: the pool's grant holders, and the
@@ -24,9 +26,11 @@ package grab
 //     filter, so a user it rules out cannot hold one (a sold-out pool gains
 //     no holder but through a spill already reserved, until stock comes
 //     back, which drops the filter). A possible holder, or a 0.1% false
-//     positive, goes to Redis and gets their grant back.
+//     positive, goes to Redis and gets their grant back. Not once the
+//     pool's window is over, or an operator ended it (its notice drops the
+//     marks): Redis then answers ended.
 //
-// Every other grab goes to the user's home sub-pool. None of the three can
+// Every other grab goes to the user's home sub-pool. None of the four can
 // grant, refuse or hide a grant that exists: at worst a notice lost for up
 // to a second makes a grab go to Redis when it need not, or answers
 // sold_out for the second after stock came back (the flood after a
@@ -59,9 +63,12 @@ func (l *local) unknown(poolID string) bool {
 }
 
 // soldOutHere reports whether the pool is known sold out and userID surely
-// holds no grant in it (case 3). When the holders are not known yet it
+// holds no grant in it (case 4). When the holders are not known yet it
 // starts reading them and answers false (ask Redis).
 func (s *Service) soldOutHere(p *poolView, userID string) bool {
+	if end := p.rec.Spec.EndsAt; end != nil && !time.Now().Before(*end) {
+		return false // ended by its window: Redis says so (held grants come back)
+	}
 	if !s.local.empty.AllEmpty(p.rec.ID(), len(p.keys)) {
 		return false
 	}

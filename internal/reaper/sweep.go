@@ -72,6 +72,9 @@ func (w *sweeper) sweep(ctx context.Context) (Sweep, error) {
 			errs = append(errs, err) // a shard down: the next pass retries
 			continue
 		}
+		if p.State.Over() {
+			continue // closing or closed: nothing held
+		}
 		for j := range p.SubPools() {
 			if err := ctx.Err(); err != nil {
 				return sw, err

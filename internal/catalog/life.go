@@ -1,0 +1,304 @@
+package catalog
+
+// This file is the end of a pool's life: its end (no more grabs), its close
+// (the account recorded, the system of record reconciled, the keys freed),
+// and the account that stays.
+//
+// preload → open → ended (its window over, or End) → settled (every outbox
+// entry acknowledged) → closed (the account recorded, every key freed).
+// Each step is idempotent and resumable after a crash: Close runs its steps
+// in an order whose every prefix Close, run again, finishes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"rain/internal/events"
+	"rain/internal/lua"
+)
+
+// Account is a closed pool's final account, in count and in cents: what was
+// preloaded, what was confirmed (paid to users), what was left unclaimed
+// (back to the campaign), per sub-pool too. Preloaded = confirmed +
+// unclaimed.
+type Account struct {
+	PoolID         string           `json:"pool_id"`
+	State          string           `json:"state"` // "closed" ("closing" while its keys are freed)
+	PreloadedCount int64            `json:"preloaded_count"`
+	PreloadedCents int64            `json:"preloaded_cents"`
+	ConfirmedCount int64            `json:"confirmed_count"`
+	ConfirmedCents int64            `json:"confirmed_cents"`
+	UnclaimedCount int64            `json:"unclaimed_count"`
+	UnclaimedCents int64            `json:"unclaimed_cents"`
+	ClosedAt       time.Time        `json:"closed_at"`
+	SubPools       []SubPoolAccount `json:"sub_pools"`
+}
+
+// SubPoolAccount is one sub-pool's share of an Account. A sub-pool that
+// lent stock to its siblings (spills) confirms less than it was loaded
+// with, one that borrowed more; the pool's sums balance.
+type SubPoolAccount struct {
+	Index          int   `json:"index"`
+	ConfirmedCount int64 `json:"confirmed_count"`
+	ConfirmedCents int64 `json:"confirmed_cents"`
+	UnclaimedCount int64 `json:"unclaimed_count"`
+	UnclaimedCents int64 `json:"unclaimed_cents"`
+}
+
+// Tally is a count of grants and their cents.
+type Tally struct{ Count, Cents int64 }
+
+// Books is the system of record a close reconciles with
+// (internal/postgres): the grants settlement delivered there, and the
+// accounts of closed pools.
+type Books interface {
+	// Totals returns what the books hold of the pool's grants, by sub-pool
+	// index.
+	Totals(ctx context.Context, poolID string) (map[int]Tally, error)
+	// Record stores the account of a closed pool. The same account again
+	// (its sums, sub-pool by sub-pool; the time aside) is a no-op; another
+	// under the same pool id is an error.
+	Record(ctx context.Context, a *Account) error
+}
+
+// End ends the pool now: from then on every grab answers ended (a user who
+// holds a grant still gets it back), and held grants run out their hold.
+// Ending an ended or closed pool changes nothing. It returns the pool's
+// status. ErrNotFound for no such pool; ErrNotNow for a pool still loading.
+func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
+	p, err := c.Find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch p.State {
+	case Loading:
+		return nil, fmt.Errorf("%w: pool %s is still loading: finish its preload first", ErrNotNow, id)
+	case Open:
+		for j := range p.SubPools() {
+			k := p.SubPool(j).Keys()
+			if _, err := lua.End(ctx, c.client(p, j), &k); err != nil {
+				return nil, fmt.Errorf("%w: end %s sub-pool %d: %w", ErrUnavailable, id, j, err)
+			}
+		}
+		c.notify(ctx, id)
+	}
+	return c.Status(ctx, id)
+}
+
+// notify tells every instance that the pool's life moved on: what they keep
+// of it lapses (the registry refresh covers a notice that is lost).
+func (c *Catalog) notify(ctx context.Context, id string) {
+	c.Forget(id)
+	if err := events.Publish(ctx, c.shards.Clients(), events.Event{Kind: events.State, Pool: id}); err != nil {
+		c.log.Warn("pool state notice not published on every shard", "pool_id", id, "err", err)
+	}
+}
+
+// Close closes a pool whose life is over and returns its final account. It
+// closes only once the pool has ended, nothing is held, settlement has
+// acknowledged every outbox entry and the audit is ok, and, with Books, the
+// books hold exactly the pool's confirmed grants, count and cents, sub-pool
+// by sub-pool; otherwise it returns ErrNotNow with the reasons, and nothing
+// changes. Closing records the account in the books (when configured) and
+// in the pool's record on every shard, then frees every key of the pool,
+// sub-pool by sub-pool. A close that died midway finishes when run again;
+// closing a closed pool returns its account.
+func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
+	p, err := c.Find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch p.State {
+	case Closed:
+		return p.Account, nil
+	case Loading:
+		return nil, fmt.Errorf("%w: pool %s is still loading", ErrNotNow, id)
+	case Open:
+		if p, err = c.seal(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	// Closing: the account is in the record; free the keys, then say so.
+	if err := c.free(ctx, p); err != nil {
+		return nil, err
+	}
+	p.State, p.Account.State = Closed, string(Closed)
+	if err := c.writeRecord(ctx, p); err != nil {
+		return nil, err
+	}
+	c.notify(ctx, id)
+	return p.Account, nil
+}
+
+// seal stops every sub-pool of the open pool p for good (lua.Seal), checks
+// the audit and the books, records the account (books first, then the
+// record on every shard, as closing) and returns the closing pool. When a
+// check fails it opens the sealed sub-pools again and returns ErrNotNow:
+// nothing changed (a sealed sub-pool answers grabs "ended", as an ended one
+// does).
+func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
+	seals := make([]lua.Sealed, p.SubPools())
+	var reasons []string
+	for j := range p.SubPools() {
+		k := p.SubPool(j).Keys()
+		s, err := lua.Seal(ctx, c.client(p, j), &k)
+		if err != nil {
+			c.unseal(ctx, p, seals)
+			return nil, fmt.Errorf("%w: seal %s sub-pool %d: %w", ErrUnavailable, p.ID(), j, err)
+		}
+		seals[j] = s
+		if !s.OK {
+			reasons = append(reasons, sealReason(j, s))
+		}
+	}
+	if len(reasons) == 0 {
+		reasons = c.reconcile(ctx, p, seals)
+	}
+	if len(reasons) > 0 {
+		c.unseal(ctx, p, seals)
+		return nil, fmt.Errorf("%w: pool %s cannot close: %s", ErrNotNow, p.ID(), strings.Join(reasons, "; "))
+	}
+	a := account(p, seals)
+	if c.books != nil {
+		if err := c.books.Record(ctx, a); err != nil {
+			c.unseal(ctx, p, seals)
+			return nil, fmt.Errorf("%w: record the account of %s in the books: %w", ErrUnavailable, p.ID(), err)
+		}
+	}
+	closing := *p
+	closing.State, closing.Account = Closing, a
+	if err := c.writeRecord(ctx, &closing); err != nil {
+		return nil, err // sealed, and the account is in the books: running Close again finishes
+	}
+	return &closing, nil
+}
+
+// sealReason says why sub-pool j did not seal.
+func sealReason(j int, s lua.Sealed) string {
+	switch s.Reason {
+	case "window":
+		return fmt.Sprintf("sub-pool %d: window open", j)
+	case "held":
+		return fmt.Sprintf("sub-pool %d: %d grants held", j, s.N)
+	case "inflight":
+		return fmt.Sprintf("sub-pool %d: %d spills in flight", j, s.N)
+	case "unsettled":
+		return fmt.Sprintf("sub-pool %d: %d entries unsettled", j, s.N)
+	}
+	return fmt.Sprintf("sub-pool %d: %s", j, s.Reason)
+}
+
+// reconcile checks a sealed pool: the audit, and the books' grants against
+// the sub-pools' confirmed ones. It returns what disagrees.
+func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []string {
+	rep, err := c.Audit(ctx, p.ID())
+	if err != nil {
+		return []string{fmt.Sprintf("audit: %v", err)}
+	}
+	var out []string
+	for _, pr := range rep.Problems {
+		out = append(out, "audit: "+pr.String())
+	}
+	if c.books == nil {
+		return out
+	}
+	totals, err := c.books.Totals(ctx, p.ID())
+	if err != nil {
+		return append(out, fmt.Sprintf("books: %v", err))
+	}
+	for j, s := range seals {
+		if got := totals[j]; got.Count != s.ConfirmedCount || got.Cents != s.ConfirmedCents {
+			out = append(out, fmt.Sprintf("books: sub-pool %d holds %d grants, %d cents; the sub-pool confirmed %d, %d cents",
+				j, got.Count, got.Cents, s.ConfirmedCount, s.ConfirmedCents))
+		}
+		delete(totals, j)
+	}
+	for j, got := range totals {
+		out = append(out, fmt.Sprintf("books: %d grants, %d cents of sub-pool %d, which the pool does not have", got.Count, got.Cents, j))
+	}
+	return out
+}
+
+// unseal opens again the sub-pools this seal sealed (an ended sub-pool
+// answers grabs ended sealed or not; one a concurrent close sealed stays
+// sealed for it).
+func (c *Catalog) unseal(ctx context.Context, p *Pool, seals []lua.Sealed) {
+	for j, s := range seals {
+		if !s.Fresh {
+			continue
+		}
+		k := p.SubPool(j).Keys()
+		if err := lua.Unseal(ctx, c.client(p, j), &k); err != nil {
+			c.log.Error("a close that could not finish left a sub-pool sealed: it answers grabs ended; run the close again",
+				"pool_id", p.ID(), "sub_pool", j, "err", err)
+		}
+	}
+}
+
+// account is the final account of the sealed pool p.
+func account(p *Pool, seals []lua.Sealed) *Account {
+	a := &Account{PoolID: p.ID(), State: string(Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
+		SubPools: make([]SubPoolAccount, len(seals))}
+	for j, s := range seals {
+		a.PreloadedCount += s.Count
+		a.PreloadedCents += s.Cents
+		a.ConfirmedCount += s.ConfirmedCount
+		a.ConfirmedCents += s.ConfirmedCents
+		a.UnclaimedCount += s.StockCount
+		a.UnclaimedCents += s.StockCents
+		a.SubPools[j] = SubPoolAccount{Index: j, ConfirmedCount: s.ConfirmedCount, ConfirmedCents: s.ConfirmedCents,
+			UnclaimedCount: s.StockCount, UnclaimedCents: s.StockCents}
+	}
+	return a
+}
+
+// writeRecord writes the record's state and account on every shard, the
+// serial shard first (what is stored there decides).
+func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
+	f := p.fields()
+	names := append([]string{c.serial}, c.shards.Names()...)
+	for i, name := range names {
+		if i > 0 && name == c.serial {
+			continue
+		}
+		if err := c.shards.Client(name).HSet(ctx, recordKey(p.ID()), "state", f["state"], "account", f["account"]).Err(); err != nil {
+			return fmt.Errorf("%w: shard %s: write the record of %s: %w", ErrUnavailable, name, p.ID(), err)
+		}
+	}
+	return nil
+}
+
+// freeBatch is the most keys one UNLINK frees. UNLINK frees a big value in
+// the background (lazy free), so a command costs its shard microseconds
+// whatever the sub-pool's size.
+const freeBatch = 16
+
+// free unlinks every key of every sub-pool, the meta last (a close that dies
+// midway is resumed from the record's state, closing, and frees again).
+func (c *Catalog) free(ctx context.Context, p *Pool) error {
+	var errs []error
+	for j := range p.SubPools() {
+		k := p.SubPool(j).Keys()
+		var keys []string
+		for _, key := range k.All() {
+			if key != k.Meta {
+				keys = append(keys, key)
+			}
+		}
+		for lo := 0; lo < len(keys); lo += freeBatch {
+			if err := c.client(p, j).Unlink(ctx, keys[lo:min(lo+freeBatch, len(keys))]...).Err(); err != nil {
+				errs = append(errs, fmt.Errorf("sub-pool %d: %w", j, err))
+			}
+		}
+		if err := c.client(p, j).Unlink(ctx, k.Meta).Err(); err != nil {
+			errs = append(errs, fmt.Errorf("sub-pool %d: %w", j, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: free the keys of %s (run the close again): %w", ErrUnavailable, p.ID(), err)
+	}
+	return nil
+}

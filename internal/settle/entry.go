@@ -1,82 +1,145 @@
 package settle
 
-// This file is one outbox entry settled: confirm, deliver, acknowledge.
+// This file is one batch of outbox entries settled: the grants confirmed in
+// one script, delivered in one call to the sink, and every entry settled
+// acknowledged and trimmed from the stream in one round trip.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/catalog"
 	"rain/internal/lua"
-	"rain/internal/wait"
 )
 
-// handleAll handles msgs in order and stops at the first that fails (it
-// and those after it stay pending for the next pass), noting it in p.
-func (w *Worker) handleAll(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) {
+// batch is one stream's entries of a read, as settleBatch sorts them.
+type batch struct {
+	stream string
+	done   []string // ids of the entries settled: acknowledged and trimmed
+	grants []Grant  // grant entries to confirm and deliver
+	ids    []string // their ids
+}
+
+// settleBatch settles msgs, the entries of one outbox (one sub-pool), in
+// one confirm script, one delivery and one acknowledgment. An entry whose
+// confirm or delivery fails stays pending (retried on the next pass over
+// the worker's own pending entries), and so does one whose serial the
+// sink paid for another grant (left for an operator); every other entry is
+// acknowledged and deleted from the stream, so that an outbox holds what
+// is unsettled, not everything ever granted. It reports whether an entry
+// was left pending for a failure (the caller then waits RetryDelay).
+func (w *Worker) settleBatch(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
+	b := batch{stream: stream}
 	for _, m := range msgs {
-		err := w.handle(ctx, c, stream, m)
+		if m.Values["type"] != "grant" {
+			b.done = append(b.done, m.ID) // a release: not paid
+			continue
+		}
+		g, err := parseGrant(m)
+		if err != nil {
+			w.anomalies.Add(1)
+			w.cfg.Logger.Error("settle: unreadable outbox entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
+			b.done = append(b.done, m.ID)
+			continue
+		}
+		b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
+	}
+	if len(b.grants) > 0 {
+		failed = w.settleGrants(ctx, c, &b, p)
+	}
+	if len(b.done) > 0 {
+		pipe := c.Pipeline()
+		pipe.XAck(ctx, stream, w.cfg.Group, b.done...)
+		pipe.XDel(ctx, stream, b.done...)
+		if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+			// Pending still: settled again, at no cost (confirm and the
+			// sinks are idempotent), on the next pass.
+			w.cfg.Logger.Warn("settle: acknowledge", "stream", stream, "err", err)
+			p.behindAll(b.done)
+			failed = true
+		}
+	}
+	return failed
+}
+
+// settleGrants confirms b's grants, delivers those confirmed, and adds
+// what is settled to b.done. It reports whether some are left pending for
+// a failure.
+func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p *pass) (failed bool) {
+	g0 := b.grants[0]
+	k := lua.SubPool{Pool: g0.PoolID, Index: g0.SubPool}.Keys()
+	args := make([]lua.ConfirmArg, len(b.grants))
+	for i, g := range b.grants {
+		args[i] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial}
+	}
+	res, errs, err := lua.ConfirmMany(ctx, c, &k, args)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.failures.Add(int64(len(b.grants)))
+			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "entries", len(b.grants), "err", err)
+		}
+		p.behindAll(b.ids)
+		return true
+	}
+	var pay []Grant
+	var payIDs []string
+	for i, g := range b.grants {
+		switch {
+		case errs[i] != nil:
+			w.failures.Add(1)
+			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "err", errs[i])
+			p.behind(b.ids[i])
+			failed = true
+		case res[i].Result == lua.Confirmed || res[i].Result == lua.AlreadyConfirmed:
+			pay, payIDs = append(pay, g), append(payIDs, b.ids[i])
+		case res[i].Result == lua.WasReleased:
+			w.expired.Add(1) // released at its deadline first: not paid
+			b.done = append(b.done, b.ids[i])
+		default:
+			w.anomalies.Add(1)
+			w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
+				"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
+			b.done = append(b.done, b.ids[i])
+		}
+	}
+	if len(pay) == 0 {
+		return failed
+	}
+	for i, err := range w.sink.Deliver(ctx, pay) {
 		switch {
 		case err == nil:
+			w.delivered.Add(1)
+			b.done = append(b.done, payIDs[i])
 		case ctx.Err() != nil:
-			return
+			return failed
 		case errors.Is(err, ErrSerialConflict):
-			// Left pending for an operator; the other entries go on. Counted
-			// and logged once per entry, though it is met on every pass.
-			if _, seen := w.conflicted.LoadOrStore(stream+" "+m.ID, true); seen {
-				continue
+			// Left pending for an operator. Counted and logged once per
+			// entry, though it is met on every pass.
+			if _, seen := w.conflicted.LoadOrStore(b.stream+" "+payIDs[i], true); !seen {
+				w.conflicts.Add(1)
+				w.cfg.Logger.Error("settle: serial already paid for another grant; entry left pending for an operator",
+					"stream", b.stream, "id", payIDs[i], "err", err)
 			}
-			w.conflicts.Add(1)
-			w.cfg.Logger.Error("settle: serial already paid for another grant; entry left pending for an operator",
-				"stream", stream, "id", m.ID, "err", err)
 		default:
-			// Left pending: retried on the next pass over own pending entries.
-			p.behind(m.ID)
+			p.behind(payIDs[i])
 			w.failures.Add(1)
-			w.cfg.Logger.Warn("settle: entry left pending", "stream", stream, "id", m.ID, "err", err)
-			_ = wait.For(ctx, w.cfg.RetryDelay)
-			return
+			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", payIDs[i], "err", err)
+			failed = true
 		}
 	}
+	return failed
 }
 
-// handle settles one entry: confirm, deliver, acknowledge.
-func (w *Worker) handle(ctx context.Context, c *redis.Client, stream string, m redis.XMessage) error {
-	if m.Values["type"] != "grant" {
-		return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
-	}
-	g, err := parseGrant(m.Values)
-	if err != nil {
-		w.anomalies.Add(1)
-		w.cfg.Logger.Error("settle: unreadable outbox entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
-		return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
-	}
-	k := lua.SubPool{Pool: g.PoolID, Index: g.SubPool}.Keys()
-	res, err := lua.Confirm(ctx, c, &k, g.UserID, g.Serial)
-	if err != nil {
-		return fmt.Errorf("confirm serial %d: %w", g.Serial, err)
-	}
-	switch res {
-	case lua.Confirmed, lua.AlreadyConfirmed:
-		if err := w.sink.Deliver(ctx, g); err != nil {
-			return fmt.Errorf("deliver serial %d: %w", g.Serial, err)
-		}
-		w.delivered.Add(1)
-	case lua.WasReleased:
-		w.expired.Add(1)
-	default:
-		w.anomalies.Add(1)
-		w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
-			"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
-	}
-	return c.XAck(ctx, stream, w.cfg.Group, m.ID).Err()
-}
-
-func parseGrant(v map[string]any) (Grant, error) {
+// parseGrant reads a grant entry of an outbox. Its id is the time the
+// grant was made (the stream's own clock, ms).
+func parseGrant(m redis.XMessage) (Grant, error) {
+	v := m.Values
 	s := func(k string) string { x, _ := v[k].(string); return x }
 	n := func(k string) (int64, error) { return strconv.ParseInt(s(k), 10, 64) }
 	g := Grant{PoolID: s("pool"), UserID: s("user")}
@@ -98,5 +161,11 @@ func parseGrant(v map[string]any) (Grant, error) {
 	if !catalog.ValidID(g.PoolID) || !catalog.ValidID(g.UserID) {
 		return g, errors.New("bad pool or user id")
 	}
+	ms, _, _ := strings.Cut(m.ID, "-")
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return g, fmt.Errorf("entry id %q: %w", m.ID, err)
+	}
+	g.GrantedAt = time.UnixMilli(at).UTC()
 	return g, nil
 }

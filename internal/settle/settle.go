@@ -1,14 +1,18 @@
 // Package settle hands every grant to the wallet side, exactly once in
 // effect, through the sub-pools' outbox streams.
 //
-// A Worker reads each shard's outbox streams with a Redis consumer group and,
-// for every grant entry, in this order:
+// A Worker reads each shard's outbox streams with a Redis consumer group, in
+// batches of up to Config.Batch entries per stream, every stream of a shard
+// at once, and for every batch, in this order:
 //
-//  1. confirms the grant (confirm script): from then on the reaper can never
-//     release it. If the reaper released it first, it is not paid: skip.
-//  2. delivers it to the Sink (a ledger file, a wallet webhook), which
-//     dedupes by serial.
-//  3. acknowledges the entry (XACK).
+//  1. confirms its grants (one confirm_many script): from then on the
+//     reaper can never release them. A grant the reaper released first is
+//     not paid.
+//  2. delivers them to the Sink (PostgreSQL, a ledger file, a wallet
+//     webhook) in one call, which dedupes by serial.
+//  3. acknowledges the entries settled and deletes them from the stream
+//     (XACK and XDEL, one round trip), so an outbox holds only what is
+//     unsettled.
 //
 // Confirm comes before delivery on purpose: the other order lets the reaper
 // release a grant between the payout and the confirm, and the same cents
@@ -41,17 +45,19 @@ import (
 
 // Grant is one grant of an outbox, as a sink receives it.
 type Grant struct {
-	Serial      int64  `json:"serial"`
-	PoolID      string `json:"pool_id"`
-	SubPool     int    `json:"sub_pool"`
-	UserID      string `json:"user_id"`
-	AmountCents int64  `json:"amount_cents"`
-	DeadlineMS  int64  `json:"deadline_ms"`
+	Serial      int64     `json:"serial"`
+	PoolID      string    `json:"pool_id"`
+	SubPool     int       `json:"sub_pool"`
+	UserID      string    `json:"user_id"`
+	AmountCents int64     `json:"amount_cents"`
+	DeadlineMS  int64     `json:"deadline_ms"`
+	GrantedAt   time.Time `json:"granted_at"` // when it was made, by its shard's clock
 }
 
 // Same reports whether g and o are one grant: the same serial for the same
-// pool, sub-pool, user and amount. (The deadline is not compared: it is
-// the grant's, but a re-made grant after a lost write has another.)
+// pool, sub-pool, user and amount. (The deadline and the time are not
+// compared: they are the grant's, but a re-made grant after a lost write
+// has others.)
 func (g Grant) Same(o Grant) bool {
 	return g.Serial == o.Serial && g.PoolID == o.PoolID && g.SubPool == o.SubPool &&
 		g.UserID == o.UserID && g.AmountCents == o.AmountCents
@@ -61,14 +67,15 @@ func (g Grant) String() string {
 	return fmt.Sprintf("pool %s sub-pool %d user %s %d cents", g.PoolID, g.SubPool, g.UserID, g.AmountCents)
 }
 
-// Sink receives confirmed grants. Deliver may see a grant more than once
-// (after a crash, or from another worker that took the entry over) and must
-// pay it once: dedupe by Serial, across every worker that delivers to it.
-// A serial seen before with another grant (Grant.Same) is not a repeat: it
-// returns ErrSerialConflict and pays nothing. An error leaves the grant to
-// be delivered again later.
+// Sink receives confirmed grants, in batches. Deliver returns one error per
+// grant of gs (nil: delivered, now or before). It may see a grant more than
+// once (after a crash, or from another worker that took the entry over)
+// and must pay it once: dedupe by Serial, across every worker that
+// delivers to it. A serial seen before with another grant (Grant.Same) is
+// not a repeat: its error is ErrSerialConflict and nothing is paid. Any
+// other error leaves the grant to be delivered again later.
 type Sink interface {
-	Deliver(ctx context.Context, g Grant) error
+	Deliver(ctx context.Context, gs []Grant) []error
 }
 
 // SubPools lists the sub-pools to settle (grab.Service does).
@@ -83,7 +90,8 @@ type Config struct {
 	// Consumer names this worker in the group; give each process its own.
 	// Default hostname-pid.
 	Consumer string
-	// Batch is the most entries read per stream per call. Default 100.
+	// Batch is the most entries read per stream per call, settled as one
+	// batch. Default 500.
 	Batch int64
 	// Block is how long one read waits for new entries. Default 1s.
 	Block time.Duration
@@ -93,8 +101,13 @@ type Config struct {
 	// Refresh is how often the list of outbox streams is read again, to pick
 	// up new pools. Default 2s.
 	Refresh time.Duration
-	// RetryDelay is the pause after a failed delivery. Default 1s.
+	// RetryDelay is the pause after a pass over a shard that failed (a
+	// delivery, a confirm); it doubles with each pass that fails again, up
+	// to MaxRetryDelay, and is back to RetryDelay after one that does not.
+	// Default 1s.
 	RetryDelay time.Duration
+	// MaxRetryDelay bounds that backoff. Default 15s.
+	MaxRetryDelay time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -108,7 +121,7 @@ func (c *Config) init() {
 		c.Consumer = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if c.Batch == 0 {
-		c.Batch = 100
+		c.Batch = 500
 	}
 	if c.Block == 0 {
 		c.Block = time.Second
@@ -118,6 +131,9 @@ func (c *Config) init() {
 	}
 	if c.Refresh == 0 {
 		c.Refresh = 2 * time.Second
+	}
+	if c.MaxRetryDelay == 0 {
+		c.MaxRetryDelay = 15 * time.Second
 	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = time.Second
@@ -183,19 +199,43 @@ func (w *Worker) lag(now time.Time) time.Duration {
 	return max(0, time.Duration(now.UnixMilli()-oldest)*time.Millisecond)
 }
 
-// pass is what one pass over a shard's outboxes left unsettled.
+// pass is what one pass over a shard's outboxes left unsettled. Its
+// streams' batches note in it at once.
 type pass struct {
-	oldest     int64 // unix ms of the oldest entry left unsettled; 0: none
-	incomplete bool  // a read failed: the pass does not know
+	mu         sync.Mutex // guards the fields below
+	oldest     int64      // unix ms of the oldest entry left unsettled; 0: none
+	incomplete bool       // a read failed: the pass does not know
+	vanished   bool       // a stream was gone (its pool closed): list them again
 }
 
 // behind notes that the entry id was left unsettled (or, for the last of
 // a full batch, that entries no older may wait behind it).
 func (p *pass) behind(id string) {
 	ms, _, _ := strings.Cut(id, "-")
-	if at, err := strconv.ParseInt(ms, 10, 64); err == nil && (p.oldest == 0 || at < p.oldest) {
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.oldest == 0 || at < p.oldest {
 		p.oldest = at
 	}
+}
+
+// behindAll notes every id.
+func (p *pass) behindAll(ids []string) {
+	for _, id := range ids {
+		p.behind(id)
+	}
+}
+
+// fail notes that a read failed.
+func (p *pass) fail(vanished bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.incomplete = true
+	p.vanished = p.vanished || vanished
 }
 
 // Run settles until ctx ends, one loop per shard. A shard that does not
@@ -213,16 +253,19 @@ func (w *Worker) Run(ctx context.Context) {
 func (w *Worker) loop(ctx context.Context, i int, name string) {
 	c := w.shards.Client(name)
 	var streams []string
-	known := map[string]bool{}
+	grouped := map[string]bool{}
 	var nextRefresh, nextClaim time.Time
+	backoff := w.cfg.RetryDelay
 	for ctx.Err() == nil {
 		now := time.Now()
 		if now.After(nextRefresh) {
-			fresh, err := w.streams(ctx, c, name, known)
+			current, err := w.streams(ctx, c, name, grouped)
 			if err != nil {
 				w.cfg.Logger.Warn("settle: listing outboxes", "shard", name, "err", err)
 			}
-			streams = append(streams, fresh...)
+			if current != nil || err == nil {
+				streams = current
+			}
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
 		if len(streams) == 0 {
@@ -232,41 +275,54 @@ func (w *Worker) loop(ctx context.Context, i int, name string) {
 		// Own pending entries first (a failed delivery, or a restart under
 		// the same consumer name), then those abandoned by others.
 		var p pass
-		w.read(ctx, c, streams, "0", &p)
+		failed := w.read(ctx, c, streams, "0", &p)
 		if now.After(nextClaim) {
-			w.claim(ctx, c, streams, &p)
+			failed = w.claim(ctx, c, streams, &p) || failed
 			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
 		}
-		w.read(ctx, c, streams, ">", &p)
+		failed = w.read(ctx, c, streams, ">", &p) || failed
+		if p.vanished {
+			nextRefresh = time.Time{}
+		}
 		if !p.incomplete && ctx.Err() == nil {
 			w.behind[i].Store(p.oldest)
 		}
+		if !failed {
+			backoff = w.cfg.RetryDelay
+			continue
+		}
+		_ = wait.For(ctx, backoff)
+		backoff = min(2*backoff, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
 	}
 }
 
-// streams returns the outbox keys on shard name not yet in known, creating
-// the consumer group on each.
-func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, known map[string]bool) ([]string, error) {
+// streams returns the outbox keys of the open pools' sub-pools on shard
+// name, creating the consumer group on each it meets the first time
+// (grouped remembers them). A pool whose life is over has none.
+func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, grouped map[string]bool) ([]string, error) {
 	subs, err := w.subs.SubPools(ctx)
-	var fresh []string
+	var out []string
 	for _, sp := range subs {
 		key := sp.Keys().Outbox
-		if sp.Shard != name || known[key] {
+		if sp.Shard != name {
 			continue
 		}
-		err := c.XGroupCreateMkStream(ctx, key, w.cfg.Group, "0").Err()
-		if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-			return fresh, fmt.Errorf("create group on %s: %w", key, err)
+		if !grouped[key] {
+			err := c.XGroupCreateMkStream(ctx, key, w.cfg.Group, "0").Err()
+			if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+				return out, fmt.Errorf("create group on %s: %w", key, err)
+			}
+			grouped[key] = true
 		}
-		known[key] = true
-		fresh = append(fresh, key)
+		out = append(out, key)
 	}
-	return fresh, err
+	return out, err
 }
 
 // read reads entries from streams at id (">" new, "0" own pending) and
-// handles them, noting in p what it left unsettled.
-func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) {
+// settles each stream's as a batch, the streams at once, noting in p what
+// it left unsettled. It reports whether an entry was left for a failure.
+func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) (failed bool) {
 	args := make([]string, 0, 2*len(streams))
 	args = append(args, streams...)
 	for range streams {
@@ -281,23 +337,34 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 	}).Result()
 	switch {
 	case errors.Is(err, redis.Nil), ctx.Err() != nil:
-		return
+		return false
 	case err != nil:
-		p.incomplete = true
+		// NOGROUP: a stream is gone, its pool closed (or its shard lost
+		// it): the next pass lists the streams again.
+		p.fail(redis.HasErrorPrefix(err, "NOGROUP"))
 		w.cfg.Logger.Warn("settle: read", "err", err)
-		_ = wait.For(ctx, w.cfg.RetryDelay)
-		return // a shard down: keep trying
+		return true // a shard down: keep trying
 	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
 	for _, st := range res {
-		w.handleAll(ctx, c, st.Stream, st.Messages, p)
+		wg.Go(func() {
+			f := w.settleBatch(ctx, c, st.Stream, st.Messages, p)
+			mu.Lock()
+			failed = failed || f
+			mu.Unlock()
+		})
 		if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
 			p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
 		}
 	}
+	wg.Wait()
+	return failed
 }
 
-// claim takes over entries pending on other consumers for ClaimAfter.
-func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) {
+// claim takes over entries pending on other consumers for ClaimAfter. It
+// reports whether an entry was left for a failure.
+func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) (failed bool) {
 	for _, key := range streams {
 		start := "0-0"
 		for {
@@ -307,16 +374,19 @@ func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p
 			}).Result()
 			if err != nil {
 				if ctx.Err() == nil {
-					p.incomplete = true
+					p.fail(redis.HasErrorPrefix(err, "NOGROUP"))
 					w.cfg.Logger.Warn("settle: claim", "stream", key, "err", err)
 				}
 				break
 			}
-			w.handleAll(ctx, c, key, msgs, p)
+			if len(msgs) > 0 {
+				failed = w.settleBatch(ctx, c, key, msgs, p) || failed
+			}
 			if next == "0-0" || len(msgs) == 0 {
 				break
 			}
 			start = next
 		}
 	}
+	return failed
 }

@@ -149,8 +149,8 @@ func (e *env) doomed(t *testing.T) (set *shard.Set, cat *catalog.Catalog, proxie
 	return ge.Shards, ge.Catalog, proxies, die
 }
 
-// dying is a sink that calls die after it has delivered its nth grant: the
-// process dies after a payout, before its ack.
+// dying is a sink that calls die once it has delivered at least at grants:
+// the process dies after a payout, before its ack.
 type dying struct {
 	Sink
 	n   atomic.Int32
@@ -158,16 +158,21 @@ type dying struct {
 	die func()
 }
 
-func (d *dying) Deliver(ctx context.Context, g Grant) error {
-	err := d.Sink.Deliver(ctx, g)
-	if d.n.Add(1) == d.at {
+func (d *dying) Deliver(ctx context.Context, gs []Grant) []error {
+	errs := d.Sink.Deliver(ctx, gs)
+	if n := d.n.Add(int32(len(gs))); n >= d.at && n-int32(len(gs)) < d.at {
 		d.die()
 	}
-	return err
+	return errs
+}
+
+// deliverOne delivers one grant to s.
+func deliverOne(ctx context.Context, s Sink, g Grant) error {
+	return s.Deliver(ctx, []Grant{g})[0]
 }
 
 func fastConfig(consumer string) Config {
-	return Config{Consumer: consumer, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
+	return Config{Consumer: consumer, Batch: 5, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond}
 }
 
@@ -179,16 +184,36 @@ func TestSettleToLedger(t *testing.T) {
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
 	waittest.Until(t, 20*time.Second, "all delivered", func() bool { return w.Stats().Delivered == 100 })
+	// Settled entries are trimmed: each outbox holds what is unsettled.
+	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
 	stop()
 	checkLedger(t, path, grants)
 	e.assertAudit(t)
 }
 
+// outboxed counts the entries left in every outbox.
+func (e *env) outboxed(t *testing.T) int64 {
+	t.Helper()
+	subs, err := e.cat.SubPools(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sp := range subs {
+		l, err := e.shards.Client(sp.Shard).XLen(context.Background(), sp.Keys().Outbox).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += l
+	}
+	return n
+}
+
 // TestCrashAtEveryStep: a worker dies (it is cut off from every shard: a
-// partition, which to the shards is a process that died) right after the
-// tenth confirm ran (its reply lost), or right after the tenth delivery
-// (before its ack); a second worker takes the pending entries over. Exactly
-// one ledger line per serial, every grant confirmed.
+// partition, which to the shards is a process that died) right after its
+// second batch of confirms ran (its reply lost), or right after its tenth
+// delivery (before its ack); a second worker takes the pending entries
+// over. Exactly one ledger line per serial, every grant confirmed.
 func TestCrashAtEveryStep(t *testing.T) {
 	for _, step := range []string{"confirmed", "delivered"} {
 		t.Run(step, func(t *testing.T) {
@@ -199,7 +224,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			var sink Sink = l
 			if step == "confirmed" {
 				for _, p := range proxies {
-					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm")), 10, die)
+					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm_many")), 2, die)
 				}
 			} else {
 				sink = &dying{Sink: l, at: 10, die: die}
@@ -249,7 +274,7 @@ func TestLedgerTornTail(t *testing.T) {
 	l := openLedger(t, path)
 	ctx := context.Background()
 	for _, s := range []int64{1, 2, 2, 3} {
-		if err := l.Deliver(ctx, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+		if err := deliverOne(ctx, l, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -263,7 +288,7 @@ func TestLedgerTornTail(t *testing.T) {
 		t.Fatalf("OpenLedger after a torn write: %v", err)
 	}
 	for _, s := range []int64{3, 4} {
-		if err := l.Deliver(ctx, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+		if err := deliverOne(ctx, l, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -359,7 +384,7 @@ func TestSerialConflictIsAnAlarm(t *testing.T) {
 		break
 	}
 	other := Grant{Serial: victim, PoolID: "elsewhere", UserID: "someone", AmountCents: 1}
-	if err := l.Deliver(context.Background(), other); err != nil {
+	if err := deliverOne(context.Background(), l, other); err != nil {
 		t.Fatal(err)
 	}
 	w := New(e.shards, e.cat, l, fastConfig("a"))
@@ -449,7 +474,7 @@ func TestWebhookConflictIsNotRetried(t *testing.T) {
 		http.Error(w, "key reused", http.StatusConflict)
 	}))
 	defer wallet.Close()
-	err := (&Webhook{URL: wallet.URL, Backoff: time.Millisecond}).Deliver(context.Background(), Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
+	err := deliverOne(context.Background(), &Webhook{URL: wallet.URL, Backoff: time.Millisecond}, Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
 	if !errors.Is(err, ErrSerialConflict) {
 		t.Fatalf("Deliver to a wallet answering 409 = %v, want ErrSerialConflict", err)
 	}
@@ -465,14 +490,18 @@ type failingSink struct {
 	delivered map[int]int // by sub-pool
 }
 
-func (s *failingSink) Deliver(_ context.Context, g Grant) error {
-	if g.SubPool == 0 && s.down.Load() {
-		return errors.New("wallet down")
-	}
+func (s *failingSink) Deliver(_ context.Context, gs []Grant) []error {
+	errs := make([]error, len(gs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.delivered[g.SubPool]++
-	return nil
+	for i, g := range gs {
+		if g.SubPool == 0 && s.down.Load() {
+			errs[i] = errors.New("wallet down")
+			continue
+		}
+		s.delivered[g.SubPool]++
+	}
+	return errs
 }
 
 // TestLagFollowsTheOldestUnsettled: while the wallet refuses one

@@ -80,7 +80,7 @@ func TestWebhookSigned(t *testing.T) {
 	defer srv.Close()
 	ctx := context.Background()
 	g := Grant{Serial: 42, PoolID: "p", UserID: "u", AmountCents: 123}
-	if err := (&Webhook{URL: srv.URL, Secret: secret}).Deliver(ctx, g); err != nil {
+	if err := deliverOne(ctx, &Webhook{URL: srv.URL, Secret: secret}, g); err != nil {
 		t.Fatalf("signed delivery: %v (wallet said %v)", err, wl.bad)
 	}
 	if wl.paid["42"] != g {
@@ -88,11 +88,11 @@ func TestWebhookSigned(t *testing.T) {
 	}
 
 	wrong := &Webhook{URL: srv.URL, Secret: []byte(strings.Repeat("x", 32)), Tries: 1}
-	if err := wrong.Deliver(ctx, Grant{Serial: 43, AmountCents: 1}); err == nil {
+	if err := deliverOne(ctx, wrong, Grant{Serial: 43, AmountCents: 1}); err == nil {
 		t.Fatal("a delivery signed with another secret was accepted")
 	}
 	unsigned := &Webhook{URL: srv.URL, Tries: 1}
-	if err := unsigned.Deliver(ctx, Grant{Serial: 44, AmountCents: 1}); err == nil {
+	if err := deliverOne(ctx, unsigned, Grant{Serial: 44, AmountCents: 1}); err == nil {
 		t.Fatal("an unsigned delivery was accepted")
 	}
 	body, _ := json.Marshal(g)

@@ -119,28 +119,65 @@ func readLines(r io.Reader) (map[int64]Grant, int64, error) {
 	}
 }
 
-// Deliver appends g unless its serial is already in the ledger: the same
-// grant again is a no-op, another grant under the serial ErrSerialConflict.
-func (l *Ledger) Deliver(_ context.Context, g Grant) error {
+// Deliver appends the grants of gs whose serials the ledger lacks, all in
+// one write and one fsync: a grant already there (or twice in gs) is a
+// repeat, another grant under a serial there ErrSerialConflict.
+func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if had, ok := l.seen[g.Serial]; ok {
-		if !had.Same(g) {
-			return fmt.Errorf("%w: serial %d was paid for %s, now %s", ErrSerialConflict, g.Serial, had, g)
+	errs := make([]error, len(gs))
+	var buf []byte
+	var added []Grant
+	now := time.Now().UTC()
+	for i, g := range gs {
+		if had, ok := l.seen[g.Serial]; ok {
+			if !had.Same(g) {
+				errs[i] = fmt.Errorf("%w: serial %d was paid for %s, now %s", ErrSerialConflict, g.Serial, had, g)
+			}
+			continue
 		}
-		return nil
+		b, err := json.Marshal(ledgerLine{Grant: g, SettledAt: now})
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		buf = append(append(buf, b...), '\n')
+		l.seen[g.Serial] = g // a second copy in gs is a repeat of this one
+		added = append(added, g)
 	}
-	b, err := json.Marshal(ledgerLine{Grant: g, SettledAt: time.Now().UTC()})
+	if len(added) == 0 {
+		return errs
+	}
+	err := l.append(buf)
+	if err == nil {
+		return errs
+	}
+	for _, g := range added {
+		delete(l.seen, g.Serial)
+	}
+	for i := range gs {
+		if errs[i] == nil {
+			errs[i] = err // delivered again later; what was written is read back at open
+		}
+	}
+	return errs
+}
+
+// append writes buf and fsyncs it; a write that fails midway is cut off
+// (the file ends on a whole line again). l.mu is held.
+func (l *Ledger) append(buf []byte) error {
+	end, err := l.f.Seek(0, io.SeekCurrent)
 	if err != nil {
-		return err
+		return fmt.Errorf("ledger: %w", err)
 	}
-	if _, err := l.f.Write(append(b, '\n')); err != nil {
+	if _, err := l.f.Write(buf); err != nil {
+		_ = l.f.Truncate(end)
+		_, _ = l.f.Seek(end, io.SeekStart)
 		return fmt.Errorf("ledger: write: %w", err)
 	}
 	if err := l.f.Sync(); err != nil {
 		return fmt.Errorf("ledger: fsync: %w", err)
 	}
-	l.seen[g.Serial] = g
 	return nil
 }
 
@@ -175,8 +212,28 @@ type Webhook struct {
 
 var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
 
-// Deliver posts g until the wallet answers 2xx or the tries run out.
-func (w *Webhook) Deliver(ctx context.Context, g Grant) error {
+// webhookParallel is how many deliveries of a batch are in flight at once.
+const webhookParallel = 8
+
+// Deliver posts every grant of gs, webhookParallel at once, each until the
+// wallet answers 2xx or its tries run out.
+func (w *Webhook) Deliver(ctx context.Context, gs []Grant) []error {
+	errs := make([]error, len(gs))
+	sem := make(chan struct{}, webhookParallel)
+	var wg sync.WaitGroup
+	for i, g := range gs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = w.deliver(ctx, g)
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// deliver posts g until the wallet answers 2xx or the tries run out.
+func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 	client, tries, backoff := w.Client, w.Tries, w.Backoff
 	if client == nil {
 		client = defaultWebhookClient

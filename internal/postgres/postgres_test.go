@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"rain/internal/catalog"
+	"rain/internal/pgtest"
+	"rain/internal/settle"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// open starts a server and opens a fresh database on it.
+func open(t *testing.T) (*DB, string) {
+	t.Helper()
+	srv := pgtest.Start(t, pgtest.Options{})
+	url := srv.NewDB(t)
+	db, err := Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db, url
+}
+
+// TestMigrationsOnce: workers opening one database at once apply each
+// migration once (the advisory lock); opening again applies nothing.
+func TestMigrationsOnce(t *testing.T) {
+	srv := pgtest.Start(t, pgtest.Options{})
+	url := srv.NewDB(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			db, err := Open(context.Background(), url)
+			if err == nil {
+				db.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("Open #%d at once: %v", i, err)
+		}
+	}
+	db, err := Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.pool.QueryRow(context.Background(), "SELECT count(*) FROM rain_migrations").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if want := len(must(migrations.ReadDir("migrations"))); n != want {
+		t.Fatalf("%d migrations recorded, want %d (each once)", n, want)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func grant(serial int64, user string, cents int64) settle.Grant {
+	return settle.Grant{Serial: serial, PoolID: "p", SubPool: int(serial % 2), UserID: user, AmountCents: cents,
+		GrantedAt: time.UnixMilli(1_800_000_000_000 + serial).UTC()}
+}
+
+// TestDeliver: a batch is inserted; the same grant again is a repeat; a
+// serial held for another grant is settle.ErrSerialConflict, and the row
+// stays the first; two workers delivering the same batches at once leave
+// one row per serial.
+func TestDeliver(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	first := []settle.Grant{grant(1, "a", 10), grant(2, "b", 20), grant(3, "c", 30)}
+	for i, err := range db.Deliver(ctx, first) {
+		if err != nil {
+			t.Fatalf("Deliver of grant %d: %v", i, err)
+		}
+	}
+	again := []settle.Grant{grant(2, "b", 20), grant(4, "d", 40), grant(3, "someone else", 30), grant(4, "d", 40)}
+	errs := db.Deliver(ctx, again)
+	for i, want := range []error{nil, nil, settle.ErrSerialConflict, nil} {
+		if !errors.Is(errs[i], want) || (want == nil && errs[i] != nil) {
+			t.Fatalf("Deliver of %+v: %v, want %v", again[i], errs[i], want)
+		}
+	}
+	var user string
+	if err := db.pool.QueryRow(ctx, "SELECT user_id FROM rain_grants WHERE serial = 3").Scan(&user); err != nil || user != "c" {
+		t.Fatalf("serial 3 is %q (%v) after a conflicting delivery, want the first grant's c", user, err)
+	}
+	// Two workers at once, the same grants.
+	var batch []settle.Grant
+	for s := int64(100); s < 600; s++ {
+		batch = append(batch, grant(s, fmt.Sprint("u", s), s))
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for _, err := range db.Deliver(ctx, batch) {
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	totals, err := db.Totals(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count, cents int64
+	for _, tl := range totals {
+		count += tl.Count
+		cents += tl.Cents
+	}
+	if count != 4+500 || cents != 100+(100+599)*500/2 {
+		t.Fatalf("totals %v: %d grants, %d cents; want one row per serial: 504, %d", totals, count, cents, 100+(100+599)*500/2)
+	}
+}
+
+// TestDeliverToADeadDatabase: with the database gone every grant of the
+// batch fails (nothing is acknowledged); settlement delivers them again.
+func TestDeliverToADeadDatabase(t *testing.T) {
+	srv := pgtest.Start(t, pgtest.Options{})
+	db, err := Open(context.Background(), srv.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	srv.Stop()
+	for i, err := range db.Deliver(context.Background(), []settle.Grant{grant(1, "a", 1), grant(2, "b", 2)}) {
+		if err == nil {
+			t.Fatalf("Deliver of grant %d to a stopped database succeeded", i)
+		}
+	}
+}
+
+// TestRecord: an account is recorded once; the same sums again (a resumed
+// close, its time anew) are a no-op; other sums are ErrAccountConflict.
+func TestRecord(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	a := &catalog.Account{PoolID: "p", State: "closed", PreloadedCount: 10, PreloadedCents: 100, ConfirmedCount: 6,
+		ConfirmedCents: 70, UnclaimedCount: 4, UnclaimedCents: 30, ClosedAt: time.UnixMilli(1_800_000_000_000).UTC(),
+		SubPools: []catalog.SubPoolAccount{{Index: 0, ConfirmedCount: 6, ConfirmedCents: 70, UnclaimedCount: 4, UnclaimedCents: 30}}}
+	if err := db.Record(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	later := *a
+	later.ClosedAt = later.ClosedAt.Add(time.Minute)
+	if err := db.Record(ctx, &later); err != nil {
+		t.Fatalf("Record of the same account, later: %v", err)
+	}
+	other := *a
+	other.ConfirmedCents, other.UnclaimedCents = 60, 40
+	if err := db.Record(ctx, &other); !errors.Is(err, ErrAccountConflict) {
+		t.Fatalf("Record of other sums = %v, want ErrAccountConflict", err)
+	}
+	got, err := db.Account(ctx, "p")
+	if err != nil || !got.ClosedAt.Equal(a.ClosedAt) || got.ConfirmedCents != 70 || len(got.SubPools) != 1 {
+		t.Fatalf("Account = %+v, %v; want the first", got, err)
+	}
+}

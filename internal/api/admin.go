@@ -80,7 +80,50 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		s.adminError(w, "status", id, err)
 		return
 	}
+	writeStatus(w, st)
+}
+
+// writeStatus answers a pool's status: a closed pool's is its account.
+func writeStatus(w http.ResponseWriter, st *catalog.Status) {
+	if st.Account != nil {
+		writeJSON(w, http.StatusOK, st.Account)
+		return
+	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// endPool answers POST /admin/pools/{pool_id}/end: the pool ends now (200 with
+// its status; idempotent).
+func (s *Server) endPool(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if err := catalog.CheckID("pool_id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	st, err := s.cfg.Pools.End(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "end", id, err)
+		return
+	}
+	s.cfg.Logger.Info("pool ended", "pool_id", id)
+	writeStatus(w, st)
+}
+
+// closePool answers POST /admin/pools/{pool_id}/close: the final account (200),
+// or 409 with what keeps the pool from closing.
+func (s *Server) closePool(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("pool_id")
+	if err := catalog.CheckID("pool_id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	a, err := s.cfg.Pools.Close(r.Context(), id)
+	if err != nil {
+		s.adminError(w, "close", id, err)
+		return
+	}
+	s.cfg.Logger.Info("pool closed", "pool_id", id, "confirmed_cents", a.ConfirmedCents, "unclaimed_cents", a.UnclaimedCents)
+	writeJSON(w, http.StatusOK, a)
 }
 
 func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
@@ -175,7 +218,7 @@ func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	switch {
 	case errors.Is(err, catalog.ErrInvalid):
 		writeDomainError(w, http.StatusBadRequest, err)
-	case errors.Is(err, catalog.ErrConflict):
+	case errors.Is(err, catalog.ErrConflict), errors.Is(err, catalog.ErrNotNow):
 		writeDomainError(w, http.StatusConflict, err)
 	case errors.Is(err, catalog.ErrNotFound):
 		writeDomainError(w, http.StatusNotFound, err)
@@ -196,5 +239,6 @@ func writeDomainError(w http.ResponseWriter, code int, err error) {
 	if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "catalog: ") {
 		msg = rest
 	}
+	msg = strings.TrimPrefix(msg, "not now: ") // the reason says why not
 	writeJSON(w, code, map[string]string{"error": msg})
 }

@@ -39,6 +39,8 @@ type Pools interface {
 	Audit(ctx context.Context, id string) (*catalog.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
 	List(ctx context.Context) ([]string, error)
+	End(ctx context.Context, id string) (*catalog.Status, error)
+	Close(ctx context.Context, id string) (*catalog.Account, error)
 }
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
@@ -130,6 +132,8 @@ func New(cfg Config) *Server {
 	s.mux.Handle(dashPattern, dash.Files(dashPrefix, http.HandlerFunc(s.noRoute)))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
+	s.mux.HandleFunc("POST /admin/pools/{pool_id}/end", s.admin(s.endPool))
+	s.mux.HandleFunc("POST /admin/pools/{pool_id}/close", s.admin(s.closePool))
 	s.mux.HandleFunc("POST /admin/grants/confirm", s.admin(s.confirm))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -513,9 +513,19 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 	if num(st.Body["held_count"]) != 1 {
 		t.Fatalf("held after one grant and one shed = %v, want 1: the shed grab granted nothing", st.Body)
 	}
+	// The slow grab's answer is written before its place is given back:
+	// wait for the place, or the next grab may be shed instead.
+	waittest.Until(t, 5*time.Second, "the slow grab's place given back", func() bool {
+		inUse, _ := workers.Places()
+		return inUse == 0
+	})
 	if r := s.grab(t, "p", "boom"); r.Code != 500 || r.Body["status"] != "error" {
 		t.Fatalf("grab that panics = %d %v, want 500", r.Code, r.Body)
 	}
+	waittest.Until(t, 5*time.Second, "the panicked grab's place given back", func() bool {
+		inUse, _ := workers.Places()
+		return inUse == 0
+	})
 	if r := s.grab(t, "p", "u1"); r.Code != 200 || r.Body["status"] != "granted" {
 		t.Fatalf("grab after a shed and a panic = %d %v, want 200 granted (the pool keeps serving)", r.Code, r.Body)
 	}

@@ -178,6 +178,26 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s (%d bytes)", path, len(png))
+
+	// The pool ends and closes (the in-process settlement confirms its
+	// grants first); the page shows it closed, with its account: what was
+	// left unclaimed as the packets left.
+	if code, body := post(t, base+"/admin/pools/cny/end", token, ""); code != 200 {
+		t.Fatalf("end = %d %v", code, body)
+	}
+	var account map[string]any
+	waittest.Until(t, 30*time.Second, "the pool closes once settled", func() bool {
+		code, body := post(t, base+"/admin/pools/cny/close", token, "")
+		account = body
+		return code == 200
+	})
+	unclaimed := fmt.Sprintf("%s of %s packets left", commas(int64(account["unclaimed_count"].(float64))), commas(st.Count))
+	waittest.Until(t, 20*time.Second, "the page showing the pool closed, "+unclaimed, func() bool {
+		return text("pool-state") == "closed" && strings.Contains(text("pool-remaining"), unclaimed)
+	})
+	if rows := eval(`document.querySelectorAll("#sub-pools tbody tr").length`); rows != len(st.SubPools) {
+		t.Fatalf("the closed pool lists %d sub-pools, want its %d", rows, len(st.SubPools))
+	}
 }
 
 func must(t *testing.T, err error) {

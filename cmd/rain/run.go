@@ -15,7 +15,11 @@ commands:
   serve     run the service (POST /grab and the operator API)
   preload   load a pool of red packets
   audit     check a pool's conservation; exits non-zero on a problem
-  settle    confirm grants and hand them to the wallet side (ledger file or webhook)
+  end       end a pool now: every grab answers ended
+  close     close a pool whose life is over: its account recorded, its keys freed;
+            exits non-zero, with the reasons, while it cannot close yet
+  settle    confirm grants and hand them to the system of record (PostgreSQL,
+            a ledger file or a webhook)
   version   print rain's version (also --version)
 
 Every flag can also be set by the environment variable named in its help.
@@ -35,6 +39,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = preload(ctx, args[1:], getenv, stdout, stderr)
 	case "audit":
 		err = audit(ctx, args[1:], getenv, stdout, stderr)
+	case "end", "close":
+		err = life(ctx, args[0], args[1:], getenv, stdout, stderr)
 	case "settle":
 		err = settleCmd(ctx, args[1:], getenv, stderr)
 	case "version", "--version", "-version":

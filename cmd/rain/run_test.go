@@ -124,8 +124,31 @@ func testServeEmbedded(t *testing.T, args []string) {
 	if code, body := post(t, "http://"+addr+"/admin/pools", token, `{"pool_id":"p","total_cents":100,"count":2}`); code != 201 {
 		t.Fatalf("preload = %d %v, want 201", code, body)
 	}
-	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"p","user_id":"u1"}`); code != 200 || body["status"] != "granted" {
-		t.Fatalf("grab = %d %v, want 200 granted", code, body)
+	code, g := post(t, "http://"+addr+"/grab", "", `{"pool_id":"p","user_id":"u1"}`)
+	if code != 200 || g["status"] != "granted" {
+		t.Fatalf("grab = %d %v, want 200 granted", code, g)
+	}
+	// The whole life: the in-process settle worker confirms the grant into
+	// the ledger the log names; the pool ends and closes.
+	if code, body := post(t, "http://"+addr+"/admin/pools/p/end", token, ""); code != 200 || body["state"] != "ended" {
+		t.Fatalf("end = %d %v, want 200 ended", code, body)
+	}
+	var account map[string]any
+	waittest.Until(t, 15*time.Second, "the pool closes once the in-process worker has settled its grant", func() bool {
+		code, body := post(t, "http://"+addr+"/admin/pools/p/close", token, "")
+		account = body
+		return code == 200
+	})
+	if account["confirmed_count"] != float64(1) || account["confirmed_cents"] != g["amount_cents"] || account["unclaimed_count"] != float64(1) {
+		t.Fatalf("account %v; want the one grant confirmed (%v cents), one packet unclaimed", account, g["amount_cents"])
+	}
+	i = strings.Index(logs.String(), "ledger=")
+	if i < 0 {
+		t.Fatalf("the log names no ledger:\n%s", logs)
+	}
+	b, err := os.ReadFile(strings.Fields(logs.String()[i+len("ledger="):])[0])
+	if err != nil || !bytes.Contains(b, []byte(`"user_id":"u1"`)) {
+		t.Fatalf("ledger %q, %v; want u1's grant", b, err)
 	}
 }
 
@@ -181,7 +204,7 @@ func TestServeRedisFromEnvAndTools(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"serve", "preload", "audit"} {
+	for _, cmd := range []string{"serve", "preload", "audit", "end", "close", "settle"} {
 		var errOut bytes.Buffer
 		if err := run(context.Background(), []string{cmd, "-h"}, env(nil), &bytes.Buffer{}, &errOut); err != nil {
 			t.Errorf("rain %s -h = %v, want nil", cmd, err)
@@ -223,6 +246,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--ledger", "x", "--webhook", "http://127.0.0.1:1"}, nil, "exactly one"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "ftp://x"}, nil, "--webhook"},
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
+		{[]string{"close", "--redis", "s1=1@127.0.0.1:1"}, nil, "--pool"},
+		{[]string{"end", "--pool", "p"}, nil, "--redis"},
+		{[]string{"close", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--postgres", "postgres://rain@127.0.0.1:1/x?connect_timeout=1"}, nil, "--postgres"},
 	} {
 		err := run(context.Background(), tc.args, env(tc.env), &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -279,9 +305,11 @@ func TestSettleCommand(t *testing.T) {
 // TestServeReaps: rain serve's reaper releases grants not confirmed by their
 // deadline, and /metrics says so.
 func TestServeReaps(t *testing.T) {
-	addr, logs := startServe(t, nil, nil)
-	i := strings.Index(logs.String(), "admin_token=")
-	token := strings.Fields(logs.String()[i+len("admin_token="):])[0]
+	// On shards of its own, with no settlement (embedded, rain serve runs
+	// a settle worker, which confirms the grants).
+	servers := redistest.StartN(t, 1, durable)
+	token := longToken
+	addr, _ := startServe(t, []string{"--redis", "a=1@" + servers[0].Addr, "--admin-token", token}, nil)
 	if code, body := post(t, "http://"+addr+"/admin/pools", token, `{"pool_id":"r","total_cents":300,"count":3,"hold_seconds":1}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}

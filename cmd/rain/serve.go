@@ -159,6 +159,9 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 			return instance.Config{}, err
 		}
 	}
+	if err := s.books(ctx, &icfg); err != nil {
+		return instance.Config{}, err
+	}
 	if c.Pool == "on" {
 		icfg.Pool = &pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue}
 	} else {
@@ -287,7 +290,8 @@ func (s *server) run(ctx context.Context) error {
 //  5. the instance closes: the worker pool drains, the background work
 //     stops (the reaper releases its lock), the claim lanes, the serial
 //     loader and the shard clients stop;
-//  6. what serve set up beside it ends: SIGHUP reloads, embedded shards.
+//  6. what serve set up beside it ends: SIGHUP reloads, the database, the
+//     embedded run's ledger, embedded shards.
 //
 // Steps 3 to 5 share --shutdown-timeout.
 func (s *server) shutdown(signalled bool, served <-chan struct{}) error {

@@ -41,6 +41,7 @@ type serveConfig struct {
 	IPBurst         int
 	ClientIPHeader  string
 	RateLimitKeys   int
+	Postgres        string // the system of record closes reconcile with; "" = none
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -76,7 +77,9 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.RateLimitKeys, "rate-limit-keys", 100_000, "users (and client addresses) whose rate is remembered at most: memory stays bounded under a flood of distinct ids")
 	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
+	f.StringVar(&c.Postgres, "postgres", "", "the PostgreSQL database rain settle delivers into (postgres://...): a close reconciles the pool with it and records the account there; embedded, the in-process settle worker delivers into it; empty: none")
 	f.bindEnv("listen", "RAIN_LISTEN")
+	f.bindEnv("postgres", "RAIN_POSTGRES")
 	f.bindEnv("redis", "RAIN_REDIS")
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
 	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")

@@ -17,13 +17,15 @@ import (
 
 	"rain/internal/auth"
 	"rain/internal/metrics"
+	"rain/internal/postgres"
 	"rain/internal/settle"
 )
 
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	f, tc := toolFlags("settle", stderr)
 	var cfg settle.Config
-	var ledger, webhook, webhookSecretFile string
+	var ledger, webhook, webhookSecretFile, pg string
+	f.StringVar(&pg, "postgres", "", "deliver settled grants into this PostgreSQL database (postgres://...): the system of record; any number of workers may share it")
 	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
 	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL (Idempotency-Key: serial)")
 	f.StringVar(&webhookSecretFile, "webhook-secret-file", "", "file holding the secret that signs every webhook delivery (header Rain-Signature: t=<unix>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">); empty: unsigned")
@@ -37,6 +39,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.StringVar(&listen, "listen", "", "serve GET /healthz and GET /metrics on this address (empty: none)")
 	f.bindEnv("listen", "RAIN_SETTLE_LISTEN")
 	f.bindEnv("ledger", "RAIN_LEDGER")
+	f.bindEnv("postgres", "RAIN_POSTGRES")
 	f.bindEnv("webhook", "RAIN_WEBHOOK")
 	f.bindEnv("webhook-secret-file", "RAIN_WEBHOOK_SECRET_FILE")
 	f.bindEnv("group", "RAIN_SETTLE_GROUP")
@@ -51,12 +54,12 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	cfg.Logger = log
 	log.Info("rain settle", versionAttrs()...)
-	sink, closeSink, err := settleSink(ledger, webhook, webhookSecretFile, log)
+	sink, closeSink, err := settleSink(ctx, sinkFlags{ledger, webhook, webhookSecretFile, pg}, log)
 	if err != nil {
 		return err
 	}
 	defer closeSink()
-	set, cat, err := openTool(tc)
+	set, cat, err := openTool(tc, nil)
 	if err != nil {
 		return err
 	}
@@ -67,7 +70,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook)
+	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook, "postgres", redactURL(pg))
 	w := settle.New(set, cat, sink, cfg)
 	if listen != "" {
 		reg := metrics.New(buildInfo())
@@ -83,12 +86,28 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	return nil
 }
 
-// settleSink is the sink --ledger or --webhook names (exactly one of
-// them); closeSink closes it.
-func settleSink(ledger, webhook, secretFile string, log *slog.Logger) (sink settle.Sink, closeSink func(), err error) {
+// sinkFlags are the flags that name rain settle's sink.
+type sinkFlags struct{ ledger, webhook, secretFile, postgres string }
+
+// settleSink is the sink --postgres, --ledger or --webhook names (exactly
+// one of them); closeSink closes it.
+func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settle.Sink, closeSink func(), err error) {
+	ledger, webhook, secretFile := sf.ledger, sf.webhook, sf.secretFile
+	given := 0
+	for _, v := range []string{sf.postgres, ledger, webhook} {
+		if v != "" {
+			given++
+		}
+	}
 	switch {
-	case (ledger == "") == (webhook == ""):
-		return nil, nil, errors.New("give exactly one of --ledger and --webhook")
+	case given != 1:
+		return nil, nil, errors.New("give exactly one of --postgres, --ledger and --webhook")
+	case sf.postgres != "":
+		db, err := postgres.Open(ctx, sf.postgres)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--postgres: %w", err)
+		}
+		return db, db.Close, nil
 	case ledger != "":
 		l, err := settle.OpenLedger(ledger)
 		if err != nil {
@@ -112,6 +131,18 @@ func settleSink(ledger, webhook, secretFile string, log *slog.Logger) (sink sett
 		return nil, nil, fmt.Errorf("--webhook-secret-file %s: a secret of %d bytes; want at least %d", secretFile, len(wh.Secret), auth.MinSecret)
 	}
 	return wh, func() {}, nil
+}
+
+// redactURL is u with its password masked, for logs; "" stays "".
+func redactURL(u string) string {
+	if u == "" {
+		return ""
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(not shown: not a URL)"
+	}
+	return p.Redacted()
 }
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the

@@ -1,6 +1,7 @@
 package main
 
-// This file is the operator tools: `rain preload` and `rain audit`.
+// This file is the operator tools: `rain preload`, `rain audit`, `rain
+// end` and `rain close`.
 
 import (
 	"context"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/postgres"
 	"rain/internal/shard"
 )
 
@@ -37,7 +39,7 @@ func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
 // openTool opens the shards of --redis and the pool catalogue on them (the
 // tools grant nothing: no claim lanes, no serials); --serial-shard is the
 // pool records' arbiter ("" = the first).
-func openTool(tc *toolConfig) (*shard.Set, *catalog.Catalog, error) {
+func openTool(tc *toolConfig, books catalog.Books) (*shard.Set, *catalog.Catalog, error) {
 	redis, serialShard := tc.Redis, tc.SerialShard
 	if redis == "" {
 		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
@@ -61,7 +63,7 @@ func openTool(tc *toolConfig) (*shard.Set, *catalog.Catalog, error) {
 		set.Close()
 		return nil, nil, fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
 	}
-	return set, catalog.New(set, catalog.Config{SerialShard: serialShard}), nil
+	return set, catalog.New(set, catalog.Config{SerialShard: serialShard, Books: books}), nil
 }
 
 func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -94,7 +96,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		*t.out = &v
 	}
-	set, cat, err := openTool(tc)
+	set, cat, err := openTool(tc, nil)
 	if err != nil {
 		return err
 	}
@@ -120,7 +122,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := catalog.CheckID("--pool", *pool); err != nil {
 		return err
 	}
-	set, cat, err := openTool(tc)
+	set, cat, err := openTool(tc, nil)
 	if err != nil {
 		return err
 	}
@@ -146,4 +148,48 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// life is `rain end` and `rain close`: end a pool now, or close one whose
+// life is over (see catalog.Close), and print its status or account.
+func life(ctx context.Context, cmd string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f, tc := toolFlags(cmd, stderr)
+	pool := f.String("pool", "", "pool id (required)")
+	var pg string
+	if cmd == "close" {
+		f.StringVar(&pg, "postgres", "", "the PostgreSQL database settlement delivers into: the close reconciles the pool with it and records the account there (as rain serve --postgres does)")
+		f.bindEnv("postgres", "RAIN_POSTGRES")
+	}
+	if err := f.parse(args, getenv); err != nil {
+		return err
+	}
+	if err := catalog.CheckID("--pool", *pool); err != nil {
+		return err
+	}
+	var books catalog.Books
+	if pg != "" {
+		db, err := postgres.Open(ctx, pg)
+		if err != nil {
+			return fmt.Errorf("--postgres: %w", err)
+		}
+		defer db.Close()
+		books = db
+	}
+	set, cat, err := openTool(tc, books)
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	if cmd == "end" {
+		st, err := cat.End(ctx, *pool)
+		if err != nil {
+			return err
+		}
+		return printJSON(stdout, st)
+	}
+	a, err := cat.Close(ctx, *pool)
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, a)
 }

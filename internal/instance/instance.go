@@ -27,6 +27,7 @@ import (
 	"rain/internal/metrics"
 	"rain/internal/pool"
 	"rain/internal/reaper"
+	"rain/internal/settle"
 	"rain/internal/shard"
 )
 
@@ -57,6 +58,15 @@ type Config struct {
 	ReaperRetry time.Duration
 	// Reaper tunes the reaper; its Logger is the instance's.
 	Reaper reaper.Config
+	// Books, when set, is the system of record closes reconcile with and
+	// record the accounts in (internal/postgres).
+	Books catalog.Books
+	// Settle, when set, runs a settlement worker in the instance, paying
+	// into this sink (rain serve's first run, on embedded shards). Nil:
+	// settlement runs apart (rain settle).
+	Settle settle.Sink
+	// SettleConfig tunes that worker; its Logger is the instance's.
+	SettleConfig settle.Config
 	// SpillValidity is the spill reservations' validity (T) for the grab
 	// path and the reaper alike. Default lua.SpillValidity.
 	SpillValidity time.Duration
@@ -76,6 +86,7 @@ type Instance struct {
 	Metrics  *metrics.Registry
 	Timeline *dash.Timeline
 	API      *api.Server
+	Settler  *settle.Worker // nil without Config.Settle
 
 	log       *slog.Logger
 	stopBg    context.CancelFunc // ends the background work; nil before Start
@@ -126,7 +137,7 @@ func (in *Instance) build(cfg Config) error {
 	}
 	in.Serials = gen
 	in.Metrics.Serials(gen.Stats)
-	in.Catalog = catalog.New(set, catalog.Config{SerialShard: cfg.SerialShard, Logger: cfg.Logger})
+	in.Catalog = catalog.New(set, catalog.Config{SerialShard: cfg.SerialShard, Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Catalog: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
 		OnBatch: in.Metrics.Batches(set.Names())}
 	if cfg.Pool != nil {
@@ -149,6 +160,12 @@ func (in *Instance) build(cfg Config) error {
 	rc.Logger, rc.SpillValidity = cfg.Logger, cfg.SpillValidity
 	in.Reaper = reaper.New(in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
 	in.Metrics.Reaper(in.Reaper.Stats)
+	if cfg.Settle != nil {
+		sc := cfg.SettleConfig
+		sc.Logger = cfg.Logger
+		in.Settler = settle.New(set, in.Catalog, cfg.Settle, sc)
+		in.Metrics.Settle(in.Settler.Stats)
+	}
 	in.Timeline = dash.NewTimeline(in.Metrics.Gatherer())
 	acfg := cfg.API
 	acfg.Grabber, acfg.Pools, acfg.Ready = in.Grabs, in.Catalog, in.Grabs.Ready
@@ -163,13 +180,16 @@ func (in *Instance) build(cfg Config) error {
 
 // Start runs the background work until Close: the local answers kept
 // current across instances (internal/grab), the reaper, the dashboard's
-// timeline.
+// timeline, and the settlement worker when there is one.
 func (in *Instance) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	in.stopBg = cancel
 	in.bg.Go(func() { in.Grabs.Run(ctx) })
 	in.bg.Go(func() { in.Reaper.Run(ctx) })
 	in.bg.Go(func() { in.Timeline.Run(ctx) })
+	if in.Settler != nil {
+		in.bg.Go(func() { in.Settler.Run(ctx) })
+	}
 }
 
 // Close stops the instance; call it once the HTTP server has shut down (no

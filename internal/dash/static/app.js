@@ -85,7 +85,7 @@ async function tick() {
   }
 }
 
-const fmt = (n) => Number(n).toLocaleString("en-US");
+const fmt = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
 const money = (cents) => (cents / 100).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
 
 function total(p) {
@@ -176,7 +176,25 @@ function drawPools(ids) {
   for (const b of list.querySelectorAll("button")) b.classList.toggle("selected", b.dataset.pool === selected);
 }
 
+// fromAccount shows a closed pool's final account as a status: what was
+// left unclaimed (back to the campaign) as its remaining stock; what no
+// account keeps (held, released, shards) as a dash.
+function fromAccount(a) {
+  return {
+    pool_id: a.pool_id, state: a.state, count: a.preloaded_count, total_cents: a.preloaded_cents,
+    remaining_count: a.unclaimed_count, remaining_cents: a.unclaimed_cents,
+    held_count: 0, held_cents: 0, confirmed_count: a.confirmed_count, confirmed_cents: a.confirmed_cents,
+    released_count: null, released_cents: null,
+    sub_pools: a.sub_pools.map((sp) => ({
+      index: sp.index, shard: "—", count: sp.confirmed_count + sp.unclaimed_count,
+      total_cents: sp.confirmed_cents + sp.unclaimed_cents,
+      remaining_count: sp.unclaimed_count, remaining_cents: sp.unclaimed_cents,
+    })),
+  };
+}
+
 function drawPool(st) {
+  if (st.state === "closed" || st.state === "closing") st = fromAccount(st);
   $("pool").hidden = false;
   $("pool").dataset.pool = st.pool_id;
   $("pool-id").textContent = st.pool_id;

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"rain/internal/pgtest"
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+// TestCloseCommand: a pool's whole life from the command line, on real
+// shards and a real PostgreSQL: rain serve --postgres, grabs, rain close
+// refused while the window is open, rain end, rain settle --postgres, and
+// rain close --postgres, which reconciles with the database and records the
+// account there.
+func TestCloseCommand(t *testing.T) {
+	servers := redistest.StartN(t, 2, durable)
+	pg := pgtest.Start(t, pgtest.Options{})
+	url := pg.NewDB(t)
+	environ := map[string]string{
+		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
+		"RAIN_ADMIN_TOKEN": longToken,
+	}
+	addr, _ := startServe(t, []string{"--postgres", url}, environ)
+	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"cl","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 4 {
+		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"cl","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d %v", code, body)
+		}
+	}
+	tool := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, env(environ), &out, &errOut)
+		return out.String(), err
+	}
+	if _, err := tool("close", "--pool", "cl", "--postgres", url); err == nil || !strings.Contains(err.Error(), "window open") {
+		t.Fatalf("rain close of an open pool = %v, want an error naming the open window", err)
+	}
+	if out, err := tool("end", "--pool", "cl"); err != nil || !strings.Contains(out, `"state": "ended"`) {
+		t.Fatalf("rain end = %q, %v; want the status, ended", out, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &syncBuffer{})
+	}()
+	t.Cleanup(cancel)
+	var out string
+	waittest.Until(t, 20*time.Second, "rain close succeeds once rain settle has delivered every grant into PostgreSQL", func() bool {
+		var err error
+		out, err = tool("close", "--pool", "cl", "--postgres", url)
+		return err == nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("rain settle returned %v after cancel", err)
+	}
+	var a map[string]any
+	if err := json.Unmarshal([]byte(out), &a); err != nil || a["state"] != "closed" || a["confirmed_count"] != float64(4) {
+		t.Fatalf("rain close printed %q (%v); want the account, 4 confirmed", out, err)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var grants, confirmed int64
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM rain_grants WHERE pool_id = 'cl'`).Scan(&grants); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(context.Background(), `SELECT confirmed_count FROM rain_pools WHERE pool_id = 'cl'`).Scan(&confirmed); err != nil {
+		t.Fatal(err)
+	}
+	if grants != 4 || confirmed != 4 {
+		t.Fatalf("PostgreSQL holds %d grants and an account of %d confirmed; want 4 and 4", grants, confirmed)
+	}
+	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"cl","user_id":"u1"}`); code != 410 {
+		t.Fatalf("grab of a closed pool = %d %v, want 410 ended", code, body)
+	}
+}

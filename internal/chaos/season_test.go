@@ -1,0 +1,305 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/instance"
+	"rain/internal/lua"
+	"rain/internal/pgtest"
+	"rain/internal/postgres"
+	"rain/internal/redistest"
+	"rain/internal/settle"
+	"rain/internal/shard"
+	"rain/internal/wait/waittest"
+)
+
+// call sends one request to the API and decodes its JSON answer.
+func call(t *testing.T, c *http.Client, method, url, token, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s %s = %d %q: not JSON", method, url, resp.StatusCode, b)
+	}
+	return resp.StatusCode, m
+}
+
+// memory is a shard's used_memory less what its clients' buffers take
+// (which moves with the connections open, not with the data), in bytes.
+func memory(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	// A connection keeps buffers INFO does not count as the client's (its
+	// largest argv, say): close the others so that the figure is the data.
+	if err := c.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	field := func(name string) int64 {
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, name+":"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatalf("INFO memory has no %s", name)
+		return 0
+	}
+	return field("used_memory") - field("mem_clients_normal")
+}
+
+// steadyMemory is memory once two readings in a row agree (a client that
+// reconnects between the kill and the reading, the settle worker's, say,
+// moves a reading by tens of KB).
+func steadyMemory(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	last := memory(t, c)
+	var m int64
+	waittest.Until(t, 10*time.Second, "two readings of used_memory agree", func() bool {
+		m = memory(t, c)
+		same := m == last
+		last = m
+		return same
+	})
+	return m
+}
+
+// books is a rain serve on two shards whose settlement delivers into a
+// private PostgreSQL and whose closes reconcile with it.
+type books struct {
+	pg      *pgtest.Server
+	url     string
+	db      *postgres.DB
+	servers []*redistest.Server
+	in      *instance.Instance
+	ts      *httptest.Server
+}
+
+// startBooks starts it: the shards with opts, the in-process settle
+// worker with sc (its reads and refreshes quick, for a test).
+func startBooks(t *testing.T, opts redistest.Options, sc settle.Config) *books {
+	t.Helper()
+	b := &books{pg: pgtest.Start(t, pgtest.Options{})}
+	b.url = b.pg.NewDB(t)
+	var err error
+	if b.db, err = postgres.Open(context.Background(), b.url); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.db.Close)
+	b.servers = redistest.StartN(t, 2, opts)
+	specs := []shard.Spec{{Name: "s1", Weight: 1, Addr: b.servers[0].Addr}, {Name: "s2", Weight: 1, Addr: b.servers[1].Addr}}
+	sc.Consumer, sc.Block, sc.Refresh = "in-process", 50*time.Millisecond, 100*time.Millisecond
+	b.in, b.ts = startInstance(t, specs, func(c *instance.Config) {
+		c.Books, c.Settle, c.SettleConfig = b.db, b.db, sc
+	})
+	return b
+}
+
+// TestSeason: ten rains back to back on one rain serve whose settlement
+// delivers into PostgreSQL and whose closes reconcile with it: each pool
+// preloaded, grabbed over HTTP, ended, settled, closed. After each close
+// the shards hold what they held before that pool, within a few KB (the
+// pool's record, with its account, and its id in the registry stay; the
+// other connections closed before each reading, so that the figure is the
+// data, not their buffers), and PostgreSQL holds
+// every grant answered granted, once, with the amount the user was told;
+// the account in rain_pools is the one the close answered.
+func TestSeason(t *testing.T) {
+	ctx := context.Background()
+	// Redis allocates a latency histogram (~25 KB) the first time each
+	// command runs (latency-tracking, on by default): once per server,
+	// whatever the pools. Off here, the figures are what pools leave.
+	b := startBooks(t, redistest.Options{Args: []string{"--latency-tracking", "no"}}, settle.Config{RetryDelay: 100 * time.Millisecond})
+	servers, db, url, in, ts := b.servers, b.db, b.url, b.in, b.ts
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 10 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	// The readings go through connections of their own, which send
+	// nothing else (a connection keeps the largest argv it was sent).
+	shards := make([]*redis.Client, 0, 2)
+	for i, name := range in.Shards.Names() {
+		if err := lua.LoadScripts(ctx, in.Shards.Client(name)); err != nil { // the script cache is not a pool's
+			t.Fatal(err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: servers[i].Addr, PoolSize: 1})
+		t.Cleanup(func() { c.Close() })
+		shards = append(shards, c)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	const users, slack = 300, 4 << 10
+	for round := range 10 {
+		id := fmt.Sprintf("night-%d", round)
+		before := make([]int64, len(shards))
+		for i, c := range shards {
+			before[i] = steadyMemory(t, c)
+		}
+		body := fmt.Sprintf(`{"pool_id":%q,"total_cents":200000,"count":2000,"sub_pools":4}`, id)
+		if code, m := call(t, client, "POST", ts.URL+"/admin/pools", adminToken, body); code != 201 {
+			t.Fatalf("preload %s = %d %v", id, code, m)
+		}
+		granted := map[int64]int64{} // serial -> cents, as the users were told
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for u := w; u < users; u += 8 {
+					code, m := call(t, client, "POST", ts.URL+"/grab", "", fmt.Sprintf(`{"pool_id":%q,"user_id":"user-%d"}`, id, u))
+					if code != 200 || m["status"] != "granted" {
+						t.Errorf("grab = %d %v", code, m)
+						return
+					}
+					mu.Lock()
+					granted[int64(m["serial"].(float64))] = int64(m["amount_cents"].(float64))
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		if code, m := call(t, client, "POST", ts.URL+"/admin/pools/"+id+"/end", adminToken, ""); code != 200 {
+			t.Fatalf("end %s = %d %v", id, code, m)
+		}
+		var account map[string]any
+		waittest.Until(t, 30*time.Second, id+" closes once settled into PostgreSQL", func() bool {
+			code, m := call(t, client, "POST", ts.URL+"/admin/pools/"+id+"/close", adminToken, "")
+			account = m
+			return code == 200
+		})
+		var cents int64
+		for _, c := range granted {
+			cents += c
+		}
+		if int64(account["confirmed_count"].(float64)) != users || int64(account["confirmed_cents"].(float64)) != cents ||
+			int64(account["unclaimed_cents"].(float64)) != 200000-cents {
+			t.Fatalf("%s account %v; want %d confirmed, %d cents", id, account, users, cents)
+		}
+		rows, err := conn.Query(ctx, `SELECT serial, amount_cents FROM rain_grants WHERE pool_id = $1`, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inDB, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]int64, error) {
+			var v [2]int64
+			return v, r.Scan(&v[0], &v[1])
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(inDB) != len(granted) {
+			t.Fatalf("%s: PostgreSQL holds %d grants, the users were granted %d", id, len(inDB), len(granted))
+		}
+		for _, r := range inDB {
+			if c, ok := granted[r[0]]; !ok || c != r[1] {
+				t.Fatalf("%s: PostgreSQL holds serial %d for %d cents; the user was told %d (%v)", id, r[0], r[1], c, ok)
+			}
+		}
+		rec, err := db.Account(ctx, id)
+		if err != nil || rec.ConfirmedCents != cents || rec.UnclaimedCents != 200000-cents {
+			t.Fatalf("%s: rain_pools holds %+v, %v; want the close's account", id, rec, err)
+		}
+		for i, c := range shards {
+			waittest.Until(t, 10*time.Second, fmt.Sprintf("%s: shard %d's memory back within %d bytes of before the pool", id, i+1, slack), func() bool {
+				return memory(t, c)-before[i] <= slack
+			})
+		}
+		t.Logf("%s: %d grants, %d cents settled and closed; memory %+d, %+d bytes", id, len(granted), cents,
+			steadyMemory(t, shards[0])-before[0], steadyMemory(t, shards[1])-before[1])
+	}
+}
+
+// TestSettleWhileTheDatabaseIsDown: with PostgreSQL down, settlement
+// acknowledges nothing (every outbox entry stays, the lag grows, the
+// failures are counted) and the pool cannot close; once the database is
+// back, settlement catches up and the close reconciles: PostgreSQL holds
+// every grant once.
+func TestSettleWhileTheDatabaseIsDown(t *testing.T) {
+	ctx := context.Background()
+	b := startBooks(t, redistest.Options{}, settle.Config{RetryDelay: 50 * time.Millisecond, MaxRetryDelay: 400 * time.Millisecond})
+	pg, db, in, ts := b.pg, b.db, b.in, b.ts
+	pg.Stop()
+	client := &http.Client{Timeout: 10 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	if code, m := call(t, client, "POST", ts.URL+"/admin/pools", adminToken, `{"pool_id":"dark","total_cents":10000,"count":100,"sub_pools":2}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, m)
+	}
+	for u := range 40 {
+		if code, m := call(t, client, "POST", ts.URL+"/grab", "", fmt.Sprintf(`{"pool_id":"dark","user_id":"u%d"}`, u)); code != 200 {
+			t.Fatalf("grab = %d %v", code, m)
+		}
+	}
+	outbox := func() int64 {
+		p, err := in.Catalog.Pool(ctx, "dark")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for j := range p.SubPools() {
+			k := p.SubPool(j).Keys()
+			n += in.Shards.Client(p.Placement[j]).XLen(ctx, k.Outbox).Val()
+		}
+		return n
+	}
+	waittest.Until(t, 20*time.Second, "settlement falls behind with the database down: its lag grows and its failures are counted", func() bool {
+		st := in.Settler.Stats()
+		return st.Lag > time.Second && st.Failures > 3
+	})
+	if n := outbox(); n != 40 {
+		t.Fatalf("%d outbox entries with the database down, want all 40: nothing acknowledged", n)
+	}
+	if st := in.Settler.Stats(); st.Delivered != 0 {
+		t.Fatalf("%d grants delivered to a database that is down", st.Delivered)
+	}
+	if code, m := call(t, client, "POST", ts.URL+"/admin/pools/dark/end", adminToken, ""); code != 200 {
+		t.Fatalf("end = %d %v", code, m)
+	}
+	if code, m := call(t, client, "POST", ts.URL+"/admin/pools/dark/close", adminToken, ""); code != 409 {
+		t.Fatalf("close with the database down = %d %v, want 409", code, m)
+	}
+	pg.Restart()
+	waittest.Until(t, 30*time.Second, "the database back, settlement catches up and the pool closes", func() bool {
+		code, _ := call(t, client, "POST", ts.URL+"/admin/pools/dark/close", adminToken, "")
+		return code == 200
+	})
+	totals, err := db.Totals(ctx, "dark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, tl := range totals {
+		n += tl.Count
+	}
+	if n != 40 {
+		t.Fatalf("PostgreSQL holds %d grants of the pool, want 40", n)
+	}
+}

@@ -38,7 +38,12 @@ import (
 // figures of the issue as they are (scripts/chaos.sh).
 func TestOneBadShard(t *testing.T) {
 	full := os.Getenv("RAIN_CHAOS") == "full"
-	window, slack := 2*time.Second, 4.0 // CI: short, latency limits ×4
+	// CI: short windows, latency limits ×8 (400 ms where the figure is
+	// 50 ms: under the 500 ms budget, so a user who waited on the bad shard
+	// still fails the test, while a loaded machine, every package's tests
+	// at once and the other core busy, passes it; the slow script burns a
+	// core of its own).
+	window, slack := 2*time.Second, 8.0
 	if full {
 		window, slack = 10*time.Second, 1.0
 	}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command and all that CI runs.
 #
-# Installs what the tests need when it is missing (redis-server, node and
-# chromium from the system's packages), then checks formatting and go.mod, vets, runs staticcheck,
+# Installs what the tests need when it is missing (redis-server, PostgreSQL's
+# server programs, node and chromium from the system's packages), then checks formatting and go.mod, vets, runs staticcheck,
 # and runs every test with the race detector against real redis-server processes
 # that the tests start themselves.
 set -euo pipefail
@@ -44,6 +44,17 @@ need() {
 need redis-server redis-server   # every test runs against real redis-server processes
 need node nodejs                 # the k6 scripts are syntax-checked with node --check
 need chromium chromium           # the dashboard is tested in headless Chromium (chromedp)
+# Settlement and closes are tested against real PostgreSQL servers that the
+# tests start (initdb + pg_ctl, internal/pgtest). Debian keeps those programs
+# off PATH, under /usr/lib/postgresql/<version>/bin.
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "test.sh: PostgreSQL's initdb is missing; installing postgresql from the system's packages" >&2
+  install postgresql
+  if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "test.sh: initdb still not found after installing postgresql; install it by hand and run again" >&2
+    exit 1
+  fi
+fi
 # The Debian package starts a system redis on 6379 where systemd runs; the tests
 # never use it (each test starts its own servers on free ports).
 

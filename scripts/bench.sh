@@ -14,6 +14,9 @@
 #                               decodes and answers a fixed JSON (see bench_soldout)
 #   scripts/bench.sh durability grab throughput with the shards on appendfsync always
 #                               (what rain requires) beside everysec (see bench_durability)
+#   scripts/bench.sh settle     grants/s settled by rain settle into a ledger file and into
+#                               PostgreSQL, beside the saturated grab rate that made them
+#                               (see bench_settle)
 #   BEFORE=REV scripts/bench.sh versus
 #                               POST /grab over HTTP: rain built at git revision REV
 #                               beside rain built from the working tree, rounds
@@ -78,7 +81,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability settle driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -231,13 +234,14 @@ start_rain() {
     cat "$dir/rain.log" >&2
     return 1
   }
-  app_of[$rp]=$pid redis_of[$rp]=$redis
+  app_of[$rp]=$pid redis_of[$rp]=$redis shards_of[$rp]=$shards
   printf -v "$1" %d "$rp"
 }
 
 # app_of[PORT] and redis_of[PORT] are the PIDs of the target listening on
-# PORT and of its Redis processes, for the CPU each run costs (see load).
-declare -A app_of redis_of
+# PORT and of its Redis processes, for the CPU each run costs (see load);
+# shards_of[PORT] its --redis.
+declare -A app_of redis_of shards_of
 
 # cpu_ticks PID...: their utime + stime so far, in clock ticks (/proc/PID/stat).
 cpu_ticks() {
@@ -507,6 +511,118 @@ bench_durability() {
 }
 
 
+# start_postgres VAR DIR: a throwaway PostgreSQL server (initdb in DIR, fsync
+# on, as production runs) on a free port of 127.0.0.1; its URL into VAR. As
+# root it runs as the postgres user, as PostgreSQL requires.
+start_postgres() {
+  local dir=$2 pp bindir initdb run=()
+  initdb=$(command -v initdb 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1 || true)
+  [ -n "$initdb" ] || {
+    echo "bench.sh: PostgreSQL's initdb not found (Debian/Ubuntu: apt-get install -y postgresql)" >&2
+    return 1
+  }
+  bindir=$(dirname "$(readlink -f "$initdb")")
+  mkdir -p "$dir"
+  if [ "$(id -u)" -eq 0 ]; then
+    chmod 755 "$tmp" "$dir"
+    chown postgres "$dir"
+    run=(runuser -u postgres --)
+  fi
+  "${run[@]}" "$bindir/initdb" -D "$dir/data" -A trust -U rain -E UTF8 >"$dir/initdb.log" 2>&1 || {
+    cat "$dir/initdb.log" >&2
+    return 1
+  }
+  free_port pp
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/pg.log" -w -t 30 \
+    -o "-p $pp -k $dir -c listen_addresses=127.0.0.1" start >/dev/null || {
+    cat "$dir/pg.log" >&2
+    return 1
+  }
+  pg_pid=$(head -1 "$dir/data/postmaster.pid")
+  started+=("$pg_pid")
+  printf -v "$1" 'postgres://rain@127.0.0.1:%d/postgres?sslmode=disable' "$pp"
+}
+
+# metric_of URL NAME prints the value of the metric NAME at URL (0 if none).
+metric_of() {
+  { curl -fsS --max-time 2 "$1" 2>/dev/null || true; } | awk -v n="$2" '$1 == n { v = $2 } END { print v + 0 }'
+}
+
+# bench_settle: settlement beside the grabs it settles. For each sink (a
+# ledger file, then PostgreSQL on a private server with fsync on), rain on 4
+# fresh shards (appendfsync always) takes one saturated run of grabs
+# (DURATION) on a pool whose hold outlasts the run, with no settlement
+# running; then one rain settle drains the outboxes, timed from its start
+# until rain_settle_delivered_total reaches the grants made: grants/s
+# settled beside the saturated grab rate of the same run, and the CPU each
+# grant cost settle, the shards and the database (from /proc). Last, "live":
+# rain settle into PostgreSQL running during a saturated run, as in a rain:
+# the largest settlement lag sampled (rain_settle_lag_seconds, each 0.2 s),
+# and how long after the grabs it caught up.
+bench_settle() {
+  need_tools redis-server curl
+  local section=settle rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local mode
+  for mode in ledger postgres live; do
+    local rport sport pgurl="" pg_pid="" out=() spid=""
+    start_rain rport
+    free_port sport
+    if [ "$mode" = ledger ]; then
+      out=(--ledger "$tmp/ledger.jsonl")
+    else
+      start_postgres pgurl "$tmp/pg.$mode"
+      out=(--postgres "$pgurl")
+    fi
+    local metrics="http://127.0.0.1:$sport/metrics" sampler=""
+    if [ "$mode" = live ]; then
+      start_settle
+      (while :; do metric_of "$metrics" rain_settle_lag_seconds; sleep 0.2; done >"$tmp/lag") &
+      sampler=$!
+      started+=("$sampler")
+    fi
+    saturate "$mode" "$rport" 1 -admin-token "$token"
+    local t_grabs grants
+    t_grabs=$(date +%s.%N)
+    grants=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:$rport/admin/pools/bench1" |
+      awk -F'"held_count":|"confirmed_count":' '{ split($2, h, ","); split($3, c, ","); print h[1] + c[1] }')
+    local redis_pids=${redis_of[$rport]} t0 t1 r0 p0 c1 r1 p1 n=0 i
+    r0=$(cpu_ticks $redis_pids) p0=$(cpu_ticks $pg_pid $(pgrep -P "${pg_pid:-0}" 2>/dev/null || true))
+    t0=$(date +%s.%N)
+    [ -n "$spid" ] || start_settle
+    for ((i = 0; i < 6000; i++)); do
+      n=$(metric_of "$metrics" rain_settle_delivered_total)
+      [ "$n" -ge "$grants" ] && break
+      sleep 0.1
+    done
+    t1=$(date +%s.%N)
+    c1=$(cpu_ticks "$spid") r1=$(cpu_ticks $redis_pids) p1=$(cpu_ticks $pg_pid $(pgrep -P "${pg_pid:-0}" 2>/dev/null || true))
+    [ "$n" -ge "$grants" ] || echo "bench.sh: settle ($mode) delivered $n of $grants grants in 10 minutes" >&2
+    if [ "$mode" = live ]; then
+      figure "$(awk -v n="$n" -v g="$(med "$mode" sat goodput_rps)" -v lag="$(sort -g "$tmp/lag" | tail -1)" \
+        -v after="$(awk -v a="$t_grabs" -v b="$t1" 'BEGIN { print b - a }')" 'BEGIN {
+        printf "settle: live into postgres during a saturated run (%.0f grabs/s): %d grants, largest lag %.2f s, caught up %.1f s after the grabs\n",
+          g, n, lag, after }')"
+    else
+      figure "$(awk -v s="$mode" -v n="$n" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" \
+        -v g="$(med "$mode" sat goodput_rps)" -v c="$c1" -v r=$((r1 - r0)) -v p=$((p1 - p0)) -v hz="$clk_tck" 'BEGIN {
+        printf "settle: into %-8s %7d grants in %5.1f s = %6.0f grants/s, %.2fx the saturated grab rate (%.0f grabs/s); CPU/grant %.1f + %.1f + %.1f us (settle + redis + postgres)\n",
+          s, n, t, n / t, n / t / g, g, c * 1e6 / hz / n, r * 1e6 / hz / n, p * 1e6 / hz / n }')"
+    fi
+    cleanup
+  done
+}
+
+# start_settle: rain settle on the shards of $rport into "${out[@]}", its
+# health and metrics on $sport; its PID into spid (bench_settle's locals).
+start_settle() {
+  "$bin/rain" settle --redis "${shards_of[$rport]}" --listen "127.0.0.1:$sport" --consumer bench "${out[@]}" \
+    >"$tmp/settle.$mode.log" 2>&1 &
+  spid=$!
+  started+=("$spid")
+}
+
 # bench_versus: rain built at git revision $BEFORE beside rain built from the
 # working tree, each on 4 fresh shards, saturated, rounds alternating which
 # goes first: goodput, latency and CPU per answer of each (what a change of
@@ -707,8 +823,9 @@ for s in "${sections[@]}"; do
     pool) bench_pool ;;
     soldout) bench_soldout ;;
     durability) bench_durability ;;
+    settle) bench_settle ;;
     versus) bench_versus ;;
-    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability driver pool soldout versus)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability settle driver pool soldout versus)" >&2; exit 2 ;;
   esac
 done
 write_report

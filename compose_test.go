@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,6 +217,9 @@ func readCompose(t *testing.T) *ymap {
 func isShard(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "redis:") }
 func isRain(svc *ymap) bool  { return svc.str("build") == "." }
 
+// isDatabase says whether a service is the PostgreSQL of the file.
+func isDatabase(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "postgres:") }
+
 // isObservability says whether a service is the Prometheus or Grafana of
 // the file (checked by TestComposeObservability).
 func isObservability(svc *ymap) bool {
@@ -243,7 +247,7 @@ func TestComposeMatchesRain(t *testing.T) {
 	for _, name := range services.keys {
 		svc := services.sub(name)
 		switch {
-		case isShard(svc), svc == nil, isObservability(svc):
+		case isShard(svc), svc == nil, isObservability(svc), isDatabase(svc):
 			continue
 		case !isRain(svc):
 			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (build: .): teach compose_test.go about it", name)
@@ -300,6 +304,17 @@ func TestComposeMatchesRain(t *testing.T) {
 				usedShards[host] = true
 				if deps.sub(host).str("condition") != "service_healthy" {
 					t.Errorf("depends_on: want %s with condition service_healthy (rain serves only when every shard answers)", host)
+				}
+			}
+			if v := env["RAIN_POSTGRES"]; v != "" {
+				u, err := url.Parse(v)
+				switch {
+				case err != nil || u.Scheme != "postgres":
+					t.Errorf("RAIN_POSTGRES=%q: want a postgres:// URL", v)
+				case services.sub(u.Hostname()) == nil || !isDatabase(services.sub(u.Hostname())):
+					t.Errorf("RAIN_POSTGRES points at %s, which is not a PostgreSQL service of the file", u.Hostname())
+				case deps.sub(u.Hostname()).str("condition") != "service_healthy":
+					t.Errorf("depends_on: want %s with condition service_healthy (rain applies its schema at start)", u.Hostname())
 				}
 			}
 			serial := env["RAIN_SERIAL_SHARD"]

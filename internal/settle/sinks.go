@@ -11,12 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
-	"rain/internal/wait"
 	"strconv"
 	"sync"
 	"time"
+
+	"rain/internal/wait"
 )
 
 // ErrSerialConflict is returned by a Sink when a grant's serial was paid
@@ -193,8 +195,12 @@ func (l *Ledger) Close() error {
 // every settle worker, and must compare the body of a repeated key with the
 // first: the same grant is answered 2xx again (already paid), another grant
 // under the same serial 409 Conflict, which Deliver returns as
-// ErrSerialConflict without retrying. Any other answer but 2xx is retried
-// with exponential backoff, Tries times in all; then Deliver fails and the
+// ErrSerialConflict without retrying. Any other answer but 2xx is retried,
+// Tries times in all, after a backoff that doubles from Backoff up to
+// MaxBackoff, each wait drawn at random between half and all of it (so
+// that workers retrying at once spread out); a 429 or 503 with Retry-After
+// waits what the wallet asks instead, up to maxRetryAfter (asked for more,
+// Deliver gives up on this grant for now). Then Deliver fails and the
 // worker delivers the grant again later.
 type Webhook struct {
 	URL    string
@@ -204,11 +210,16 @@ type Webhook struct {
 	// (see Sign). The wallet recomputes it and refuses a delivery whose
 	// signature differs or whose t is too old (a replay).
 	Secret []byte
-	// Tries per Deliver (default 5); Backoff before the first retry,
-	// doubling (default 100ms).
-	Tries   int
-	Backoff time.Duration
+	// Tries per Deliver (default 5); Backoff before the first retry
+	// (default 100ms), doubling up to MaxBackoff (default 5s).
+	Tries      int
+	Backoff    time.Duration
+	MaxBackoff time.Duration
 }
+
+// maxRetryAfter is the longest Retry-After a delivery waits for; a wallet
+// that asks for more is tried again on the worker's next pass.
+const maxRetryAfter = 30 * time.Second
 
 var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
 
@@ -234,7 +245,7 @@ func (w *Webhook) Deliver(ctx context.Context, gs []Grant) []error {
 
 // deliver posts g until the wallet answers 2xx or the tries run out.
 func (w *Webhook) deliver(ctx context.Context, g Grant) error {
-	client, tries, backoff := w.Client, w.Tries, w.Backoff
+	client, tries, backoff, most := w.Client, w.Tries, w.Backoff, w.MaxBackoff
 	if client == nil {
 		client = defaultWebhookClient
 	}
@@ -244,6 +255,9 @@ func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 	if backoff <= 0 {
 		backoff = 100 * time.Millisecond
 	}
+	if most <= 0 {
+		most = 5 * time.Second
+	}
 	body, err := json.Marshal(g)
 	if err != nil {
 		return err
@@ -251,8 +265,16 @@ func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 	var last error
 	for try := range tries {
 		if try > 0 {
-			_ = wait.For(ctx, backoff)
-			backoff *= 2
+			d := jitter(backoff)
+			var busy *walletBusy
+			if errors.As(last, &busy) {
+				if busy.after > maxRetryAfter {
+					return fmt.Errorf("webhook: %w (longer than %s: tried again later)", last, maxRetryAfter)
+				}
+				d = busy.after
+			}
+			_ = wait.For(ctx, d)
+			backoff = min(2*backoff, most)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -263,6 +285,36 @@ func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 		}
 	}
 	return fmt.Errorf("webhook: %d tries: %w", tries, last)
+}
+
+// jitter is a wait drawn at random between half of d and d.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// walletBusy is a 429 or 503 answer that says when to come back.
+type walletBusy struct {
+	status string
+	after  time.Duration
+}
+
+func (e *walletBusy) Error() string {
+	return fmt.Sprintf("wallet answered %s, Retry-After %s", e.status, e.after)
+}
+
+// retryAfter parses a Retry-After header, in seconds or as an HTTP date,
+// at now; ok is false when there is none or it does not parse.
+func retryAfter(v string, now time.Time) (d time.Duration, ok bool) {
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+		return time.Duration(min(n, 1<<30)) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
 }
 
 func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, serial int64) error {
@@ -284,6 +336,11 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 	switch {
 	case resp.StatusCode == http.StatusConflict:
 		return fmt.Errorf("%w: serial %d: wallet answered %s", ErrSerialConflict, serial, resp.Status)
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return &walletBusy{status: resp.Status, after: d}
+		}
+		return fmt.Errorf("wallet answered %s", resp.Status)
 	case resp.StatusCode/100 != 2:
 		return fmt.Errorf("wallet answered %s", resp.Status)
 	}

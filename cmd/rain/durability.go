@@ -25,7 +25,7 @@ func durabilityFlag(f *flags, v *string) {
 // refused.
 func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog.Logger) (relaxed bool, err error) {
 	if mode != "strict" && mode != "relaxed" {
-		return false, fmt.Errorf("--durability %q: want strict or relaxed", mode)
+		return false, usagef("--durability %q: want strict or relaxed", mode)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

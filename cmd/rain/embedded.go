@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+
 	"rain/internal/shard"
 
 	"github.com/alicebob/miniredis/v2"

@@ -5,7 +5,6 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 )
@@ -34,15 +33,15 @@ func (f *flags) parse(args []string, getenv func(string) string) error {
 	for name, env := range f.env {
 		if v := getenv(env); v != "" {
 			if err := f.Set(name, v); err != nil {
-				return fmt.Errorf("%s=%q: %w", env, v, err)
+				return usagef("%s=%q: %w", env, v, err)
 			}
 		}
 	}
 	if err := f.Parse(args); err != nil {
-		return err
+		return asUsage(err)
 	}
 	if f.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", f.Args())
+		return usagef("unexpected arguments: %v", f.Args())
 	}
 	return nil
 }
@@ -67,7 +66,7 @@ func (f *flags) logFlags() *logOptions {
 func (o *logOptions) newLogger(w io.Writer) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(o.Level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+		return nil, usagef("--log-level: %w", err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
 	var h slog.Handler
@@ -77,7 +76,7 @@ func (o *logOptions) newLogger(w io.Writer) (*slog.Logger, error) {
 	case "json":
 		h = slog.NewJSONHandler(w, opts)
 	default:
-		return nil, fmt.Errorf("--log-format %q: want text or json", o.Format)
+		return nil, usagef("--log-format %q: want text or json", o.Format)
 	}
 	return slog.New(h), nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"rain/internal/pgtest"
 	"rain/internal/redistest"
@@ -86,5 +87,47 @@ func TestCloseCommand(t *testing.T) {
 	}
 	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"cl","user_id":"u1"}`); code != 410 {
 		t.Fatalf("grab of a closed pool = %d %v, want 410 ended", code, body)
+	}
+}
+
+// TestExitCodes: 0 done, 1 the work failed (an audit's problems, a close
+// refused), 2 usage, 3 a shard or the database out of reach, for a script
+// to tell apart without reading the message.
+func TestExitCodes(t *testing.T) {
+	srv := redistest.Start(t, durable)
+	environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr}
+	tool := func(args ...string) int {
+		t.Helper()
+		err := run(context.Background(), args, env(environ), &bytes.Buffer{}, &bytes.Buffer{})
+		return exitCode(err)
+	}
+	if code := tool("preload", "--pool", "x", "--total-cents", "100", "--count", "10"); code != exitOK {
+		t.Fatalf("rain preload = exit %d, want 0", code)
+	}
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"audit", "--pool", "x"}, exitOK},
+		{[]string{"close", "--pool", "x"}, exitFailed}, // its window is open
+		{[]string{"audit", "--pool", "nope"}, exitFailed},
+		{[]string{"audit"}, exitUsage},
+		{[]string{"audit", "--pool", "x", "--bogus"}, exitUsage},
+		{[]string{"audit", "--pool", "x", "--redis", "s1=1@127.0.0.1:1"}, exitUnreachable},
+		{[]string{"end", "--pool", "x", "--redis", "s1=1@127.0.0.1:1"}, exitUnreachable},
+		{[]string{"close", "--pool", "x", "--postgres", "postgres://rain@127.0.0.1:1/x?connect_timeout=1"}, exitUnreachable},
+	} {
+		if code := tool(c.args...); code != c.want {
+			t.Errorf("rain %v = exit %d, want %d", c.args, code, c.want)
+		}
+	}
+	// An audit that finds problems: the work failed.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	if err := rdb.RPush(context.Background(), "rain:{x:0}:stock", 999).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if code := tool("audit", "--pool", "x"); code != exitFailed {
+		t.Fatalf("rain audit of a corrupted pool = exit %d, want 1", code)
 	}
 }

@@ -1,5 +1,6 @@
 // Command rain is the red-packet rain backend: `rain serve` runs the service;
-// `rain preload` and `rain audit` are the operator's tools. See the README.
+// `rain preload`, `rain audit`, `rain end`, `rain close` and `rain settle`
+// are the operator's tools. See the README.
 package main
 
 import (
@@ -16,6 +17,6 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rain:", err)
-		os.Exit(1)
 	}
+	os.Exit(exitCode(err)) // see exit.go
 }

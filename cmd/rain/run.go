@@ -23,13 +23,15 @@ commands:
   version   print rain's version (also --version)
 
 Every flag can also be set by the environment variable named in its help.
-Run "rain <command> -h" for a command's flags.`
+Run "rain <command> -h" for a command's flags.
+
+` + exitCodes
 
 // run is main without the process: it returns an error instead of exiting.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, usage)
-		return errors.New("no command given")
+		return usagef("no command given")
 	}
 	var err error
 	switch args[0] {
@@ -52,7 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return nil
 	default:
 		fmt.Fprintln(stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
+		return usagef("unknown command %q", args[0])
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return nil // -h printed the flags

@@ -239,7 +239,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
 		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
 		{[]string{"serve", "--pool", "maybe"}, nil, "--pool"},
-		{[]string{"serve", "--pool-min", "50", "--pool-max", "10"}, nil, "min 50 and max 10"},
+		{[]string{"serve", "--pool-min", "50", "--pool-max", "10"}, nil, "--pool-min 50 and --pool-max 10"},
 		{[]string{"serve"}, map[string]string{"RAIN_POOL_QUEUE": "lots"}, "RAIN_POOL_QUEUE"},
 		{[]string{"preload", "--pool", "p"}, nil, "--redis"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1"}, nil, "exactly one"},
@@ -248,11 +248,13 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
 		{[]string{"close", "--redis", "s1=1@127.0.0.1:1"}, nil, "--pool"},
 		{[]string{"end", "--pool", "p"}, nil, "--redis"},
-		{[]string{"close", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--postgres", "postgres://rain@127.0.0.1:1/x?connect_timeout=1"}, nil, "--postgres"},
 	} {
 		err := run(context.Background(), tc.args, env(tc.env), &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%v, env %v) = %v, want an error containing %q", tc.args, tc.env, err, tc.want)
+		}
+		if code := exitCode(err); code != exitUsage {
+			t.Errorf("run(%v, env %v) = %v: exit code %d, want %d (usage)", tc.args, tc.env, err, code, exitUsage)
 		}
 	}
 }

@@ -7,7 +7,6 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -29,11 +28,11 @@ func redisTLS(caFile string) (*tls.Config, error) {
 	}
 	b, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-ca: %w", err)
+		return nil, usagef("--redis-ca: %w", err)
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("--redis-ca %s: no PEM certificate in it", caFile)
+		return nil, usagef("--redis-ca %s: no PEM certificate in it", caFile)
 	}
 	cfg.RootCAs = roots
 	return cfg, nil

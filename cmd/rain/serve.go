@@ -69,7 +69,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	if c.Pool != "on" && c.Pool != "off" {
-		return fmt.Errorf("--pool %q: want on or off", c.Pool)
+		return usagef("--pool %q: want on or off", c.Pool)
 	}
 	if getenv("GOGC") == "" {
 		// The grab path allocates little that lives long; collecting less
@@ -94,7 +94,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 	}()
 	specs, stopEmbedded, err := shardSpecs(c.Redis)
 	if err != nil {
-		return nil, err
+		return nil, asUsage(err)
 	}
 	s.release = append(s.release, stopEmbedded)
 	icfg, err := s.instanceConfig(ctx, specs)
@@ -115,25 +115,24 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 // rate limits, the worker pool.
 func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instance.Config, error) {
 	c, log := s.cfg, s.log
-	if c.DrainDelay < 0 {
-		c.DrainDelay = 0
-		if c.Redis != "" {
-			c.DrainDelay = defaultDrainDelay
-		}
+	if c.Redis != "" {
+		c.drainDelay = c.DrainDelay.or(defaultDrainDelay)
+	} else {
+		c.drainDelay = c.DrainDelay.or(0)
 	}
 	if err := s.checkTokens(); err != nil {
 		return instance.Config{}, err
 	}
 	admins, err := auth.NewAdmins(c.AdminToken, c.AdminTokenFile)
 	if err != nil {
-		return instance.Config{}, err
+		return instance.Config{}, asUsage(err)
 	}
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != ""}
 	if c.UserAuth != "" {
 		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer, Leeway: c.UserLeeway})
 		if err != nil {
-			return instance.Config{}, fmt.Errorf("--user-auth: %w", err)
+			return instance.Config{}, usagef("--user-auth: %w", err)
 		}
 		acfg.Users = users
 		reloads = append(reloads, reloader{"user auth keys", users.Reload})
@@ -150,7 +149,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, err
 	}
 	if c.SerialShard != "" && !slices.ContainsFunc(specs, func(sp shard.Spec) bool { return sp.Name == c.SerialShard }) {
-		return instance.Config{}, fmt.Errorf("--serial-shard %q is not one of the shards", c.SerialShard)
+		return instance.Config{}, usagef("--serial-shard %q is not one of the shards", c.SerialShard)
 	}
 	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg},
 		SerialShard: c.SerialShard, API: acfg, Build: buildInfo(), ReaperRetry: reaperRetry, Logger: log}
@@ -163,6 +162,9 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, err
 	}
 	if c.Pool == "on" {
+		if c.PoolMin < 1 || c.PoolMin > c.PoolMax {
+			return instance.Config{}, usagef("--pool-min %d and --pool-max %d: want 1 ≤ min ≤ max", c.PoolMin, c.PoolMax)
+		}
 		icfg.Pool = &pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue}
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
@@ -189,10 +191,10 @@ func (s *server) checkTokens() error {
 	}
 	log.Info("rain serve", versionAttrs()...)
 	if c.AdminToken == "" && c.AdminTokenFile == "" {
-		return errors.New("--admin-token (RAIN_ADMIN_TOKEN) or --admin-token-file is required with --redis")
+		return usagef("--admin-token (RAIN_ADMIN_TOKEN) or --admin-token-file is required with --redis")
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminToken {
-		return fmt.Errorf("--admin-token (RAIN_ADMIN_TOKEN) is %d bytes; want at least %d with --redis (e.g. openssl rand -hex 16)", len(c.AdminToken), auth.MinAdminToken)
+		return usagef("--admin-token (RAIN_ADMIN_TOKEN) is %d bytes; want at least %d with --redis (e.g. openssl rand -hex 16)", len(c.AdminToken), auth.MinAdminToken)
 	}
 	if c.UserAuth == "" {
 		log.Warn("user auth is off: any client can grab as any user_id; give --user-auth to check the app's signed user tokens")
@@ -297,9 +299,9 @@ func (s *server) run(ctx context.Context) error {
 func (s *server) shutdown(signalled bool, served <-chan struct{}) error {
 	c := s.cfg
 	s.in.API.Drain()
-	if c.DrainDelay > 0 && signalled {
-		s.log.Info("draining: /readyz answers 503", "drain_delay", c.DrainDelay)
-		time.Sleep(c.DrainDelay)
+	if c.drainDelay > 0 && signalled {
+		s.log.Info("draining: /readyz answers 503", "drain_delay", c.drainDelay)
+		time.Sleep(c.drainDelay)
 	}
 	s.log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	deadline := time.Now().Add(c.ShutdownTimeout)

@@ -3,6 +3,7 @@ package main
 // This file is the flags of `rain serve`.
 
 import (
+	"fmt"
 	"io"
 	"time"
 
@@ -26,8 +27,9 @@ type serveConfig struct {
 	ShardTimeout    time.Duration
 	MaxConns        int
 	IdleTimeout     time.Duration
-	Durability      string // "strict" or "relaxed"
-	DrainDelay      time.Duration
+	Durability      string        // "strict" or "relaxed"
+	DrainDelay      autoDuration  // --drain-delay as given
+	drainDelay      time.Duration // what it means with the other flags
 	AccessLog       int
 	RedisCA         string
 	AdminTokenFile  string
@@ -61,7 +63,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
 	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")
 	f.DurationVar(&c.IdleTimeout, "idle-timeout", 30*time.Second, "how long a keep-alive client connection may stay idle")
-	f.DurationVar(&c.DrainDelay, "drain-delay", -1, "on SIGTERM, how long /readyz answers 503 before the listener closes, so load balancers stop sending first (default 5s on --redis shards, 0 embedded)")
+	f.Var(&c.DrainDelay, "drain-delay", "on SIGTERM, how long (a `duration`, or auto: 5s on --redis shards, 0 embedded) /readyz answers 503 before the listener closes, so load balancers stop sending first")
 	f.IntVar(&c.AccessLog, "access-log", 20, "requests logged a second at most (one line each with its X-Request-Id; a sample under load); 0: none")
 	redisCAFlag(f, &c.RedisCA)
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file of admin tokens, one a line (several for rotation; reloaded on SIGHUP), beside or instead of --admin-token")
@@ -107,4 +109,42 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("max-conns", "RAIN_MAX_CONNS")
 	f.bindEnv("idle-timeout", "RAIN_IDLE_TIMEOUT")
 	return f, c
+}
+
+// autoDuration is a duration flag whose default depends on other flags:
+// "auto" until set.
+type autoDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (a *autoDuration) String() string {
+	if !a.set {
+		return "auto"
+	}
+	return a.d.String()
+}
+
+func (a *autoDuration) Set(v string) error {
+	if v == "auto" {
+		*a = autoDuration{}
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("%s: want a duration of 0 or more", v)
+	}
+	a.d, a.set = d, true
+	return nil
+}
+
+// or is the duration set, or def when none was.
+func (a autoDuration) or(def time.Duration) time.Duration {
+	if a.set {
+		return a.d
+	}
+	return def
 }

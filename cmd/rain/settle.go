@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -101,7 +100,7 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 	}
 	switch {
 	case given != 1:
-		return nil, nil, errors.New("give exactly one of --postgres, --ledger and --webhook")
+		return nil, nil, usagef("give exactly one of --postgres, --ledger and --webhook")
 	case sf.postgres != "":
 		db, err := postgres.Open(ctx, sf.postgres)
 		if err != nil {
@@ -116,7 +115,7 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 		return l, func() { l.Close() }, nil
 	}
 	if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, nil, fmt.Errorf("--webhook %q: want an http(s) URL", webhook)
+		return nil, nil, usagef("--webhook %q: want an http(s) URL", webhook)
 	}
 	wh := &settle.Webhook{URL: webhook}
 	if secretFile == "" {
@@ -125,10 +124,10 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 	}
 	b, err := os.ReadFile(secretFile)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--webhook-secret-file: %w", err)
+		return nil, nil, usagef("--webhook-secret-file: %w", err)
 	}
 	if wh.Secret = []byte(strings.TrimSpace(string(b))); len(wh.Secret) < auth.MinSecret {
-		return nil, nil, fmt.Errorf("--webhook-secret-file %s: a secret of %d bytes; want at least %d", secretFile, len(wh.Secret), auth.MinSecret)
+		return nil, nil, usagef("--webhook-secret-file %s: a secret of %d bytes; want at least %d", secretFile, len(wh.Secret), auth.MinSecret)
 	}
 	return wh, func() {}, nil
 }

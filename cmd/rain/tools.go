@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -42,18 +41,18 @@ func toolFlags(name string, stderr io.Writer) (*flags, *toolConfig) {
 func openTool(tc *toolConfig, books catalog.Books) (*shard.Set, *catalog.Catalog, error) {
 	redis, serialShard := tc.Redis, tc.SerialShard
 	if redis == "" {
-		return nil, nil, errors.New("--redis (RAIN_REDIS) is required")
+		return nil, nil, usagef("--redis (RAIN_REDIS) is required")
 	}
 	specs, err := shard.ParseSpecs(redis)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, asUsage(err)
 	}
 	if serialShard == "" {
 		serialShard = specs[0].Name
 	}
 	tlsCfg, err := redisTLS(tc.RedisCA)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, asUsage(err)
 	}
 	set, err := shard.Open(specs, 0, shard.Options{TLS: tlsCfg})
 	if err != nil {
@@ -61,7 +60,7 @@ func openTool(tc *toolConfig, books catalog.Books) (*shard.Set, *catalog.Catalog
 	}
 	if set.Client(serialShard) == nil {
 		set.Close()
-		return nil, nil, fmt.Errorf("--serial-shard %q is not one of the shards", serialShard)
+		return nil, nil, usagef("--serial-shard %q is not one of the shards", serialShard)
 	}
 	return set, catalog.New(set, catalog.Config{SerialShard: serialShard, Books: books}), nil
 }
@@ -92,7 +91,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		v, err := time.Parse(time.RFC3339, t.in)
 		if err != nil {
-			return fmt.Errorf("%s: %w", t.flag, err)
+			return usagef("%s: %w", t.flag, err)
 		}
 		*t.out = &v
 	}
@@ -120,7 +119,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	if err := catalog.CheckID("--pool", *pool); err != nil {
-		return err
+		return asUsage(err)
 	}
 	set, cat, err := openTool(tc, nil)
 	if err != nil {
@@ -164,7 +163,7 @@ func life(ctx context.Context, cmd string, args []string, getenv func(string) st
 		return err
 	}
 	if err := catalog.CheckID("--pool", *pool); err != nil {
-		return err
+		return asUsage(err)
 	}
 	var books catalog.Books
 	if pg != "" {

@@ -1,9 +1,10 @@
 package main
 
 import (
-	"rain/internal/metrics"
 	"runtime"
 	"runtime/debug"
+
+	"rain/internal/metrics"
 )
 
 // version is rain's version, set at link time

@@ -124,6 +124,18 @@ type refused string
 
 func (e refused) Error() string { return string(e) + " (not retried)" }
 
+// Unreachable reports whether err says a shard could not be reached: its
+// dial refused or failed, or a call timed out. Commands exit with a code of
+// their own for it (rain's tools tell "could not reach Redis" from a
+// failure of their work).
+func Unreachable(err error) bool {
+	var r refused
+	var op *net.OpError
+	var ne net.Error
+	return errors.As(err, &r) || errors.As(err, &op) && op.Op == "dial" ||
+		errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded)
+}
+
 // Open builds the ring over specs and a client per shard. It does no I/O:
 // clients connect on first use.
 func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {

@@ -17,6 +17,7 @@ import (
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -87,7 +88,8 @@ func TestMetricsSeries(t *testing.T) {
 		{"rain_reaper_leader", nil, 1, 1},
 		{"rain_reaper_lag_seconds", nil, -1, 1},
 		{"rain_serial_loads_total", nil, -1, 1},
-		{"rain_stock_remaining_count", func(l map[string]string) bool { return l["pool"] == "met" }, 9, 1},
+		{"rain_stock_remaining_packets", func(l map[string]string) bool { return l["pool"] == "met" }, 9, 1},
+		{"rain_stock_remaining_count", func(l map[string]string) bool { return l["pool"] == "met" }, 9, 1}, // its old name, kept a release
 		{"rain_http_connections", nil, -1, 1},
 		{"rain_durability_relaxed", nil, 0, 1},
 		{"go_goroutines", nil, -1, 1},
@@ -137,6 +139,39 @@ func TestMetricsSeries(t *testing.T) {
 	}
 	if !native {
 		t.Error("rain_grab_duration_seconds has no native buckets beside its classic ones")
+	}
+}
+
+// TestMetricsLint: every series of a live /metrics (a pool loaded and
+// grabbed from, so that the stock and grab series are there) passes
+// Prometheus's naming rules (promlint), but the old names kept for one
+// release (metrics.Deprecated), each beside the name that replaces it.
+func TestMetricsLint(t *testing.T) {
+	addr, _ := startServe(t, []string{"--admin-token", "m"}, nil)
+	base := "http://" + addr
+	if code, body := post(t, base+"/admin/pools", "m", `{"pool_id":"lint","total_cents":1000,"count":10}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	post(t, base+"/grab", "", `{"pool_id":"lint","user_id":"u1"}`)
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	problems, err := promlint.New(bytes.NewReader(b)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if _, old := metrics.Deprecated[p.Metric]; !old {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+	for old, replacement := range metrics.Deprecated {
+		if !bytes.Contains(b, []byte("\n"+replacement+"{")) || !bytes.Contains(b, []byte(old+" Deprecated")) {
+			t.Errorf("%s is kept for a release beside %s and says it is deprecated: want both on /metrics", old, replacement)
+		}
 	}
 }
 

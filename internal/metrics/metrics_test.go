@@ -36,7 +36,7 @@ func TestStockReadAtMostOncePerInterval(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Go(func() {
-			if body := scrape(); !strings.Contains(body, `rain_stock_remaining_count{pool="p",shard="s1",sub_pool="0"} 10`) {
+			if body := scrape(); !strings.Contains(body, `rain_stock_remaining_packets{pool="p",shard="s1",sub_pool="0"} 10`) {
 				t.Errorf("scrape lacks the stock: %.300s", body)
 			}
 		})
@@ -48,7 +48,7 @@ func TestStockReadAtMostOncePerInterval(t *testing.T) {
 	}
 	left.Store(7)
 	waittest.Until(t, 3*StockEvery, "a scrape after the stock's interval shows the new stock", func() bool {
-		return strings.Contains(scrape(), `rain_stock_remaining_count{pool="p",shard="s1",sub_pool="0"} 7`)
+		return strings.Contains(scrape(), `rain_stock_remaining_packets{pool="p",shard="s1",sub_pool="0"} 7`)
 	})
 	if reads.Load() < 2 {
 		t.Fatalf("%d reads after the interval, want a second", reads.Load())

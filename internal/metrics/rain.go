@@ -159,13 +159,20 @@ const StockBudget = 200 * time.Millisecond
 func (r *Registry) Stock(read func(ctx context.Context) []grab.SubPoolStock) {
 	labels := []string{"pool", "sub_pool", "shard"}
 	r.scraped.MustRegister(&stockCollector{read: read,
-		count: prometheus.NewDesc("rain_stock_remaining_count", "Packets left in a sub-pool's stock.", labels, nil),
+		packets: prometheus.NewDesc("rain_stock_remaining_packets", "Packets left in a sub-pool's stock.", labels, nil),
+		count: prometheus.NewDesc("rain_stock_remaining_count", "Deprecated: rain_stock_remaining_packets (the same figure; "+
+			"a _count suffix is for histograms and summaries). Removed in the next release.", labels, nil),
 		cents: prometheus.NewDesc("rain_stock_remaining_cents", "Cents left in a sub-pool's stock.", labels, nil)})
 }
 
+// Deprecated lists the series still exported under an old name for one
+// release, each with the name that replaces it: dashboards and rules move
+// to the new name meanwhile.
+var Deprecated = map[string]string{"rain_stock_remaining_count": "rain_stock_remaining_packets"}
+
 type stockCollector struct {
-	read         func(ctx context.Context) []grab.SubPoolStock
-	count, cents *prometheus.Desc
+	read                  func(ctx context.Context) []grab.SubPoolStock
+	packets, count, cents *prometheus.Desc
 
 	mu   sync.Mutex // held across a read: concurrent scrapes share it
 	at   time.Time  // of the last read
@@ -185,11 +192,16 @@ func (c *stockCollector) stock() []grab.SubPoolStock {
 	return c.last
 }
 
-func (c *stockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.count; ch <- c.cents }
+func (c *stockCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.count
+	ch <- c.cents
+}
 
 func (c *stockCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.stock() {
 		lv := []string{s.Pool, strconv.Itoa(s.Index), s.Shard}
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.GaugeValue, float64(s.RemainingCount), lv...)
 		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(s.RemainingCount), lv...)
 		ch <- prometheus.MustNewConstMetric(c.cents, prometheus.GaugeValue, float64(s.RemainingCents), lv...)
 	}

@@ -220,12 +220,18 @@ func isRain(svc *ymap) bool  { return svc.str("build") == "." }
 // isDatabase says whether a service is the PostgreSQL of the file.
 func isDatabase(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "postgres:") }
 
-// isObservability says whether a service is the Prometheus or Grafana of
-// the file (checked by TestComposeObservability).
+// isObservability says whether a service is the Prometheus, Grafana or
+// Alertmanager of the file, or Alertmanager's webhook (checked by
+// TestComposeObservability and TestAlertRules).
 func isObservability(svc *ymap) bool {
 	img := svc.str("image")
-	return strings.HasPrefix(img, "prom/prometheus:") || strings.HasPrefix(img, "grafana/grafana:")
+	return strings.HasPrefix(img, "prom/prometheus:") || strings.HasPrefix(img, "grafana/grafana:") ||
+		strings.HasPrefix(img, "prom/alertmanager:") || isAlertLog(svc)
 }
+
+// isAlertLog says whether a service is the webhook that prints what
+// Alertmanager notifies (checked by TestAlertRules).
+func isAlertLog(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "python:") }
 
 func TestComposeMatchesRain(t *testing.T) {
 	compose := readCompose(t)

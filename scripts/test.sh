@@ -2,9 +2,11 @@
 # scripts/test.sh — the README's test command and all that CI runs.
 #
 # Installs what the tests need when it is missing (redis-server, PostgreSQL's
-# server programs, node and chromium from the system's packages), then checks formatting and go.mod, vets, runs staticcheck,
-# and runs every test with the race detector against real redis-server processes
-# that the tests start themselves.
+# server programs, node, chromium and promtool from the system's packages),
+# then checks formatting and go.mod, vets, runs staticcheck, checks and
+# unit-tests the alert rules, and runs every test with the race detector
+# against real redis-server and PostgreSQL processes that the tests start
+# themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +46,7 @@ need() {
 need redis-server redis-server   # every test runs against real redis-server processes
 need node nodejs                 # the k6 scripts are syntax-checked with node --check
 need chromium chromium           # the dashboard is tested in headless Chromium (chromedp)
+need promtool prometheus         # the alert rules are checked and unit-tested (promtool)
 # Settlement and closes are tested against real PostgreSQL servers that the
 # tests start (initdb + pg_ctl, internal/pgtest). Debian keeps those programs
 # off PATH, under /usr/lib/postgresql/<version>/bin.
@@ -74,6 +77,10 @@ go vet ./...
 
 echo "== staticcheck (pinned in go.mod as a tool)"
 go tool staticcheck ./...
+
+echo "== promtool: the alert rules and their unit tests"
+promtool check rules deploy/prometheus/alerts.yml
+promtool test rules deploy/prometheus/alerts_test.yml
 
 echo "== go test -race"
 # Test artifacts (the dashboard's screenshot) land in artifacts/.

@@ -215,7 +215,7 @@ func readCompose(t *testing.T) *ymap {
 // isShard says whether a service is a Redis shard; isRain whether it runs
 // the rain image built from this repository.
 func isShard(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "redis:") }
-func isRain(svc *ymap) bool  { return svc.str("build") == "." }
+func isRain(svc *ymap) bool  { return strings.HasPrefix(svc.str("image"), "rain:") }
 
 // isDatabase says whether a service is the PostgreSQL of the file.
 func isDatabase(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "postgres:") }
@@ -256,7 +256,7 @@ func TestComposeMatchesRain(t *testing.T) {
 		case isShard(svc), svc == nil, isObservability(svc), isDatabase(svc):
 			continue
 		case !isRain(svc):
-			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (build: .): teach compose_test.go about it", name)
+			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (image rain:...): teach compose_test.go about it", name)
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -375,13 +375,14 @@ func TestComposeMatchesRain(t *testing.T) {
 // port, ports on 127.0.0.1 only, a /readyz health check on that port, and a
 // stop grace period longer than rain's own shutdown timeout.
 func checkServe(t *testing.T, svc *ymap, env map[string]string) {
-	switch tok := env["RAIN_ADMIN_TOKEN"]; {
-	case tok == required("RAIN_ADMIN_TOKEN"):
-		// compose refuses to start until the operator chooses one
-	case tok == "":
-		t.Error("RAIN_ADMIN_TOKEN is empty: rain serve refuses --redis without an admin token")
-	default:
-		t.Errorf("RAIN_ADMIN_TOKEN defaults to %q: a token everyone who reads the file knows; require it (${RAIN_ADMIN_TOKEN:?...})", tok)
+	// The admin token comes from a compose secret, never from the file or
+	// the environment (where every process and `docker inspect` sees it).
+	if tok, ok := env["RAIN_ADMIN_TOKEN"]; ok {
+		t.Errorf("RAIN_ADMIN_TOKEN=%q in the environment: give the token as a secret file (RAIN_ADMIN_TOKEN_FILE)", tok)
+	}
+	file, ok := strings.CutPrefix(env["RAIN_ADMIN_TOKEN_FILE"], "/run/secrets/")
+	if !ok || !slices.Contains(svc.list("secrets"), file) {
+		t.Errorf("RAIN_ADMIN_TOKEN_FILE=%q, secrets %v: want /run/secrets/NAME with NAME among the service's secrets", env["RAIN_ADMIN_TOKEN_FILE"], svc.list("secrets"))
 	}
 	host, port, err := net.SplitHostPort(env["RAIN_LISTEN"])
 	if err != nil {
@@ -544,13 +545,21 @@ func TestDockerfile(t *testing.T) {
 	if img := fromImage(stages[0][0]); !strings.HasPrefix(img, "golang:"+goVersion) {
 		t.Errorf("build stage FROM %s: want golang:%s (go.mod says go %s)", img, goVersion, goVersion)
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags="-s -w"`, "-o /rain ./cmd/rain"} {
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags="-s -w -X main.version=${VERSION} -X main.revision=${REVISION}"`,
+		"ARG VERSION", "ARG REVISION", "-o /rain ./cmd/rain"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("build stage lacks %s", want)
 		}
 	}
 
 	final := stages[len(stages)-1]
+	runtime := strings.Join(final, "\n")
+	for _, want := range []string{`org.opencontainers.image.version="${VERSION}"`, `org.opencontainers.image.revision="${REVISION}"`,
+		"org.opencontainers.image.title=", "ARG VERSION", "ARG REVISION"} {
+		if !strings.Contains(runtime, want) {
+			t.Errorf("runtime stage lacks %s (the image's OCI labels)", want)
+		}
+	}
 	if !slices.Contains(final, `ENTRYPOINT ["/rain"]`) {
 		t.Errorf(`runtime stage lacks ENTRYPOINT ["/rain"]: %q`, final)
 	}
@@ -594,5 +603,51 @@ func TestDockerignore(t *testing.T) {
 		if !excluded(out) {
 			t.Errorf(".dockerignore lets %s into the build context", out)
 		}
+	}
+}
+
+// TestComposeImages: one build of the rain image, stamped with its version
+// and revision, run by every rain service; every other image pinned to a
+// release (no latest, no bare major version); the admin token a secret file
+// that git ignores.
+func TestComposeImages(t *testing.T) {
+	compose := readCompose(t)
+	services := compose.sub("services")
+	pinned := regexp.MustCompile(`^[a-z0-9./-]+:v?\d+\.\d+[0-9A-Za-z.+-]*$`)
+	builds := 0
+	for _, name := range services.keys {
+		svc := services.sub(name)
+		img := svc.str("image")
+		if isRain(svc) {
+			if b := svc.sub("build"); b != nil {
+				builds++
+				args := b.sub("args")
+				if b.str("context") != "." || args == nil || args.str("VERSION") == "" || args.str("REVISION") == "" {
+					t.Errorf("%s builds with %v: want context . and the VERSION and REVISION build args", name, b.keys)
+				}
+			} else if svc.str("pull_policy") != "never" {
+				t.Errorf("%s runs %s without building it: want pull_policy never (the image the build made)", name, img)
+			}
+			continue
+		}
+		if !pinned.MatchString(img) {
+			t.Errorf("%s: image %q is not pinned to a release", name, img)
+		}
+	}
+	if builds != 1 {
+		t.Errorf("%d services build the rain image, want one (the others run it)", builds)
+	}
+	sec := compose.sub("secrets")
+	if sec == nil || sec.sub("admin_token") == nil {
+		t.Fatal("docker-compose.yml declares no admin_token secret")
+	}
+	file := sec.sub("admin_token").str("file")
+	ignore, err := os.ReadFile(".gitignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := "/" + strings.TrimPrefix(filepath.Dir(file), "./") + "/"
+	if !strings.Contains(string(ignore), dir) {
+		t.Errorf("the admin token's file %s: .gitignore does not ignore %s", file, dir)
 	}
 }

@@ -322,8 +322,9 @@ func wantSummary(t *testing.T, r shimReport, path string) {
 }
 
 // startRain builds cmd/rain and runs `rain serve` on embedded in-memory
-// shards on a free port of 127.0.0.1; it returns the base URL.
-func startRain(t *testing.T, token string) string {
+// shards on a free port of 127.0.0.1, with args besides; it returns the
+// base URL.
+func startRain(t *testing.T, token string, args ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "rain")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/rain")
@@ -333,7 +334,7 @@ func startRain(t *testing.T, token string) string {
 	}
 	logs := &logWatch{addr: make(chan string, 1)}
 	// The address comes from rain's "serving" log line, logged at info.
-	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin-token", token, "--log-level", "info")
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-token", token, "--log-level", "info"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -622,4 +623,34 @@ func TestK6ChecksBite(t *testing.T) {
 			t.Error("the double-grant threshold passed on double grants")
 		}
 	})
+}
+
+// TestK6WithUserTokens: with USER_SECRET_FILE, rain.js signs an HS256 user
+// token for every user (k6's own crypto) and grabs through rain serve
+// --user-auth, the production path: every grab is decided, none refused
+// unauthorized; with another secret, every grab is refused 401.
+func TestK6WithUserTokens(t *testing.T) {
+	node := needNode(t)
+	const token = "k6check-token"
+	dir := t.TempDir()
+	secret, other := filepath.Join(dir, "secret"), filepath.Join(dir, "other")
+	if err := os.WriteFile(secret, []byte("k6check-user-secret-k6check-user-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte("not-the-secret-not-the-secret-not-the-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := startRain(t, token, "--user-auth", "hs256:"+secret, "--user-auth-audience", "rain-app", "--user-auth-issuer", "login")
+	env := map[string]string{"BASE_URL": base, "ADMIN_TOKEN": token, "SUMMARY": "-", "PACKETS": "20", "TOTAL_CENTS": "2000",
+		"REPEAT": "0.3", "USER_SECRET_FILE": secret, "USER_AUDIENCE": "rain-app", "USER_ISSUER": "login"}
+	r := runShim(t, node, "rain.js", 40, env)
+	allChecksPass(t, r)
+	if r.Counters["rain_grab_granted"] != 20 || r.Counters["rain_grab_unauthorized"] != 0 {
+		t.Fatalf("counters %v: want the 20 packets granted to signed users, none unauthorized", r.Counters)
+	}
+	env["USER_SECRET_FILE"], env["POOL"] = other, "k6check-other-secret"
+	r = runShim(t, node, "rain.js", 10, env)
+	if r.Counters["rain_grab_unauthorized"] != 10 || r.Counters["rain_grab_granted"] != 0 {
+		t.Fatalf("counters %v: want every grab signed with another secret refused unauthorized", r.Counters)
+	}
 }

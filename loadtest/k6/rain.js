@@ -33,6 +33,10 @@
 //   MAX_DROPPED  threshold on dropped iterations, a share of the planned arrivals (0.01)
 //   MAX_SHED     threshold on the share answered overloaded (0.05)
 //   TIMEOUT      per-grab timeout                     (2s)
+//   USER_SECRET_FILE  HS256 secret of rain serve --user-auth hs256:FILE: every grab
+//                carries a user token signed with it (sub = its user id); unset: none
+//   USER_AUDIENCE, USER_ISSUER  the tokens' aud and iss (--user-auth-audience, -issuer)
+//   TOKEN_TTL    seconds each user token is valid    (3600)
 //   AUDIT        0 skips the audit in teardown()      (1)
 //   SUMMARY      JSON summary path, "-" for none      (summary.json)
 

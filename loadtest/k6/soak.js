@@ -18,7 +18,8 @@
 //   REPEAT       share of repeat grabs                (0.2)
 //   PACKETS      packets in the pool                  (RATE × DURATION: every arrival could be new)
 //   TOTAL_CENTS  cents in the pool                    (PACKETS × 500)
-//   SUB_POOLS, HOLD_SECONDS, POOL, PREFIX, TIMEOUT, AUDIT, SUMMARY: as in rain.js
+//   SUB_POOLS, HOLD_SECONDS, POOL, PREFIX, TIMEOUT, AUDIT, SUMMARY,
+//   USER_SECRET_FILE, USER_AUDIENCE, USER_ISSUER, TOKEN_TTL: as in rain.js
 //   P99_MS       threshold on grab p(99) in ms        (50)
 //   MAX_FAILED   threshold on http_req_failed rate    (0.001)
 //   MAX_DROPPED  threshold on dropped iterations, a share of the planned arrivals (0.001)

@@ -10,6 +10,8 @@
 // handleSummary().
 
 import http from 'k6/http';
+import crypto from 'k6/crypto';
+import encoding from 'k6/encoding';
 import { check, sleep } from 'k6';
 import { Counter, Rate, Trend } from 'k6/metrics';
 
@@ -90,6 +92,36 @@ export const TIMEOUT = envDuration('TIMEOUT', '2s');
 export const ADMIN_TIMEOUT = envDuration('ADMIN_TIMEOUT', '120s');
 // SUMMARY is where handleSummary writes the JSON summary; "-" writes none.
 export const SUMMARY = env('SUMMARY', 'summary.json');
+
+// USER_SECRET_FILE names the HS256 secret of rain serve --user-auth
+// hs256:FILE: with it, every grab carries a user token signed with it
+// (Authorization: Bearer, sub = the user id), as the app's login service
+// would sign one, so that the load runs the production path. Read in the
+// init context, as k6's open() requires; surrounding white space is not part
+// of the secret (as rain reads it). USER_AUDIENCE and USER_ISSUER are the
+// token's aud and iss (rain serve --user-auth-audience, --user-auth-issuer);
+// TOKEN_TTL how long each token is valid, in seconds.
+const USER_SECRET_FILE = env('USER_SECRET_FILE', '');
+const USER_SECRET = USER_SECRET_FILE === '' ? '' : open(USER_SECRET_FILE).trim();
+if (USER_SECRET_FILE !== '' && USER_SECRET.length < 32) {
+  throw new Error(`USER_SECRET_FILE ${USER_SECRET_FILE}: a secret of ${USER_SECRET.length} bytes; rain wants at least 32`);
+}
+export const SIGNED = USER_SECRET !== '';
+const USER_AUDIENCE = env('USER_AUDIENCE', '');
+const USER_ISSUER = env('USER_ISSUER', '');
+const TOKEN_TTL = envInt('TOKEN_TTL', 3600, 60);
+const JWT_HEADER = encoding.b64encode('{"alg":"HS256","typ":"JWT"}', 'rawurl');
+
+// userToken is an HS256 JWT for user: sub, iat, exp (TOKEN_TTL ahead), and
+// aud and iss when given.
+export function userToken(user) {
+  const now = Math.floor(Date.now() / 1000);
+  const claims = { sub: user, iat: now, exp: now + TOKEN_TTL };
+  if (USER_AUDIENCE !== '') claims.aud = USER_AUDIENCE;
+  if (USER_ISSUER !== '') claims.iss = USER_ISSUER;
+  const signed = `${JWT_HEADER}.${encoding.b64encode(JSON.stringify(claims), 'rawurl')}`;
+  return `${signed}.${crypto.hmac('sha256', USER_SECRET, signed, 'base64rawurl')}`;
+}
 
 // poolFromEnv returns POOL (checked), or '' when a fresh pool id is wanted.
 export function poolFromEnv() {
@@ -366,12 +398,17 @@ export function grabOnce({ poolID, iteration, users, repeat, recent }) {
   let entry = null;
   if (recent.users.length > 0 && Math.random() < repeat) entry = recent.pick();
   const fresh = entry === null;
-  if (fresh) entry = { user: `${PREFIX}${iteration % users}`, grant: null };
+  if (fresh) entry = { user: `${PREFIX}${iteration % users}`, grant: null, params: GRAB_PARAMS };
+  if (fresh && SIGNED) {
+    // One token per user, signed once: a repeat carries the same one.
+    const headers = Object.assign({ Authorization: `Bearer ${userToken(entry.user)}` }, JSON_HEADERS);
+    entry.params = Object.assign({}, GRAB_PARAMS, { headers });
+  }
 
   const base = BASE_URLS[iteration % BASE_URLS.length];
   const req = { pool_id: poolID, user_id: entry.user };
   // ids match the contract's charset (checked at start), so no escaping is needed.
-  const res = http.post(`${base}/grab`, `{"pool_id":"${req.pool_id}","user_id":"${req.user_id}"}`, GRAB_PARAMS);
+  const res = http.post(`${base}/grab`, `{"pool_id":"${req.pool_id}","user_id":"${req.user_id}"}`, entry.params);
   const { status, grant } = checkGrab(res, req, entry.grant);
   if (grant !== null && entry.grant === null) entry.grant = grant;
   if (fresh) recent.add(entry);

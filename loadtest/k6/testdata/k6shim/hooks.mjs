@@ -9,6 +9,8 @@ const shim = {
   'k6/http': 'http.mjs',
   'k6/metrics': 'metrics.mjs',
   'k6/execution': 'execution.mjs',
+  'k6/crypto': 'crypto.mjs',
+  'k6/encoding': 'encoding.mjs',
 };
 
 export async function resolve(specifier, context, next) {

@@ -7,7 +7,7 @@
 //   K6SHIM_ENV='{"BASE_URL":"..."}' node --import ./register.mjs run.mjs SCRIPT ITERATIONS REPORT
 //
 // Part of loadtest/k6check_test.go; not a load tool.
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
 import { state, BUILTIN } from './state.mjs';
 import { close } from './http.mjs';
@@ -17,6 +17,11 @@ const iterations = Number(iterationsArg);
 const report = { errors: [], logs: [] };
 
 globalThis.__ENV = JSON.parse(process.env.K6SHIM_ENV || '{}');
+// open() reads a file, in the init context only, as k6's does.
+globalThis.open = (path) => {
+  if (state.phase !== 'init') throw new Error('open() outside the init context');
+  return readFileSync(path, 'utf8');
+};
 globalThis.__VU = 0;
 globalThis.__ITER = 0;
 for (const level of ['log', 'info', 'warn', 'error', 'debug']) {

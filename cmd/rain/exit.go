@@ -18,7 +18,7 @@ const (
 	exitOK          = 0 // the work was done
 	exitFailed      = 1 // the work failed: an audit found problems, a pool cannot close yet, ...
 	exitUsage       = 2 // the command line or the environment is wrong: nothing was tried
-	exitUnreachable = 3 // a shard (or the database) could not be reached
+	exitUnreachable = 3 // a shard, the database or the login service's key set could not be reached
 )
 
 // exitCodes is what `rain -h` says of them.
@@ -26,7 +26,7 @@ const exitCodes = `exit codes:
   0  done
   1  the work failed (an audit found problems, a pool cannot close yet, ...)
   2  usage: a flag, an argument or an environment variable is wrong; nothing was tried
-  3  a shard or the database could not be reached`
+  3  a shard, the database or the login service's key set (--user-auth jwks-url) could not be reached`
 
 // usageError is an error of the command line or the environment.
 type usageError struct{ err error }

@@ -130,10 +130,15 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != ""}
 	if c.UserAuth != "" {
-		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer, Leeway: c.UserLeeway})
+		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer,
+			Leeway: c.UserLeeway, Refresh: c.UserRefresh})
+		if err != nil && shard.Unreachable(err) {
+			return instance.Config{}, fmt.Errorf("--user-auth: %w", err) // a jwks-url that does not answer
+		}
 		if err != nil {
 			return instance.Config{}, usagef("--user-auth: %w", err)
 		}
+		s.release = append(s.release, users.Close)
 		acfg.Users = users
 		reloads = append(reloads, reloader{"user auth keys", users.Reload})
 	}

@@ -2,19 +2,24 @@ package api
 
 import (
 	"bufio"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +28,7 @@ import (
 
 	"rain/internal/auth"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // grabAs posts a grab with the given Authorization header.
@@ -71,6 +77,13 @@ func writeFile(t *testing.T, name string, b []byte) string {
 // token than the body's, the none algorithm → 401 (WWW-Authenticate) and
 // the pool unchanged; a valid token grabs for its sub, with user_id in the
 // body or without it.
+// jwkEC is the JWK of a P-256 public key.
+func jwkEC(kid string, k *ecdsa.PublicKey) map[string]string {
+	b, _ := k.Bytes() // 0x04 || X || Y
+	return map[string]string{"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig", "alg": "ES256",
+		"x": base64.RawURLEncoding.EncodeToString(b[1:33]), "y": base64.RawURLEncoding.EncodeToString(b[33:])}
+}
+
 func TestUserAuth(t *testing.T) {
 	secret := []byte(strings.Repeat("s3cret-", 6))
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -83,6 +96,10 @@ func TestUserAuth(t *testing.T) {
 		{"kty": "OKP", "crv": "Ed25519", "kid": "e1", "x": base64.RawURLEncoding.EncodeToString(edPub)},
 	}})
 	otherRSA, _ := rsa.GenerateKey(rand.Reader, 2048)
+	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	otherEC, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ecPEM, _ := x509.MarshalPKIXPublicKey(&ecKey.PublicKey)
+	ecJWKS, _ := json.Marshal(map[string]any{"keys": []map[string]string{jwkEC("p1", &ecKey.PublicKey)}})
 
 	for _, c := range []struct {
 		name   string
@@ -97,6 +114,8 @@ func TestUserAuth(t *testing.T) {
 		{"eddsa", "eddsa:" + writeFile(t, "ed.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: edPEM})), jwt.SigningMethodEdDSA, edPriv, "", ed25519.NewKeyFromSeed(make([]byte, 32))},
 		{"jwks-rsa", "jwks:" + writeFile(t, "jwks.json", jwks), jwt.SigningMethodRS256, rsaKey, "r1", otherRSA},
 		{"jwks-ed", "jwks:" + writeFile(t, "jwks.json", jwks), jwt.SigningMethodEdDSA, edPriv, "e1", ed25519.NewKeyFromSeed(make([]byte, 32))},
+		{"es256", "es256:" + writeFile(t, "ec.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: ecPEM})), jwt.SigningMethodES256, ecKey, "", otherEC},
+		{"jwks-es256", "jwks:" + writeFile(t, "ec-jwks.json", ecJWKS), jwt.SigningMethodES256, ecKey, "p1", otherEC},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			users, err := auth.NewUsers(auth.UserConfig{Spec: c.spec, Audience: "rain", Issuer: "login", Leeway: 10 * time.Second})
@@ -259,4 +278,81 @@ func (s *stack) withheldBody(t *testing.T, header string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// jwksServer serves a JSON Web Key Set that a test can change, counting the
+// fetches.
+type jwksServer struct {
+	mu      sync.Mutex
+	keys    []map[string]string
+	fetches int
+}
+
+func (j *jwksServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.fetches++
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"keys": j.keys})
+}
+
+func (j *jwksServer) set(keys ...map[string]string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.keys = keys
+}
+
+// TestUserAuthJWKSURL: --user-auth jwks-url:URL fetches the login
+// service's key set at start (an endpoint that does not answer fails the
+// start); a token signed with a key the set gained since (a rotation) is
+// verified at once, the set fetched again for its unknown kid; a key
+// dropped from the set stops verifying at the next refresh; a flood of
+// unknown kids costs the endpoint one fetch per interval, not one each.
+func TestUserAuthJWKSURL(t *testing.T) {
+	k1, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	k2, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	j := &jwksServer{}
+	j.set(jwkEC("k1", &k1.PublicKey))
+	srv := httptest.NewServer(j)
+	defer srv.Close()
+	if _, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:http://127.0.0.1:1/jwks"}); err == nil {
+		t.Fatal("jwks-url that does not answer: NewUsers succeeded, want the start refused")
+	}
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:" + srv.URL, Refresh: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer users.Close()
+	tok := func(key *ecdsa.PrivateKey, kid, sub string) string {
+		return sign(t, jwt.SigningMethodES256, key, kid, jwt.MapClaims{"sub": sub, "exp": time.Now().Add(time.Minute).Unix()})
+	}
+	if sub, err := users.Subject(tok(k1, "k1", "alice")); err != nil || sub != "alice" {
+		t.Fatalf("a token of the fetched key = %q, %v", sub, err)
+	}
+	j.set(jwkEC("k1", &k1.PublicKey), jwkEC("k2", &k2.PublicKey)) // the login service rotates
+	if sub, err := users.Subject(tok(k2, "k2", "bob")); err != nil || sub != "bob" {
+		t.Fatalf("a token of the rotated-in key = %q, %v; want verified at once", sub, err)
+	}
+	j.set(jwkEC("k2", &k2.PublicKey)) // k1 retired
+	waittest.Until(t, 10*time.Second, "a token of the retired key refused after a refresh", func() bool {
+		_, err := users.Subject(tok(k1, "k1", "alice"))
+		return err != nil
+	})
+	j.mu.Lock()
+	before := j.fetches
+	j.mu.Unlock()
+	for i := range 50 {
+		if _, err := users.Subject(tok(k2, fmt.Sprintf("forged-%d", i), "mallory")); err == nil {
+			t.Fatal("a token naming an unknown kid was verified")
+		}
+	}
+	j.mu.Lock()
+	after := j.fetches
+	j.mu.Unlock()
+	if after-before > 5 {
+		t.Fatalf("50 tokens of unknown kids made %d fetches of the key set, want a few at most", after-before)
+	}
+	if sub, err := users.Subject(tok(k2, "k2", "bob")); err != nil || sub != "bob" {
+		t.Fatalf("the current key after the flood = %q, %v", sub, err)
+	}
 }

@@ -5,16 +5,19 @@
 package auth
 
 import (
+	"context"
 	"crypto"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -22,16 +25,22 @@ import (
 
 	"rain/internal/catalog"
 
+	"github.com/MicahParks/jwkset"
+	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
+	"golang.org/x/time/rate"
 )
 
 // UserConfig configures user identity.
 type UserConfig struct {
 	// Spec says how tokens are signed and where the key is:
 	// "hs256:FILE" (a shared secret, the file's contents less surrounding
-	// whitespace, at least 32 bytes), "rs256:FILE" or "eddsa:FILE" (a PEM
-	// public key or certificate), "jwks:FILE" (a JSON Web Key Set of RSA and
-	// Ed25519 keys, chosen by the token's kid).
+	// whitespace, at least 32 bytes), "rs256:FILE", "es256:FILE" (P-256) or
+	// "eddsa:FILE" (a PEM public key or certificate), "jwks:FILE" (a JSON
+	// Web Key Set of RSA, P-256 and Ed25519 keys, chosen by the token's kid),
+	// or "jwks-url:URL" (the login service's JWKS endpoint, fetched at start,
+	// refreshed every Refresh and at once, at most every unknownKIDEvery,
+	// when a token names a kid it does not have: a key rotation).
 	Spec string
 	// Audience, when set, must be in the token's aud.
 	Audience string
@@ -39,6 +48,10 @@ type UserConfig struct {
 	Issuer string
 	// Leeway is the clock skew allowed on exp and nbf.
 	Leeway time.Duration
+	// Refresh is how often a jwks-url is fetched again. Default 5m.
+	Refresh time.Duration
+	// Client fetches a jwks-url. Default: a client with a 5s timeout.
+	Client *http.Client
 }
 
 // Errors of Subject; every one is answered 401.
@@ -53,26 +66,36 @@ const MinSecret = 32
 // MinRSABits is the smallest RSA modulus accepted, in bits.
 const MinRSABits = 2048
 
-// Users verifies user tokens. It is safe for concurrent use.
+// unknownKIDEvery bounds the fetches of a jwks-url that tokens naming a kid
+// it lacks can cause (a flood of forged kids costs the login service one
+// fetch each so often); a token waits for one at most jwksFetchTimeout.
+const (
+	unknownKIDEvery  = 10 * time.Second
+	jwksFetchTimeout = 5 * time.Second
+)
+
+// Users verifies user tokens. It is safe for concurrent use. Close it to
+// stop a jwks-url's refreshes.
 type Users struct {
 	cfg     UserConfig
-	kind    string // hs256, rs256, eddsa, jwks
-	file    string
+	kind    string // hs256, rs256, es256, eddsa, jwks, jwks-url
+	file    string // or the URL, for jwks-url
 	keys    atomic.Pointer[keySet]
 	parser  *jwt.Parser
 	methods []string
+	stop    context.CancelFunc // ends a jwks-url's refreshes; nil otherwise
 }
 
 type keySet struct {
-	single any            // hs256 ([]byte), rs256 (*rsa.PublicKey), eddsa (ed25519.PublicKey)
-	byKID  map[string]any // jwks
+	single any             // hs256 ([]byte), rs256 (*rsa.PublicKey), es256 (*ecdsa.PublicKey), eddsa (ed25519.PublicKey)
+	set    keyfunc.Keyfunc // jwks, jwks-url: the key by the token's kid
 }
 
 // NewUsers loads the key of cfg.Spec.
 func NewUsers(cfg UserConfig) (*Users, error) {
 	kind, file, ok := strings.Cut(cfg.Spec, ":")
 	if !ok || file == "" {
-		return nil, fmt.Errorf("user auth %q: want hs256:FILE, rs256:FILE, eddsa:FILE or jwks:FILE", cfg.Spec)
+		return nil, fmt.Errorf("user auth %q: want hs256:FILE, rs256:FILE, es256:FILE, eddsa:FILE, jwks:FILE or jwks-url:URL", cfg.Spec)
 	}
 	u := &Users{cfg: cfg, kind: strings.ToLower(kind), file: file}
 	switch u.kind {
@@ -80,12 +103,14 @@ func NewUsers(cfg UserConfig) (*Users, error) {
 		u.methods = []string{"HS256"}
 	case "rs256":
 		u.methods = []string{"RS256"}
+	case "es256":
+		u.methods = []string{"ES256"}
 	case "eddsa":
 		u.methods = []string{"EdDSA"}
-	case "jwks":
-		u.methods = []string{"RS256", "EdDSA"}
+	case "jwks", "jwks-url":
+		u.methods = []string{"RS256", "ES256", "EdDSA"}
 	default:
-		return nil, fmt.Errorf("user auth %q: unknown kind %q (want hs256, rs256, eddsa or jwks)", cfg.Spec, kind)
+		return nil, fmt.Errorf("user auth %q: unknown kind %q (want hs256, rs256, es256, eddsa, jwks or jwks-url)", cfg.Spec, kind)
 	}
 	opts := []jwt.ParserOption{jwt.WithValidMethods(u.methods), jwt.WithExpirationRequired(), jwt.WithLeeway(cfg.Leeway)}
 	if cfg.Audience != "" {
@@ -95,14 +120,67 @@ func NewUsers(cfg UserConfig) (*Users, error) {
 		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
 	}
 	u.parser = jwt.NewParser(opts...)
+	if u.kind == "jwks-url" {
+		if err := u.fetchJWKS(); err != nil {
+			return nil, err
+		}
+		return u, nil
+	}
 	if err := u.Reload(); err != nil {
 		return nil, err
 	}
 	return u, nil
 }
 
-// Reload reads the key file again; on error the keys in use stay.
+// fetchJWKS starts the key set of a jwks-url: fetched now (an endpoint
+// that does not answer fails the start), then refreshed in the background.
+func (u *Users) fetchJWKS() error {
+	if p, err := url.Parse(u.file); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
+		return fmt.Errorf("user auth %q: want jwks-url:https://...", u.cfg.Spec)
+	}
+	refresh, client := u.cfg.Refresh, u.cfg.Client
+	if refresh <= 0 {
+		refresh = 5 * time.Minute
+	}
+	if client == nil {
+		client = &http.Client{Timeout: jwksFetchTimeout}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fail := false
+	kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{u.file}, keyfunc.Override{
+		Client: client, HTTPTimeout: jwksFetchTimeout, RefreshInterval: refresh,
+		RefreshUnknownKID: rate.NewLimiter(rate.Every(unknownKIDEvery), 1), RateLimitWaitMax: time.Millisecond,
+		NoErrorReturnFirstHTTPReq: &fail,
+		RefreshErrorHandlerFunc: func(string) func(context.Context, error) {
+			return func(context.Context, error) {} // the keys in use stay; a token they cannot verify says so
+		},
+	})
+	if err != nil {
+		cancel()
+		return fmt.Errorf("user auth %s: %w", u.file, err)
+	}
+	if err := checkKeys(ctx, kf); err != nil {
+		cancel()
+		return fmt.Errorf("user auth %s: %w", u.file, err)
+	}
+	u.stop = cancel
+	u.keys.Store(&keySet{set: kf})
+	return nil
+}
+
+// Close stops a jwks-url's refreshes; it does nothing for a key file.
+func (u *Users) Close() {
+	if u.stop != nil {
+		u.stop()
+	}
+}
+
+// Reload reads the key file again; on error the keys in use stay. A
+// jwks-url refreshes itself: Reload does nothing for it.
 func (u *Users) Reload() error {
+	if u.kind == "jwks-url" {
+		return nil
+	}
 	b, err := os.ReadFile(u.file)
 	if err != nil {
 		return fmt.Errorf("user auth key: %w", err)
@@ -115,34 +193,44 @@ func (u *Users) Reload() error {
 			return fmt.Errorf("user auth key %s: an HS256 secret of %d bytes; want at least %d", u.file, len(secret), MinSecret)
 		}
 		ks.single = secret
-	case "rs256", "eddsa":
+	case "rs256", "es256", "eddsa":
 		key, err := parsePEMPublicKey(b)
+		if err == nil {
+			err = keyFor(u.kind, key)
+		}
 		if err != nil {
 			return fmt.Errorf("user auth key %s: %w", u.file, err)
 		}
-		switch k := key.(type) {
-		case *rsa.PublicKey:
-			if u.kind != "rs256" {
-				return fmt.Errorf("user auth key %s: an RSA key for %s", u.file, u.kind)
-			}
-			if err := checkRSA(k); err != nil {
-				return fmt.Errorf("user auth key %s: %w", u.file, err)
-			}
-		case ed25519.PublicKey:
-			if u.kind != "eddsa" {
-				return fmt.Errorf("user auth key %s: an Ed25519 key for %s", u.file, u.kind)
-			}
-		default:
-			return fmt.Errorf("user auth key %s: a %T; want RSA or Ed25519", u.file, key)
-		}
 		ks.single = key
 	case "jwks":
-		if ks.byKID, err = parseJWKS(b); err != nil {
+		if ks.set, err = parseJWKS(b); err != nil {
 			return fmt.Errorf("user auth key %s: %w", u.file, err)
 		}
 	}
 	u.keys.Store(ks)
 	return nil
+}
+
+// keyFor checks that key is one of kind, and fit to trust.
+func keyFor(kind string, key any) error {
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		if kind != "rs256" {
+			return fmt.Errorf("an RSA key for %s", kind)
+		}
+		return checkRSA(k)
+	case *ecdsa.PublicKey:
+		if kind != "es256" {
+			return fmt.Errorf("an ECDSA key for %s", kind)
+		}
+		return checkEC(k)
+	case ed25519.PublicKey:
+		if kind != "eddsa" {
+			return fmt.Errorf("an Ed25519 key for %s", kind)
+		}
+		return nil
+	}
+	return fmt.Errorf("a %T; want RSA, ECDSA P-256 or Ed25519", key)
 }
 
 // Subject checks the Authorization header's bearer token and returns its
@@ -156,14 +244,21 @@ func (u *Users) Subject(authorization string) (string, error) {
 	ks := u.keys.Load()
 	var claims jwt.RegisteredClaims
 	_, err := u.parser.ParseWithClaims(raw, &claims, func(t *jwt.Token) (any, error) {
-		if ks.byKID == nil {
+		if ks.set == nil {
 			return ks.single, nil
 		}
 		kid, _ := t.Header["kid"].(string)
-		if key, ok := ks.byKID[kid]; ok {
-			return key, nil
+		if kid == "" {
+			return nil, errors.New("no kid: a key set needs the token to name its key")
 		}
-		return nil, fmt.Errorf("no key with kid %q", kid)
+		key, err := ks.set.Keyfunc(t)
+		if err != nil {
+			return nil, fmt.Errorf("no key with kid %q", kid)
+		}
+		if err := keyForAlg(t.Method.Alg(), key); err != nil {
+			return nil, fmt.Errorf("key %q: %w", kid, err)
+		}
+		return key, nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
@@ -220,62 +315,86 @@ func checkRSA(k *rsa.PublicKey) error {
 	return nil
 }
 
-// parseJWKS reads the RSA and Ed25519 (OKP) keys of a JSON Web Key Set, by
-// kid; other kinds of key are skipped.
-func parseJWKS(b []byte) (map[string]any, error) {
-	var set struct {
+// checkEC refuses an ECDSA key that is not on P-256 (ES256's curve).
+func checkEC(k *ecdsa.PublicKey) error {
+	if k.Curve != elliptic.P256() {
+		return fmt.Errorf("an ECDSA key on %s; want P-256", k.Curve.Params().Name)
+	}
+	return nil
+}
+
+// keyForAlg checks that a key of a set fits the token's alg.
+func keyForAlg(alg string, key any) error {
+	kind := map[string]string{"RS256": "rs256", "ES256": "es256", "EdDSA": "eddsa"}[alg]
+	if kind == "" {
+		return fmt.Errorf("alg %q", alg)
+	}
+	return keyFor(kind, key)
+}
+
+// parseJWKS reads a JSON Web Key Set (github.com/MicahParks/jwkset) and
+// checks it: its signing keys are RSA (2048 bits or more), P-256 or
+// Ed25519, each kid names one key, and there is at least one.
+func parseJWKS(b []byte) (keyfunc.Keyfunc, error) {
+	var raw struct {
 		Keys []struct {
-			Kty string `json:"kty"`
 			Kid string `json:"kid"`
-			Use string `json:"use"`
-			Crv string `json:"crv"`
-			N   string `json:"n"`
-			E   string `json:"e"`
-			X   string `json:"x"`
 		} `json:"keys"`
 	}
-	if err := json.Unmarshal(b, &set); err != nil {
+	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("JWKS: %w", err)
 	}
-	out := map[string]any{}
-	add := func(i int, kid string, key any) error {
-		if _, dup := out[kid]; dup {
-			return fmt.Errorf("JWKS key %d: kid %q appears twice (a token could not say which key signed it)", i, kid)
+	seen := map[string]bool{}
+	for i, k := range raw.Keys {
+		if seen[k.Kid] {
+			return nil, fmt.Errorf("JWKS key %d: kid %q appears twice (a token could not say which key signed it)", i, k.Kid)
 		}
-		out[kid] = key
-		return nil
+		seen[k.Kid] = true
 	}
-	dec := base64.RawURLEncoding
-	for i, k := range set.Keys {
-		if k.Use != "" && k.Use != "sig" {
+	kf, err := keyfunc.NewJWKSetJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("JWKS: %w", err)
+	}
+	if err := checkKeys(context.Background(), kf); err != nil {
+		return nil, err
+	}
+	return kf, nil
+}
+
+// checkKeys checks every signing key of a set (see parseJWKS).
+func checkKeys(ctx context.Context, kf keyfunc.Keyfunc) error {
+	all, err := kf.Storage().KeyReadAll(ctx)
+	if err != nil {
+		return fmt.Errorf("JWKS: %w", err)
+	}
+	n := 0
+	for _, jwk := range all {
+		m := jwk.Marshal()
+		if m.USE != "" && m.USE != jwkset.UseSig {
 			continue
 		}
-		switch {
-		case k.Kty == "RSA":
-			n, err1 := dec.DecodeString(k.N)
-			e, err2 := dec.DecodeString(k.E)
-			if err := errors.Join(err1, err2); err != nil || len(e) == 0 || len(e) > 4 {
-				return nil, fmt.Errorf("JWKS key %d (%q): bad n or e", i, k.Kid)
-			}
-			key := &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}
-			if err := checkRSA(key); err != nil {
-				return nil, fmt.Errorf("JWKS key %d (%q): %w", i, k.Kid, err)
-			}
-			if err := add(i, k.Kid, key); err != nil {
-				return nil, err
-			}
-		case k.Kty == "OKP" && k.Crv == "Ed25519":
-			x, err := dec.DecodeString(k.X)
-			if err != nil || len(x) != ed25519.PublicKeySize {
-				return nil, fmt.Errorf("JWKS key %d (%q): bad x", i, k.Kid)
-			}
-			if err := add(i, k.Kid, ed25519.PublicKey(x)); err != nil {
-				return nil, err
-			}
+		key := jwk.Key()
+		if pk, ok := key.(interface{ Public() crypto.PublicKey }); ok {
+			key = pk.Public()
 		}
+		var kind string
+		switch key.(type) {
+		case *rsa.PublicKey:
+			kind = "rs256"
+		case *ecdsa.PublicKey:
+			kind = "es256"
+		case ed25519.PublicKey:
+			kind = "eddsa"
+		default:
+			continue // not a key rain verifies with
+		}
+		if err := keyFor(kind, key); err != nil {
+			return fmt.Errorf("JWKS key %q: %w", m.KID, err)
+		}
+		n++
 	}
-	if len(out) == 0 {
-		return nil, errors.New("JWKS: no RSA or Ed25519 signing key")
+	if n == 0 {
+		return errors.New("JWKS: no RSA, P-256 or Ed25519 signing key")
 	}
-	return out, nil
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sync/atomic"
 
+	"rain/docs"
 	"rain/internal/catalog"
 	"rain/internal/dash"
 	"rain/internal/grab"
@@ -139,6 +140,10 @@ func New(cfg Config) *Server {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(docs.OpenAPI)
+	})
 	s.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})

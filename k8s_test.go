@@ -1,0 +1,359 @@
+package rain_test
+
+// deploy/k8s is checked like docker-compose.yml: every container's
+// subcommand, --flags and RAIN_* variables exist in `rain <cmd> -h`, its
+// probe paths are routes of the contract, the grace period covers the drain
+// and the shutdown, the pods run as non-root on a read-only filesystem with
+// resources set and their secrets from files, and the Service, the
+// PodDisruptionBudget and the HorizontalPodAutoscaler select the serving
+// pods the Deployment makes.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"rain/docs"
+)
+
+// k8sObject is the part of a Kubernetes object the test reads.
+type k8sObject struct {
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	Data map[string]string `yaml:"data"`
+	Spec struct {
+		Selector struct {
+			MatchLabels map[string]string `yaml:"matchLabels"`
+		} `yaml:"selector"`
+		Template struct {
+			Metadata struct {
+				Labels map[string]string `yaml:"labels"`
+			} `yaml:"metadata"`
+			Spec podSpec `yaml:"spec"`
+		} `yaml:"template"`
+		// Service
+		Ports []struct {
+			Name       string `yaml:"name"`
+			TargetPort string `yaml:"targetPort"`
+		} `yaml:"ports"`
+		// HPA
+		ScaleTargetRef struct {
+			Kind string `yaml:"kind"`
+			Name string `yaml:"name"`
+		} `yaml:"scaleTargetRef"`
+		MinReplicas  int `yaml:"minReplicas"`
+		MinAvailable int `yaml:"minAvailable"`
+	} `yaml:"spec"`
+	// serviceSelector is a Service's spec.selector (a plain map, where a
+	// Deployment's is matchLabels).
+	serviceSelector map[string]string
+}
+
+type podSpec struct {
+	TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+	SecurityContext               struct {
+		RunAsNonRoot bool `yaml:"runAsNonRoot"`
+		RunAsUser    int  `yaml:"runAsUser"`
+	} `yaml:"securityContext"`
+	Containers []container `yaml:"containers"`
+	Volumes    []struct {
+		Name   string `yaml:"name"`
+		Secret *struct {
+			SecretName string `yaml:"secretName"`
+		} `yaml:"secret"`
+	} `yaml:"volumes"`
+}
+
+type container struct {
+	Name    string          `yaml:"name"`
+	Image   string          `yaml:"image"`
+	Args    []string        `yaml:"args"`
+	Ports   []containerPort `yaml:"ports"`
+	EnvFrom []struct {
+		ConfigMapRef struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMapRef"`
+	} `yaml:"envFrom"`
+	Env []struct {
+		Name      string         `yaml:"name"`
+		Value     string         `yaml:"value"`
+		ValueFrom map[string]any `yaml:"valueFrom"`
+	} `yaml:"env"`
+	ReadinessProbe probe `yaml:"readinessProbe"`
+	LivenessProbe  probe `yaml:"livenessProbe"`
+	Lifecycle      struct {
+		PreStop struct {
+			Exec struct {
+				Command []string `yaml:"command"`
+			} `yaml:"exec"`
+		} `yaml:"preStop"`
+	} `yaml:"lifecycle"`
+	Resources struct {
+		Requests map[string]string `yaml:"requests"`
+		Limits   map[string]string `yaml:"limits"`
+	} `yaml:"resources"`
+	SecurityContext struct {
+		ReadOnlyRootFilesystem   bool `yaml:"readOnlyRootFilesystem"`
+		AllowPrivilegeEscalation bool `yaml:"allowPrivilegeEscalation"`
+	} `yaml:"securityContext"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+	} `yaml:"volumeMounts"`
+}
+
+type containerPort struct {
+	Name          string `yaml:"name"`
+	ContainerPort int    `yaml:"containerPort"`
+}
+
+type probe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+// readK8s reads the objects of every resource the kustomization lists.
+func readK8s(t *testing.T) []k8sObject {
+	t.Helper()
+	var kust struct {
+		Resources []string `yaml:"resources"`
+	}
+	readYAML(t, "deploy/k8s/kustomization.yaml", &kust)
+	files, _ := filepath.Glob("deploy/k8s/*.yaml")
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" && !slices.Contains(kust.Resources, b) {
+			t.Errorf("deploy/k8s/%s is not in the kustomization's resources", b)
+		}
+	}
+	var out []k8sObject
+	for _, r := range kust.Resources {
+		b, err := os.ReadFile(filepath.Join("deploy/k8s", r))
+		if err != nil {
+			t.Fatalf("kustomization resource %s: %v", r, err)
+		}
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		for {
+			var node yaml.Node
+			if err := dec.Decode(&node); err != nil {
+				break
+			}
+			var o k8sObject
+			var svc struct {
+				Spec struct {
+					Selector map[string]string `yaml:"selector"`
+				} `yaml:"spec"`
+			}
+			if err := node.Decode(&o); err != nil {
+				t.Fatalf("%s: %v", r, err)
+			}
+			if o.Kind == "Service" {
+				if err := node.Decode(&svc); err != nil {
+					t.Fatalf("%s: %v", r, err)
+				}
+				o.serviceSelector = svc.Spec.Selector
+			}
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func TestKubernetes(t *testing.T) {
+	objs := readK8s(t)
+	bin := buildRain(t)
+	var contract struct {
+		Paths map[string]any `json:"paths"`
+	}
+	if err := json.Unmarshal(docs.OpenAPI, &contract); err != nil {
+		t.Fatal(err)
+	}
+	config := map[string]map[string]string{}
+	byKind := map[string][]k8sObject{}
+	for _, o := range objs {
+		byKind[o.Kind] = append(byKind[o.Kind], o)
+		if o.Kind == "ConfigMap" {
+			config[o.Metadata.Name] = o.Data
+		}
+	}
+	deployments := map[string]k8sObject{}
+	for _, d := range byKind["Deployment"] {
+		deployments[d.Metadata.Name] = d
+		t.Run(d.Metadata.Name, func(t *testing.T) { checkDeployment(t, bin, d, config, contract.Paths) })
+	}
+	serve, ok := deployments["rain-serve"]
+	if !ok {
+		t.Fatalf("no rain-serve Deployment (have %v)", keysOf(deployments))
+	}
+	if _, ok := deployments["rain-settle"]; !ok {
+		t.Error("no rain-settle Deployment")
+	}
+	labels := serve.Spec.Template.Metadata.Labels
+	selects := func(sel map[string]string) bool { return mapsEqualSub(sel, labels) }
+	for _, want := range []string{"Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"} {
+		if len(byKind[want]) == 0 {
+			t.Errorf("no %s", want)
+		}
+	}
+	ports := map[string]bool{}
+	for _, p := range serve.Spec.Template.Spec.Containers[0].Ports {
+		ports[p.Name] = true
+	}
+	for _, svc := range byKind["Service"] {
+		if !selects(svc.serviceSelector) {
+			t.Errorf("Service %s selects %v, not rain-serve's pods (%v)", svc.Metadata.Name, svc.serviceSelector, labels)
+		}
+		for _, p := range svc.Spec.Ports {
+			if !ports[p.TargetPort] {
+				t.Errorf("Service %s port %s targets %q, which rain-serve's container does not name", svc.Metadata.Name, p.Name, p.TargetPort)
+			}
+		}
+	}
+	for _, pdb := range byKind["PodDisruptionBudget"] {
+		if !selects(pdb.Spec.Selector.MatchLabels) || pdb.Spec.MinAvailable < 1 {
+			t.Errorf("PodDisruptionBudget %s: selects %v, minAvailable %d; want rain-serve's pods, at least 1", pdb.Metadata.Name,
+				pdb.Spec.Selector.MatchLabels, pdb.Spec.MinAvailable)
+		}
+	}
+	for _, hpa := range byKind["HorizontalPodAutoscaler"] {
+		if hpa.Spec.ScaleTargetRef.Kind != "Deployment" || hpa.Spec.ScaleTargetRef.Name != "rain-serve" || hpa.Spec.MinReplicas < 2 {
+			t.Errorf("HorizontalPodAutoscaler %s scales %+v from %d; want the rain-serve Deployment from 2", hpa.Metadata.Name,
+				hpa.Spec.ScaleTargetRef, hpa.Spec.MinReplicas)
+		}
+	}
+}
+
+// checkDeployment checks one Deployment of rain.
+func checkDeployment(t *testing.T, bin string, d k8sObject, config map[string]map[string]string, routes map[string]any) {
+	pod := d.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if len(c.Args) == 0 {
+		t.Fatal("no args: say which rain subcommand it runs")
+	}
+	sub := c.Args[0]
+	h := helpOf(t, bin, sub)
+	for _, a := range c.Args[1:] {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if _, ok := h.flags[name]; strings.HasPrefix(a, "-") && !ok {
+			t.Errorf("arg %s: rain %s has no such flag", a, sub)
+		}
+	}
+	env := map[string]string{}
+	for _, ef := range c.EnvFrom {
+		m, ok := config[ef.ConfigMapRef.Name]
+		if !ok {
+			t.Errorf("envFrom ConfigMap %q is not in the kustomization", ef.ConfigMapRef.Name)
+		}
+		for k, v := range m {
+			env[k] = v
+		}
+	}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+		if e.ValueFrom != nil {
+			env[e.Name] = "(from " + strings.Join(keysOf(e.ValueFrom), ",") + ")"
+		}
+	}
+	for k := range env {
+		if strings.HasPrefix(k, "RAIN_") && !slices.Contains(h.envs(), k) {
+			t.Errorf("env %s: rain %s reads no such variable", k, sub)
+		}
+	}
+	if _, ok := env["RAIN_ADMIN_TOKEN"]; ok {
+		t.Error("RAIN_ADMIN_TOKEN in the environment: give it as a file (RAIN_ADMIN_TOKEN_FILE on a secret volume)")
+	}
+	if f := env["RAIN_ADMIN_TOKEN_FILE"]; f != "" && !mountedSecret(pod, c, f) {
+		t.Errorf("RAIN_ADMIN_TOKEN_FILE=%s is on no secret volume", f)
+	}
+	if sub == "serve" && env["RAIN_ADMIN_TOKEN_FILE"] == "" {
+		t.Error("rain serve on --redis needs an admin token: RAIN_ADMIN_TOKEN_FILE on a secret volume")
+	}
+	for what, p := range map[string]probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		path := p.HTTPGet.Path
+		if _, ok := routes[path]; !ok && !(sub == "settle" && path == "/healthz") {
+			t.Errorf("%s probe GET %s: not a route of docs/openapi.json", what, path)
+		}
+		if !slices.ContainsFunc(c.Ports, func(cp containerPort) bool { return cp.Name == p.HTTPGet.Port }) {
+			t.Errorf("%s probe on port %q, which the container does not name", what, p.HTTPGet.Port)
+		}
+	}
+	if sub == "serve" {
+		if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/livez" {
+			t.Errorf("probes %s and %s, want readiness /readyz and liveness /livez", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
+		}
+		dur := func(k string, def time.Duration) time.Duration {
+			if v, ok := env[k]; ok {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Fatalf("%s=%q: %v", k, v, err)
+				}
+				return d
+			}
+			return def
+		}
+		drain, shutdown := dur("RAIN_DRAIN_DELAY", 5*time.Second), dur("RAIN_SHUTDOWN_TIMEOUT", 10*time.Second)
+		pre := c.Lifecycle.PreStop.Exec.Command
+		var preStop time.Duration
+		if len(pre) == 2 && pre[0] == "sleep" {
+			d, err := time.ParseDuration(pre[1] + "s")
+			if err == nil {
+				preStop = d
+			}
+		}
+		if preStop < drain {
+			t.Errorf("preStop %v sleeps %v, want at least the drain delay %v", pre, preStop, drain)
+		}
+		if grace := time.Duration(pod.TerminationGracePeriodSeconds) * time.Second; grace < preStop+drain+shutdown {
+			t.Errorf("terminationGracePeriodSeconds %v, want at least preStop + drain + shutdown = %v", grace, preStop+drain+shutdown)
+		}
+	}
+	if !pod.SecurityContext.RunAsNonRoot || pod.SecurityContext.RunAsUser == 0 {
+		t.Error("the pod may run as root: want runAsNonRoot and a runAsUser")
+	}
+	if !c.SecurityContext.ReadOnlyRootFilesystem || c.SecurityContext.AllowPrivilegeEscalation {
+		t.Error("want a read-only root filesystem and no privilege escalation")
+	}
+	if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" || c.Resources.Limits["memory"] == "" {
+		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
+	}
+	if !mapsEqualSub(d.Spec.Selector.MatchLabels, d.Spec.Template.Metadata.Labels) {
+		t.Errorf("selector %v does not select the template's labels %v", d.Spec.Selector.MatchLabels, d.Spec.Template.Metadata.Labels)
+	}
+}
+
+// mountedSecret says whether path is under a mount of a secret volume.
+func mountedSecret(pod podSpec, c container, path string) bool {
+	for _, m := range c.VolumeMounts {
+		if !strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name && v.Secret != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mapsEqualSub says whether every key of sel has its value in labels.
+func mapsEqualSub(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel) > 0
+}

@@ -136,7 +136,7 @@ func NewUsers(cfg UserConfig) (*Users, error) {
 // that does not answer fails the start), then refreshed in the background.
 func (u *Users) fetchJWKS() error {
 	if p, err := url.Parse(u.file); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
-		return fmt.Errorf("user auth %q: want jwks-url:https://...", u.cfg.Spec)
+		return fmt.Errorf("user auth %q: want jwks-url:https://HOST/PATH", u.cfg.Spec)
 	}
 	refresh, client := u.cfg.Refresh, u.cfg.Client
 	if refresh <= 0 {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"rain/internal/catalog"
@@ -194,17 +195,26 @@ func TestSettleToLedger(t *testing.T) {
 // outboxed counts the entries left in every outbox.
 func (e *env) outboxed(t *testing.T) int64 {
 	t.Helper()
-	subs, err := e.cat.SubPools(context.Background())
+	return e.sumOutboxes(t, func(ctx context.Context, c *redis.Client, key string) (int64, error) {
+		return c.XLen(ctx, key).Result()
+	})
+}
+
+// sumOutboxes sums count over the outbox of every sub-pool.
+func (e *env) sumOutboxes(t *testing.T, count func(ctx context.Context, c *redis.Client, key string) (int64, error)) int64 {
+	t.Helper()
+	ctx := context.Background()
+	subs, err := e.cat.SubPools(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var n int64
 	for _, sp := range subs {
-		l, err := e.shards.Client(sp.Shard).XLen(context.Background(), sp.Keys().Outbox).Result()
+		v, err := count(ctx, e.shards.Client(sp.Shard), sp.Keys().Outbox)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n += l
+		n += v
 	}
 	return n
 }
@@ -254,19 +264,13 @@ func TestCrashAtEveryStep(t *testing.T) {
 // pending counts entries pending in the settle group on every outbox.
 func pending(t *testing.T, e *env) int64 {
 	t.Helper()
-	subs, err := e.cat.SubPools(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, sp := range subs {
-		p, err := e.shards.Client(sp.Shard).XPending(context.Background(), sp.Keys().Outbox, "settle").Result()
+	return e.sumOutboxes(t, func(ctx context.Context, c *redis.Client, key string) (int64, error) {
+		p, err := c.XPending(ctx, key, "settle").Result()
 		if err != nil {
-			t.Fatal(err)
+			return 0, err
 		}
-		n += p.Count
-	}
-	return n
+		return p.Count, nil
+	})
 }
 
 func TestLedgerTornTail(t *testing.T) {

@@ -10,7 +10,15 @@ type SubPool struct {
 	Index int
 }
 
-// Keys are the Redis keys of one sub-pool.
+// Keys are the Redis keys of one sub-pool. A close frees them all
+// (internal/catalog's life.go). While the pool is live, the outbox holds
+// only what settlement has not acknowledged (it deletes what it settles);
+// the records below that only grow are kept on purpose until the close:
+// Grants is each user's one grant (the dedup: a user who grabs again must
+// meet it, and the audit counts it); Settled and Verdicts are each spill's
+// outcome, which the audit matches token by token across sub-pools and a
+// re-sent take, ack or adopt must find to answer as its first run did;
+// Stock shrinks, and holds the unclaimed money the account reports.
 type Keys struct {
 	Meta      string // hash: spec, state, counters
 	Stock     string // list: pre-split amounts

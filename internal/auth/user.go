@@ -149,7 +149,10 @@ func (u *Users) fetchJWKS() error {
 	fail := false
 	kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{u.file}, keyfunc.Override{
 		Client: client, HTTPTimeout: jwksFetchTimeout, RefreshInterval: refresh,
-		RefreshUnknownKID: rate.NewLimiter(rate.Every(unknownKIDEvery), 1), RateLimitWaitMax: time.Millisecond,
+		// A token for an unknown kid refreshes at once when the limiter has a
+		// fetch to give, else fails at once (the limiter says its next fetch
+		// is further than the wait allowed): the bound is never waited out.
+		RefreshUnknownKID: rate.NewLimiter(rate.Every(unknownKIDEvery), 1), RateLimitWaitMax: time.Second,
 		NoErrorReturnFirstHTTPReq: &fail,
 		RefreshErrorHandlerFunc: func(string) func(context.Context, error) {
 			return func(context.Context, error) {} // the keys in use stay; a token they cannot verify says so

@@ -14,6 +14,8 @@
 #                               decodes and answers a fixed JSON (see bench_soldout)
 #   scripts/bench.sh durability grab throughput with the shards on appendfsync always
 #                               (what rain requires) beside everysec (see bench_durability)
+#   scripts/bench.sh memory     what a pool leaves on its shards from its preload to its close
+#                               (see bench_memory)
 #   scripts/bench.sh settle     grants/s settled by rain settle into a ledger file and into
 #                               PostgreSQL, beside the saturated grab rate that made them
 #                               (see bench_settle)
@@ -81,7 +83,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability settle driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability settle memory driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -702,6 +704,64 @@ bench_pool() {
   done
 }
 
+# bench_memory: what a pool leaves on its shards, moment by moment, to its
+# close. Two fresh shards on appendfsync always; rain serve on them; a pool
+# of MEM_PACKETS (20000) packets whose window ends MEM_WINDOW (40) seconds
+# after its preload; MEM_USERS (10000) users grab once each; rain settle
+# --ledger confirms them all; the window ends; the pool closes. At each
+# moment: used_memory summed over the shards, the keys' own memory (MEMORY
+# USAGE of every key, summed) and the number of keys.
+bench_memory() {
+  need_tools redis-server redis-cli curl
+  local section=memory rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local packets=${MEM_PACKETS:-20000} users=${MEM_USERS:-10000} window=${MEM_WINDOW:-40}
+  local p1 p2 rp sport shards pid ends i n
+  start_redis p1 "$tmp/m1" always
+  start_redis p2 "$tmp/m2" always
+  shards="s1=1@127.0.0.1:$p1,s2=1@127.0.0.1:$p2"
+  free_port rp
+  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" >"$tmp/memory-serve.log" 2>&1 &
+  pid=$!
+  started+=("$pid")
+  wait_port "$pid" "$rp" rain "$tmp/memory-serve.log"
+  moment() {
+    local port used=0 keys=0 bytes=0 k
+    for port in "$p1" "$p2"; do
+      used=$((used + $(redis-cli -p "$port" info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')))
+      keys=$((keys + $(redis-cli -p "$port" dbsize)))
+      for k in $(redis-cli -p "$port" --scan); do bytes=$((bytes + $(redis-cli -p "$port" memory usage "$k"))); done
+    done
+    figure "$(awk -v m="$1" -v u="$used" -v b="$bytes" -v k="$keys" 'BEGIN {
+      printf "memory: %-28s used_memory %6.2f MB   the keys %9.1f KB   %3d keys\n", m, u / 1e6, b / 1e3, k }')"
+  }
+  moment "empty (rain serve started)"
+  ends=$(($(date +%s) + window))
+  curl -fsS -o /dev/null -H "Authorization: Bearer $token" "http://127.0.0.1:$rp/admin/pools" -d \
+    "{\"pool_id\":\"mem\",\"total_cents\":$((packets * 100)),\"count\":$packets,\"ends_at\":\"$(date -u -d "@$ends" +%Y-%m-%dT%H:%M:%SZ)\"}"
+  moment "preloaded"
+  "$bin/rainload" -url "http://127.0.0.1:$rp" -pool mem -rate $((users / 5)) -duration 5s -repeat 0 -users "$users" \
+    -progress 0 >"$tmp/memory-load.out" 2>&1
+  moment "after the grabs"
+  free_port sport
+  "$bin/rain" settle --redis "$shards" --ledger "$tmp/memory-ledger.jsonl" --listen "127.0.0.1:$sport" --consumer bench \
+    >"$tmp/memory-settle.log" 2>&1 &
+  started+=($!)
+  for ((i = 0; i < 3000; i++)); do
+    n=$(metric_of "http://127.0.0.1:$sport/metrics" rain_settle_delivered_total)
+    [ "$n" -ge "$users" ] && break
+    sleep 0.1
+  done
+  sleep 1 # the last batch acknowledged and trimmed
+  moment "every grant settled"
+  while [ "$(date +%s)" -le "$ends" ]; do sleep 1; done
+  moment "window ended, nothing held"
+  curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $token" "http://127.0.0.1:$rp/admin/pools/mem/close"
+  moment "closed"
+  cleanup
+}
+
 # bench_soldout: issue 7's flood after a sell-out. rain on 4 shards with a pool
 # sold out, saturated with grabs of new users (every answer sold_out, from the
 # local memory of empty sub-pools and the holders' filter), beside the baseline
@@ -824,8 +884,9 @@ for s in "${sections[@]}"; do
     soldout) bench_soldout ;;
     durability) bench_durability ;;
     settle) bench_settle ;;
+    memory) bench_memory ;;
     versus) bench_versus ;;
-    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability settle driver pool soldout versus)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability settle memory driver pool soldout versus)" >&2; exit 2 ;;
   esac
 done
 write_report

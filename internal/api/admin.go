@@ -70,9 +70,8 @@ func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err)
+	id, ok := poolIDOf(w, r)
+	if !ok {
 		return
 	}
 	st, err := s.cfg.Pools.Status(r.Context(), id)
@@ -81,6 +80,16 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeStatus(w, st)
+}
+
+// poolIDOf is the request's {pool_id}; a bad one is answered 400 (ok false).
+func poolIDOf(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
+	id = r.PathValue("pool_id")
+	if err := catalog.CheckID("pool_id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return "", false
+	}
+	return id, true
 }
 
 // writeStatus answers a pool's status: a closed pool's is its account.
@@ -95,9 +104,8 @@ func writeStatus(w http.ResponseWriter, st *catalog.Status) {
 // endPool answers POST /admin/pools/{pool_id}/end: the pool ends now (200 with
 // its status; idempotent).
 func (s *Server) endPool(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err)
+	id, ok := poolIDOf(w, r)
+	if !ok {
 		return
 	}
 	st, err := s.cfg.Pools.End(r.Context(), id)
@@ -112,9 +120,8 @@ func (s *Server) endPool(w http.ResponseWriter, r *http.Request) {
 // closePool answers POST /admin/pools/{pool_id}/close: the final account (200),
 // or 409 with what keeps the pool from closing.
 func (s *Server) closePool(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err)
+	id, ok := poolIDOf(w, r)
+	if !ok {
 		return
 	}
 	a, err := s.cfg.Pools.Close(r.Context(), id)
@@ -127,9 +134,8 @@ func (s *Server) closePool(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err)
+	id, ok := poolIDOf(w, r)
+	if !ok {
 		return
 	}
 	rep, err := s.cfg.Pools.Audit(r.Context(), id)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -241,8 +240,7 @@ func grabCalls(t *testing.T, c *contract, s *stack) {
 // their own: user auth (401), rate limits (429), a shed (503), a panic (500).
 func specialGrabs(t *testing.T, c *contract) {
 	t.Helper()
-	secret := filepath.Join(t.TempDir(), "secret")
-	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + writeFile(t, filepath.Base(secret), []byte(strings.Repeat("k", 40)))})
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + writeFile(t, "secret", []byte(strings.Repeat("k", 40)))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -364,6 +364,10 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 		return nil, err
 	}
 	p = &poolView{rec: rec}
+	if rec.State.Over() {
+		s.local.known.Add(id)
+		return p, nil // answered ended from the record: no shard is asked
+	}
 	for j, name := range rec.Placement {
 		b := s.batchers[name]
 		if b == nil {

@@ -66,11 +66,11 @@ func (l *local) unknown(poolID string) bool {
 // holds no grant in it (case 4). When the holders are not known yet it
 // starts reading them and answers false (ask Redis).
 func (s *Service) soldOutHere(p *poolView, userID string) bool {
-	if end := p.rec.Spec.EndsAt; end != nil && !time.Now().Before(*end) {
-		return false // ended by its window: Redis says so (held grants come back)
-	}
 	if !s.local.empty.AllEmpty(p.rec.ID(), len(p.keys)) {
 		return false
+	}
+	if end := p.rec.Spec.EndsAt; end != nil && !time.Now().Before(*end) {
+		return false // ended by its window: Redis says so (held grants come back)
 	}
 	st := s.local.holderState(p.rec.ID())
 	set := st.set.Load()

@@ -1,7 +1,6 @@
 package settle
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/hmac"
@@ -13,7 +12,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -27,168 +25,6 @@ import (
 // writes). It is an alarm, never a silent skip: the worker leaves the entry
 // pending and counts it.
 var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
-
-// Ledger is a Sink that appends one JSON line per grant to a file and fsyncs
-// it before Deliver returns. It holds exactly one line per serial, across
-// redeliveries and crashes: it reads the serials already in the file when it
-// opens, and cuts off a torn last line a crash may have left (that grant is
-// then delivered again and written whole). A serial already in the file
-// with other contents is ErrSerialConflict.
-//
-// A ledger file dedupes only what it holds: two settle workers with two
-// ledgers would each pay a grant one of them took over from the other.
-// Run one worker per ledger file, or use a sink that dedupes across workers
-// (the wallet webhook, keyed by serial).
-type Ledger struct {
-	mu   sync.Mutex      // guards f and seen
-	f    *os.File        // opened for append
-	seen map[int64]Grant // the grants in the file, by serial
-}
-
-// ledgerLine is one line of the ledger.
-type ledgerLine struct {
-	Grant
-	SettledAt time.Time `json:"settled_at"`
-}
-
-// OpenLedger opens or creates the ledger at path.
-func OpenLedger(path string) (*Ledger, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	l := &Ledger{f: f, seen: map[int64]Grant{}}
-	if err := l.load(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return l, nil
-}
-
-// load reads the serials in the file and truncates a torn tail.
-func (l *Ledger) load() error {
-	grants, good, err := readLines(l.f)
-	if err != nil {
-		return err
-	}
-	l.seen = grants
-	if err := l.f.Truncate(good); err != nil {
-		return fmt.Errorf("ledger: truncate torn tail: %w", err)
-	}
-	if _, err := l.f.Seek(good, io.SeekStart); err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	return nil
-}
-
-// ReadLedger reads the grants of the ledger at path by serial, ignoring a
-// torn last line. A serial on two lines is an error: the ledger holds one
-// line per serial.
-func ReadLedger(path string) (map[int64]Grant, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	defer f.Close()
-	grants, _, err := readLines(f)
-	return grants, err
-}
-
-// readLines reads whole ledger lines from r and returns their grants by
-// serial and the bytes they take; a tail without a newline is torn and not
-// counted.
-func readLines(r io.Reader) (map[int64]Grant, int64, error) {
-	br := bufio.NewReader(r)
-	grants := map[int64]Grant{}
-	var good int64
-	for {
-		line, err := br.ReadBytes('\n')
-		if errors.Is(err, io.EOF) {
-			return grants, good, nil
-		}
-		if err != nil {
-			return nil, 0, fmt.Errorf("ledger: read: %w", err)
-		}
-		var ll ledgerLine
-		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
-			return nil, 0, fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
-		}
-		if _, dup := grants[ll.Serial]; dup {
-			return nil, 0, fmt.Errorf("ledger: serial %d on two lines (the second at byte %d)", ll.Serial, good)
-		}
-		grants[ll.Serial] = ll.Grant
-		good += int64(len(line))
-	}
-}
-
-// Deliver appends the grants of gs whose serials the ledger lacks, all in
-// one write and one fsync: a grant already there (or twice in gs) is a
-// repeat, another grant under a serial there ErrSerialConflict.
-func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	errs := make([]error, len(gs))
-	var buf []byte
-	var added []Grant
-	now := time.Now().UTC()
-	for i, g := range gs {
-		if had, ok := l.seen[g.Serial]; ok {
-			if !had.Same(g) {
-				errs[i] = fmt.Errorf("%w: serial %d was paid for %s, now %s", ErrSerialConflict, g.Serial, had, g)
-			}
-			continue
-		}
-		b, err := json.Marshal(ledgerLine{Grant: g, SettledAt: now})
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		buf = append(append(buf, b...), '\n')
-		l.seen[g.Serial] = g // a second copy in gs is a repeat of this one
-		added = append(added, g)
-	}
-	if len(added) == 0 {
-		return errs
-	}
-	err := l.append(buf)
-	if err == nil {
-		return errs
-	}
-	for _, g := range added {
-		delete(l.seen, g.Serial)
-	}
-	for i := range gs {
-		if errs[i] == nil {
-			errs[i] = err // delivered again later; what was written is read back at open
-		}
-	}
-	return errs
-}
-
-// append writes buf and fsyncs it; a write that fails midway is cut off
-// (the file ends on a whole line again). l.mu is held.
-func (l *Ledger) append(buf []byte) error {
-	end, err := l.f.Seek(0, io.SeekCurrent)
-	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
-	}
-	if _, err := l.f.Write(buf); err != nil {
-		_ = l.f.Truncate(end)
-		_, _ = l.f.Seek(end, io.SeekStart)
-		return fmt.Errorf("ledger: write: %w", err)
-	}
-	if err := l.f.Sync(); err != nil {
-		return fmt.Errorf("ledger: fsync: %w", err)
-	}
-	return nil
-}
-
-// Close closes the file.
-func (l *Ledger) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.f.Close()
-}
 
 // Webhook is a Sink that POSTs each grant as JSON to a wallet URL, with the
 // serial in an Idempotency-Key header: the wallet dedupes by serial, across

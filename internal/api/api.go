@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"rain/docs"
 	"rain/internal/catalog"
@@ -45,8 +46,8 @@ type Pools interface {
 }
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
-// for a grab as its request arrives, before the body is read, or reports
-// false (shed: 503 at once); an admitted request may Run its task, which
+// for a grab once its body is read (a body held back never holds a place),
+// or reports false (shed: 503 at once); an admitted request may Run its task, which
 // waits for the task and returns pool.ErrOverloaded when it sheds after
 // all, pool.ErrPanicked when it panicked, or ctx's error when the client has
 // gone; it Leaves once answered, whatever the answer.
@@ -89,11 +90,21 @@ type Config struct {
 	ClientIPHeader string
 	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
 	Timeline *dash.Timeline
+	// GrabBodyTimeout bounds the wait for a grab's body, from the end of
+	// its headers; the body is read before the grab takes a place in the
+	// worker pool. Default DefaultGrabBodyTimeout.
+	GrabBodyTimeout time.Duration
 	// AccessLog is how many requests a second are logged, at most (one
 	// line each, with its X-Request-Id); the rest are not. 0: none.
 	AccessLog int
 	Logger    *slog.Logger
 }
+
+// DefaultGrabBodyTimeout is Config.GrabBodyTimeout's default. A grab's
+// body is at most MaxGrabBody (4 KiB): clients send it with the headers, in
+// one or two segments, so two seconds leave room for a retransmission on a
+// poor mobile link, and no more.
+const DefaultGrabBodyTimeout = 2 * time.Second
 
 // Server serves rain's HTTP API. It is an http.Handler.
 type Server struct {
@@ -120,6 +131,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New(metrics.Build{Version: "devel"})
+	}
+	if cfg.GrabBodyTimeout <= 0 {
+		cfg.GrabBodyTimeout = DefaultGrabBodyTimeout
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
 		grabs: cfg.Metrics.Grabs(statusNames[:], reasonNames[:]), ids: newRequestIDs(),

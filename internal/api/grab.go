@@ -5,8 +5,10 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -84,7 +86,7 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// With user auth on, a grab without a bearer token is refused before
-	// it takes a place: it costs a header lookup.
+	// its body is read: it costs a header lookup.
 	var authorization string
 	if s.cfg.Users != nil {
 		authorization = r.Header.Get("Authorization")
@@ -93,33 +95,31 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// Admission comes next, before the body is read: under overload a
-	// shed request costs its headers and a short answer, nothing more. The
-	// place is held until the answer.
-	if s.cfg.Runner != nil {
-		if !s.cfg.Runner.Admit() {
-			bodyUnread(w)
-			s.answer(w, start, grabRequest{}, grab.Result{}, pool.ErrOverloaded)
-			return
-		}
-		defer s.cfg.Runner.Leave()
-	}
-	// The token is checked before the body is read: a forged or expired
-	// one is answered at once, whatever its body does.
-	var sub string
-	if s.cfg.Users != nil {
-		var err error
-		if sub, err = s.cfg.Users.Subject(authorization); err != nil {
-			s.unauthorized(w, start, err, `Bearer realm="rain", error="invalid_token"`)
-			return
-		}
-	}
-	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
+	// The body is read before a place is taken, under a short deadline of
+	// its own: a client that sends its headers and holds its body back
+	// costs its own connection, never a place the other grabs need.
+	req, err := s.readGrab(w, r)
 	if err != nil {
 		s.refuse(w, start, stInvalid, req, err.Error(), 0)
 		return
 	}
+	// Admission: under overload a shed request costs its read and a short
+	// answer, nothing more (its token is not even verified). The place is
+	// held until the answer.
+	if s.cfg.Runner != nil {
+		if !s.cfg.Runner.Admit() {
+			s.answer(w, start, req, grab.Result{}, pool.ErrOverloaded)
+			return
+		}
+		defer s.cfg.Runner.Leave()
+	}
 	if s.cfg.Users != nil {
+		sub, err := s.cfg.Users.Subject(authorization)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
+			s.refuse(w, start, stUnauthorized, grabRequest{}, err.Error(), 0)
+			return
+		}
 		if req.UserID != "" && req.UserID != sub {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
 			s.refuse(w, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
@@ -135,6 +135,23 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.run(r.Context(), req)
 	s.answer(w, start, req, res, err)
+}
+
+// readGrab reads and decodes a grab's body within the body timeout
+// (Config.GrabBodyTimeout). A body that is not all there in time is an
+// invalid request, answered at once, and its connection closed.
+func (s *Server) readGrab(w http.ResponseWriter, r *http.Request) (grabRequest, error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.GrabBodyTimeout))
+	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.Header().Set("Connection", "close")
+		return req, fmt.Errorf("the body did not arrive within %v", s.cfg.GrabBodyTimeout)
+	}
+	// net/http lifts the deadline itself once the body ends, as it starts
+	// watching the connection for the client going away: a grab that runs
+	// longer than the body timeout keeps its context.
+	return req, err
 }
 
 // run runs an admitted grab: on the worker pool when there is one (only

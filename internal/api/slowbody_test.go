@@ -1,0 +1,244 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rain/internal/grab"
+	"rain/internal/pool"
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+// slowHeader marks the requests of a slow-body attack, for the count of
+// them the test server keeps.
+const slowHeader = "X-Slow-Body"
+
+// slowBodies sends n requests that give the headers of a grab with
+// Content-Length: 60 and hold the body back, each on a connection of its
+// own, as a slow-body attack does. The connections close when the test
+// ends.
+func slowBodies(t *testing.T, addr string, n int) {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	const dialers = 8
+	for d := range dialers {
+		wg.Go(func() {
+			for i := d; i < n; i += dialers {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				conns[i] = c
+				_, _ = io.WriteString(c, "POST /grab HTTP/1.1\r\nHost: rain\r\nContent-Type: application/json\r\n"+
+					slowHeader+": 1\r\nContent-Length: 60\r\n\r\n")
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of the slow-body connections could not be opened", n)
+	}
+}
+
+// countingHandler counts the slow-body requests that have reached h, and
+// those inside it now.
+type countingHandler struct {
+	h              http.Handler
+	reached, inNow atomic.Int64
+}
+
+func (c *countingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(slowHeader) != "" {
+		c.reached.Add(1)
+		c.inNow.Add(1)
+		defer c.inNow.Add(-1)
+	}
+	c.h.ServeHTTP(w, r)
+}
+
+// TestSlowBodiesTakeNoPlace: 2,000 connections send the headers of a grab
+// and hold the body back while 50 users grab. The worker pool has ~1,056
+// places at rest (32 workers and a queue of 1,024): a grab that took its
+// place before its body came would leave none, and every real user would
+// be shed 503. Every real user is granted, as without them, and the slow
+// requests are all still waiting for their bodies, at the cost of their
+// own connections.
+func TestSlowBodiesTakeNoPlace(t *testing.T) {
+	const slow, users = 2000, 50
+	s := newStack(t, 2, redistest.Options{}, func(cfg *Config) {
+		cfg.GrabBodyTimeout = time.Minute // the slow ones outlast the test
+	})
+	s.preload(t, `{"pool_id":"p","total_cents":100000,"count":1000}`)
+	h := &countingHandler{h: s.api}
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close) // after the slow connections close (cleanups run last first)
+	slowBodies(t, ts.Listener.Addr().String(), slow)
+	waittest.Until(t, 30*time.Second, "every slow request in the handler", func() bool { return h.reached.Load() == slow })
+
+	var wg sync.WaitGroup
+	answers := make([]string, users)
+	for u := range users {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"pool_id":"p","user_id":"real%d"}`, u)
+			resp, err := s.client.Post(ts.URL+"/grab", "application/json", strings.NewReader(body))
+			if err != nil {
+				answers[u] = err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			var m map[string]any
+			_ = json.NewDecoder(resp.Body).Decode(&m)
+			answers[u] = fmt.Sprintf("%d %v", resp.StatusCode, m["status"])
+		})
+	}
+	wg.Wait()
+	for u, a := range answers {
+		if a != "200 granted" {
+			t.Errorf("real user %d among %d slow bodies: %s, want 200 granted as without them", u, slow, a)
+		}
+	}
+	if n := h.inNow.Load(); n != slow {
+		t.Errorf("%d slow requests still waiting for their bodies, want all %d (none answered, none holding a place)", n, slow)
+	}
+	if st := s.scrape(t); st[`rain_grabs_total{status="overloaded"}`] != 0 {
+		t.Errorf("%v grabs shed or refused 503 with slow bodies open, want none", st[`rain_grabs_total{status="overloaded"}`])
+	}
+	s.assertAudit(t, "p")
+}
+
+// TestGrabBodyDeadline: a body that does not arrive within the body
+// timeout is answered 400 invalid, saying so, and its connection closed;
+// one that arrives in pieces within it is granted; and once a body is in,
+// its deadline is lifted: a grab that takes longer than the body timeout
+// to run is answered (not taken for a client gone), and the connection
+// then serves another request after idling longer than it.
+func TestGrabBodyDeadline(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	g := heldGrab{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := newStack(t, 1, redistest.Options{}, func(cfg *Config) {
+		cfg.GrabBodyTimeout = timeout
+		g.Grabber = cfg.Grabber
+		cfg.Grabber = g
+		workers, err := pool.New(pool.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { workers.Close(5 * time.Second) })
+		cfg.Runner = workers
+	})
+	s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
+	addr := s.ts.Listener.Addr().String()
+	send := func(c net.Conn, parts ...string) {
+		t.Helper()
+		for i, p := range parts {
+			if i > 0 {
+				time.Sleep(timeout / 3)
+			}
+			if _, err := io.WriteString(c, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	head := func(body string) string {
+		return fmt.Sprintf("POST /grab HTTP/1.1\r\nHost: rain\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	}
+	read := func(br *bufio.Reader) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+
+	// Half a body, then nothing.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"pool_id":"p","user_id":"held"}`
+	start := time.Now()
+	send(c, head(body)+body[:10])
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	code, m := read(br)
+	took := time.Since(start)
+	if code != 400 || m["status"] != "invalid" || !strings.Contains(fmt.Sprint(m["error"]), "did not arrive within") {
+		t.Fatalf("a body held back = %d %v, want 400 invalid saying it did not arrive in time", code, m)
+	}
+	if took < timeout {
+		t.Fatalf("a body held back was refused after %v, before its deadline %v", took, timeout)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the refusal the connection reads %v, want it closed (EOF)", err)
+	}
+
+	// A body in three pieces, each within the deadline, on a connection
+	// kept alive; the grab itself runs longer than the body timeout.
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+	br2 := bufio.NewReader(c2)
+	body = `{"pool_id":"p","user_id":"slow"}`
+	send(c2, head(body)+body[:8], body[8:20], body[20:])
+	<-g.entered
+	time.Sleep(3 * timeout) // the grab outlasts the body's deadline
+	close(g.release)
+	if code, m := read(br2); code != 200 || m["status"] != "granted" {
+		t.Fatalf("a grab that ran longer than the body timeout = %d %v, want 200 granted", code, m)
+	}
+	time.Sleep(2 * timeout) // idle on the kept-alive connection
+	body = `{"pool_id":"p","user_id":"again"}`
+	send(c2, head(body)+body)
+	if code, m := read(br2); code != 200 || m["status"] != "granted" {
+		t.Fatalf("the next grab on the kept-alive connection = %d %v, want 200 granted", code, m)
+	}
+}
+
+// heldGrab holds the grab of user "slow" until release, then runs it as
+// the grab service does: not at all for a client that has gone (its
+// context done).
+type heldGrab struct {
+	Grabber
+	entered, release chan struct{}
+}
+
+func (g heldGrab) Grab(ctx context.Context, pool, user string) (grab.Result, error) {
+	if user == "slow" {
+		g.entered <- struct{}{}
+		<-g.release
+		if err := ctx.Err(); err != nil {
+			return grab.Result{}, err
+		}
+	}
+	return g.Grabber.Grab(ctx, pool, user)
+}

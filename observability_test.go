@@ -230,6 +230,7 @@ func waitOK(t *testing.T, url string) {
 func do(t *testing.T, method, url, token, body string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -88,6 +88,7 @@ func startServe(t *testing.T, args []string, environ map[string]string) (addr st
 func post(t *testing.T, url, token, body string) (int, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -67,6 +67,7 @@ func TestStopAnswersEveryRequest(t *testing.T) {
 						trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
 						body := fmt.Sprintf(`{"pool_id":"stop","user_id":"c%d-%d"}`, c, n)
 						req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "POST", base+"/grab", strings.NewReader(body))
+						req.Header.Set("Content-Type", "application/json")
 						resp, err := client.Do(req)
 						if err != nil {
 							var op *net.OpError

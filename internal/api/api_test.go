@@ -88,6 +88,9 @@ func (s *stack) do(t testing.TB, method, path, auth, body string) response {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if auth != "" {
 		req.Header.Set("Authorization", "Bearer "+auth)
 	}

@@ -35,6 +35,7 @@ import (
 func (s *stack) grabAs(t *testing.T, authorization, body string) response {
 	t.Helper()
 	req, _ := http.NewRequest("POST", s.ts.URL+"/grab", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	if authorization != "" {
 		req.Header.Set("Authorization", authorization)
 	}

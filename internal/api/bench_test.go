@@ -47,6 +47,7 @@ func BenchmarkServeGrab(b *testing.B) {
 			for pb.Next() {
 				w := httptest.NewRecorder()
 				req := httptest.NewRequest("POST", "/grab", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
 				if authz != "" {
 					req.Header.Set("Authorization", authz)
 				}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/netip"
 	"os"
@@ -137,10 +138,14 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	s.answer(w, start, req, res, err)
 }
 
-// readGrab reads and decodes a grab's body within the body timeout
-// (Config.GrabBodyTimeout). A body that is not all there in time is an
+// readGrab reads and decodes a grab's body, which must be
+// application/json, within the body timeout (Config.GrabBodyTimeout). A body that is not all there in time is an
 // invalid request, answered at once, and its connection closed.
 func (s *Server) readGrab(w http.ResponseWriter, r *http.Request) (grabRequest, error) {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		bodyUnread(w)
+		return grabRequest{}, errNotJSON
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.GrabBodyTimeout))
 	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
@@ -152,6 +157,19 @@ func (s *Server) readGrab(w http.ResponseWriter, r *http.Request) (grabRequest, 
 	// watching the connection for the client going away: a grab that runs
 	// longer than the body timeout keeps its context.
 	return req, err
+}
+
+// errNotJSON refuses a grab whose Content-Type is not application/json:
+// a web page can make its visitors' browsers POST a text/plain or form
+// body to any address, but not an application/json one (that takes a CORS
+// preflight, which rain never answers).
+var errNotJSON = errors.New("the Content-Type must be application/json")
+
+// isJSON says whether a Content-Type value is application/json (any
+// parameters, charset=utf-8 say, allowed).
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "application/json"
 }
 
 // run runs an admitted grab: on the worker pool when there is one (only

@@ -63,6 +63,9 @@ func (c *contract) do(s *stack, method, path, token, body string, header ...stri
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

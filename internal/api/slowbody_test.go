@@ -242,3 +242,45 @@ func (g heldGrab) Grab(ctx context.Context, pool, user string) (grab.Result, err
 	}
 	return g.Grabber.Grab(ctx, pool, user)
 }
+
+// TestGrabNeedsJSON: POST /grab takes an application/json body only. A
+// hostile web page can make its visitors' browsers POST a text/plain or
+// form body anywhere without asking (a "simple" request), but not an
+// application/json one: that takes a CORS preflight rain never answers.
+// Anything else is refused 400 before the body is read, and grants
+// nothing.
+func TestGrabNeedsJSON(t *testing.T) {
+	s := newStack(t, 1, redistest.Options{})
+	s.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
+	body := `{"pool_id":"p","user_id":"victim"}`
+	for _, c := range []struct {
+		contentType string
+		code        int
+	}{
+		{"text/plain", 400}, {"text/plain;charset=UTF-8", 400}, {"application/x-www-form-urlencoded", 400},
+		{"multipart/form-data; boundary=x", 400}, {"", 400}, {"application/json-patch+json", 400}, {"json", 400},
+		{"application/json", 200}, {"application/json; charset=utf-8", 200}, {"Application/JSON", 200},
+	} {
+		req, _ := http.NewRequest("POST", s.ts.URL+"/grab", strings.NewReader(body))
+		if c.contentType != "" {
+			req.Header.Set("Content-Type", c.contentType)
+		}
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		resp.Body.Close()
+		if resp.StatusCode != c.code {
+			t.Fatalf("Content-Type %q = %d %v, want %d", c.contentType, resp.StatusCode, m, c.code)
+		}
+		if c.code == 400 && (m["status"] != "invalid" || !strings.Contains(fmt.Sprint(m["error"]), "application/json")) {
+			t.Fatalf("Content-Type %q = %v, want invalid saying the body must be application/json", c.contentType, m)
+		}
+	}
+	st := s.do(t, "GET", "/admin/pools/p", token, "")
+	if num(st.Body["held_count"]) != 1 {
+		t.Fatalf("held %v after the refusals and one JSON grab, want 1", st.Body["held_count"])
+	}
+}

@@ -33,6 +33,7 @@ func call(t *testing.T, c *http.Client, method, url, token, body string) (int, m
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -45,8 +45,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// longToken is an admin token long enough for rain serve --redis.
-const longToken = "sekret-sekret-sekret"
+// longToken is an admin token strong enough for rain serve --redis (the
+// hex of 16 random bytes).
+const longToken = "5d0c8e2fa7194b63e0d8c1f2a9b7463e"
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -227,7 +228,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve", "--redis", "s1=0@127.0.0.1:1"}, nil, "weight"},
 		{[]string{"serve"}, map[string]string{"RAIN_REDIS": "s1=1@127.0.0.1:1"}, "admin-token"},
 		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", longToken, "--serial-shard", "zz"}, nil, "serial-shard"},
-		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "short"}, nil, "at least 16"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "short"}, nil, "openssl rand -hex 16"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}, nil, "distinct"},
 		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
 		{[]string{"serve", "--log-format", "xml"}, nil, "log-format"},
 		{[]string{"serve", "--user-auth", "hs256"}, nil, "user auth"},

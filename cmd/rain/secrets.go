@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"rain/internal/auth"
 )
 
 // redisCAFlag adds --redis-ca.
@@ -26,7 +28,7 @@ func redisTLS(caFile string) (*tls.Config, error) {
 	if caFile == "" {
 		return cfg, nil
 	}
-	b, err := os.ReadFile(caFile)
+	b, err := auth.ReadKeyFile(caFile)
 	if err != nil {
 		return nil, usagef("--redis-ca: %w", err)
 	}
@@ -38,6 +40,14 @@ func redisTLS(caFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
+// warnReadable warns when every user of the host may read the secret file
+// that flag names ("" names none): the secret is theirs too.
+func warnReadable(log *slog.Logger, flag, path string) {
+	if path != "" && auth.WorldReadable(path) {
+		log.Warn("a secret file that every user of the host may read: chmod o-r it (600, or 640 with the group rain runs as)", "flag", flag, "file", path)
+	}
+}
+
 // reloader is something SIGHUP reloads.
 type reloader struct {
 	name   string
@@ -45,8 +55,10 @@ type reloader struct {
 }
 
 // reloadOnHUP reloads each of rs on SIGHUP until stop is called, logging
-// what happened; a reload that fails keeps what was loaded before. The
-// signal is watched when it returns; stop waits for the watcher to end.
+// what happened (a failed reload's error says what stays in use: the user
+// keys loaded before; of the admin token file, only the tokens it still
+// lists). The signal is watched when it returns; stop waits for the
+// watcher to end.
 func reloadOnHUP(log *slog.Logger, rs ...reloader) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -61,7 +73,7 @@ func reloadOnHUP(log *slog.Logger, rs ...reloader) (stop func()) {
 			case <-hup:
 				for _, r := range rs {
 					if err := r.reload(); err != nil {
-						log.Error("SIGHUP: reload failed; the old keys stay in use", "what", r.name, "err", err)
+						log.Error("SIGHUP: reload failed", "what", r.name, "err", err)
 					} else {
 						log.Info("SIGHUP: reloaded", "what", r.name)
 					}

@@ -39,11 +39,13 @@ func grabWith(t *testing.T, base, bearer, body string) (int, map[string]any) {
 
 // TestServeSecrets: rain serve with admin tokens from a file and user auth
 // from a key file; SIGHUP rotates both: a token added works at once, a
-// token removed stops working, a new signing key replaces the old.
+// token removed stops working, a new signing key replaces the old. A file
+// with a bad line never keeps a removed token alive: the reload says what
+// is wrong, and the file's good lines are the tokens in use.
 func TestServeSecrets(t *testing.T) {
 	dir := t.TempDir()
 	admins, key := filepath.Join(dir, "admins"), filepath.Join(dir, "user.key")
-	tokA, tokB := "admin-token-aaaaaaaa", "admin-token-bbbbbbbb"
+	tokA, tokB, tokC := "3f7a9c1e05b2d84f6a1c9e3b70d2f5a8", "b81e4d7c2a90f35e6b18d4c7a2093f5e", "6c2f9a0e4d7b1835c9e2f0a6d4b7183c"
 	k1, k2 := strings.Repeat("1", 32), strings.Repeat("2", 32)
 	writeSecret(t, admins, "# rotation file\n"+tokA+"\n")
 	writeSecret(t, key, k1+"\n")
@@ -91,13 +93,21 @@ func TestServeSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 5*time.Second, "token A refused after SIGHUP", func() bool { return preload(tokA, "p") == 401 })
-	writeSecret(t, admins, "short\n")
+	// Step 3: B leaked; the operator revokes it, swaps in C, and a typo
+	// lands in the file with them.
+	writeSecret(t, admins, "short\n"+tokC+"\n")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 5*time.Second, "the failed reload logged", func() bool { return strings.Contains(logs.String(), "reload failed") })
-	if code := preload(tokB, "q"); code != 200 {
-		t.Fatalf("token B after a failed reload = %d, want kept (200)", code)
+	if code := preload(tokB, "q"); code != 401 {
+		t.Fatalf("token B, taken out of the file, after a reload that met a bad line = %d, want 401 (revoked)", code)
+	}
+	if code := preload(tokC, "q"); code != 200 {
+		t.Fatalf("token C, a good line beside the bad one = %d, want 200", code)
+	}
+	if !strings.Contains(logs.String(), "line 1") {
+		t.Errorf("the failed reload does not name the bad line:\n%s", logs)
 	}
 }
 

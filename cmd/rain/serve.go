@@ -16,6 +16,7 @@ import (
 	"net/http/pprof"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -127,6 +128,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err != nil {
 		return instance.Config{}, asUsage(err)
 	}
+	warnReadable(log, "--admin-token-file", c.AdminTokenFile)
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != ""}
 	if c.UserAuth != "" {
@@ -140,7 +142,15 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		}
 		s.release = append(s.release, users.Close)
 		acfg.Users = users
-		reloads = append(reloads, reloader{"user auth keys", users.Reload})
+		if kind, file, _ := strings.Cut(c.UserAuth, ":"); strings.EqualFold(kind, "hs256") {
+			warnReadable(log, "--user-auth", file)
+		}
+		reloads = append(reloads, reloader{"user auth keys", func() error {
+			if err := users.Reload(); err != nil {
+				return fmt.Errorf("%w (the keys loaded before stay in use)", err)
+			}
+			return nil
+		}})
 	}
 	if c.UserRate > 0 {
 		acfg.UserLimit = limit.New(limit.Config{Rate: c.UserRate, Burst: c.UserBurst, MaxKeys: c.RateLimitKeys})
@@ -198,8 +208,10 @@ func (s *server) checkTokens() error {
 	if c.AdminToken == "" && c.AdminTokenFile == "" {
 		return usagef("--admin-token (RAIN_ADMIN_TOKEN) or --admin-token-file is required with --redis")
 	}
-	if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminToken {
-		return usagef("--admin-token (RAIN_ADMIN_TOKEN) is %d bytes; want at least %d with --redis (e.g. openssl rand -hex 16)", len(c.AdminToken), auth.MinAdminToken)
+	if c.AdminToken != "" {
+		if err := auth.CheckAdminToken(c.AdminToken); err != nil {
+			return usagef("--admin-token (RAIN_ADMIN_TOKEN): %w", err)
+		}
 	}
 	if c.UserAuth == "" {
 		log.Warn("user auth is off: any client can grab as any user_id; give --user-auth to check the app's signed user tokens")

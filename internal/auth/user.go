@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -184,7 +183,7 @@ func (u *Users) Reload() error {
 	if u.kind == "jwks-url" {
 		return nil
 	}
-	b, err := os.ReadFile(u.file)
+	b, err := ReadKeyFile(u.file)
 	if err != nil {
 		return fmt.Errorf("user auth key: %w", err)
 	}

@@ -5,14 +5,17 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 )
 
 // flags is a FlagSet whose flags also read an environment variable.
 type flags struct {
 	*flag.FlagSet
-	env map[string]string // flag name -> env var
+	env      map[string]string // flag name -> env var
+	fromArgs map[string]bool   // flags the command line set (after parse)
 }
 
 func newFlags(name string, stderr io.Writer) *flags {
@@ -28,23 +31,66 @@ func (f *flags) bindEnv(name, env string) {
 	fl.Usage += " [" + env + "]"
 }
 
-// parse sets flags from the environment, then from args, which win.
+// parse sets flags from args, then from the environment those args left
+// unset: a flag on the command line wins over its variable.
 func (f *flags) parse(args []string, getenv func(string) string) error {
-	for name, env := range f.env {
-		if v := getenv(env); v != "" {
-			if err := f.Set(name, v); err != nil {
-				return usagef("%s=%q: %w", env, v, err)
-			}
-		}
-	}
 	if err := f.Parse(args); err != nil {
 		return asUsage(err)
 	}
 	if f.NArg() > 0 {
 		return usagef("unexpected arguments: %v", f.Args())
 	}
+	f.fromArgs = map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { f.fromArgs[fl.Name] = true })
+	for name, env := range f.env {
+		if v := getenv(env); v != "" && !f.fromArgs[name] {
+			if err := f.Set(name, v); err != nil {
+				return usagef("%s=%q: %w", env, v, err)
+			}
+		}
+	}
 	return nil
 }
+
+// secretArgs says which of the flags named carry a secret on the command
+// line, where every user of the host can read it (ps, /proc/PID/cmdline):
+// one warning for each, naming the flag and its variable, never the value.
+// A flag carries a secret when it is always one (always), or when its
+// value holds a password (user:password@ in a URL or a shard, password= in
+// a connection string).
+func (f *flags) secretArgs(always []string, valued ...string) []string {
+	var out []string
+	warn := func(name string) {
+		out = append(out, fmt.Sprintf("--%s on the command line: every user of the host can read it (ps, /proc/PID/cmdline); give it in %s, or a file", name, f.env[name]))
+	}
+	for _, name := range always {
+		if f.fromArgs[name] && f.Lookup(name).Value.String() != "" {
+			warn(name)
+		}
+	}
+	for _, name := range valued {
+		if fl := f.Lookup(name); fl != nil && f.fromArgs[name] && holdsSecret(fl.Value.String()) {
+			warn(name)
+		}
+	}
+	return out
+}
+
+// warnSecretArgs writes secretArgs's warnings for the shards and the
+// database (the secrets an operator tool takes) to stderr, the tools
+// having no logger.
+func (f *flags) warnSecretArgs(stderr io.Writer) {
+	for _, w := range f.secretArgs(nil, "redis", "postgres") {
+		fmt.Fprintln(stderr, "rain: warning:", w)
+	}
+}
+
+// credentialsRE finds credentials in a URL, a shard spec or a connection
+// string: "user:password@" after a scheme or sentinel/, or "password=".
+var credentialsRE = regexp.MustCompile(`(?i)(://|sentinel/)[^@/,]*:[^@,]*@|\bpassword=`)
+
+// holdsSecret says whether a flag's value holds credentials (credentialsRE).
+func holdsSecret(v string) bool { return credentialsRE.MatchString(v) }
 
 // logOptions are the logging flags every long-running command takes.
 type logOptions struct {

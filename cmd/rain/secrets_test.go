@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -145,5 +146,49 @@ func TestServeTLSShards(t *testing.T) {
 	bad := map[string]string{"RAIN_REDIS": environ["RAIN_REDIS"], "RAIN_ADMIN_TOKEN": longToken}
 	if err := run(context.Background(), []string{"audit", "--pool", "t"}, env(bad), &out, &errOut); err == nil {
 		t.Fatal("audit without the CA trusted the shard's self-signed certificate")
+	}
+}
+
+// TestSecretFlagsWarned: a secret given as a flag (the admin token, a
+// password in --redis, --postgres or --webhook) shows in the process list:
+// every command warns of it, naming the flag and its variable, never the
+// secret; the same secret from the variable is not warned of.
+func TestSecretFlagsWarned(t *testing.T) {
+	const warning = "on the command line: every user of the host can read it"
+	_, logs := startServe(t, []string{"--admin-token", longToken}, nil)
+	if !strings.Contains(logs.String(), "--admin-token "+warning) || !strings.Contains(logs.String(), "RAIN_ADMIN_TOKEN") {
+		t.Errorf("rain serve --admin-token: no warning naming the flag and RAIN_ADMIN_TOKEN:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), longToken) {
+		t.Errorf("rain serve logged the admin token:\n%s", logs)
+	}
+	_, logs = startServe(t, nil, map[string]string{"RAIN_ADMIN_TOKEN": longToken})
+	if strings.Contains(logs.String(), warning) {
+		t.Errorf("rain serve with RAIN_ADMIN_TOKEN warned of a flag:\n%s", logs)
+	}
+
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"audit", "--redis", "s1=1@redis://:hunter2@127.0.0.1:1", "--pool", "p"}, "--redis"},
+		{[]string{"end", "--redis", "s1=1@sentinel/rain:hunter2@m/127.0.0.1:1", "--pool", "p"}, "--redis"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--postgres", "postgres://rain:hunter2@127.0.0.1:1/rain?sslmode=verify-full"}, "--postgres"},
+	} {
+		var out syncBuffer
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // settle waits for its shards
+		_ = run(ctx, c.args, env(nil), &out, &out)
+		cancel()
+		if !strings.Contains(out.String(), c.flag+" "+warning) {
+			t.Errorf("rain %v: no warning about %s:\n%s", c.args, c.flag, out.String())
+		}
+		if strings.Contains(out.String(), "hunter2") {
+			t.Errorf("rain %v printed the password:\n%s", c.args, out.String())
+		}
+	}
+	var out bytes.Buffer
+	_ = run(context.Background(), []string{"audit", "--pool", "p"}, env(map[string]string{"RAIN_REDIS": "s1=1@redis://:hunter2@127.0.0.1:1"}), &out, &out)
+	if strings.Contains(out.String(), warning) {
+		t.Errorf("rain audit with RAIN_REDIS warned of a flag:\n%s", out.String())
 	}
 }

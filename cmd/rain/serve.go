@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -42,9 +41,6 @@ const stopLinger = 300 * time.Millisecond
 // closes it (see connGuard.drain).
 const idleGrace = 500 * time.Millisecond
 
-// maxHeaderBytes bounds a request's headers; more is answered 431 (JSON).
-const maxHeaderBytes = 16 << 10
-
 // defaultGCPercent is the GC target of `rain serve` unless GOGC is set.
 const defaultGCPercent = 400
 
@@ -56,7 +52,7 @@ type server struct {
 	ln      *stoppable
 	http    *http.Server
 	conns   *connGuard
-	apart   []func() // stop the side listeners (--metrics-listen, --debug-listen)
+	apart   []func() // stop the side listeners (--admin-listen, --metrics-listen, --debug-listen)
 	release []func() // what newServer set up beside the instance, undone last
 }
 
@@ -69,6 +65,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	c.secretArgs = f.secretArgs([]string{"admin-token"}, "redis", "postgres")
 	if c.Pool != "on" && c.Pool != "off" {
 		return usagef("--pool %q: want on or off", c.Pool)
 	}
@@ -121,8 +118,11 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	} else {
 		c.drainDelay = c.DrainDelay.or(0)
 	}
-	if err := s.checkTokens(); err != nil {
+	if err := s.checkTokens(); err != nil { // the first log line
 		return instance.Config{}, err
+	}
+	for _, w := range c.secretArgs {
+		log.Warn(w)
 	}
 	admins, err := auth.NewAdmins(c.AdminToken, c.AdminTokenFile)
 	if err != nil {
@@ -130,7 +130,8 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	}
 	warnReadable(log, "--admin-token-file", c.AdminTokenFile)
 	reloads := []reloader{{"admin tokens", admins.Reload}}
-	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != ""}
+	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != "",
+		AdminOff: c.AdminListen != ""}
 	if c.UserAuth != "" {
 		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer,
 			Leeway: c.UserLeeway, Refresh: c.UserRefresh})
@@ -232,39 +233,9 @@ func (s *server) listen() error {
 	}
 	s.conns = newConnGuard(c.MaxConns)
 	s.in.Metrics.Connections(s.conns.stats)
-	s.http = &http.Server{
-		Handler:           s.in.API,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       c.IdleTimeout,
-		ConnState:         s.conns.state,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
-	if c.DebugListen != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		stop, err := serveApart("debug-listen", c.DebugListen, mux, s.log)
-		if err != nil {
-			return err
-		}
-		s.apart = append(s.apart, stop)
-	}
-	if c.MetricsListen != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", s.in.Metrics.Handler())
-		stop, err := serveApart("metrics-listen", c.MetricsListen, mux, s.log)
-		if err != nil {
-			return err
-		}
-		s.apart = append(s.apart, stop)
-	}
-	return nil
+	s.http = newHTTPServer(s.in.API, writeTimeout, c.IdleTimeout, s.log)
+	s.http.ConnState = s.conns.state
+	return s.listenApart()
 }
 
 // run serves until ctx ends (SIGTERM) or serving fails, then shuts down.
@@ -365,23 +336,4 @@ func newToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails
 	return hex.EncodeToString(b)
-}
-
-// serveApart serves h on addr (the value of --flag), on a listener of its
-// own so that it is never exposed with the API; stop shuts it down.
-func serveApart(flag, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--%s: %w", flag, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}, nil
 }

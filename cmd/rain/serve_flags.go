@@ -24,6 +24,7 @@ type serveConfig struct {
 	PoolQueue       int
 	DebugListen     string // pprof; "" = off
 	MetricsListen   string // /metrics apart from the API; "" = on the API's listener
+	AdminListen     string // the operator API apart from the clients'; "" = on the API's listener
 	ShardTimeout    time.Duration
 	MaxConns        int
 	IdleTimeout     time.Duration
@@ -44,7 +45,8 @@ type serveConfig struct {
 	IPBurst         int
 	ClientIPHeader  string
 	RateLimitKeys   int
-	Postgres        string // the system of record closes reconcile with; "" = none
+	Postgres        string   // the system of record closes reconcile with; "" = none
+	secretArgs      []string // warnings of secrets given on the command line
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -79,7 +81,8 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.IntVar(&c.IPBurst, "ip-burst", 50, "grabs one client address may make at once before --ip-rate applies")
 	f.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header in which a trusted proxy in front of rain puts the client's address (X-Forwarded-For: its last entry; X-Real-IP); empty: the peer address. Only set it behind such a proxy: clients can send any header")
 	f.IntVar(&c.RateLimitKeys, "rate-limit-keys", 100_000, "users (and client addresses) whose rate is remembered at most: memory stays bounded under a flood of distinct ids")
-	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/) on this address, apart from the API; empty: off")
+	f.StringVar(&c.DebugListen, "debug-listen", "", "serve Go's pprof profiles (/debug/pprof/, behind the admin token) on this address, apart from the API; empty: off")
+	f.StringVar(&c.AdminListen, "admin-listen", "", "serve the operator endpoints and the dashboard (/admin/) on this address only, not on --listen (keep them off the clients' network); empty: on --listen")
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
 	f.StringVar(&c.Postgres, "postgres", "", "the PostgreSQL database rain settle delivers into (postgres://...): a close reconciles the pool with it and records the account there; embedded, the in-process settle worker delivers into it; empty: none")
 	f.bindEnv("listen", "RAIN_LISTEN")
@@ -94,6 +97,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
 	f.bindEnv("metrics-listen", "RAIN_METRICS_LISTEN")
+	f.bindEnv("admin-listen", "RAIN_ADMIN_LISTEN")
 	f.bindEnv("drain-delay", "RAIN_DRAIN_DELAY")
 	f.bindEnv("admin-token-file", "RAIN_ADMIN_TOKEN_FILE")
 	f.bindEnv("user-auth", "RAIN_USER_AUTH")

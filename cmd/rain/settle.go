@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -53,6 +52,9 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	cfg.Logger = log
 	log.Info("rain settle", versionAttrs()...)
+	for _, w := range f.secretArgs(nil, "redis", "postgres", "webhook") {
+		log.Warn(w)
+	}
 	sink, closeSink, err := settleSink(ctx, sinkFlags{ledger, webhook, webhookSecretFile, pg}, log)
 	if err != nil {
 		return err
@@ -75,7 +77,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		reg := metrics.New(buildInfo())
 		reg.Settle(w.Stats)
 		reg.Durability(relaxed)
-		stop, err := serveHealth(listen, reg)
+		stop, err := serveHealth(listen, reg, log)
 		if err != nil {
 			return err
 		}
@@ -146,21 +148,9 @@ func redactURL(u string) string {
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the
 // background; stop shuts it down.
-func serveHealth(addr string, reg *metrics.Registry) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
+func serveHealth(addr string, reg *metrics.Registry, log *slog.Logger) (stop func(), err error) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", reg.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ln) }()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-	}, nil
+	return serveApart("listen", addr, newHTTPServer(mux, writeTimeout, healthIdleTimeout, log), log)
 }

@@ -81,6 +81,7 @@ func preload(ctx context.Context, args []string, getenv func(string) string, std
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
+	f.warnSecretArgs(stderr)
 	for _, t := range []struct {
 		flag string
 		in   string
@@ -118,6 +119,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
+	f.warnSecretArgs(stderr)
 	if err := catalog.CheckID("--pool", *pool); err != nil {
 		return asUsage(err)
 	}
@@ -162,6 +164,7 @@ func life(ctx context.Context, cmd string, args []string, getenv func(string) st
 	if err := f.parse(args, getenv); err != nil {
 		return err
 	}
+	f.warnSecretArgs(stderr)
 	if err := catalog.CheckID("--pool", *pool); err != nil {
 		return asUsage(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,15 +42,86 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // admin wraps an operator endpoint with the bearer token check.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := auth.BearerToken(r.Header.Get("Authorization"))
-		if !ok || !s.cfg.Admins.Valid(got) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+		if s.refuseAdmin(w, r) {
 			return
 		}
 		h(w, r)
 	}
 }
+
+// RequireAdmin serves h to the holders of an admin token only, with the
+// operator endpoints' answers and limits (rain serve puts its pprof
+// listener behind it).
+func (s *Server) RequireAdmin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.refuseAdmin(w, r) {
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// refuseAdmin answers a request without a valid admin token (401), or from
+// a client whose failures are throttled (429 with Retry-After, the token
+// not looked at), and reports whether it did.
+func (s *Server) refuseAdmin(w http.ResponseWriter, r *http.Request) bool {
+	switch ok, wait := s.adminAuth(r); {
+	case ok:
+		return false
+	case wait > 0:
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10))
+		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "too many wrong admin tokens from this client; retry later"})
+	default:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+	}
+	return true
+}
+
+// Admin token failures are limited per client: after adminFailBurst
+// wrong or missing tokens, a client gets one more try every
+// 1/adminFailRate seconds, and meanwhile every admin request it makes is
+// refused without its token being looked at. A guess at a token of 16
+// random bytes is hopeless anyway; the limit keeps a leaked short list of
+// candidates, or a script gone wrong, from hammering the operator API,
+// and rain_admin_auth_failures_total shows it.
+const (
+	adminFailBurst = 10
+	adminFailRate  = 1.0 / 6
+	adminFailKeys  = 10_000
+)
+
+// adminAuth checks the request's admin token: ok, or refused; wait > 0
+// when the client is throttled (see adminFailBurst). A failure counts
+// against the client, and in rain_admin_auth_failures_total.
+func (s *Server) adminAuth(r *http.Request) (ok bool, wait time.Duration) {
+	now := time.Now()
+	client := s.clientIP(r)
+	if free, wait := s.adminFails.Peek(client, now); !free {
+		s.adminRefused[failThrottled].Add(1)
+		return false, wait
+	}
+	got, _ := auth.BearerToken(r.Header.Get("Authorization"))
+	if s.cfg.Admins.Valid(got) {
+		return true, 0
+	}
+	s.adminRefused[failWrongToken].Add(1)
+	if free, _ := s.adminFails.Allow(client, now); !free {
+		s.cfg.Logger.Warn("admin token failures throttled: a client keeps sending wrong admin tokens", "client", client,
+			"path", r.URL.Path)
+	}
+	return false, 0
+}
+
+// Why an admin request was refused, counted apart in
+// rain_admin_auth_failures_total{reason}.
+const (
+	failWrongToken = iota // a missing or wrong token
+	failThrottled         // the client's failures are throttled
+	nFail
+)
+
+var failNames = [nFail]string{"wrong_token", "throttled"}
 
 func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
 	var spec catalog.Spec

@@ -74,6 +74,10 @@ type Config struct {
 	// MetricsOff leaves GET /metrics out of this handler (rain serve
 	// --metrics-listen serves the registry on a listener of its own).
 	MetricsOff bool
+	// AdminOff leaves the operator endpoints and the dashboard out of this
+	// handler (rain serve --admin-listen serves Server.Admin on a listener
+	// of its own).
+	AdminOff bool
 	// Users, when set, checks the user token of every grab (user auth on):
 	// its subject is the user. Nil: grabs name their user in the body.
 	Users interface {
@@ -88,6 +92,10 @@ type Config struct {
 	// ClientIPHeader names the header a trusted proxy puts the client's
 	// address in (X-Forwarded-For, X-Real-IP); empty: the peer address.
 	ClientIPHeader string
+	// Warnings are what the instance warned of at start that an operator
+	// must not miss (user auth off, say): GET /readyz gives them to the
+	// holders of an admin token.
+	Warnings []string
 	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
 	Timeline *dash.Timeline
 	// GrabBodyTimeout bounds the wait for a grab's body, from the end of
@@ -115,6 +123,10 @@ type Server struct {
 	access   accessSampler
 	draining atomic.Bool // Drain: /readyz 503, every answer closes its connection
 	stopping atomic.Bool // Stop: grabs answered 503 before any work
+	// adminFails is each client's budget of admin token failures (see
+	// adminFailBurst); adminRefused counts refusals by why.
+	adminFails   *limit.Limiter
+	adminRefused [nFail]atomic.Int64
 }
 
 // The dashboard's files: a subtree pattern, which matches any path under
@@ -137,7 +149,17 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
 		grabs: cfg.Metrics.Grabs(statusNames[:], reasonNames[:]), ids: newRequestIDs(),
-		access: accessSampler{perSecond: int64(cfg.AccessLog)}}
+		access:     accessSampler{perSecond: int64(cfg.AccessLog)},
+		adminFails: limit.New(limit.Config{Rate: adminFailRate, Burst: adminFailBurst, MaxKeys: adminFailKeys})}
+	cfg.Metrics.CounterVec("rain_admin_auth_failures_total",
+		"Requests refused an admin endpoint (or /readyz's details, or pprof) by why: wrong_token (missing or wrong), or throttled (the client sent too many wrong ones lately).",
+		[]string{"reason"}, func() []metrics.Sample {
+			out := make([]metrics.Sample, nFail)
+			for i := range out {
+				out[i] = metrics.Sample{Labels: []string{failNames[i]}, V: float64(s.adminRefused[i].Load())}
+			}
+			return out
+		})
 	s.mux.HandleFunc("POST /grab", s.grab)
 	s.mux.HandleFunc("POST /admin/pools", s.admin(s.preload))
 	s.mux.HandleFunc("GET /admin/pools", s.admin(s.list))

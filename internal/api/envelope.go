@@ -95,23 +95,54 @@ func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 
 // ServeHTTP answers r: every answer carries X-Request-Id (the request's own
 // when it sent a sane one), and Connection: close once draining; a sample
-// of them is logged.
+// of them is logged. With Config.AdminOff the operator endpoints and the
+// dashboard are not here (404): Admin serves them.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, !s.cfg.AdminOff, true)
+}
+
+// Admin serves the operator endpoints and the dashboard (every path under
+// /admin/) and nothing else, for a listener of their own (rain serve
+// --admin-listen), apart from the clients' network.
+func (s *Server) Admin() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, true, false) })
+}
+
+// isAdminPath says whether an (unescaped) path is the operator's: /admin
+// or under /admin/. ServeMux redirects a path that is not clean (//admin,
+// /x/../admin) to its clean form first, which is then asked again.
+func isAdminPath(path string) bool {
+	return path == "/admin" || strings.HasPrefix(path, "/admin/")
+}
+
+// serve answers r as ServeHTTP says, the operator's paths only when admin,
+// the others only when public (the rest are 404).
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, admin, public bool) {
 	id := s.requestID(r)
 	w.Header()["X-Request-Id"] = []string{id}
 	if s.draining.Load() {
 		w.Header()["Connection"] = []string{"close"} // see Drain
 	}
+	var h http.Handler = s.mux
+	if isAdminPath(r.URL.Path) && !admin || !isAdminPath(r.URL.Path) && !public {
+		h = http.HandlerFunc(notHere)
+	}
 	start := time.Now()
 	if !s.access.admit(start) {
-		s.mux.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 		return
 	}
 	rec := &statusRecorder{ResponseWriter: w}
-	s.mux.ServeHTTP(rec, r)
+	h.ServeHTTP(rec, r)
 	s.cfg.Logger.Info("http", "request_id", id, "method", r.Method, "path", r.URL.Path,
 		"status", rec.code, "duration_ms", float64(time.Since(start).Microseconds())/1000,
 		"remote", r.RemoteAddr)
+}
+
+// notHere answers 404 for a path this listener does not serve (see serve).
+func notHere(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusNotFound, map[string]string{"status": "not_found",
+		"error": fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path)})
 }
 
 // methods are those a route may be registered for.

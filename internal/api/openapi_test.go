@@ -146,6 +146,7 @@ func TestOpenAPI(t *testing.T) {
 		c.want(503, c.do(down, call[0], call[1], token, call[2]), call[0]+" "+call[1]+" with the shard down")
 	}
 	specialGrabs(t, c)
+	throttledAdmin(t, c)
 
 	var missing []string
 	for path, item := range c.doc.Paths.Map() {
@@ -280,4 +281,23 @@ func specialGrabs(t *testing.T, c *contract) {
 	c.want(503, c.do(busy, "POST", "/grab", "", `{"pool_id":"p","user_id":"u"}`), "grab while the pool is full")
 	close(gt.release)
 	<-slow
+}
+
+// throttledAdmin drives every operator endpoint to its 429: a client that
+// sent too many wrong admin tokens is refused even with the right one.
+func throttledAdmin(t *testing.T, c *contract) {
+	t.Helper()
+	s := newStack(t, 1, redistest.Options{})
+	for range adminFailBurst {
+		c.want(401, c.do(s, "GET", "/admin/pools", "wrong", ""), "GET /admin/pools with a wrong token")
+	}
+	for _, call := range [][3]string{
+		{"POST", "/admin/pools", `{"pool_id":"q","total_cents":1000,"count":10}`}, {"GET", "/admin/pools", ""},
+		{"GET", "/admin/pools/p", ""}, {"GET", "/admin/pools/p/audit", ""}, {"POST", "/admin/pools/p/end", ""},
+		{"POST", "/admin/pools/p/close", ""}, {"POST", "/admin/grants/confirm", `{"pool_id":"p","user_id":"u","serial":1}`},
+		{"GET", "/admin/stats", ""},
+	} {
+		c.want(429, c.do(s, call[0], call[1], token, call[2]), call[0]+" "+call[1]+" from a throttled client")
+	}
+	c.want(200, c.do(s, "GET", "/readyz", token, ""), "GET /readyz from a throttled client (the short answer)")
 }

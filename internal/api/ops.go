@@ -6,6 +6,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"rain/internal/grab"
 )
 
 // readyTimeout bounds GET /readyz, whatever the shards do: the check is
@@ -13,11 +15,18 @@ import (
 const readyTimeout = time.Second
 
 // ready answers 200 when every shard a live pool depends on is up, 503 when
-// one is not, with each shard's state.
+// one is not. Only a holder of an admin token is told each shard's state
+// (their errors name internal addresses) and the instance's warnings; the
+// others, load balancers' probes among them, get {"ready": bool}. A wrong
+// token counts as a failed admin login (and is throttled like one).
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "draining": true})
 		return
+	}
+	details := false
+	if r.Header.Get("Authorization") != "" {
+		details, _ = s.adminAuth(r)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout*8/10)
 	defer cancel()
@@ -26,7 +35,18 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if !rd.Ready {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, rd)
+	if !details {
+		writeJSON(w, code, map[string]bool{"ready": rd.Ready})
+		return
+	}
+	writeJSON(w, code, readiness{Readiness: rd, Warnings: s.cfg.Warnings})
+}
+
+// readiness is GET /readyz's answer to an operator: the shards' states,
+// and what the instance warned of at start.
+type readiness struct {
+	grab.Readiness
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Drain makes GET /readyz answer 503 {"ready":false,"draining":true} from

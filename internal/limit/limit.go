@@ -92,6 +92,28 @@ func (l *Limiter) Allow(key string, now time.Time) (ok bool, retryAfter time.Dur
 	return false, time.Duration((1 - b.tokens) / l.rate * 1e9)
 }
 
+// Peek reports whether key's bucket holds a token at now, as Allow would,
+// without taking it (and how long until it does, when it does not). A key
+// it has no bucket for has a full one.
+func (l *Limiter) Peek(key string, now time.Time) (ok bool, retryAfter time.Duration) {
+	sh := &l.shards[maphash.String(l.seed, key)%nShards]
+	t := int64(now.Sub(l.epoch))
+	sh.mu.Lock()
+	b, found := sh.m[key]
+	sh.mu.Unlock()
+	if !found {
+		return true, 0
+	}
+	tokens := b.tokens
+	if t > b.at {
+		tokens = math.Min(l.burst, tokens+float64(t-b.at)/1e9*l.rate)
+	}
+	if tokens >= 1 {
+		return true, 0
+	}
+	return false, time.Duration((1 - tokens) / l.rate * 1e9)
+}
+
 // evict makes room in a full shard: buckets that have refilled go first (a
 // new bucket would be the same), then an eighth of the shard at random.
 func (l *Limiter) evict(sh *shard, t int64) {

@@ -74,3 +74,26 @@ func TestBoundedMemory(t *testing.T) {
 		t.Fatalf("the hot key was refused %d times of 1000 at 1000/s against 1/s, want nearly all", refusedHot)
 	}
 }
+
+// TestPeek: Peek says what Allow would, and takes nothing: a key unseen
+// has a full bucket; an empty bucket says how long until a token.
+func TestPeek(t *testing.T) {
+	l := New(Config{Rate: 10, Burst: 2})
+	t0 := time.Unix(1000, 0)
+	for range 5 {
+		if ok, _ := l.Peek("u", t0); !ok {
+			t.Fatal("Peek of a key unseen = false, want a full bucket")
+		}
+	}
+	l.Allow("u", t0)
+	l.Allow("u", t0)
+	if ok, wait := l.Peek("u", t0); ok || wait != 100*time.Millisecond {
+		t.Fatalf("Peek of an empty bucket = %v, %v; want false, 100ms", ok, wait)
+	}
+	if ok, _ := l.Peek("u", t0.Add(100*time.Millisecond)); !ok {
+		t.Fatal("Peek after a token's time = false")
+	}
+	if ok, _ := l.Allow("u", t0.Add(100*time.Millisecond)); !ok {
+		t.Fatal("Allow after Peek said yes = false: Peek took the token")
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"rain/internal/wait/waittest"
+)
+
+// apartAddr is the address rain serve's side listener of --flag reports
+// in its log (it listens on port 0).
+func apartAddr(t *testing.T, logs *syncBuffer, flag string) string {
+	t.Helper()
+	re := regexp.MustCompile(`flag=` + flag + ` addr=(\S+)`)
+	var addr string
+	waittest.Until(t, 5*time.Second, "--"+flag+"'s address in the log", func() bool {
+		m := re.FindStringSubmatch(logs.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	return addr
+}
+
+// get is GET url with the admin token (when not empty): the status and the
+// body.
+func get(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestAdminListen: with --admin-listen the operator API and the dashboard
+// are served there, and the clients' listener answers 404 for them; grabs
+// stay on --listen.
+func TestAdminListen(t *testing.T) {
+	addr, logs := startServe(t, []string{"--admin-token", longToken, "--admin-listen", "127.0.0.1:0"}, nil)
+	admin := "http://" + apartAddr(t, logs, "admin-listen")
+	pool := `{"pool_id":"a","total_cents":100,"count":10}`
+	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, pool); code != 404 {
+		t.Fatalf("preload on --listen with --admin-listen = %d %v, want 404", code, body)
+	}
+	if code, _ := get(t, "http://"+addr+"/admin/", ""); code != 404 {
+		t.Fatalf("the dashboard on --listen = %d, want 404", code)
+	}
+	if code, body := post(t, admin+"/admin/pools", longToken, pool); code != 201 {
+		t.Fatalf("preload on --admin-listen = %d %v, want 201", code, body)
+	}
+	if code, _ := get(t, admin+"/admin/", ""); code != 200 {
+		t.Fatalf("the dashboard on --admin-listen = %d, want 200", code)
+	}
+	if code, body := post(t, admin+"/grab", "", `{"pool_id":"a","user_id":"u"}`); code != 404 {
+		t.Fatalf("grab on --admin-listen = %d %v, want 404", code, body)
+	}
+	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"a","user_id":"u"}`); code != 200 {
+		t.Fatalf("grab on --listen = %d %v, want 200", code, body)
+	}
+}
+
+// TestDebugListener: pprof on --debug-listen answers only the admin token,
+// and never the command line, where a secret given as a flag (here the
+// admin token itself) would show.
+func TestDebugListener(t *testing.T) {
+	_, logs := startServe(t, []string{"--admin-token", longToken, "--debug-listen", "127.0.0.1:0"}, nil)
+	debug := "http://" + apartAddr(t, logs, "debug-listen")
+	for _, path := range []string{"/debug/pprof/cmdline", "/debug/pprof/heap?debug=1", "/debug/pprof/"} {
+		if code, _ := get(t, debug+path, ""); code != 401 {
+			t.Errorf("GET %s without the admin token = %d, want 401", path, code)
+		}
+	}
+	if code, body := get(t, debug+"/debug/pprof/cmdline", longToken); code != 404 || strings.Contains(body, longToken) {
+		t.Errorf("GET /debug/pprof/cmdline with the admin token = %d %q, want 404 and no command line", code, body)
+	}
+	if code, _ := get(t, debug+"/debug/pprof/heap?debug=1", longToken); code != 200 {
+		t.Errorf("GET /debug/pprof/heap with the admin token = %d, want 200", code)
+	}
+}
+
+// TestSideListenersTimeouts: the side listeners keep the main one's
+// limits: an idle keep-alive connection is closed after --idle-timeout,
+// and one that never finishes its headers is closed too, so a client
+// cannot hold them open.
+func TestSideListenersTimeouts(t *testing.T) {
+	flags := []string{"admin-listen", "metrics-listen", "debug-listen"}
+	args := []string{"--admin-token", longToken, "--idle-timeout", "300ms"}
+	for _, f := range flags {
+		args = append(args, "--"+f, "127.0.0.1:0")
+	}
+	_, logs := startServe(t, args, nil)
+	paths := map[string]string{"admin-listen": "/admin/pools", "metrics-listen": "/metrics", "debug-listen": "/debug/pprof/"}
+	slow := map[string]net.Conn{}
+	for _, f := range flags {
+		c, err := net.Dial("tcp", apartAddr(t, logs, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: rain\r\n", paths[f]) // and never the end of the headers
+		slow[f] = c
+	}
+	for _, f := range flags {
+		c, err := net.Dial("tcp", apartAddr(t, logs, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: rain\r\nAuthorization: Bearer %s\r\n\r\n", paths[f], longToken)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("--%s: %v", f, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		start := time.Now()
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("--%s: an idle keep-alive connection read %v, want closed by the server (EOF)", f, err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("--%s: the idle connection was closed after %v, want about --idle-timeout (300ms)", f, took)
+		}
+	}
+	for _, f := range flags {
+		_ = slow[f].SetReadDeadline(time.Now().Add(15 * time.Second))
+		if _, err := io.ReadAll(slow[f]); err != nil {
+			t.Errorf("--%s: a request whose headers never end: %v, want the connection closed", f, err)
+		}
+	}
+}

@@ -174,6 +174,7 @@ func TestSecretFlagsWarned(t *testing.T) {
 		{[]string{"audit", "--redis", "s1=1@redis://:hunter2@127.0.0.1:1", "--pool", "p"}, "--redis"},
 		{[]string{"end", "--redis", "s1=1@sentinel/rain:hunter2@m/127.0.0.1:1", "--pool", "p"}, "--redis"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--postgres", "postgres://rain:hunter2@127.0.0.1:1/rain?sslmode=verify-full"}, "--postgres"},
+		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "https://rain:hunter2@wallet.example/credit"}, "--webhook"},
 	} {
 		var out syncBuffer
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // settle waits for its shards
@@ -190,5 +191,41 @@ func TestSecretFlagsWarned(t *testing.T) {
 	_ = run(context.Background(), []string{"audit", "--pool", "p"}, env(map[string]string{"RAIN_REDIS": "s1=1@redis://:hunter2@127.0.0.1:1"}), &out, &out)
 	if strings.Contains(out.String(), warning) {
 		t.Errorf("rain audit with RAIN_REDIS warned of a flag:\n%s", out.String())
+	}
+}
+
+// TestSettleWebhookURL: rain settle refuses an http:// wallet URL unless
+// --webhook-allow-http says so (then it warns), and never logs the URL's
+// password or query (a wallet's key may ride in either).
+func TestSettleWebhookURL(t *testing.T) {
+	srv := redistest.Start(t, durable)
+	shards := "s1=1@" + srv.Addr
+	err := run(context.Background(), []string{"settle", "--redis", shards, "--webhook", "http://wallet.example/credit"}, env(nil), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "--webhook-allow-http") {
+		t.Fatalf("rain settle --webhook http://... = %v, want refused, naming --webhook-allow-http", err)
+	}
+	for _, c := range []struct {
+		environ map[string]string
+		warn    string
+	}{
+		{map[string]string{"RAIN_WEBHOOK": "https://rain:hunter2@wallet.example/credit?key=k3y"}, ""},
+		{map[string]string{"RAIN_WEBHOOK": "http://rain:hunter2@127.0.0.1:1/credit?key=k3y", "RAIN_WEBHOOK_ALLOW_HTTP": "true"}, "webhook over plain http"},
+	} {
+		c.environ["RAIN_REDIS"] = shards
+		logs := &syncBuffer{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, []string{"settle", "--consumer", "t"}, env(c.environ), &bytes.Buffer{}, logs) }()
+		waittest.Until(t, 10*time.Second, "rain settle settling", func() bool { return strings.Contains(logs.String(), "msg=settling") })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("rain settle: %v", err)
+		}
+		if strings.Contains(logs.String(), "hunter2") || strings.Contains(logs.String(), "k3y") {
+			t.Errorf("rain settle logged the webhook's password or query:\n%s", logs)
+		}
+		if c.warn != "" && !strings.Contains(logs.String(), c.warn) {
+			t.Errorf("rain settle with --webhook-allow-http did not warn %q:\n%s", c.warn, logs)
+		}
 	}
 }

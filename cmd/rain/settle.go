@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -23,9 +22,11 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f, tc := toolFlags("settle", stderr)
 	var cfg settle.Config
 	var ledger, webhook, webhookSecretFile, pg string
+	var webhookHTTP bool
 	f.StringVar(&pg, "postgres", "", "deliver settled grants into this PostgreSQL database (postgres://...): the system of record; any number of workers may share it")
 	f.StringVar(&ledger, "ledger", "", "append settled grants to this JSON-lines file (one line per serial, fsynced)")
-	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL (Idempotency-Key: serial)")
+	f.StringVar(&webhook, "webhook", "", "POST settled grants to this wallet URL, https:// (the wallet pays each serial of the signed body once; Idempotency-Key: the serial); redirects are not followed")
+	f.BoolVar(&webhookHTTP, "webhook-allow-http", false, "let --webhook be an http:// URL: grants, their signature and the wallet's answers in clear on the network (tests, or a wallet on this host only)")
 	f.StringVar(&webhookSecretFile, "webhook-secret-file", "", "file holding the secret that signs every webhook delivery (header Rain-Signature: t=<unix>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">); empty: unsigned")
 	f.StringVar(&cfg.Group, "group", "settle", "consumer group on the outbox streams")
 	f.StringVar(&cfg.Consumer, "consumer", "", "this worker's consumer name, unique per process (default hostname-pid)")
@@ -40,6 +41,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	f.bindEnv("postgres", "RAIN_POSTGRES")
 	f.bindEnv("webhook", "RAIN_WEBHOOK")
 	f.bindEnv("webhook-secret-file", "RAIN_WEBHOOK_SECRET_FILE")
+	f.bindEnv("webhook-allow-http", "RAIN_WEBHOOK_ALLOW_HTTP")
 	f.bindEnv("group", "RAIN_SETTLE_GROUP")
 	f.bindEnv("consumer", "RAIN_SETTLE_CONSUMER")
 	f.bindEnv("claim-after", "RAIN_CLAIM_AFTER")
@@ -55,7 +57,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	for _, w := range f.secretArgs(nil, "redis", "postgres", "webhook") {
 		log.Warn(w)
 	}
-	sink, closeSink, err := settleSink(ctx, sinkFlags{ledger, webhook, webhookSecretFile, pg}, log)
+	sink, closeSink, err := settleSink(ctx, sinkFlags{ledger, webhook, webhookSecretFile, pg, webhookHTTP}, log)
 	if err != nil {
 		return err
 	}
@@ -71,7 +73,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", webhook, "postgres", redactURL(pg))
+	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", redactURL(webhook), "postgres", redactURL(pg))
 	w := settle.New(set, cat, sink, cfg)
 	if listen != "" {
 		reg := metrics.New(buildInfo())
@@ -88,7 +90,10 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 }
 
 // sinkFlags are the flags that name rain settle's sink.
-type sinkFlags struct{ ledger, webhook, secretFile, postgres string }
+type sinkFlags struct {
+	ledger, webhook, secretFile, postgres string
+	webhookHTTP                           bool // --webhook-allow-http
+}
 
 // settleSink is the sink --postgres, --ledger or --webhook names (exactly
 // one of them); closeSink closes it.
@@ -116,25 +121,34 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 		}
 		return l, func() { l.Close() }, nil
 	}
-	if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, nil, usagef("--webhook %q: want an http(s) URL", webhook)
+	u, err := url.Parse(webhook)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, nil, usagef("--webhook %s: want an https:// URL", redactURL(webhook))
+	case u.Scheme == "http" && !sf.webhookHTTP:
+		return nil, nil, usagef("--webhook %s: an http:// URL sends every grant and its signature in clear, and lets anyone on the path answer for the wallet: want https://, or --webhook-allow-http", redactURL(webhook))
+	case u.Scheme == "http":
+		log.Warn("webhook over plain http (--webhook-allow-http): grants and the wallet's answers in clear on the network", "webhook", redactURL(webhook))
 	}
 	wh := &settle.Webhook{URL: webhook}
 	if secretFile == "" {
 		log.Warn("webhook deliveries are not signed: give --webhook-secret-file so the wallet can tell rain's deliveries from forged ones")
 		return wh, func() {}, nil
 	}
-	b, err := os.ReadFile(secretFile)
+	b, err := auth.ReadKeyFile(secretFile)
 	if err != nil {
 		return nil, nil, usagef("--webhook-secret-file: %w", err)
 	}
+	warnReadable(log, "--webhook-secret-file", secretFile)
 	if wh.Secret = []byte(strings.TrimSpace(string(b))); len(wh.Secret) < auth.MinSecret {
 		return nil, nil, usagef("--webhook-secret-file %s: a secret of %d bytes; want at least %d", secretFile, len(wh.Secret), auth.MinSecret)
 	}
 	return wh, func() {}, nil
 }
 
-// redactURL is u with its password masked, for logs; "" stays "".
+// redactURL is u with its password masked, for logs; "" stays "". A
+// query is masked too, but for sslmode (a wallet's key may ride in a
+// webhook's query; a database URL's sslmode says how it is reached).
 func redactURL(u string) string {
 	if u == "" {
 		return ""
@@ -142,6 +156,17 @@ func redactURL(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
 		return "(not shown: not a URL)"
+	}
+	if p.RawQuery != "" {
+		q := url.Values{}
+		for k, v := range p.Query() {
+			if k == "sslmode" {
+				q[k] = v
+			} else {
+				q.Set(k, "xxxxx")
+			}
+		}
+		p.RawQuery = q.Encode()
 	}
 	return p.Redacted()
 }

@@ -410,16 +410,22 @@ func TestSerialConflictIsAnAlarm(t *testing.T) {
 // TestTwoWebhookWorkersPayOnce: two settle workers deliver to one wallet;
 // the first dies after delivering some grants, before acknowledging them,
 // and the second takes its pending entries over and delivers them again.
-// The wallet dedupes by Idempotency-Key across workers (and answers 409 for
-// a key it saw with another body), so every grant is paid exactly once.
+// The wallet dedupes by the body's serial across workers, as
+// docs/security.md says (and answers 409 for a serial it saw with another
+// body), so every grant is paid exactly once.
 func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	e, grants := newEnv(t, 40, 0)
 	var mu sync.Mutex
 	deliveries := map[string]int{}
 	paid := map[string][]byte{}
 	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
 		body, _ := io.ReadAll(r.Body)
+		var g Grant
+		if err := json.Unmarshal(body, &g); err != nil || r.Header.Get("Idempotency-Key") != fmt.Sprint(g.Serial) {
+			http.Error(w, "not a grant, or a key that is not its serial", http.StatusBadRequest)
+			return
+		}
+		key := fmt.Sprint(g.Serial)
 		mu.Lock()
 		defer mu.Unlock()
 		deliveries[key]++

@@ -1,81 +1,75 @@
 package settle
 
 import (
+	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// wallet is the wallet side of a signed webhook, written from the README's
-// description alone: it recomputes HMAC-SHA256(secret, t + "." + body),
-// compares in constant time, and refuses a t more than 5 minutes off.
+// wallet is the reference wallet of a signed webhook, as docs/security.md
+// tells a wallet to be: it verifies each delivery (Verify: the signature
+// over the raw body with its secrets, the time within 5 minutes, the
+// Idempotency-Key equal to the signed serial), and pays each serial of the
+// signed body once: the same grant again is answered 200 without paying,
+// another grant under a paid serial 409.
 type wallet struct {
-	secret []byte
-	mu     sync.Mutex
-	paid   map[string]Grant
-	bad    []string
+	secrets [][]byte
+	mu      sync.Mutex
+	paid    map[int64]Grant
+	payouts int // times money moved
+	bad     []string
+	raw     []captured // every delivery as it came in
 }
+
+// captured is a delivery as the wire carried it.
+type captured struct {
+	header http.Header
+	body   []byte
+}
+
+func newWallet(secrets ...[]byte) *wallet { return &wallet{secrets: secrets, paid: map[int64]Grant{}} }
 
 func (wl *wallet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	if reason := wl.verify(r.Header.Get("Rain-Signature"), body, time.Now()); reason != "" {
-		wl.mu.Lock()
-		wl.bad = append(wl.bad, reason)
-		wl.mu.Unlock()
-		http.Error(w, reason, http.StatusUnauthorized)
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.raw = append(wl.raw, captured{r.Header.Clone(), body})
+	g, err := Verify(r.Header, body, time.Now(), 0, wl.secrets...)
+	if err != nil {
+		wl.bad = append(wl.bad, err.Error())
+		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}
-	var g Grant
-	_ = json.Unmarshal(body, &g)
-	wl.mu.Lock()
-	wl.paid[r.Header.Get("Idempotency-Key")] = g
-	wl.mu.Unlock()
-}
-
-func (wl *wallet) verify(header string, body []byte, now time.Time) string {
-	var ts, sig string
-	for _, part := range strings.Split(header, ",") {
-		k, v, _ := strings.Cut(part, "=")
-		switch k {
-		case "t":
-			ts = v
-		case "v1":
-			sig = v
+	if first, ok := wl.paid[g.Serial]; ok {
+		if !first.Same(g) {
+			http.Error(w, "serial paid for another grant", http.StatusConflict)
 		}
+		return // paid before: answered again, not paid again
 	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || sig == "" {
-		return "no signature"
-	}
-	if d := now.Sub(time.Unix(sec, 0)); d > 5*time.Minute || d < -5*time.Minute {
-		return "stale signature"
-	}
-	mac := hmac.New(sha256.New, wl.secret)
-	mac.Write([]byte(ts + "." + string(body)))
-	want := mac.Sum(nil)
-	got, err := hex.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, want) {
-		return "bad signature"
-	}
-	return ""
+	wl.paid[g.Serial] = g
+	wl.payouts++
 }
 
-// TestWebhookSigned: deliveries carry Rain-Signature, which a wallet that
-// knows the secret verifies by its own computation; one signed with another
-// secret, an old one replayed, or a body changed in flight is refused.
+// TestWebhookSigned: deliveries carry Rain-Signature, which the reference
+// wallet verifies by its own computation; one signed with another secret,
+// an unsigned one, an old one replayed, or a body changed in flight is
+// refused.
 func TestWebhookSigned(t *testing.T) {
 	secret := []byte(strings.Repeat("k", 32))
-	wl := &wallet{secret: secret, paid: map[string]Grant{}}
+	wl := newWallet(secret)
 	srv := httptest.NewServer(wl)
 	defer srv.Close()
 	ctx := context.Background()
@@ -83,8 +77,8 @@ func TestWebhookSigned(t *testing.T) {
 	if err := deliverOne(ctx, &Webhook{URL: srv.URL, Secret: secret}, g); err != nil {
 		t.Fatalf("signed delivery: %v (wallet said %v)", err, wl.bad)
 	}
-	if wl.paid["42"] != g {
-		t.Fatalf("wallet paid %+v, want %+v", wl.paid["42"], g)
+	if wl.paid[42] != g {
+		t.Fatalf("wallet paid %+v, want %+v", wl.paid[42], g)
 	}
 
 	wrong := &Webhook{URL: srv.URL, Secret: []byte(strings.Repeat("x", 32)), Tries: 1}
@@ -96,15 +90,130 @@ func TestWebhookSigned(t *testing.T) {
 		t.Fatal("an unsigned delivery was accepted")
 	}
 	body, _ := json.Marshal(g)
+	at := func(sig string) http.Header {
+		return http.Header{SignatureHeader: {sig}, "Idempotency-Key": {"42"}}
+	}
 	old := Sign(secret, time.Now().Add(-10*time.Minute), body)
-	if reason := wl.verify(old, body, time.Now()); reason != "stale signature" {
-		t.Fatalf("a 10-minute-old signature: %q, want stale", reason)
+	if _, err := Verify(at(old), body, time.Now(), 0, secret); !errors.Is(err, ErrStale) {
+		t.Fatalf("a 10-minute-old signature: %v, want ErrStale", err)
 	}
 	fresh := Sign(secret, time.Now(), body)
-	if reason := wl.verify(fresh, []byte(strings.Replace(string(body), "123", "999", 1)), time.Now()); reason != "bad signature" {
-		t.Fatalf("a changed body: %q, want bad signature", reason)
+	if _, err := Verify(at(fresh), []byte(strings.Replace(string(body), "123", "999", 1)), time.Now(), 0, secret); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("a changed body: %v, want ErrBadSignature", err)
+	}
+	// During a rotation the wallet holds both secrets: either verifies.
+	if got, err := Verify(at(fresh), body, time.Now(), 0, []byte(strings.Repeat("n", 32)), secret); err != nil || got != g {
+		t.Fatalf("verified with the old secret of two = %+v, %v", got, err)
 	}
 	if len(wl.paid) != 1 {
 		t.Fatalf("wallet paid %d deliveries, want only the signed one", len(wl.paid))
 	}
+}
+
+// TestReplayWithNewKeysPaysOnce: a delivery captured on the wire and sent
+// again with new Idempotency-Keys (the key is not signed) is paid once:
+// the wallet pays on the signed serial, and refuses a key that is not it.
+// A wallet that paid on the key paid such a delivery once per key.
+func TestReplayWithNewKeysPaysOnce(t *testing.T) {
+	secret := []byte(strings.Repeat("k", 32))
+	wl := newWallet(secret)
+	srv := httptest.NewServer(wl)
+	defer srv.Close()
+	g := Grant{Serial: 7, PoolID: "p", UserID: "u", AmountCents: 500}
+	if err := deliverOne(context.Background(), &Webhook{URL: srv.URL, Secret: secret}, g); err != nil {
+		t.Fatal(err)
+	}
+	wl.mu.Lock()
+	capturedOne := wl.raw[0]
+	wl.mu.Unlock()
+	replay := func(key string) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", srv.URL, bytes.NewReader(capturedOne.body))
+		req.Header = capturedOne.header.Clone()
+		if key == "" {
+			req.Header.Del("Idempotency-Key")
+		} else {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, key := range []string{"7-again", "8", "9"} {
+		if code := replay(key); code != http.StatusUnauthorized {
+			t.Errorf("the delivery replayed with Idempotency-Key %q = %d, want 401 (not the signed serial)", key, code)
+		}
+	}
+	for _, key := range []string{"7", ""} {
+		if code := replay(key); code != http.StatusOK {
+			t.Errorf("the delivery replayed with key %q = %d, want 200 (already paid)", key, code)
+		}
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if wl.payouts != 1 || wl.paid[7] != g {
+		t.Fatalf("wallet paid %d times (%v), want once: %+v", wl.payouts, wl.paid, g)
+	}
+}
+
+// TestWebhookRefusesRedirects: a wallet URL that answers 307 or 308 with
+// a Location elsewhere does not get the delivery sent on there (Go's
+// client would resend the body, its signature and its key): Deliver fails,
+// saying so, and the other server sees nothing.
+func TestWebhookRefusesRedirects(t *testing.T) {
+	var stolen atomic.Int64
+	thief := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { stolen.Add(1) }))
+	defer thief.Close()
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+		redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, thief.URL+"/credit", code)
+		}))
+		w := &Webhook{URL: redirector.URL, Secret: []byte(strings.Repeat("k", 32)), Tries: 2, Backoff: time.Millisecond}
+		err := deliverOne(context.Background(), w, Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
+		redirector.Close()
+		if err == nil || !strings.Contains(err.Error(), "redirects are not followed") {
+			t.Errorf("a %d redirect: Deliver = %v, want an error saying redirects are not followed", code, err)
+		}
+	}
+	if n := stolen.Load(); n != 0 {
+		t.Fatalf("the redirect's target got %d deliveries, want none", n)
+	}
+}
+
+// FuzzVerify: whatever the signature header, the key and the body, Verify
+// never panics, and what it accepts is signed by the secret over that body,
+// within the tolerance, with a key that is the body's serial (or none).
+func FuzzVerify(f *testing.F) {
+	secret := []byte(strings.Repeat("k", 32))
+	now := time.Unix(1_800_000_000, 0)
+	body := []byte(`{"serial":42,"pool_id":"p","sub_pool":0,"user_id":"u","amount_cents":1,"deadline_ms":0,"granted_at":"0001-01-01T00:00:00Z"}`)
+	f.Add(Sign(secret, now, body), "42", body)
+	f.Add(Sign(secret, now, body)+",v1=00", "", body)
+	f.Add("t=1800000000,t=1,v1=zz", "42", body)
+	f.Add("v1=,t=", "x", []byte(`{"serial":42}{}`))
+	f.Add(Sign(secret, now, []byte(`{"serial":-1}`)), "-1", []byte(`{"serial":-1}`))
+	f.Fuzz(func(t *testing.T, sig, key string, body []byte) {
+		h := http.Header{SignatureHeader: {sig}}
+		if key != "" {
+			h.Set("Idempotency-Key", key)
+		}
+		g, err := Verify(h, body, now, 0, secret)
+		if err != nil {
+			return
+		}
+		ts, sigs, _ := parseSignature(sig)
+		want, _ := hex.DecodeString(strings.TrimPrefix(Sign(secret, time.Unix(ts, 0), body), fmt.Sprintf("t=%d,v1=", ts)))
+		if !slices.ContainsFunc(sigs, func(s []byte) bool { return bytes.Equal(s, want) }) {
+			t.Fatalf("Verify(%q, %q) accepted a signature that is not the secret's over the body", sig, body)
+		}
+		if d := now.Sub(time.Unix(ts, 0)); d > DefaultTolerance || d < -DefaultTolerance {
+			t.Fatalf("Verify accepted t=%d, %v from now", ts, d)
+		}
+		if key != "" && key != strconv.FormatInt(g.Serial, 10) || g.Serial <= 0 {
+			t.Fatalf("Verify accepted serial %d with key %q", g.Serial, key)
+		}
+	})
 }

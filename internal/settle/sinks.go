@@ -26,12 +26,16 @@ import (
 // pending and counts it.
 var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
 
-// Webhook is a Sink that POSTs each grant as JSON to a wallet URL, with the
-// serial in an Idempotency-Key header: the wallet dedupes by serial, across
-// every settle worker, and must compare the body of a repeated key with the
-// first: the same grant is answered 2xx again (already paid), another grant
-// under the same serial 409 Conflict, which Deliver returns as
-// ErrSerialConflict without retrying. Any other answer but 2xx is retried,
+// Webhook is a Sink that POSTs each grant as JSON to a wallet URL: the
+// wallet pays each serial once, across every settle worker, reading the
+// serial from the signed body (Verify is how; the Idempotency-Key header
+// carries the same serial, unsigned, and a wallet must not pay on it
+// alone), and compares a repeated serial's grant with the first: the same
+// grant is answered 2xx again (already paid), another grant under the same
+// serial 409 Conflict, which Deliver returns as ErrSerialConflict without
+// retrying. A redirect is not followed (it would carry the body, its
+// signature and its key to wherever Location says): it is an answer that
+// is not 2xx. Any other answer but 2xx is retried,
 // Tries times in all, after a backoff that doubles from Backoff up to
 // MaxBackoff, each wait drawn at random between half and all of it (so
 // that workers retrying at once spread out); a 429 or 503 with Retry-After
@@ -59,6 +63,10 @@ const maxRetryAfter = 30 * time.Second
 
 var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
 
+// noRedirects is the webhook client's CheckRedirect: the redirect is the
+// answer.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
 // webhookParallel is how many deliveries of a batch are in flight at once.
 const webhookParallel = 8
 
@@ -85,6 +93,9 @@ func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 	if client == nil {
 		client = defaultWebhookClient
 	}
+	c := *client // the caller's client, with redirects refused
+	c.CheckRedirect = noRedirects
+	client = &c
 	if tries <= 0 {
 		tries = 5
 	}
@@ -177,6 +188,8 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 			return &walletBusy{status: resp.Status, after: d}
 		}
 		return fmt.Errorf("wallet answered %s", resp.Status)
+	case resp.StatusCode/100 == 3:
+		return fmt.Errorf("wallet answered %s: redirects are not followed (give the URL it redirects to)", resp.Status)
 	case resp.StatusCode/100 != 2:
 		return fmt.Errorf("wallet answered %s", resp.Status)
 	}
@@ -188,7 +201,8 @@ const SignatureHeader = "Rain-Signature"
 
 // Sign is the Rain-Signature value of body sent at now:
 // "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>". Each try is
-// signed afresh, so its t is the time it was sent.
+// signed afresh, so its t is the time it was sent. It covers the body (the
+// serial the wallet pays on is in it), not the headers.
 func Sign(secret []byte, now time.Time, body []byte) string {
 	t := strconv.FormatInt(now.Unix(), 10)
 	mac := hmac.New(sha256.New, secret)

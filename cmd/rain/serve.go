@@ -134,7 +134,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		AdminOff: c.AdminListen != ""}
 	if c.UserAuth != "" {
 		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer,
-			Leeway: c.UserLeeway, Refresh: c.UserRefresh})
+			Leeway: c.UserLeeway, Refresh: c.UserRefresh, AllowHTTP: c.UserAllowHTTP})
 		if err != nil && shard.Unreachable(err) {
 			return instance.Config{}, fmt.Errorf("--user-auth: %w", err) // a jwks-url that does not answer
 		}

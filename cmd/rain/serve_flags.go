@@ -39,6 +39,7 @@ type serveConfig struct {
 	UserIssuer      string
 	UserLeeway      time.Duration
 	UserRefresh     time.Duration
+	UserAllowHTTP   bool
 	UserRate        float64
 	UserBurst       int
 	IPRate          float64
@@ -72,6 +73,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file of admin tokens, one a line (several for rotation; reloaded on SIGHUP), beside or instead of --admin-token")
 	f.StringVar(&c.UserAuth, "user-auth", "", `check a signed user token (Authorization: Bearer <JWT>) on every grab: "hs256:FILE" (shared secret), "rs256:FILE", "es256:FILE" or "eddsa:FILE" (PEM public key), "jwks:FILE" (reloaded on SIGHUP), or "jwks-url:URL" (the login service's JWKS, refreshed every --user-auth-refresh and when a token names a new kid); empty: off (grabs name their user in the body)`)
 	f.DurationVar(&c.UserRefresh, "user-auth-refresh", 5*time.Minute, "how often a --user-auth jwks-url is fetched again")
+	f.BoolVar(&c.UserAllowHTTP, "user-auth-allow-http", false, "let a --user-auth jwks-url be http:// (tests only: anyone on the path could serve their own key and sign tokens for any user)")
 	f.StringVar(&c.UserAudience, "user-auth-audience", "", "the aud a user token must carry (empty: not checked)")
 	f.StringVar(&c.UserIssuer, "user-auth-issuer", "", "the iss a user token must carry (empty: not checked)")
 	f.DurationVar(&c.UserLeeway, "user-auth-leeway", 5*time.Second, "clock skew allowed on a user token's exp and nbf")
@@ -105,6 +107,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("user-auth-issuer", "RAIN_USER_AUTH_ISSUER")
 	f.bindEnv("user-auth-leeway", "RAIN_USER_AUTH_LEEWAY")
 	f.bindEnv("user-auth-refresh", "RAIN_USER_AUTH_REFRESH")
+	f.bindEnv("user-auth-allow-http", "RAIN_USER_AUTH_ALLOW_HTTP")
 	f.bindEnv("user-rate", "RAIN_USER_RATE")
 	f.bindEnv("user-burst", "RAIN_USER_BURST")
 	f.bindEnv("ip-rate", "RAIN_IP_RATE")

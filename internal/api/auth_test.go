@@ -322,12 +322,12 @@ func TestUserAuthJWKSURL(t *testing.T) {
 	k2, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	j := &jwksServer{}
 	j.set(jwkEC("k1", &k1.PublicKey))
-	srv := httptest.NewServer(j)
+	srv := httptest.NewTLSServer(j)
 	defer srv.Close()
-	if _, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:http://127.0.0.1:1/jwks"}); err == nil {
+	if _, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:https://127.0.0.1:1/jwks"}); err == nil {
 		t.Fatal("jwks-url that does not answer: NewUsers succeeded, want the start refused")
 	}
-	users, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:" + srv.URL, Refresh: 200 * time.Millisecond})
+	users, err := auth.NewUsers(auth.UserConfig{Spec: "jwks-url:" + srv.URL, Refresh: 200 * time.Millisecond, Client: srv.Client()})
 	if err != nil {
 		t.Fatal(err)
 	}

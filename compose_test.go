@@ -371,9 +371,11 @@ func TestComposeMatchesRain(t *testing.T) {
 }
 
 // checkServe checks what `rain serve` needs in a container: an admin token
-// (required with --redis), a listen address reachable through the published
-// port, ports on 127.0.0.1 only, a /readyz health check on that port, and a
-// stop grace period longer than rain's own shutdown timeout.
+// (required with --redis), a word on user auth (required with --redis: a
+// key, or none on purpose), a listen address reachable through the
+// published port, the metrics on a listener of their own that is not
+// published, ports on 127.0.0.1 only, a /readyz health check on that port,
+// and a stop grace period longer than rain's own shutdown timeout.
 func checkServe(t *testing.T, svc *ymap, env map[string]string) {
 	// The admin token comes from a compose secret, never from the file or
 	// the environment (where every process and `docker inspect` sees it).
@@ -384,9 +386,16 @@ func checkServe(t *testing.T, svc *ymap, env map[string]string) {
 	if !ok || !slices.Contains(svc.list("secrets"), file) {
 		t.Errorf("RAIN_ADMIN_TOKEN_FILE=%q, secrets %v: want /run/secrets/NAME with NAME among the service's secrets", env["RAIN_ADMIN_TOKEN_FILE"], svc.list("secrets"))
 	}
+	if env["RAIN_USER_AUTH"] == "" {
+		t.Error("no RAIN_USER_AUTH: rain serve on real shards refuses to start without (a key, or none on purpose)")
+	}
 	host, port, err := net.SplitHostPort(env["RAIN_LISTEN"])
 	if err != nil {
 		t.Fatalf("RAIN_LISTEN=%q: %v", env["RAIN_LISTEN"], err)
+	}
+	_, metricsPort, err := net.SplitHostPort(env["RAIN_METRICS_LISTEN"])
+	if err != nil || metricsPort == port {
+		t.Errorf("RAIN_METRICS_LISTEN=%q: want /metrics on a listener of its own (the stock off the clients' port)", env["RAIN_METRICS_LISTEN"])
 	}
 	if host != "0.0.0.0" && host != "" {
 		t.Errorf("RAIN_LISTEN=%s: listen on 0.0.0.0 in a container, or the published port reaches nothing", env["RAIN_LISTEN"])

@@ -4,15 +4,17 @@ package rain_test
 // subcommand, --flags and RAIN_* variables exist in `rain <cmd> -h`, its
 // probe paths are routes of the contract, the grace period covers the drain
 // and the shutdown, the pods run as non-root on a read-only filesystem with
-// resources set and their secrets from files, and the Service, the
-// PodDisruptionBudget and the HorizontalPodAutoscaler select the serving
-// pods the Deployment makes.
+// resources set and their secrets from files no other user reads, rain
+// serve checks user tokens (https key set, audience) and holds client
+// addresses to a rate, and the Service, the PodDisruptionBudget and the
+// HorizontalPodAutoscaler select the serving pods the Deployment makes.
 
 import (
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +69,8 @@ type podSpec struct {
 	Volumes    []struct {
 		Name   string `yaml:"name"`
 		Secret *struct {
-			SecretName string `yaml:"secretName"`
+			SecretName  string `yaml:"secretName"`
+			DefaultMode *int   `yaml:"defaultMode"`
 		} `yaml:"secret"`
 	} `yaml:"volumes"`
 }
@@ -280,6 +283,14 @@ func checkDeployment(t *testing.T, bin string, d k8sObject, config map[string]ma
 	if sub == "serve" && env["RAIN_ADMIN_TOKEN_FILE"] == "" {
 		t.Error("rain serve on --redis needs an admin token: RAIN_ADMIN_TOKEN_FILE on a secret volume")
 	}
+	if sub == "serve" {
+		checkServeGuards(t, env)
+	}
+	for _, v := range pod.Volumes {
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o004 != 0) {
+			t.Errorf("secret volume %s: defaultMode %v, want one that other users cannot read (0440, with the pod's fsGroup)", v.Name, v.Secret.DefaultMode)
+		}
+	}
 	for what, p := range map[string]probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		path := p.HTTPGet.Path
 		if _, ok := routes[path]; !ok && !(sub == "settle" && path == "/healthz") {
@@ -356,4 +367,25 @@ func mapsEqualSub(sel, labels map[string]string) bool {
 		}
 	}
 	return len(sel) > 0
+}
+
+// checkServeGuards checks who may grab in production: the app's signed user
+// tokens checked against a key set over https with an audience (rain
+// serve's shipped default let any client grab as any user_id), and a rate
+// per client address.
+func checkServeGuards(t *testing.T, env map[string]string) {
+	t.Helper()
+	ua := env["RAIN_USER_AUTH"]
+	switch kind, where, _ := strings.Cut(ua, ":"); {
+	case ua == "" || ua == "none":
+		t.Errorf("RAIN_USER_AUTH=%q: rain serve must check the app's user tokens in production", ua)
+	case kind == "jwks-url" && !strings.HasPrefix(where, "https://"):
+		t.Errorf("RAIN_USER_AUTH=%q: a key set over plain http lets anyone on the path sign for any user", ua)
+	}
+	if env["RAIN_USER_AUTH_AUDIENCE"] == "" {
+		t.Error("no RAIN_USER_AUTH_AUDIENCE: a token signed for another app would be taken")
+	}
+	if r, err := strconv.ParseFloat(env["RAIN_IP_RATE"], 64); err != nil || r <= 0 {
+		t.Errorf("RAIN_IP_RATE=%q: want a rate per client address", env["RAIN_IP_RATE"])
+	}
 }

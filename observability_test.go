@@ -73,6 +73,9 @@ func TestComposeObservability(t *testing.T) {
 		}
 		env := svc.sub("environment")
 		listen := env.str("RAIN_LISTEN")
+		if m := env.str("RAIN_METRICS_LISTEN"); m != "" {
+			listen = m // /metrics is there, and 404 on RAIN_LISTEN
+		}
 		if svc.list("command")[0] == "settle" {
 			listen = env.str("RAIN_SETTLE_LISTEN")
 		}

@@ -207,8 +207,19 @@ need_tools() {
 # with the admin token $token and any extra FLAGs; its port goes into VAR once
 # /healthz answers. The shards keep an AOF with appendfsync $rain_fsync (always
 # unless set: the durability rain serve requires; anything else runs it with
-# --durability relaxed). Uses $tmp (bash scoping is dynamic).
+# --durability relaxed). User auth is off (--user-auth none, which rain serve
+# on real shards needs said; a rain built before it existed is not given it)
+# unless a FLAG says otherwise. Uses $tmp (bash scoping is dynamic).
 rain_fsync=${RAIN_FSYNC:-always}
+
+# user_auth_none BIN: no_user_auth=(--user-auth none) when BIN's rain serve
+# takes it (and so requires it on real shards), else empty.
+user_auth_none() {
+  no_user_auth=()
+  if "$1" serve -h 2>&1 | grep -q -- '"none": off'; then
+    no_user_auth=(--user-auth none)
+  fi
+}
 rain_seq=0
 start_rain() {
   local shards="" i p rp pid durability=() dir redis=""
@@ -220,9 +231,10 @@ start_rain() {
     shards+="${shards:+,}s$i=1@127.0.0.1:$p"
   done
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
+  user_auth_none "${rain_bin:-$bin/rain}"
   free_port rp
   "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
-    "${durability[@]}" "${@:2}" \
+    "${durability[@]}" "${no_user_auth[@]}" "${@:2}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!
   started+=("$pid")
@@ -722,7 +734,7 @@ bench_memory() {
   start_redis p2 "$tmp/m2" always
   shards="s1=1@127.0.0.1:$p1,s2=1@127.0.0.1:$p2"
   free_port rp
-  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" >"$tmp/memory-serve.log" 2>&1 &
+  "$bin/rain" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" --user-auth none >"$tmp/memory-serve.log" 2>&1 &
   pid=$!
   started+=("$pid")
   wait_port "$pid" "$rp" rain "$tmp/memory-serve.log"

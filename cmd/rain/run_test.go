@@ -59,11 +59,18 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// startServe runs `rain serve` in the background until the test ends.
+// startServe runs `rain serve` in the background until the test ends,
+// with user auth off (RAIN_USER_AUTH=none, which --redis needs said)
+// unless the test's environment or flags say otherwise.
 func startServe(t *testing.T, args []string, environ map[string]string) (addr string, logs *syncBuffer) {
 	t.Helper()
 	addr = freeAddr(t)
 	logs = &syncBuffer{}
+	withNone := map[string]string{"RAIN_USER_AUTH": userAuthNone}
+	for k, v := range environ {
+		withNone[k] = v
+	}
+	environ = withNone
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -227,7 +234,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"bogus"}, nil, "unknown command"},
 		{[]string{"serve", "--redis", "s1=0@127.0.0.1:1"}, nil, "weight"},
 		{[]string{"serve"}, map[string]string{"RAIN_REDIS": "s1=1@127.0.0.1:1"}, "admin-token"},
-		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", longToken, "--serial-shard", "zz"}, nil, "serial-shard"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", longToken}, nil, "--user-auth none"},
+		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", longToken, "--user-auth", "none", "--serial-shard", "zz"}, nil, "serial-shard"},
 		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "short"}, nil, "openssl rand -hex 16"},
 		{[]string{"serve", "--redis", "s1=1@127.0.0.1:1", "--admin-token", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}, nil, "distinct"},
 		{[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
@@ -236,7 +244,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"serve", "--user-auth", "md5:/etc/hostname"}, nil, "unknown kind"},
 		{[]string{"serve", "--user-auth", "hs256:/nonexistent/key"}, nil, "no such file"},
 		{[]string{"serve", "--admin-token-file", "/nonexistent/tokens"}, nil, "admin token file"},
-		{[]string{"serve", "--redis-ca", "/nonexistent/ca.pem", "--admin-token", longToken, "--redis", "s1=1@127.0.0.1:1"}, nil, "--redis-ca"},
+		{[]string{"serve", "--redis-ca", "/nonexistent/ca.pem", "--admin-token", longToken, "--redis", "s1=1@127.0.0.1:1", "--user-auth", "none"}, nil, "--redis-ca"},
 		{[]string{"serve", "--redis", "s1=1@rediss://u:hunter2@127.0.0.1:99999", "--admin-token", longToken}, nil, "xxxxx"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "https://127.0.0.1:1", "--webhook-secret-file", "/nonexistent"}, nil, "webhook-secret-file"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "http://wallet.example/credit"}, nil, "--webhook-allow-http"},
@@ -344,7 +352,7 @@ func TestDurability(t *testing.T) {
 	noAOF := redistest.Start(t, redistest.Options{})
 	shards := fmt.Sprintf("a=1@%s,b=1@%s,c=1@%s", good.Addr, everysec.Addr, noAOF.Addr)
 	for _, cmd := range [][]string{
-		{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken},
+		{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken, "--user-auth", "none"},
 		{"settle", "--ledger", t.TempDir() + "/l"},
 	} {
 		err := run(context.Background(), append(cmd, "--redis", shards), env(nil), &bytes.Buffer{}, &bytes.Buffer{})

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,6 +228,48 @@ func TestSettleWebhookURL(t *testing.T) {
 		}
 		if c.warn != "" && !strings.Contains(logs.String(), c.warn) {
 			t.Errorf("rain settle with --webhook-allow-http did not warn %q:\n%s", c.warn, logs)
+		}
+	}
+}
+
+// TestUserAuthOnRealShards: on real shards rain serve refuses to start
+// with no word on user auth (the shipped default let any client grab as
+// anyone); --user-auth none runs, and says so loudly: in its log and in
+// /readyz's answer to an operator. With user auth on, a token whose aud
+// or iss is not checked is warned of the same way, until both are given.
+func TestUserAuthOnRealShards(t *testing.T) {
+	srv := redistest.Start(t, durable)
+	environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr, "RAIN_ADMIN_TOKEN": longToken}
+	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0"}, env(environ), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "--user-auth none") || exitCode(err) != exitUsage {
+		t.Fatalf("rain serve --redis without --user-auth = %v, want a usage error naming --user-auth none", err)
+	}
+	key := filepath.Join(t.TempDir(), "user.key")
+	writeSecret(t, key, strings.Repeat("k", 32))
+	for _, c := range []struct {
+		args []string
+		want []string // warnings, in the log and /readyz
+	}{
+		{[]string{"--user-auth", "none"}, []string{warnUserAuthOff}},
+		{[]string{"--user-auth", "hs256:" + key}, []string{warnNoAudience, warnNoIssuer}},
+		{[]string{"--user-auth", "hs256:" + key, "--user-auth-audience", "rain", "--user-auth-issuer", "https://login.example"}, nil},
+	} {
+		addr, logs := startServe(t, c.args, environ)
+		code, body := get(t, "http://"+addr+"/readyz", longToken)
+		var rd struct {
+			Warnings []string `json:"warnings"`
+		}
+		_ = json.Unmarshal([]byte(body), &rd)
+		if code != 200 || !slices.Equal(rd.Warnings, c.want) {
+			t.Errorf("rain serve %v: /readyz for the operator = %d, warnings %q; want 200, %q", c.args, code, rd.Warnings, c.want)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(logs.String(), w) {
+				t.Errorf("rain serve %v did not log %q", c.args, w)
+			}
+		}
+		if _, body := get(t, "http://"+addr+"/readyz", ""); body != "{\"ready\":true}\n" {
+			t.Errorf("rain serve %v: /readyz for anyone = %q, want {\"ready\":true} alone", c.args, body)
 		}
 	}
 }

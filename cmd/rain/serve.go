@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -46,14 +45,17 @@ const defaultGCPercent = 400
 
 // server is a running `rain serve`: the instance and what serves it.
 type server struct {
-	cfg     *serveConfig
-	log     *slog.Logger
-	in      *instance.Instance
-	ln      *stoppable
-	http    *http.Server
-	conns   *connGuard
-	apart   []func() // stop the side listeners (--admin-listen, --metrics-listen, --debug-listen)
-	release []func() // what newServer set up beside the instance, undone last
+	cfg   *serveConfig
+	log   *slog.Logger
+	in    *instance.Instance
+	ln    *stoppable
+	http  *http.Server
+	conns *connGuard
+	apart []func() // stop the side listeners (--admin-listen, --metrics-listen, --debug-listen)
+	// warnings are what an operator must not miss, logged at start and
+	// given to /readyz's admin answer.
+	warnings []string
+	release  []func() // what newServer set up beside the instance, undone last
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -132,27 +134,12 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != "",
 		AdminOff: c.AdminListen != ""}
-	if c.UserAuth != "" {
-		users, err := auth.NewUsers(auth.UserConfig{Spec: c.UserAuth, Audience: c.UserAudience, Issuer: c.UserIssuer,
-			Leeway: c.UserLeeway, Refresh: c.UserRefresh, AllowHTTP: c.UserAllowHTTP})
-		if err != nil && shard.Unreachable(err) {
-			return instance.Config{}, fmt.Errorf("--user-auth: %w", err) // a jwks-url that does not answer
-		}
-		if err != nil {
-			return instance.Config{}, usagef("--user-auth: %w", err)
-		}
-		s.release = append(s.release, users.Close)
-		acfg.Users = users
-		if kind, file, _ := strings.Cut(c.UserAuth, ":"); strings.EqualFold(kind, "hs256") {
-			warnReadable(log, "--user-auth", file)
-		}
-		reloads = append(reloads, reloader{"user auth keys", func() error {
-			if err := users.Reload(); err != nil {
-				return fmt.Errorf("%w (the keys loaded before stay in use)", err)
-			}
-			return nil
-		}})
+	userReloads, err := s.userAuth(&acfg)
+	if err != nil {
+		return instance.Config{}, err
 	}
+	reloads = append(reloads, userReloads...)
+	acfg.Warnings = s.warnings
 	if c.UserRate > 0 {
 		acfg.UserLimit = limit.New(limit.Config{Rate: c.UserRate, Burst: c.UserBurst, MaxKeys: c.RateLimitKeys})
 	}
@@ -192,13 +179,17 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 // reaper's lock (jittered to 0.5-1.5 times).
 const reaperRetry = 4 * time.Second
 
+// embeddedWarning is the first log line of a run on embedded shards.
+const embeddedWarning = "rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit"
+
 // checkTokens says what the run is (embedded, or real shards) and checks
 // the admin token: generated for an embedded run without one, required and
 // long enough with --redis.
 func (s *server) checkTokens() error {
 	c, log := s.cfg, s.log
 	if c.Redis == "" {
-		log.Warn("rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit", versionAttrs()...)
+		log.Warn(embeddedWarning, versionAttrs()...)
+		s.warnings = append(s.warnings, embeddedWarning)
 		if c.AdminToken == "" && c.AdminTokenFile == "" {
 			c.AdminToken = newToken()
 			log.Info("admin token for this run", "admin_token", c.AdminToken)
@@ -213,9 +204,6 @@ func (s *server) checkTokens() error {
 		if err := auth.CheckAdminToken(c.AdminToken); err != nil {
 			return usagef("--admin-token (RAIN_ADMIN_TOKEN): %w", err)
 		}
-	}
-	if c.UserAuth == "" {
-		log.Warn("user auth is off: any client can grab as any user_id; give --user-auth to check the app's signed user tokens")
 	}
 	return nil
 }

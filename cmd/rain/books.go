@@ -20,6 +20,9 @@ import (
 func (s *server) books(ctx context.Context, icfg *instance.Config) error {
 	c, log := s.cfg, s.log
 	if c.Postgres != "" {
+		if err := checkPostgresTLS(c.Postgres, s.warn); err != nil {
+			return err
+		}
 		db, err := postgres.Open(ctx, c.Postgres)
 		if err != nil {
 			return fmt.Errorf("--postgres: %w", err)

@@ -115,7 +115,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"audit", "--pool", "x", "--bogus"}, exitUsage},
 		{[]string{"audit", "--pool", "x", "--redis", "s1=1@127.0.0.1:1"}, exitUnreachable},
 		{[]string{"end", "--pool", "x", "--redis", "s1=1@127.0.0.1:1"}, exitUnreachable},
-		{[]string{"close", "--pool", "x", "--postgres", "postgres://rain@127.0.0.1:1/x?connect_timeout=1"}, exitUnreachable},
+		{[]string{"close", "--pool", "x", "--postgres", "postgres://rain@127.0.0.1:1/x?connect_timeout=1&sslmode=disable"}, exitUnreachable},
 		{[]string{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken, "--user-auth", "jwks-url:https://127.0.0.1:1/jwks"}, exitUnreachable},
 		{[]string{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken, "--user-auth", "jwks-url:http://127.0.0.1:1/jwks"}, exitUsage},
 		{[]string{"serve", "--listen", "127.0.0.1:0", "--admin-token", longToken, "--user-auth", "jwks-url:http://127.0.0.1:1/jwks", "--user-auth-allow-http"}, exitUnreachable},

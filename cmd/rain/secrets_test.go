@@ -273,3 +273,39 @@ func TestUserAuthOnRealShards(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresTLS: a --postgres link that falls back to plain text without
+// a word (sslmode prefer, pgx's default, or allow) is refused, saying what
+// to give; one in plain text to another host, or encrypted to a server
+// whose certificate is not checked, is warned of; plain text to this host,
+// or a checked certificate, is neither.
+func TestPostgresTLS(t *testing.T) {
+	const far = "192.0.2.1:5432" // TEST-NET: no database answers, quickly
+	for _, c := range []struct {
+		url, refused, warned string
+	}{
+		{"postgres://rain@" + far + "/rain?connect_timeout=1", "sslmode prefer", ""},
+		{"postgres://rain@" + far + "/rain?sslmode=prefer&connect_timeout=1", "sslmode prefer", ""},
+		{"postgres://rain@" + far + "/rain?sslmode=allow&connect_timeout=1", "sslmode prefer", ""},
+		{"host=192.0.2.1 user=rain dbname=rain connect_timeout=1", "sslmode prefer", ""},
+		{"postgres://rain@" + far + "/rain?sslmode=disable&connect_timeout=1", "", "plain text"},
+		{"postgres://rain@" + far + "/rain?sslmode=require&connect_timeout=1", "", "checks no certificate"},
+		{"postgres://rain@127.0.0.1:1/rain?sslmode=disable&connect_timeout=1", "", ""},
+		{"host=/run/postgresql user=rain sslmode=disable connect_timeout=1", "", ""},
+		{"postgres://rain@" + far + "/rain?sslmode=verify-full&connect_timeout=1", "", ""},
+	} {
+		var out syncBuffer
+		err := run(context.Background(), []string{"close", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--postgres", c.url}, env(nil), &out, &out)
+		refused := err != nil && exitCode(err) == exitUsage
+		switch {
+		case c.refused != "" && (!refused || !strings.Contains(err.Error(), c.refused)):
+			t.Errorf("rain close --postgres %q = %v, want a usage error saying %q", c.url, err, c.refused)
+		case c.refused == "" && refused:
+			t.Errorf("rain close --postgres %q = %v, want it tried", c.url, err)
+		case c.warned != "" && !strings.Contains(out.String(), c.warned):
+			t.Errorf("rain close --postgres %q warned %q, want %q", c.url, out.String(), c.warned)
+		case c.warned == "" && strings.Contains(out.String(), "warning: --postgres"):
+			t.Errorf("rain close --postgres %q warned %q, want nothing", c.url, out.String())
+		}
+	}
+}

@@ -139,7 +139,6 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, err
 	}
 	reloads = append(reloads, userReloads...)
-	acfg.Warnings = s.warnings
 	if c.UserRate > 0 {
 		acfg.UserLimit = limit.New(limit.Config{Rate: c.UserRate, Burst: c.UserBurst, MaxKeys: c.RateLimitKeys})
 	}
@@ -172,6 +171,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
 	}
+	icfg.API.Warnings = s.warnings // all there are by now
 	return icfg, nil
 }
 

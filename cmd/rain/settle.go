@@ -109,6 +109,9 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 	case given != 1:
 		return nil, nil, usagef("give exactly one of --postgres, --ledger and --webhook")
 	case sf.postgres != "":
+		if err := checkPostgresTLS(sf.postgres, func(w string) { log.Warn(w) }); err != nil {
+			return nil, nil, err
+		}
 		db, err := postgres.Open(ctx, sf.postgres)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--postgres: %w", err)

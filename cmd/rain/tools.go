@@ -170,6 +170,9 @@ func life(ctx context.Context, cmd string, args []string, getenv func(string) st
 	}
 	var books catalog.Books
 	if pg != "" {
+		if err := checkPostgresTLS(pg, func(w string) { fmt.Fprintln(stderr, "rain: warning:", w) }); err != nil {
+			return err
+		}
 		db, err := postgres.Open(ctx, pg)
 		if err != nil {
 			return fmt.Errorf("--postgres: %w", err)

@@ -3,7 +3,7 @@
 # rain's image: a static binary on a small Alpine, run as a non-root user.
 #
 #   docker build -t rain --build-arg VERSION=v1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
-#   docker run --rm -p 127.0.0.1:8080:8080 rain serve      # embedded shards: trying out only
+#   docker run --rm -p 127.0.0.1:8080:8080 -e RAIN_LISTEN=0.0.0.0:8080 rain serve   # embedded shards: trying out only
 #
 # VERSION and REVISION are stamped into the binary (rain --version, the first
 # log line, rain_build_info) and into the image's OCI labels: the build
@@ -39,9 +39,11 @@ RUN addgroup -S -g 10001 rain && adduser -S -D -H -u 10001 -G rain -s /sbin/nolo
 # /ledger is where `rain settle` keeps its ledger in docker-compose.yml; a named
 # volume mounted there takes this directory's owner, so the non-root user can write.
 COPY --from=build /rain /rain
-# rain serve listens on 127.0.0.1 unless told otherwise; in a container it
-# must listen on every interface to be reachable through a published port.
-ENV RAIN_LISTEN=0.0.0.0:8080
+# rain serve listens on 127.0.0.1 unless told otherwise, and the image does
+# not tell it otherwise: `docker run -p 8080:8080 rain serve` with no --redis
+# is the try-it mode (its admin token in the log, its in-memory shards with
+# no password), which must not answer the network unasked. A deployment
+# says RAIN_LISTEN=0.0.0.0:8080 (docker-compose.yml and deploy/k8s do).
 EXPOSE 8080
 # Numeric, so that runtimes enforcing "run as non-root" can verify it.
 USER 10001:10001

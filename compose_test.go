@@ -581,6 +581,13 @@ func TestDockerfile(t *testing.T) {
 	if name, _, _ := strings.Cut(user, ":"); name == "" || name == "root" || name == "0" {
 		t.Errorf("runtime stage runs as %q, want a non-root USER", user)
 	}
+	// rain serve without --redis is the try-it mode: the image must not
+	// make it listen on every interface (docker run -p would publish it).
+	for _, ins := range final {
+		if strings.HasPrefix(strings.ToUpper(ins), "ENV ") && regexp.MustCompile(`RAIN_LISTEN[= ]+"?(0\.0\.0\.0|\[::\]|:)`).MatchString(ins) {
+			t.Errorf("runtime stage %q: the try-it mode would listen on every interface; let deployments set RAIN_LISTEN", ins)
+		}
+	}
 }
 
 func TestDockerignore(t *testing.T) {

@@ -309,3 +309,27 @@ func TestPostgresTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddedOnEveryInterface: the try-it mode listening beyond this host
+// (its admin token is in its log) says so loudly; on loopback it does not.
+func TestEmbeddedOnEveryInterface(t *testing.T) {
+	for _, c := range []struct {
+		listen string
+		warn   bool
+	}{{"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
+		logs := &syncBuffer{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- run(ctx, []string{"serve", "--listen", c.listen, "--drain-delay", "0"}, env(nil), &bytes.Buffer{}, logs)
+		}()
+		waittest.Until(t, 10*time.Second, "rain serve serving", func() bool { return strings.Contains(logs.String(), "msg=serving") })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(logs.String(), warnEmbeddedExposed); got != c.warn {
+			t.Errorf("rain serve --listen %s (embedded): warned that it is exposed = %v, want %v\n%s", c.listen, got, c.warn, logs)
+		}
+	}
+}

@@ -179,8 +179,12 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 // reaper's lock (jittered to 0.5-1.5 times).
 const reaperRetry = 4 * time.Second
 
-// embeddedWarning is the first log line of a run on embedded shards.
-const embeddedWarning = "rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit"
+// embeddedWarning is the first log line of a run on embedded shards;
+// warnEmbeddedExposed follows it when such a run listens beyond this host.
+const (
+	embeddedWarning     = "rain serve on 4 embedded in-memory shards (miniredis): for trying rain out, never for production; everything is lost on exit"
+	warnEmbeddedExposed = "the try-it mode listens beyond this host (--listen): its admin token is in this log, and anyone who reaches it can preload and grab; listen on 127.0.0.1 unless that is what you want"
+)
 
 // checkTokens says what the run is (embedded, or real shards) and checks
 // the admin token: generated for an embedded run without one, required and
@@ -190,6 +194,9 @@ func (s *server) checkTokens() error {
 	if c.Redis == "" {
 		log.Warn(embeddedWarning, versionAttrs()...)
 		s.warnings = append(s.warnings, embeddedWarning)
+		if host, _, err := net.SplitHostPort(c.Listen); err == nil && !loopbackHost(host) {
+			s.warn(warnEmbeddedExposed)
+		}
 		if c.AdminToken == "" && c.AdminTokenFile == "" {
 			c.AdminToken = newToken()
 			log.Info("admin token for this run", "admin_token", c.AdminToken)

@@ -26,6 +26,19 @@ func StartSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAf
 // require authPass (sentinel auth-pass); "" for none.
 func StartSentinelAuth(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration, authPass string) *Server {
 	tb.Helper()
+	return startSentinel(tb, master, primaryAddr, quorum, downAfter, authPass, nil)
+}
+
+// StartSentinelTLS is StartSentinel that also answers over TLS on tl's
+// port (tl.Port; Addr stays its plain port), and reaches the primary at
+// primaryTLSAddr over TLS (tls-replication yes), with tl's certificate.
+func StartSentinelTLS(tb testing.TB, master, primaryTLSAddr string, tl TLS) *Server {
+	tb.Helper()
+	return startSentinel(tb, master, primaryTLSAddr, 1, 5*time.Second, "", &tl)
+}
+
+func startSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAfter time.Duration, authPass string, tl *TLS) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatal(Missing)
@@ -42,6 +55,10 @@ func StartSentinelAuth(tb testing.TB, master, primaryAddr string, quorum int, do
 		master, downAfter.Milliseconds(), master, master)
 	if authPass != "" {
 		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", master, authPass)
+	}
+	if tl != nil {
+		conf += fmt.Sprintf("tls-port %d\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"+
+			"tls-auth-clients no\ntls-replication yes\n", tl.Port, tl.certFile, tl.keyFile, tl.CAFile)
 	}
 	if err := os.WriteFile(filepath.Join(s.Dir, "sentinel.conf"), []byte(conf), 0o644); err != nil {
 		tb.Fatalf("redistest: sentinel: %v", err)

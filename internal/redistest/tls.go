@@ -26,6 +26,27 @@ type TLS struct {
 	Args   []string
 	CAFile string
 	Port   int
+
+	certFile, keyFile string
+}
+
+// OnAnotherPort is the same CA and certificate on another free port (for a
+// second server of a test, a sentinel say).
+func (tl TLS) OnAnotherPort(tb testing.TB) TLS {
+	tb.Helper()
+	port, err := freePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tl.on(port)
+}
+
+// on is tl on port.
+func (tl TLS) on(port int) TLS {
+	tl.Port = port
+	tl.Args = []string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", tl.certFile, "--tls-key-file", tl.keyFile,
+		"--tls-ca-cert-file", tl.CAFile, "--tls-auth-clients", "no"}
+	return tl
 }
 
 // NewTLS makes a CA and a server certificate for 127.0.0.1 in a temporary
@@ -75,7 +96,5 @@ func NewTLS(tb testing.TB) TLS {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return TLS{CAFile: caFile, Port: port, Args: []string{
-		"--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
-		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}}
+	return TLS{CAFile: caFile, certFile: certFile, keyFile: keyFile}.on(port)
 }

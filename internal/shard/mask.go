@@ -17,7 +17,7 @@ func hasPrefixFold(s, prefix string) bool {
 
 // credMarkers start the addresses that may hold credentials (matched
 // ASCII case-insensitively).
-var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix}
+var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix, sentinelTLSPrefix}
 
 // credStart returns the length of addr's marker (see credMarkers), 0 when
 // it has none.
@@ -71,7 +71,7 @@ func redact(addr string) string {
 // host:port (with a path, query or fragment, which hold none), or a
 // sentinel form's master name and sentinel host:ports.
 func readable(marker, after string) bool {
-	if strings.EqualFold(marker, sentinelPrefix) {
+	if strings.EqualFold(marker, sentinelPrefix) || strings.EqualFold(marker, sentinelTLSPrefix) {
 		master, list, ok := strings.Cut(after, "/")
 		if !ok || master == "" || strings.IndexFunc(master, func(r rune) bool { return r > 127 || !isNameByte(byte(r)) }) >= 0 {
 			return false

@@ -104,12 +104,22 @@ func NewClient(addr string, opts Options) *redis.Client {
 		}
 		return redis.NewClient(o)
 	}
-	return redis.NewFailoverClient(&redis.FailoverOptions{
+	fo := &redis.FailoverOptions{
 		MasterName: sh.Master, SentinelAddrs: sh.Sentinels, Username: sh.Username, Password: sh.Password,
 		Protocol: o.Protocol, ContextTimeoutEnabled: o.ContextTimeoutEnabled, PoolSize: o.PoolSize,
 		ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, PoolTimeout: o.PoolTimeout,
 		DialTimeout: o.DialTimeout, DialerRetries: o.DialerRetries,
-	})
+	}
+	if sh.TLS {
+		// One configuration for the sentinels and the servers they name:
+		// each certificate is checked for the host dialled (the sentinels'
+		// addresses, then the primary's as they report it).
+		fo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		if opts.TLS != nil {
+			fo.TLSConfig = opts.TLS.Clone()
+		}
+	}
+	return redis.NewFailoverClient(fo)
 }
 
 // refused is the error of a dial the shard's host refused (nothing listens:

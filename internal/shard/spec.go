@@ -2,9 +2,10 @@ package shard
 
 // This file owns the shard spec: its text form "name=weight@host:port" (or
 // "name=weight@sentinel/MASTER/host:port+host:port+..." for a shard whose
-// primary Redis Sentinel elects, or "name=weight@redis://user:password@host:port"
-// for AUTH and "rediss://..." for TLS), the rules a spec must meet, and the parser
-// for the comma-separated list the operator gives on the command line.
+// primary Redis Sentinel elects, "sentinel+tls/..." for the same over TLS,
+// or "name=weight@redis://user:password@host:port" for AUTH and
+// "rediss://..." for TLS), the rules a spec must meet, and the parser for
+// the comma-separated list the operator gives on the command line.
 
 import (
 	"errors"
@@ -37,11 +38,17 @@ type Spec struct {
 	Addr   string // host:port, or the sentinel form; kept as written
 }
 
-// sentinelPrefix starts the Addr of a shard behind Redis Sentinel.
-const sentinelPrefix = "sentinel/"
+// sentinelPrefix starts the Addr of a shard behind Redis Sentinel;
+// sentinelTLSPrefix one whose sentinels, primary and replicas are reached
+// over TLS.
+const (
+	sentinelPrefix    = "sentinel/"
+	sentinelTLSPrefix = "sentinel+tls/"
+)
 
 // SentinelShard is a shard reached through Redis Sentinel:
-// sentinel/[USER:PASSWORD@]MASTER/host:port+host:port+...
+// sentinel/[USER:PASSWORD@]MASTER/host:port+host:port+..., or
+// sentinel+tls/... over TLS.
 type SentinelShard struct {
 	Master    string   // the name the sentinels watch
 	Sentinels []string // their host:ports
@@ -49,6 +56,10 @@ type SentinelShard struct {
 	// are the AUTH of the primary and its replicas (masterauth, and
 	// sentinel auth-pass on the sentinels' side). Empty: none.
 	Username, Password string
+	// TLS: the sentinels, the primary and its replicas are reached over
+	// TLS (their certificates checked as a rediss:// shard's are), as the
+	// sentinels reach them (tls-replication yes).
+	TLS bool
 }
 
 // Sentinel returns the shard's sentinel form; ok is false for another
@@ -64,7 +75,10 @@ func (s Spec) Sentinel() (SentinelShard, bool) {
 func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
 	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
 	if !ok {
-		return sh, false, nil
+		if rest, ok = strings.CutPrefix(addr, sentinelTLSPrefix); !ok {
+			return sh, false, nil
+		}
+		sh.TLS = true
 	}
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
 		cred := rest[:at]
@@ -82,7 +96,7 @@ func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
 	}
 	master, list, found := strings.Cut(rest, "/")
 	if !found || master == "" || list == "" {
-		return sh, true, errors.New("want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +")
+		return sh, true, errors.New("want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +")
 	}
 	sh.Master, sh.Sentinels = master, strings.Split(list, "+")
 	return sh, true, nil
@@ -229,14 +243,14 @@ func checkShardAddr(addr string) error {
 	if !ok {
 		if strings.Contains(addr, "@") || markedAddr(addr) >= 0 {
 			// Not quoted: what is before an '@' may be a password.
-			return errors.New("an address with an '@' that is not redis://, rediss:// or sentinel/ (not shown: it may hold a password)")
+			return errors.New("an address with an '@' that is not redis://, rediss://, sentinel/ or sentinel+tls/ (not shown: it may hold a password)")
 		}
 		return checkAddr(addr)
 	}
 	if err != nil {
 		return fmt.Errorf("sentinel address %q: %w", redact(addr), err)
 	}
-	_, creds := userinfo(strings.Replace(addr, sentinelPrefix, "sentinel://", 1))
+	_, creds := userinfo("sentinel://" + addr[credStart(addr):])
 	for i := 0; i < len(sh.Master); i++ {
 		if !isNameByte(sh.Master[i]) {
 			return fmt.Errorf("sentinel address %q: master name byte %q not allowed (want A-Z a-z 0-9 _ . -)", redact(addr), sh.Master[i])

@@ -31,6 +31,9 @@ func TestParseSpecs(t *testing.T) {
 		{"sentinel", "s1=1@sentinel/m-1/10.0.0.1:26379+10.0.0.2:26379,s2=1@h:2", []Spec{
 			{"s1", 1, "sentinel/m-1/10.0.0.1:26379+10.0.0.2:26379"}, {"s2", 1, "h:2"},
 		}},
+		{"sentinel over TLS", "s1=1@sentinel+tls/m-1/10.0.0.1:26379+10.0.0.2:26379", []Spec{
+			{"s1", 1, "sentinel+tls/m-1/10.0.0.1:26379+10.0.0.2:26379"},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,10 +62,11 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1", `shard spec "s1": missing "=" after the name (want name=weight@host:port)`},
 		// A sentinel form that does not read as one is not shown: it may be
 		// a piece of a password an unencoded ',' cut.
-		{"s1=1@sentinel/m", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
-		{"s1=1@sentinel//h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel/m", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +`},
+		{"s1=1@sentinel//h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +`},
 		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
 		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": bad address: address h: missing port in address`},
+		{"s1=1@sentinel+tls/m", `shard spec "s1=1@sentinel+tls/(not shown: not a valid address)": sentinel address "sentinel+tls/(not shown: not a valid address)": want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
 		{"s1@h:1=1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): missing "@" after the weight (want name=weight@host:port)`},
 		{"=1@h:1", `shard spec "=1@h:1": empty name`},
@@ -95,7 +99,7 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1=1@h:080", `port "080" has a leading zero`},
 		{"s1=1@h h:1", `address "h h:1": byte ' ' not allowed in host`},
 		{"s1=1@ h:1,s2=1@h:2", `shard spec "s1=1@ h:1": address " h:1": byte ' ' not allowed in host`},
-		{"s1=1@a@b:1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): an address with an '@' that is not redis://, rediss:// or sentinel/ (not shown: it may hold a password)`},
+		{"s1=1@a@b:1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): an address with an '@' that is not redis://, rediss://, sentinel/ or sentinel+tls/ (not shown: it may hold a password)`},
 		{"s1=1@h:1,s1=2@h:2", `shard spec "s1=2@h:2": duplicate name "s1"`},
 		{"s1=1@h:1,s2=1@h:2,s1=1@h:1", `shard spec "s1=1@h:1": duplicate name "s1"`},
 	}
@@ -170,9 +174,10 @@ func FuzzURLPassword(f *testing.F) {
 		specs := []string{
 			"s1=1@redis://u:" + secret + "@" + rest, "s1=1@sentinel/u:" + secret + "@m/" + rest,
 			head + "rediss://u:" + secret + "@" + rest, head + "sentinel/:" + secret + "@m/" + rest,
+			"s1=1@sentinel+tls/u:" + secret + "@m/" + rest, head + "sentinel+tls/:" + secret + "@m/" + rest,
 		}
 		if !strings.Contains(p, ":") { // a password written where the user goes
-			specs = append(specs, head+"sentinel/"+secret+"@m/"+rest, head+"redis://"+secret+"@"+rest)
+			specs = append(specs, head+"sentinel/"+secret+"@m/"+rest, head+"redis://"+secret+"@"+rest, head+"sentinel+tls/"+secret+"@m/"+rest)
 		}
 		for _, spec := range specs {
 			specs, err := ParseSpecs(spec)
@@ -280,6 +285,13 @@ func TestSentinel(t *testing.T) {
 	}
 	if _, ok := (Spec{Addr: "h:1"}).Sentinel(); ok {
 		t.Fatal("Sentinel() of a plain address = true")
+	}
+	if sh.TLS {
+		t.Fatal("Sentinel() of sentinel/... says TLS")
+	}
+	sh, ok = Spec{Addr: "sentinel+tls/rain:pw@mymaster/a:1+b:2"}.Sentinel()
+	if !ok || !sh.TLS || sh.Username != "rain" || sh.Password != "pw" || sh.Master != "mymaster" || !slices.Equal(sh.Sentinels, []string{"a:1", "b:2"}) {
+		t.Fatalf("Sentinel() of sentinel+tls/... = %+v %v, want TLS, rain, pw, mymaster [a:1 b:2]", sh, ok)
 	}
 }
 

@@ -82,6 +82,34 @@ func TestSentinelAuth(t *testing.T) {
 	}
 }
 
+// TestSentinelTLS: a shard given as sentinel+tls/MASTER/... is reached
+// over TLS, at the sentinels and at the primary they name, each
+// certificate checked against the CA given: the sentinel's TLS port through
+// plain sentinel/ fails, so does an untrusted certificate.
+func TestSentinelTLS(t *testing.T) {
+	tl := redistest.NewTLS(t)
+	redistest.Start(t, redistest.Options{Args: tl.Args})
+	st := tl.OnAnotherPort(t)
+	redistest.StartSentinelTLS(t, "tlsm", fmt.Sprintf("127.0.0.1:%d", tl.Port), st)
+	pemCA, err := os.ReadFile(tl.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pemCA)
+	trusted := Options{TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	addr := fmt.Sprintf("sentinel+tls/tlsm/127.0.0.1:%d", st.Port)
+	if err := useShard(t, addr, trusted, "none"); err != nil {
+		t.Fatalf("through the sentinel over TLS: %v", err)
+	}
+	if err := useShard(t, addr, Options{}, "none"); err == nil {
+		t.Error("an untrusted certificate: connected, want refused")
+	}
+	if err := useShard(t, fmt.Sprintf("sentinel/tlsm/127.0.0.1:%d", st.Port), trusted, "none"); err == nil {
+		t.Error("plain sentinel/ to the sentinel's TLS port: connected, want refused")
+	}
+}
+
 // useShard opens the shard of addr (one spec, "t=1@addr"), writes a key
 // and runs a script on it; the spec's String must not show secret.
 func useShard(t *testing.T, addr string, opts Options, secret string) error {

@@ -50,6 +50,11 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		case lua.TakeEmpty:
 			s.local.empty.MarkEmpty(id, j)
 			continue
+		case lua.TakeEnded:
+			// The pool's window ended while this grab was spilling: nothing
+			// was taken, nothing is granted.
+			s.abort(ctx, p, userID, h, token)
+			return lua.Claim{Outcome: lua.Ended}, nil
 		case lua.TakeSettled, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
 			// twice, or a shard that lost writes. Take nothing under it.
@@ -82,9 +87,13 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			c, ok = lua.Claim{Outcome: lua.Granted, Amount: v.Amount, Serial: serial, DeadlineMS: v.DeadlineMS}, true
 		}
 		if !ok {
-			// Refused: the reservation is older than T, or the user holds a
-			// grant. The amount goes back; if that fails the reaper does it.
+			// Refused: the window ended, the reservation is older than T, or
+			// the user holds a grant. The amount goes back; if that fails
+			// the reaper does it.
 			s.settle(ctx, p, j, token, false)
+			if c.Outcome == lua.Ended {
+				return c, nil
+			}
 			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s refused at home: its reservation lapsed (T = %v) or the user holds a grant", ErrUnavailable, userID, id, s.valid)
 		}
 		// The grant stands. A failed ack leaves the transfer to the reaper,

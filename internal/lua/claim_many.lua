@@ -24,10 +24,11 @@
 --
 -- A held grant past its deadline is released here, as the reaper would
 -- release it (release.lua: its amount back to the stock, the record marked
--- released, a release entry in the outbox), before the claim is decided:
--- no answer shows a hold that has run out, and the user may grab again.
--- Not for the claim that made the grant, sent again: that one answers
--- "granted" as its first run did.
+-- released, a release entry in the outbox), before any claim of the batch is
+-- decided: no answer shows a hold that has run out, the user may grab again,
+-- and the amount released is stock for every claim of the batch (no false
+-- "empty"). Not for the claim that made the grant, sent again: that one
+-- answers "granted" as its first run did.
 --
 -- Re-sent (a reply lost on the wire), every claim answers as its first run
 -- did: the grant made under a claim's serial is "granted" again, the
@@ -91,6 +92,23 @@ local function release(user, amount, ser, dl)
   released = released + 1
 end
 
+-- Expired holds first: each user's first claim in the batch releases the
+-- user's hold that ran out (not the claim that made it, sent again), before
+-- any stock is popped, so that an amount released here is offered to every
+-- claim of the batch, those before its user's included. A claim that popped
+-- before a later release would answer "empty" beside a packet in the stock.
+local expiredAt = {} -- user -> the claim whose user's hold ran out: released here, for it
+for i = 1, n do
+  local user = users[i]
+  if held[i] and expiredAt[user] == nil then
+    local st, amount, ser, dl = string.match(held[i], '^(%a):(%d+):(%d+):(%d+)$')
+    if st == 'h' and ser ~= ARGV[3 * i] and tonumber(dl) <= now then
+      release(user, amount, ser, dl)
+      expiredAt[user] = i
+    end
+  end
+end
+
 -- take returns the next amount of the stock, popping what the rest of the
 -- batch may need in one call the first time.
 local function take(from)
@@ -105,14 +123,15 @@ end
 
 for i = 1, n do
   local user, serial, token = users[i], ARGV[3 * i], ARGV[3 * i + 1]
-  local g = made[user] or held[i]
+  local g = made[user]
+  if g == nil and (expiredAt[user] == nil or i < expiredAt[user]) then
+    g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab
+  end
   local answer
   if g then
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then
       answer = {'error', 'RAINSTATE bad grant record for ' .. user}
-    elseif st == 'h' and ser ~= serial and tonumber(dl) <= now then
-      release(user, amount, ser, dl) -- its hold ran out: decided below as a new grab
     elseif st ~= 'r' then
       if ser == serial then
         answer = {'granted', tonumber(amount), tonumber(ser), tonumber(dl)}

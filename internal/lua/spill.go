@@ -25,6 +25,7 @@ const (
 	TakeEmpty                     // the sub-pool has no stock (or is not open)
 	TakeSettled                   // the token's transfer was acked or untaken already
 	TakeConflict                  // the token is stored for another user or home
+	TakeEnded                     // the sub-pool's window has ended: nothing is taken
 )
 
 // Take moves one amount of sibling sub-pool k into an in-flight transfer
@@ -44,22 +45,32 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 		return TakeSettled, 0, nil
 	case "conflict":
 		return TakeConflict, 0, nil
+	case "ended":
+		return TakeEnded, 0, nil
 	}
 	return 0, 0, fmt.Errorf("take: unexpected reply %v", res)
 }
 
 // Adopt turns user's reservation at home (keys k) into a held grant of
-// amount from sibling origin, if the reservation still carries token and is
-// younger than validityMS and the user holds no grant; else it records the
-// token as refused and ok is false. Sent again, it answers as the first run did.
+// amount from sibling origin, if the home's window has not ended, the
+// reservation still carries token and is younger than validityMS and the
+// user holds no grant; else it records the token as refused and ok is
+// false, with the claim Ended when the home's window has ended. Sent again,
+// it answers as the first run did.
 func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
 	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts},
 		user, token, serial, amount, origin, validityMS).Slice()
 	if err != nil {
 		return Claim{}, false, err
 	}
-	if str(res, 0) != "granted" {
+	switch str(res, 0) {
+	case "ended":
+		return Claim{Outcome: Ended}, false, nil
+	case "stale":
 		return Claim{}, false, nil
+	case "granted":
+	default:
+		return Claim{}, false, fmt.Errorf("adopt: unexpected reply %v", res)
 	}
 	return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, true, nil
 }
@@ -76,7 +87,7 @@ type Verdict struct {
 // home has not decided it yet. The sibling acks a transfer only if the
 // verdict is adopted from it with its amount, and untakes it otherwise.
 func Decide(ctx context.Context, c Client, k *Keys, token, user string) (Verdict, error) {
-	res, err := decideScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, token, user).Slice()
+	res, err := decideScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, token, user).Slice()
 	if err != nil {
 		return Verdict{}, err
 	}
@@ -134,7 +145,7 @@ func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (S
 // carries the token. adopted is true when the home had adopted the token
 // already: then there is nothing to abort.
 func Abort(ctx context.Context, c Client, k *Keys, user, token string) (adopted bool, err error) {
-	res, err := abortScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, user, token).Slice()
+	res, err := abortScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, user, token).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -1,0 +1,122 @@
+package settle
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"rain/internal/catalog"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+// grabAll has n new users (prefix-numbered) grab pool id, and returns the
+// grants by serial.
+func grabAll(t *testing.T, svc *grab.Service, id, prefix string, n int) map[int64]grab.Result {
+	t.Helper()
+	out := map[int64]grab.Result{}
+	for u := range n {
+		r, err := svc.Grab(context.Background(), id, fmt.Sprintf("%s%d", prefix, u))
+		if err != nil || r.Outcome != grab.Granted {
+			t.Fatalf("grab of %s by %s%d = %+v, %v; want granted", id, prefix, u, r, err)
+		}
+		out[r.Serial] = r
+	}
+	return out
+}
+
+// TestOneWorkerThroughASeason: one settle worker, started first and left
+// running as rain settle is deployed, settles pool B's grants made after
+// pool A (on the same shards) closed, and those of a pool C preloaded after
+// that close: one pool's close never stalls another's settlement
+// (invariant 11). The worker keeps its own view of the pools, as a process
+// of its own does, and hears of A's close from nobody; it creates no key of
+// the closed pool.
+func TestOneWorkerThroughASeason(t *testing.T) {
+	ctx := context.Background()
+	ge := grabtest.Start(t, 2, redistest.Options{})
+	cat, svc := ge.Catalog, ge.Service
+	for _, id := range []string{"a", "b"} {
+		if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := grabtest.On(t, ge.Servers, redistest.Addrs(ge.Servers)) // rain settle's own process
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	w := New(other.Shards, other.Catalog, openLedger(t, path), fastConfig("settle"))
+	run(t, w)
+	grants := grabAll(t, svc, "a", "a", 20)
+	for s, r := range grabAll(t, svc, "b", "b", 20) {
+		grants[s] = r
+	}
+	waittest.Until(t, 20*time.Second, "the grants of a and b delivered", func() bool { return w.Stats().Delivered == 40 })
+	if _, err := cat.End(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	var a *catalog.Account
+	waittest.Until(t, 20*time.Second, "pool a closes", func() bool {
+		var err error
+		a, err = cat.Close(ctx, "a")
+		return err == nil
+	})
+	if a.ConfirmedCount != 20 {
+		t.Fatalf("a's account %+v; want 20 confirmed", a)
+	}
+	for s, r := range grabAll(t, svc, "b", "late", 20) {
+		grants[s] = r
+	}
+	if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: "c", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for s, r := range grabAll(t, svc, "c", "c", 20) {
+		grants[s] = r
+	}
+	waittest.Until(t, 20*time.Second, "every grant of b and c, made after a's close, delivered", func() bool {
+		return w.Stats().Delivered == 80
+	})
+	for _, id := range []string{"b", "c"} {
+		st, err := cat.Status(ctx, id)
+		if err != nil || st.HeldCount != 0 {
+			t.Fatalf("status of %s = %+v, %v; want nothing held", id, st, err)
+		}
+	}
+	waittest.Until(t, 10*time.Second, "the lag back to 0", func() bool { return w.Stats().Lag == 0 })
+	checkLedger(t, path, grants)
+	for i, c := range ge.Clients {
+		keys, err := c.Keys(ctx, "rain:{a:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if !strings.HasSuffix(k, ":meta") {
+				t.Errorf("shard s%d holds %s of the closed pool a: settlement made it again", i+1, k)
+			}
+		}
+	}
+}
+
+// TestSettlementThatCannotReadSaysSo: a worker that cannot read a shard's
+// outboxes counts each failed read, and its lag grows from the last pass
+// that read them all, though nothing new could be seen there: the alerts on
+// failures and lag fire for a settlement that cannot progress. When the
+// shard is back the lag returns to 0.
+func TestSettlementThatCannotReadSaysSo(t *testing.T) {
+	e, _ := newEnv(t, 10, 0)
+	set, cat, proxies, _ := e.doomed(t)
+	w := New(set, cat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("a"))
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant delivered", func() bool { return w.Stats().Delivered == 10 })
+	before := w.Stats().Failures
+	proxies[1].Partition()
+	waittest.Until(t, 20*time.Second, "the failed reads counted and the lag past 2s", func() bool {
+		st := w.Stats()
+		return st.Failures > before+2 && st.Lag > 2*time.Second
+	})
+	proxies[1].Heal()
+	waittest.Until(t, 20*time.Second, "the lag back to 0 once the shard is read again", func() bool { return w.Stats().Lag == 0 })
+}

@@ -141,7 +141,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 	// A grant held on the last sub-pool: the close is refused there.
 	var user string
 	for u := 0; ; u++ {
-		if user = string(rune('a' + u%26)) + strings.Repeat("x", u/26); p.Home(user) == 2 {
+		if user = string(rune('a'+u%26)) + strings.Repeat("x", u/26); p.Home(user) == 2 {
 			break
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -119,4 +120,78 @@ func TestSettlementThatCannotReadSaysSo(t *testing.T) {
 	})
 	proxies[1].Heal()
 	waittest.Until(t, 20*time.Second, "the lag back to 0 once the shard is read again", func() bool { return w.Stats().Lag == 0 })
+}
+
+// TestConfirmWaitsForAReplica: on a shard with replicas (Sentinel) nothing
+// is paid until a replica holds the confirm: with its replica frozen the
+// worker delivers nothing, counts the failed waits and leaves every entry
+// pending; thawed, it pays each grant once. (A confirm a failover lost
+// would let the reaper release a grant already paid, and grant it again.)
+func TestConfirmWaitsForAReplica(t *testing.T) {
+	ctx := context.Background()
+	durable := redistest.Options{AOF: true, Fsync: "always"}
+	primary := redistest.Start(t, durable)
+	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
+	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
+	plain := redistest.Start(t, durable)
+	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
+	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{"sentinel/rainm/" + sentinel.Addr, plain.Addr})
+	id := ""
+	for i := 0; id == ""; i++ { // a pool of one sub-pool, on the Sentinel shard s1
+		if c := fmt.Sprintf("ha%d", i); ge.Shards.Ring().Distinct(c, 1)[0] == "s1" {
+			id = c
+		}
+	}
+	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 1}); err != nil {
+		t.Fatal(err)
+	}
+	grants := grabAll(t, ge.Service, id, "u", 5)
+	replica.Pause()
+	t.Cleanup(replica.Resume)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	w := New(ge.Shards, ge.Catalog, openLedger(t, path), fastConfig("settle"))
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "confirms that no replica acknowledged counted as failures, or a payout", func() bool {
+		st := w.Stats()
+		return st.Failures >= 3 || st.Delivered > 0
+	})
+	if st := w.Stats(); st.Delivered != 0 {
+		t.Fatalf("%d grants paid while no replica held their confirm; want none", st.Delivered)
+	}
+	replica.Resume()
+	waittest.Until(t, 20*time.Second, "every grant paid once the replica is back", func() bool { return w.Stats().Delivered == 5 })
+	checkLedger(t, path, grants)
+}
+
+// TestAcknowledgedMeansTrimmed: settlement acknowledges an entry and
+// deletes it from its outbox in one step. A worker whose every XDEL is lost
+// (as a process that dies between the two commands, again and again)
+// leaves no entry acknowledged and still in the outbox, where no worker
+// would read it again and it would keep the pool from closing for good:
+// the outboxes empty, and the pool closes.
+func TestAcknowledgedMeansTrimmed(t *testing.T) {
+	ctx := context.Background()
+	e, grants := newEnv(t, 10, 0)
+	set, cat, proxies, _ := e.doomed(t)
+	for _, p := range proxies {
+		p.DropRequests(redisproxy.Command("XDEL"), 1<<20)
+	}
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	stop := run(t, New(set, cat, l, fastConfig("a")))
+	waittest.Until(t, 20*time.Second, "every grant confirmed", func() bool { return e.confirmed(t) == 10 })
+	stop()
+	run(t, New(e.shards, e.cat, l, fastConfig("b"))) // the next worker, straight to the shards
+	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+	if _, err := e.cat.End(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cat.Close(ctx, "p"); err != nil {
+		t.Fatalf("close = %v", err)
+	}
+	checkLedger(t, path, grants)
 }

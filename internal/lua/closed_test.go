@@ -77,7 +77,7 @@ func TestNothingWritesToAClosedSubPool(t *testing.T) {
 			return ok, err
 		}, "false"},
 		{"decide", func() (any, error) { return Decide(ctx, c, &h, "3", "u3") }, fmt.Sprint(Verdict{})},
-		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "4") }, "false"},
+		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "4", true) }, "false"},
 		{"ack", func() (any, error) { return Ack(ctx, c, &h, "5") }, fmt.Sprint(NoTransfer)},
 		{"untake", func() (any, error) { return Untake(ctx, c, &h, "5") }, fmt.Sprint(NoTransfer)},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 1) }, fmt.Sprint(UnknownGrant)},

@@ -54,7 +54,7 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		{"adopt", func() error { _, _, err := Adopt(ctx, c, &h, "u3", "103", 103, 30, 1, valid); return err }, true},
 		{"ack", func() error { _, err := Untake(ctx, c, &j, "103"); return err }, true},
 		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u4", 104, "104", valid); return err }, true},
-		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104"); return err }, true},
+		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104", true); return err }, true},
 		{"confirm", func() error { _, err := Confirm(ctx, c, &h, "u1", 101); return err }, false},
 		{"confirm_many", func() error {
 			_, _, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102, 20}, {"u1", 101, 10}})

@@ -128,7 +128,7 @@ func TestEveryStepTwice(t *testing.T) {
 		{"untake", func() (any, error) { return Untake(ctx, c, &j, "103") }, true},
 		{"decide adopted", func() (any, error) { return Decide(ctx, c, &h, "102", "u2") }, true},
 		{"claim reserved, then abort", func() (any, error) { return claimOne(ctx, c, &h, "u4", 104, "104", valid) }, true},
-		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104") }, true},
+		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104", true) }, true},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 101) }, false},
 		// confirm_many sent again answers "already" where it confirmed.
 		{"confirm_many", func() (any, error) {

@@ -141,11 +141,17 @@ func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (S
 	return 0, fmt.Errorf("%s: unexpected reply %v", op, res)
 }
 
-// Abort refuses token at home and drops user's reservation if it still
-// carries the token. adopted is true when the home had adopted the token
-// already: then there is nothing to abort.
-func Abort(ctx context.Context, c Client, k *Keys, user, token string) (adopted bool, err error) {
-	res, err := abortScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, user, token).Slice()
+// Abort drops user's reservation at home if it still carries the token,
+// and with refuse records the token as refused (a take under it may have
+// run): a late adopt of it never grants. Without refuse (nothing was
+// taken under the token) nothing is recorded. adopted is true when the
+// home had adopted the token already: then there is nothing to abort.
+func Abort(ctx context.Context, c Client, k *Keys, user, token string, refuse bool) (adopted bool, err error) {
+	mode := "drop"
+	if refuse {
+		mode = "refuse"
+	}
+	res, err := abortScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, user, token, mode).Slice()
 	if err != nil {
 		return false, err
 	}

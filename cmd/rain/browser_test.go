@@ -183,6 +183,19 @@ func (b *browser) shot(name string) {
 	b.t.Helper()
 	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	must(b.t, err)
+	b.save(name, png)
+}
+
+// shotOf saves a screenshot of the first element css selects.
+func (b *browser) shotOf(css, name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.Screenshot(chromedp.CSS(css)))
+	must(b.t, err)
+	b.save(name, png)
+}
+
+func (b *browser) save(name string, png []byte) {
+	b.t.Helper()
 	dir := os.Getenv("RAIN_ARTIFACTS")
 	if dir == "" {
 		dir = b.t.TempDir()

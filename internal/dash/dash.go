@@ -1,13 +1,15 @@
-// Package dash is rain's live dashboard: a page served at /admin/ (static
-// files embedded in the binary: no build step, nothing fetched from
-// elsewhere) and the timeline it draws, sampled once a second from the
+// Package dash is rain's live dashboard and operator's console: a page
+// served at /admin/ (static files embedded in the binary: no build step,
+// nothing fetched from elsewhere), the redirect that leads a browser from
+// / to it, and the timeline it draws, sampled once a second from the
 // process's own metrics.
 //
 // The page asks for the admin token once and keeps it in the tab's
 // sessionStorage; it sends it as a bearer token to the operator API and
-// never puts it in a URL. It polls GET /admin/stats (this package) and
-// GET /admin/pools, GET /admin/pools/{id} and its audit (the operator API)
-// every second.
+// never puts it in a URL or a cookie. It polls GET /admin/stats (this
+// package) and GET /admin/pools and GET /admin/pools/{id} (the operator
+// API), and acts only through the operator API: POST /admin/pools, its
+// end and close, the audit (docs/console.md).
 package dash
 
 import (

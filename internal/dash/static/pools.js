@@ -212,7 +212,7 @@ function drawActions(st) {
   $("end").disabled = state !== "open";
   $("close").disabled = state !== "ended" && state !== "closing";
   $("action-hint").textContent = {
-    loading: busy ? "Loading…" : "A preload that stopped: Finish loading sends it again, and it continues where it stopped.",
+    loading: busy ? "Loading…" : "Still loading, or stopped midway: Finish loading sends its preload again, which continues where the loading is (safe beside another preload of it).",
     open: "Close comes after the end: end the pool first.",
     ended: "Ended: close it once settlement has confirmed every grant.",
     closed: "Closed: the account is final.",

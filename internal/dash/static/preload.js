@@ -130,7 +130,9 @@ async function preload(body) {
       $("preload-result").dataset.code = String(e.code);
       return;
     }
-    result(`The preload of ${id} stopped: ${e.message}. What was loaded is kept; Finish loading sends it again and it continues where it stopped.`, "error");
+    result(e.code === 0
+      ? `No answer to the preload of ${id} (${e.message}): it may still be loading, as its state below shows. If it stops moving, Finish loading sends it again and it continues where it stopped.`
+      : `The preload of ${id} stopped: ${e.message}. What was loaded is kept; Finish loading sends it again and it continues where it stopped.`, "error");
   } finally {
     clearInterval(watch);
     loadingHere.delete(id);

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.do(chromedp.SendKeys(chromedp.ID("token"), longToken), chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("preload-form")))
 
+	// Yuan become integer cents exactly, or an error that says why.
+	for in, want := range map[string]string{"0.01": "1", "0.1": "10", "12": "1200", "5,000.50": "500050", "19.99": "1999",
+		"9999999999999.99": "999999999999999", "": "null", "1.234": "error", "1e3": "error", "-1": "error", "¥5": "error", "99999999999999": "error"} {
+		if got := b.str(`(() => { try { return String(centsOf(` + strconv.Quote(in) + `)) } catch (e) { return "error" } })()`); got != want {
+			t.Errorf("centsOf(%q) = %s, want %s", in, got, want)
+		}
+	}
 	// An amount in tenths of cents never leaves the page.
 	b.fill("f-pool", "tiny")
 	b.fill("f-total", "1.234")

@@ -222,6 +222,7 @@ function drawActions(st) {
 // confirmAction asks in a modal dialog; true when the operator confirms.
 function confirmAction(title, text, ok) {
   const d = $("confirm");
+  if (d.open) return Promise.resolve(false); // a second click while it asks
   $("confirm-title").textContent = title;
   $("confirm-text").textContent = text;
   $("confirm-ok").textContent = ok;

@@ -69,6 +69,7 @@ function preview() {
   $("u-ends").textContent = b.ends_at ? "sent as " + b.ends_at : "no end";
   const out = $("preview");
   out.className = "preview";
+  for (const k of Object.keys(out.dataset)) delete out.dataset[k];
   if (errors.total_cents || errors.count || !b.total_cents || !b.count) {
     out.textContent = "Enter the total and the number of packets to see the split.";
     return;

@@ -45,8 +45,8 @@ type conn struct {
 	mu          sync.Mutex  // guards pending, sent and passthrough
 	pending     [][]string  // commands sent, replies not yet seen
 	sent        []time.Time // when each pending command was sent to Redis
-	passthrough bool       // pub/sub or MONITOR: no pairing any more
-	once        sync.Once  // guards the reset
+	passthrough bool        // pub/sub or MONITOR: no pairing any more
+	once        sync.Once   // guards the reset
 }
 
 // reset closes both sides; the client sees a reset (RST), not a clean close.

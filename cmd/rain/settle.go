@@ -75,7 +75,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		reg := metrics.New(buildInfo())
 		reg.Settle(w.Stats)
 		reg.Durability(relaxed)
-		stop, err := serveHealth(listen, reg)
+		stop, err := serveHealth(listen, reg, log)
 		if err != nil {
 			return err
 		}
@@ -145,12 +145,14 @@ func redactURL(u string) string {
 }
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the
-// background; stop shuts it down.
-func serveHealth(addr string, reg *metrics.Registry) (stop func(), err error) {
+// background, and logs the address it serves on (port 0 picks one); stop
+// shuts it down.
+func serveHealth(addr string, reg *metrics.Registry, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	log.Info("serving", "addr", ln.Addr().String())
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", reg.Handler())

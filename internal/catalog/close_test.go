@@ -203,3 +203,41 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	}
 	e.checkFreed(t, spec.PoolID, nil)
 }
+
+// TestCloseOfAClosingPoolNeedsEveryShard: a pool caught in closing (its
+// close died once the record said closing, before any sub-pool retired),
+// closed again by a tool that lacks one of its shards, is refused with
+// ErrUnavailable naming the shard before any retire: no panic, no sub-pool
+// retired on some shards and not on others.
+func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
+	ctx := context.Background()
+	spec := Spec{PoolID: "caught", TotalCents: 3_000, Count: 30, SubPools: 3}
+	servers := redistest.StartN(t, 3, redistest.Options{})
+	proxies := make([]*redisproxy.Proxy, len(servers))
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		proxies[i] = redisproxy.Start(t, s.Addr)
+		addrs[i] = proxies[i].Addr
+	}
+	e := envOn(t, servers, redistest.Addrs(servers))
+	e.endedAndSettled(t, spec)
+	proxies[2].PartitionAfter(redisproxy.Script(lua.SHA("record")), 1, func() {
+		for _, p := range proxies {
+			p.Partition()
+		}
+	})
+	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); err == nil {
+		t.Fatal("a close whose process died before retiring succeeded")
+	}
+	short := envOn(t, servers[:2], redistest.Addrs(servers[:2])) // s1 and s2 only
+	before := e.dump(t)
+	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+		t.Fatalf("Close of a closing pool without s3 = %v; want unavailable, naming s3", err)
+	}
+	if after := e.dump(t); !reflect.DeepEqual(before, after) {
+		t.Fatal("a refused close of a closing pool changed the shards")
+	}
+	if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
+		t.Fatalf("the close with every shard = %v", err)
+	}
+}

@@ -98,8 +98,8 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 // placed on): a step on every sub-pool is then refused before it begins,
 // never left done on some. ErrUnavailable names the first missing shard.
 func (c *Catalog) placed(p *Pool) error {
-	if p.State.Over() {
-		return nil // its sub-pools are not visited again
+	if p.State == Closed {
+		return nil // its sub-pools are not visited again (a closing pool's are: they are retired)
 	}
 	for j, name := range p.Placement {
 		if c.shards.Client(name) == nil {
@@ -184,6 +184,9 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 		seals[j] = s
 		if !s.OK {
 			reasons = append(reasons, sealReason(j, s))
+			if s.Reason == "sealing" {
+				break // another close is at work: leave it the sub-pools it has not reached
+			}
 		}
 	}
 	if len(reasons) == 0 {

@@ -55,6 +55,16 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// was taken, nothing is granted.
 			s.abort(ctx, p, userID, h, token, false)
 			return lua.Claim{Outcome: lua.Ended}, nil
+		case lua.TakenAmount:
+			// The take must survive a failover of j before the home grants
+			// it: a sibling that comes back without it would hold the
+			// amount in its stock and grant it again. Not replicated: no
+			// adopt is sent; the token is refused at home and the reaper
+			// puts the amount back (if it is there at all).
+			if err := s.replicate(ctx, p, j); err != nil {
+				s.abort(ctx, p, userID, h, token, true)
+				return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
+			}
 		case lua.TakeSettled, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
 			// twice, or a shard that lost writes. Take nothing under it.

@@ -28,14 +28,14 @@
 local meta, grants, deadlines, outbox, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local validity = tonumber(ARGV[6])
-local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'pool', 'index', 'ends_ms')
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'pool', 'index', 'ends_ms', 'ended')
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local ends = tonumber(m[5]) or 0
 -- A refusal answers "ended" once the window has ended: a window never ends
 -- later than it did, so a refusal for the end answers the same when re-sent.
 local refused = {'stale'}
-if ends > 0 and now >= ends then
+if m[6] == '1' or (ends > 0 and now >= ends) then
   refused = {'ended'}
 end
 local v = redis.call('HGET', verdicts, token)

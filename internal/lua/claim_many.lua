@@ -43,7 +43,7 @@ local validity = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 3
 local out = {}
 
-local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index')
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local shut -- the answer of every claim without a grant when the sub-pool does not grant now
@@ -53,10 +53,15 @@ elseif m[1] ~= 'open' then
   shut = {'closed'}
 else
   local starts, ends = tonumber(m[3]), tonumber(m[4])
-  if starts > 0 and now < starts then
-    shut = {'not_started', starts - now}
-  elseif ends > 0 and now >= ends then
+  if m[7] == '1' or (ends > 0 and now >= ends) then
+    -- Ended is a fact once seen: a clock that goes back (a failover to a
+    -- host behind, a step of NTP) never opens the window again.
     shut = {'ended'}
+    if m[7] ~= '1' then
+      redis.call('HSET', meta, 'ended', '1')
+    end
+  elseif starts > 0 and now < starts then
+    shut = {'not_started', starts - now}
   end
 end
 

@@ -71,7 +71,7 @@ func TestNothingWritesToAClosedSubPool(t *testing.T) {
 		{"take", func() (any, error) {
 			r, _, err := Take(ctx, c, &h, "2", 1, "u2")
 			return r, err
-		}, fmt.Sprint(TakeEmpty)},
+		}, fmt.Sprint(TakeEnded)},
 		{"adopt", func() (any, error) {
 			_, ok, err := Adopt(ctx, c, &h, "u2", "2", 2, 10, 1, 60_000)
 			return ok, err
@@ -337,4 +337,57 @@ func TestRecordOnlyMovesOn(t *testing.T) {
 	other := rec("closed", "{}")
 	other["seed"] = "8"
 	want(put(other), "closed", string(closed))
+}
+
+// TestEndedIsAFact: once a sub-pool's end has been seen (an operator's
+// end, a claim after its ends_ms, a seal), it is recorded, and a clock
+// that goes back (a failover to a host whose clock is behind, a step of
+// NTP; played here by moving ends_ms ahead of the clock, which is the same
+// comparison) never opens the window again: claims answer ended, a spill
+// takes and adopts nothing, a close can seal it.
+func TestEndedIsAFact(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	h := openSubPool(t, c, 0, 60_000)     // empty home
+	j := openSubPool(t, c, 1, 60_000, 20) // sibling with one packet
+	seen := openSubPool(t, c, 2, 60_000, 7)
+	if cl, err := claimOne(ctx, c, &h, "u", 1, "1", 60_000); err != nil || cl.Outcome != Reserved {
+		t.Fatalf("claim at the empty home = %+v, %v; want reserved", cl, err)
+	}
+	if r, _, err := Take(ctx, c, &j, "1", 0, "u"); err != nil || r != TakenAmount {
+		t.Fatalf("take = %v, %v", r, err)
+	}
+	for _, k := range []*Keys{&h, &j} {
+		if _, err := End(ctx, c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// seen's end is seen by a claim after its ends_ms, not by End.
+	if err := c.HSet(ctx, seen.Meta, "ends_ms", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := claimOne(ctx, c, &seen, "v", 2, "", 0); err != nil || cl.Outcome != Ended {
+		t.Fatalf("claim after ends_ms = %+v, %v; want ended", cl, err)
+	}
+	back := time.Now().Add(time.Hour).UnixMilli() // the clock went an hour back
+	for _, k := range []*Keys{&h, &j, &seen} {
+		if err := c.HSet(ctx, k.Meta, "ends_ms", back).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cl, err := claimOne(ctx, c, &seen, "w", 3, "", 0); err != nil || cl.Outcome != Ended {
+		t.Fatalf("claim once the clock went back = %+v, %v; want ended", cl, err)
+	}
+	if cl, ok, err := Adopt(ctx, c, &h, "u", "1", 1, 20, 1, 60_000); err != nil || ok || cl.Outcome != Ended {
+		t.Fatalf("adopt once the clock went back = %+v, %v, %v; want refused, ended", cl, ok, err)
+	}
+	if r, err := Untake(ctx, c, &j, "1"); err != nil || r != Returned {
+		t.Fatalf("untake = %v, %v", r, err)
+	}
+	if r, _, err := Take(ctx, c, &j, "2", 0, "x"); err != nil || r != TakeEnded {
+		t.Fatalf("take once the clock went back = %v, %v; want ended", r, err)
+	}
+	if s, err := Seal(ctx, c, &seen, "close", time.Minute); err != nil || !s.OK {
+		t.Fatalf("seal once the clock went back = %+v, %v; want sealed", s, err)
+	}
 }

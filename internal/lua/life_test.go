@@ -156,8 +156,8 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	if cl, err := claimOne(ctx, c, &h, "u2", 2, "", 0); err != nil || cl.Outcome != Ended {
 		t.Fatalf("a claim on a sealed sub-pool = %+v, %v; want ended", cl, err)
 	}
-	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8"); err != nil || tk != TakeEmpty {
-		t.Fatalf("a take from a sealed sub-pool = %v, %v; want empty", tk, err)
+	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8"); err != nil || tk != TakeEnded {
+		t.Fatalf("a take from a sealed sub-pool = %v, %v; want ended", tk, err)
 	}
 	if err := c.HSet(ctx, h.Reserve, "u9", "t1:1").Err(); err != nil { // a reservation made before the seal
 		t.Fatal(err)

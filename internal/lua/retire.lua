@@ -22,7 +22,7 @@
 -- Retiring again changes nothing.
 -- Returns {"retired"} | {"refused", state}
 local meta = KEYS[1]
-local m = redis.call('HMGET', meta, 'state', 'ends_ms', 'held_count', 'inflight_count')
+local m = redis.call('HMGET', meta, 'state', 'ends_ms', 'held_count', 'inflight_count', 'ended')
 if m[1] == 'closed' then
   return {'retired'}
 end
@@ -30,7 +30,8 @@ if m[1] and m[1] ~= 'closing' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local ends = tonumber(m[2]) or 0
-  if m[1] ~= 'open' or ends == 0 or ends > now or (tonumber(m[3]) or 0) > 0 or (tonumber(m[4]) or 0) > 0
+  local ended = m[5] == '1' or (ends > 0 and ends <= now)
+  if m[1] ~= 'open' or not ended or (tonumber(m[3]) or 0) > 0 or (tonumber(m[4]) or 0) > 0
     or redis.call('XLEN', KEYS[5]) > 0 then
     return {'refused', m[1]}
   end

@@ -8,7 +8,8 @@
 -- ARGV[2] owner: the close's own token (random, one per Close call)
 -- ARGV[3] lease in ms: how long a seal belongs to its owner alone
 --
--- Sealed when: its window has ended (by the shard's clock), no grant is held
+-- Sealed when: its window has ended (recorded as ended, or by the shard's
+-- clock; sealing records it), no grant is held
 -- (each was confirmed or released), no spill is in flight out of it, and its
 -- outbox is empty (settlement acknowledged, and so trimmed, every entry).
 -- A sealed sub-pool's state is "closing", with its owner and the time it was
@@ -30,7 +31,7 @@ local meta, outbox = KEYS[1], KEYS[2]
 local op, owner, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local m = redis.call('HMGET', meta, 'state', 'ends_ms', 'held_count', 'inflight_count',
   'count', 'cents', 'stock_count', 'stock_cents', 'confirmed_count', 'confirmed_cents',
-  'seal_owner', 'sealed_ms')
+  'seal_owner', 'sealed_ms', 'ended')
 if not m[1] then
   return {'missing'}
 end
@@ -60,7 +61,7 @@ if m[1] == 'closed' then
   return {'open', 'closed', 0}
 end
 local ends = n(m[2])
-if m[1] ~= 'open' or ends == 0 or ends > now then
+if m[1] ~= 'open' or (m[13] ~= '1' and (ends == 0 or ends > now)) then
   return {'open', 'window', 0}
 end
 if n(m[3]) > 0 then
@@ -73,5 +74,5 @@ local pending = redis.call('XLEN', outbox)
 if pending > 0 then
   return {'open', 'unsettled', pending}
 end
-redis.call('HSET', meta, 'state', 'closing', 'seal_owner', owner, 'sealed_ms', string.format('%d', now))
+redis.call('HSET', meta, 'state', 'closing', 'seal_owner', owner, 'sealed_ms', string.format('%d', now), 'ended', '1')
 return sealed

@@ -22,10 +22,10 @@ type Taken uint8
 // Take results.
 const (
 	TakenAmount  Taken = iota + 1 // the amount is in flight under the token
-	TakeEmpty                     // the sub-pool has no stock (or is not open)
+	TakeEmpty                     // the sub-pool has no stock
 	TakeSettled                   // the token's transfer was acked or untaken already
 	TakeConflict                  // the token is stored for another user or home
-	TakeEnded                     // the sub-pool's window has ended: nothing is taken
+	TakeEnded                     // the sub-pool's window has ended, or its pool's close sealed it: nothing is taken
 )
 
 // Take moves one amount of sibling sub-pool k into an in-flight transfer
@@ -39,14 +39,14 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 	switch str(res, 0) {
 	case "taken":
 		return TakenAmount, integer(res, 1), nil
-	case "empty", "closed":
+	case "empty":
 		return TakeEmpty, 0, nil
+	case "ended", "closed": // closed: sealed or retired by its pool's close, which ended it
+		return TakeEnded, 0, nil
 	case "settled":
 		return TakeSettled, 0, nil
 	case "conflict":
 		return TakeConflict, 0, nil
-	case "ended":
-		return TakeEnded, 0, nil
 	}
 	return 0, 0, fmt.Errorf("take: unexpected reply %v", res)
 }

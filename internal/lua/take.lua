@@ -39,14 +39,14 @@ if t then
   end
   return {'settled'}
 end
-local m = redis.call('HMGET', meta, 'state', 'ends_ms')
+local m = redis.call('HMGET', meta, 'state', 'ends_ms', 'ended')
 if m[1] ~= 'open' then
   return {'closed'}
 end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local ends = tonumber(m[2]) or 0
-if ends > 0 and now >= ends then
+if m[3] == '1' or (ends > 0 and now >= ends) then
   return {'ended'}
 end
 local amount = redis.call('LPOP', stock)

@@ -115,7 +115,9 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *p
 	if len(pay) == 0 {
 		return failed
 	}
-	for i, err := range w.sink.Deliver(ctx, pay) {
+	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
+	defer cancel()
+	for i, err := range w.sink.Deliver(dctx, pay) {
 		switch {
 		case err == nil:
 			w.delivered.Add(1)

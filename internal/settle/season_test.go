@@ -195,3 +195,57 @@ func TestAcknowledgedMeansTrimmed(t *testing.T) {
 	}
 	checkLedger(t, path, grants)
 }
+
+// TestIdleWorkerCountsNoFailure: a worker over two pools (two outboxes a
+// shard), once every grant is settled and nothing new comes, counts no
+// failure and shows no lag (a read that waited and found nothing is no
+// error), and settles a grant made then within its read's block, not
+// after a backoff.
+func TestIdleWorkerCountsNoFailure(t *testing.T) {
+	ctx := context.Background()
+	ge := grabtest.Start(t, 2, redistest.Options{})
+	for _, id := range []string{"a", "b"} {
+		if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grabAll(t, ge.Service, "a", "a", 10)
+	grabAll(t, ge.Service, "b", "b", 10)
+	cfg := fastConfig("settle")
+	cfg.Block = 200 * time.Millisecond
+	cfg.RetryDelay, cfg.MaxRetryDelay = 5*time.Second, 5*time.Second // a pass that failed would show in the wait below
+	w := New(ge.Shards, ge.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant delivered", func() bool { return w.Stats().Delivered == 20 })
+	before := w.Stats()
+	time.Sleep(2 * time.Second) // idle: reads that find nothing
+	if after := w.Stats(); after.Failures != before.Failures || after.Lag != 0 {
+		t.Fatalf("an idle worker counted %d failures and shows a lag of %v; want none", after.Failures-before.Failures, after.Lag)
+	}
+	start := time.Now()
+	grabAll(t, ge.Service, "a", "late", 1)
+	waittest.Until(t, 20*time.Second, "the late grant delivered", func() bool { return w.Stats().Delivered == 21 })
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("a grant made on an idle worker was settled after %v; want within a block or two", took)
+	}
+}
+
+// TestWorkerWithoutAShardSaysSo: a worker given fewer shards than a pool
+// was placed on (a shard added to rain serve's ring before rain settle was
+// restarted with it) cannot read that shard's outboxes: it says so in its
+// failures, and settles the sub-pools on the shards it has.
+func TestWorkerWithoutAShardSaysSo(t *testing.T) {
+	ctx := context.Background()
+	ge := grabtest.Start(t, 3, redistest.Options{})
+	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 30_000, Count: 300, SubPools: 3}); err != nil {
+		t.Fatal(err)
+	}
+	grabAll(t, ge.Service, "p", "u", 30)
+	short := grabtest.On(t, ge.Servers[:2], redistest.Addrs(ge.Servers[:2])) // rain settle without s3
+	w := New(short.Shards, short.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "the worker counts the shard it lacks as failures, and settles the others", func() bool {
+		st, err := ge.Catalog.Status(ctx, "p")
+		return err == nil && w.Stats().Failures > 0 && st.ConfirmedCount > 0 && st.HeldCount > 0
+	})
+}

@@ -110,6 +110,11 @@ type Config struct {
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
+	// DeliverTimeout bounds one batch's delivery to the sink: a sink that
+	// hangs (a lock in the database, a wallet that never answers) fails
+	// the batch after it, which is then delivered again. Default 2 minutes
+	// (a webhook's retries and Retry-After waits fit in it).
+	DeliverTimeout time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -139,6 +144,9 @@ func (c *Config) init() {
 	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = time.Second
+	}
+	if c.DeliverTimeout == 0 {
+		c.DeliverTimeout = 2 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -179,13 +187,15 @@ type Worker struct {
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
 	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry that may be unsettled; 0: none (see note)
+	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id" of entries left pending for an operator
 }
 
 // New returns a worker; Run starts it.
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 	cfg.init()
-	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, len(shards.Names()))}
+	n := len(shards.Names())
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n)}
 }
 
 // Stats returns what the worker did so far.
@@ -199,8 +209,10 @@ func (w *Worker) Stats() Stats {
 func (w *Worker) lag(now time.Time) time.Duration {
 	var oldest int64
 	for i := range w.behind {
-		if at := w.behind[i].Load(); at != 0 && (oldest == 0 || at < oldest) {
-			oldest = at
+		for _, at := range []int64{w.behind[i].Load(), w.reading[i].Load()} {
+			if at != 0 && (oldest == 0 || at < oldest) {
+				oldest = at
+			}
 		}
 	}
 	if oldest == 0 {
@@ -280,7 +292,10 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 	for ctx.Err() == nil {
 		now := time.Now()
 		if now.After(nextRefresh) {
-			if err := w.refresh(ctx, sh); err != nil {
+			if err := w.refresh(ctx, sh); err != nil && ctx.Err() == nil {
+				// A pool whose record cannot be read, or placed on a shard
+				// this worker was not given: its outboxes are not read.
+				w.failures.Add(1)
 				w.cfg.Logger.Warn("settle: listing outboxes", "shard", sh.name, "err", err)
 			}
 			nextRefresh = now.Add(w.cfg.Refresh)
@@ -323,6 +338,7 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 // the outboxes cannot be read, and a settlement that cannot progress
 // shows in the metrics (and the alerts on them).
 func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
+	defer w.reading[sh.i].Store(0) // what it read is settled, or noted in behind
 	if !p.incomplete {
 		w.behind[sh.i].Store(p.oldest)
 		sh.settled = start
@@ -336,6 +352,25 @@ func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
 		at = min(at, prev)
 	}
 	w.behind[sh.i].Store(at)
+}
+
+// settling notes, while a pass settles msgs, the oldest of them in
+// reading: a pass that hangs (a delivery that does not return) shows in
+// the lag at once, not when it ends.
+func (w *Worker) settling(sh *shardLoop, msgs []redis.XMessage) {
+	for _, m := range msgs {
+		ms, _, _ := strings.Cut(m.ID, "-")
+		at, err := strconv.ParseInt(ms, 10, 64)
+		if err != nil {
+			continue
+		}
+		for {
+			cur := w.reading[sh.i].Load()
+			if (cur != 0 && cur <= at) || w.reading[sh.i].CompareAndSwap(cur, at) {
+				break
+			}
+		}
+	}
 }
 
 // refresh lists the outbox keys of the open pools' sub-pools on the shard,
@@ -395,10 +430,14 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	}
 	res, err := w.xread(ctx, sh, sh.streams, id, block)
 	var rerr redis.Error
-	if err != nil && errors.As(err, &rerr) && len(sh.streams) > 1 {
+	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.streams) > 1 {
+		// (redis.Nil is a redis.Error too: a read that found nothing new.)
 		res, failed = nil, false
 		for _, key := range slices.Clone(sh.streams) { // readFailed may drop one
 			one, oerr := w.xread(ctx, sh, []string{key}, id, -1)
+			if errors.Is(oerr, redis.Nil) {
+				continue // nothing new there
+			}
 			if oerr != nil {
 				failed = w.readFailed(ctx, sh, key, oerr, p) || failed
 				continue
@@ -416,6 +455,9 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 			key = sh.streams[0]
 		}
 		return w.readFailed(ctx, sh, key, err, p)
+	}
+	for _, st := range res {
+		w.settling(sh, st.Messages)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -500,6 +542,7 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool
 				break
 			}
 			if len(msgs) > 0 {
+				w.settling(sh, msgs)
 				failed = w.settleBatch(ctx, sh, key, msgs, p) || failed
 			}
 			if next == "0-0" || len(msgs) == 0 {

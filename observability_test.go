@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,8 +175,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	bin := buildRain(t)
 	out := map[string]bool{}
 
-	serveAddr := freePort(t)
-	start(t, exec.Command(bin, "serve", "--listen", serveAddr, "--admin-token", "obs"))
+	serveAddr := start(t, exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin-token", "obs"))
 	base := "http://" + serveAddr
 	waitOK(t, base+"/healthz")
 	do(t, "POST", base+"/admin/pools", "obs", `{"pool_id":"obs","total_cents":1000,"count":10}`)
@@ -183,29 +183,19 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	scrapeNames(t, base+"/metrics", out)
 
 	srv := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always"})
-	settleAddr := freePort(t)
-	start(t, exec.Command(bin, "settle", "--redis", "s1=1@"+srv.Addr, "--ledger", filepath.Join(t.TempDir(), "ledger.jsonl"),
-		"--listen", settleAddr))
+	settleAddr := start(t, exec.Command(bin, "settle", "--redis", "s1=1@"+srv.Addr, "--ledger", filepath.Join(t.TempDir(), "ledger.jsonl"),
+		"--listen", "127.0.0.1:0"))
 	waitOK(t, "http://"+settleAddr+"/healthz")
 	scrapeNames(t, "http://"+settleAddr+"/metrics", out)
 	return out
 }
 
-func freePort(t *testing.T) string {
+// start runs cmd, which listens on port 0, until the test ends, and
+// returns the address it logs that it serves on.
+func start(t *testing.T, cmd *exec.Cmd) (addr string) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// start runs cmd until the test ends.
-func start(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	var logs strings.Builder
-	cmd.Stderr = &logs
+	logs := &lockedBuffer{}
+	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +206,34 @@ func start(t *testing.T, cmd *exec.Cmd) {
 			t.Logf("%s logs:\n%s", cmd.Args[1], logs.String())
 		}
 	})
+	serving := regexp.MustCompile(`msg=serving addr=(\S+)`)
+	waittest.Until(t, 30*time.Second, cmd.Args[1]+" logging the address it serves on", func() bool {
+		m := serving.FindStringSubmatch(logs.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	return addr
+}
+
+// lockedBuffer is a process's log, written by its copier and read by the
+// test.
+type lockedBuffer struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func waitOK(t *testing.T, url string) {

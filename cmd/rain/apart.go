@@ -97,13 +97,18 @@ func serveApart(flag, addr string, srv *http.Server, log *slog.Logger) (stop fun
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
+	log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
+	return serveOn(ln, srv), nil
+}
+
+// serveOn serves srv on ln in the background; stop shuts it down.
+func serveOn(ln net.Listener, srv *http.Server) (stop func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
-	}, nil
+	}
 }

@@ -23,7 +23,19 @@ import (
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanup{m}, goleak.IgnoreCurrent()) }
+
+// cleanup removes what the tests left for the whole run (the rain binary
+// rainBinary built) once they are done.
+type cleanup struct{ *testing.M }
+
+func (c cleanup) Run() int {
+	code := c.M.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	return code
+}
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -175,10 +176,16 @@ func redactURL(u string) string {
 }
 
 // serveHealth serves GET /healthz and GET /metrics on addr in the
-// background; stop shuts it down.
+// background, and logs the address it serves on (port 0 picks one); stop
+// shuts it down.
 func serveHealth(addr string, reg *metrics.Registry, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("serving", "addr", ln.Addr().String())
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", reg.Handler())
-	return serveApart("listen", addr, newHTTPServer(mux, writeTimeout, healthIdleTimeout, log), log)
+	return serveOn(ln, newHTTPServer(mux, writeTimeout, healthIdleTimeout, log)), nil
 }

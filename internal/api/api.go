@@ -167,6 +167,9 @@ func New(cfg Config) *Server {
 	// The dashboard's page: static files, no secret in them (it asks for
 	// the token, and calls the endpoints above with it).
 	s.mux.Handle(dashPattern, dash.Files(dashPrefix, http.HandlerFunc(s.noRoute)))
+	// rain's address opened in a browser leads to the dashboard (a JSON
+	// body with the redirect); every other unknown path stays a JSON 404.
+	s.mux.Handle("GET /{$}", dash.Home(dashPrefix))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}", s.admin(s.status))
 	s.mux.HandleFunc("GET /admin/pools/{pool_id}/audit", s.admin(s.audit))
 	s.mux.HandleFunc("POST /admin/pools/{pool_id}/end", s.admin(s.endPool))

@@ -102,17 +102,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Admin serves the operator endpoints and the dashboard (every path under
-// /admin/) and nothing else, for a listener of their own (rain serve
+// /admin/, and / which leads to it) and nothing else, for a listener of their own (rain serve
 // --admin-listen), apart from the clients' network.
 func (s *Server) Admin() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, true, false) })
 }
 
-// isAdminPath says whether an (unescaped) path is the operator's: /admin
-// or under /admin/. ServeMux redirects a path that is not clean (//admin,
-// /x/../admin) to its clean form first, which is then asked again.
+// isAdminPath says whether an (unescaped) path is the operator's: /admin,
+// under /admin/, or / (which leads a browser to the dashboard). ServeMux
+// redirects a path that is not clean (//admin, /x/../admin) to its clean
+// form first, which is then asked again.
 func isAdminPath(path string) bool {
-	return path == "/admin" || strings.HasPrefix(path, "/admin/")
+	return path == "/" || path == "/admin" || strings.HasPrefix(path, "/admin/")
 }
 
 // serve answers r as ServeHTTP says, the operator's paths only when admin,

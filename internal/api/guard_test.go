@@ -135,6 +135,8 @@ func TestAdminApart(t *testing.T) {
 		{s.ts.URL, "GET", "/admin/", "", 404},
 		{s.ts.URL, "GET", "/admin", "", 404},
 		{s.ts.URL, "GET", "/%61dmin/pools", "", 404},
+		{s.ts.URL, "GET", "/", "", 404},
+		{admin.URL, "GET", "/", "", 200}, // the redirect to /admin/, followed
 		{admin.URL, "POST", "/admin/pools", preload, 201},
 		{admin.URL, "GET", "/admin/pools/p", "", 200},
 		{admin.URL, "POST", "/grab", `{"pool_id":"p","user_id":"u"}`, 404},

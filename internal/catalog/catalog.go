@@ -72,6 +72,12 @@ type Config struct {
 	// (the grants it holds, per sub-pool) and writes the final account to.
 	// Nil: closes check the shards alone.
 	Books Books
+	// SealLease is how long a close's seal on a sub-pool is its own: another
+	// close meets "another close is at work" until it runs out, and takes
+	// the seal over after (the first close died). It must exceed the time
+	// a close takes from its first seal to its account recorded (an audit
+	// and the books' totals). Default 1 minute.
+	SealLease time.Duration
 	// Logger for repairs of the serial shard's copies. Default: discard.
 	Logger *slog.Logger
 }
@@ -80,12 +86,13 @@ type Config struct {
 // safe for concurrent use and owns no goroutine.
 type Catalog struct {
 	shards *shard.Set
-	serial string // Config.SerialShard
-	books  Books  // Config.Books
+	serial string        // Config.SerialShard
+	books  Books         // Config.Books
+	lease  time.Duration // Config.SealLease
 	log    *slog.Logger
 
 	mu      sync.RWMutex          // guards records and onOpen
-	records map[string]*Pool      // records of open and closed pools, read once: see Pool
+	records map[string]cached     // records of open and closed pools as Pool read them
 	onOpen  []func(poolID string) // see OnOpen
 
 	listed atomic.Pointer[listing] // the registry as List last read it
@@ -105,7 +112,11 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 	if cfg.SerialShard == "" || shards.Client(cfg.SerialShard) == nil {
 		cfg.SerialShard = shards.Names()[0]
 	}
-	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, log: cfg.Logger, records: map[string]*Pool{}}
+	if cfg.SealLease <= 0 {
+		cfg.SealLease = time.Minute
+	}
+	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
+		records: map[string]cached{}}
 }
 
 // Shards is the set the catalog works on.

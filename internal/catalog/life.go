@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -73,6 +75,9 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.placed(p); err != nil {
+		return nil, err
+	}
 	switch p.State {
 	case Loading:
 		return nil, fmt.Errorf("%w: pool %s is still loading: finish its preload first", ErrNotNow, id)
@@ -86,6 +91,22 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 		c.notify(ctx, id)
 	}
 	return c.Status(ctx, id)
+}
+
+// placed checks that every shard the pool's sub-pools live on is one of
+// the catalog's (a tool or instance given fewer shards than the pool was
+// placed on): a step on every sub-pool is then refused before it begins,
+// never left done on some. ErrUnavailable names the first missing shard.
+func (c *Catalog) placed(p *Pool) error {
+	if p.State == Closed {
+		return nil // its sub-pools are not visited again (a closing pool's are: they are retired)
+	}
+	for j, name := range p.Placement {
+		if c.shards.Client(name) == nil {
+			return fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here", ErrUnavailable, p.ID(), j, name)
+		}
+	}
+	return nil
 }
 
 // notify tells every instance that the pool's life moved on: what they keep
@@ -111,6 +132,9 @@ func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.placed(p); err != nil {
+		return nil, err
+	}
 	switch p.State {
 	case Closed:
 		return p.Account, nil
@@ -125,46 +149,57 @@ func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
 	if err := c.free(ctx, p); err != nil {
 		return nil, err
 	}
-	p.State, p.Account.State = Closed, string(Closed)
-	if err := c.writeRecord(ctx, p); err != nil {
+	closed := *p
+	a := *p.Account
+	a.State = string(Closed)
+	closed.State, closed.Account = Closed, &a
+	if err := c.writeRecord(ctx, &closed); err != nil {
 		return nil, err
 	}
 	c.notify(ctx, id)
-	return p.Account, nil
+	return closed.Account, nil
 }
 
-// seal stops every sub-pool of the open pool p for good (lua.Seal), checks
-// the audit and the books, records the account (books first, then the
-// record on every shard, as closing) and returns the closing pool. When a
-// check fails it opens the sealed sub-pools again and returns ErrNotNow:
-// nothing changed (a sealed sub-pool answers grabs "ended", as an ended one
-// does).
+// seal stops every sub-pool of the open pool p for good (lua.Seal, under
+// a token of this call's own: concurrent closes never undo each other's
+// seals), checks the audit and the books, records the account (books
+// first, then the record on every shard, as closing) and returns the
+// closing pool. When a check fails it opens again the sub-pools it sealed
+// and returns ErrNotNow: nothing changed (a sealed sub-pool answers grabs
+// "ended", as an ended one does).
 func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
+	owner := strconv.FormatUint(rand.Uint64(), 36)
 	seals := make([]lua.Sealed, p.SubPools())
 	var reasons []string
 	for j := range p.SubPools() {
 		k := p.SubPool(j).Keys()
-		s, err := lua.Seal(ctx, c.client(p, j), &k)
+		s, err := lua.Seal(ctx, c.client(p, j), &k, owner, c.lease)
 		if err != nil {
-			c.unseal(ctx, p, seals)
+			// The seal may have run: unsealing it too is safe (only this
+			// owner's seal is opened).
+			seals[j].OK = true
+			c.unseal(ctx, p, owner, seals)
 			return nil, fmt.Errorf("%w: seal %s sub-pool %d: %w", ErrUnavailable, p.ID(), j, err)
 		}
 		seals[j] = s
 		if !s.OK {
 			reasons = append(reasons, sealReason(j, s))
+			if s.Reason == "sealing" {
+				break // another close is at work: leave it the sub-pools it has not reached
+			}
 		}
 	}
 	if len(reasons) == 0 {
 		reasons = c.reconcile(ctx, p, seals)
 	}
 	if len(reasons) > 0 {
-		c.unseal(ctx, p, seals)
+		c.unseal(ctx, p, owner, seals)
 		return nil, fmt.Errorf("%w: pool %s cannot close: %s", ErrNotNow, p.ID(), strings.Join(reasons, "; "))
 	}
 	a := account(p, seals)
 	if c.books != nil {
 		if err := c.books.Record(ctx, a); err != nil {
-			c.unseal(ctx, p, seals)
+			c.unseal(ctx, p, owner, seals)
 			return nil, fmt.Errorf("%w: record the account of %s in the books: %w", ErrUnavailable, p.ID(), err)
 		}
 	}
@@ -187,6 +222,11 @@ func sealReason(j int, s lua.Sealed) string {
 		return fmt.Sprintf("sub-pool %d: %d spills in flight", j, s.N)
 	case "unsettled":
 		return fmt.Sprintf("sub-pool %d: %d entries unsettled", j, s.N)
+	case "sealing":
+		return fmt.Sprintf("sub-pool %d: another close is at work on it (its seal lapses in %s)", j,
+			(time.Duration(s.N) * time.Millisecond).Round(time.Second))
+	case "closed":
+		return fmt.Sprintf("sub-pool %d: closed already (run the close again)", j)
 	}
 	return fmt.Sprintf("sub-pool %d: %s", j, s.Reason)
 }
@@ -222,16 +262,16 @@ func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []
 	return out
 }
 
-// unseal opens again the sub-pools this seal sealed (an ended sub-pool
-// answers grabs ended sealed or not; one a concurrent close sealed stays
-// sealed for it).
-func (c *Catalog) unseal(ctx context.Context, p *Pool, seals []lua.Sealed) {
+// unseal opens again the sub-pools owner sealed (an ended sub-pool answers
+// grabs ended sealed or not; one a concurrent close sealed stays sealed for
+// it: lua.Unseal opens only the owner's own seal).
+func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua.Sealed) {
 	for j, s := range seals {
-		if !s.Fresh {
+		if !s.OK {
 			continue
 		}
 		k := p.SubPool(j).Keys()
-		if err := lua.Unseal(ctx, c.client(p, j), &k); err != nil {
+		if _, err := lua.Unseal(ctx, c.client(p, j), &k, owner); err != nil {
 			c.log.Error("a close that could not finish left a sub-pool sealed: it answers grabs ended; run the close again",
 				"pool_id", p.ID(), "sub_pool", j, "err", err)
 		}
@@ -255,8 +295,9 @@ func account(p *Pool, seals []lua.Sealed) *Account {
 	return a
 }
 
-// writeRecord writes the record's state and account on every shard, the
-// serial shard first (what is stored there decides).
+// writeRecord moves the record on to p's state and account on every shard,
+// the serial shard first (what is stored there decides); a copy that is
+// missing or partial is written whole, and none goes back (lua.PutRecord).
 func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 	f := p.fields()
 	names := append([]string{c.serial}, c.shards.Names()...)
@@ -264,37 +305,29 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 		if i > 0 && name == c.serial {
 			continue
 		}
-		if err := c.shards.Client(name).HSet(ctx, recordKey(p.ID()), "state", f["state"], "account", f["account"]).Err(); err != nil {
+		if _, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f); err != nil {
 			return fmt.Errorf("%w: shard %s: write the record of %s: %w", ErrUnavailable, name, p.ID(), err)
 		}
 	}
 	return nil
 }
 
-// freeBatch is the most keys one UNLINK frees. UNLINK frees a big value in
-// the background (lazy free), so a command costs its shard microseconds
-// whatever the sub-pool's size.
-const freeBatch = 16
-
-// free unlinks every key of every sub-pool, the meta last (a close that dies
-// midway is resumed from the record's state, closing, and frees again).
+// free retires every sub-pool (lua.Retire): its keys unlinked (UNLINK frees
+// a big value in the background, so it costs its shard microseconds
+// whatever the sub-pool's size), its meta left as a tombstone that no late
+// step writes past. A close that dies midway is resumed from the record's
+// state, closing, and retires again.
 func (c *Catalog) free(ctx context.Context, p *Pool) error {
 	var errs []error
 	for j := range p.SubPools() {
-		k := p.SubPool(j).Keys()
-		var keys []string
-		for _, key := range k.All() {
-			if key != k.Meta {
-				keys = append(keys, key)
-			}
-		}
-		for lo := 0; lo < len(keys); lo += freeBatch {
-			if err := c.client(p, j).Unlink(ctx, keys[lo:min(lo+freeBatch, len(keys))]...).Err(); err != nil {
-				errs = append(errs, fmt.Errorf("sub-pool %d: %w", j, err))
-			}
-		}
-		if err := c.client(p, j).Unlink(ctx, k.Meta).Err(); err != nil {
+		ok, state, err := lua.Retire(ctx, c.client(p, j), p.SubPool(j))
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("sub-pool %d: %w", j, err))
+		case !ok:
+			// Its account is recorded, yet it can move: never freed.
+			return fmt.Errorf("%w: pool %s sub-pool %d is %s, not sealed: its keys are kept; the account recorded may not hold",
+				ErrNotNow, p.ID(), j, state)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

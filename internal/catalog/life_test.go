@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // settleByHand does what settlement does to every outbox entry of the
@@ -157,13 +159,37 @@ func TestLifeOfAPool(t *testing.T) {
 	if subCount != spec.Count || subCents != spec.TotalCents {
 		t.Fatalf("the sub-pools' accounts add up to %d packets, %d cents; want %d, %d", subCount, subCents, spec.Count, spec.TotalCents)
 	}
-	// Each shard holds what it held before the pool, and the pool's record
-	// and its id in the registry: every sub-pool key is freed.
+	e.checkFreed(t, "life", before)
+	fresh := envOn(t, e.servers, redistest.Addrs(e.servers)) // another process
+	checkClosed(t, fresh, spec, a)
+}
+
+// checkFreed checks that each shard holds what it held before the pool
+// (before, by shard), and the pool's record, its id in the registry and
+// the tombstone of each of its sub-pools there (a meta of state closed,
+// with the pool and the index): every other sub-pool key is freed.
+func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
+	t.Helper()
+	ctx := context.Background()
+	p, err := e.cat.Find(ctx, id)
+	if err != nil || p.State != Closed {
+		t.Fatalf("Find(%s) = %+v, %v; want closed", id, p, err)
+	}
 	for name, ks := range e.keys(t) {
 		want := slices.Clone(before[name])
-		for _, k := range []string{recordKey("life"), registryKey} {
+		for _, k := range []string{recordKey(id), registryKey} {
 			if !slices.Contains(want, k) {
 				want = append(want, k)
+			}
+		}
+		for j, on := range p.Placement {
+			if on == name {
+				meta := p.SubPool(j).Keys().Meta
+				want = append(want, meta)
+				tomb, err := e.shards.Client(name).HGetAll(ctx, meta).Result()
+				if w := map[string]string{"state": "closed", "pool": id, "index": fmt.Sprint(j)}; err != nil || !reflect.DeepEqual(tomb, w) {
+					t.Errorf("shard %s: %s = %v, %v; want the tombstone %v", name, meta, tomb, err, w)
+				}
 			}
 		}
 		slices.Sort(want)
@@ -171,8 +197,6 @@ func TestLifeOfAPool(t *testing.T) {
 			t.Errorf("shard %s holds %v after the close; want %v", name, ks, want)
 		}
 	}
-	fresh := envOn(t, e.servers, redistest.Addrs(e.servers)) // another process
-	checkClosed(t, fresh, spec, a)
 }
 
 // checkClosed checks what a closed pool answers: its account, from its
@@ -243,7 +267,7 @@ type crashPoint struct {
 }
 
 // closeWrites runs a close through proxies that record, and returns each
-// write it made: a seal, a record written, a batch of keys freed.
+// write it made: a seal, a record written, a sub-pool retired.
 func closeWrites(t *testing.T, spec Spec) []crashPoint {
 	t.Helper()
 	_, proxies, addrs := crashEnv(t, spec)
@@ -259,12 +283,12 @@ func closeWrites(t *testing.T, spec Spec) []crashPoint {
 		for _, x := range p.Exchanges() {
 			var name string
 			var m redisproxy.Match
-			switch {
-			case x.Cmd[0] == "EVALSHA" && strings.EqualFold(x.Cmd[1], lua.SHA("seal")):
-				name, m = "seal", redisproxy.Script(lua.SHA("seal"))
-			case x.Cmd[0] == "HSET" || x.Cmd[0] == "UNLINK":
-				name, m = x.Cmd[0], redisproxy.Command(x.Cmd[0])
-			default:
+			for _, script := range []string{"seal", "record", "retire"} {
+				if x.Cmd[0] == "EVALSHA" && strings.EqualFold(x.Cmd[1], lua.SHA(script)) {
+					name, m = script, redisproxy.Script(lua.SHA(script))
+				}
+			}
+			if name == "" {
 				continue
 			}
 			seen[name]++
@@ -275,14 +299,16 @@ func closeWrites(t *testing.T, spec Spec) []crashPoint {
 }
 
 // TestCloseResumesAfterACrash: a close whose process dies after any of its
-// writes (each seal, each record written closing or closed, each batch of
-// keys freed, on every shard) is finished by a close run again from
-// another process, with the same account and every key freed; before that,
-// grabs answer ended and the audit stays ok.
+// writes (each seal, each record written closing or closed, each sub-pool
+// retired, on every shard) is finished by a close run again from another
+// process, with the same account and every key freed; before that, grabs
+// answer ended and the audit stays ok. A close that died holding seals is
+// finished once their lease has run out (before, the next close is told
+// another is at work).
 func TestCloseResumesAfterACrash(t *testing.T) {
 	spec := Spec{PoolID: "crash", TotalCents: 50_000, Count: 500, SubPools: 3}
 	points := closeWrites(t, spec)
-	if len(points) < 9 { // 3 seals, 6 record writes at least
+	if len(points) < 12 { // 3 seals, 6 record writes, 3 retires at least
 		t.Fatalf("a close made %d writes: %v", len(points), points)
 	}
 	for _, pt := range points {
@@ -309,20 +335,21 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 			if rep, err := e.cat.Audit(ctx, spec.PoolID); err != nil || !rep.OK {
 				t.Fatalf("audit after a close died = %+v, %v", rep, err)
 			}
-			a, err := e.cat.Close(ctx, spec.PoolID)
-			if err != nil {
-				t.Fatalf("Close run again = %v", err)
-			}
+			var a *Account
+			waittest.Until(t, 10*time.Second, "a close run again finishes once the dead close's seals lapse", func() bool {
+				a, err = e.cat.Close(ctx, spec.PoolID)
+				if errors.Is(err, ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {
+					return false
+				}
+				if err != nil {
+					t.Fatalf("Close run again = %v", err)
+				}
+				return true
+			})
 			if a.ConfirmedCount != 6 || a.PreloadedCount != spec.Count || a.UnclaimedCount != spec.Count-6 {
 				t.Fatalf("account %+v; want 6 confirmed of %d", a, spec.Count)
 			}
-			for name, ks := range e.keys(t) {
-				for _, k := range ks {
-					if strings.HasPrefix(k, "rain:{crash:") {
-						t.Errorf("shard %s still holds %s", name, k)
-					}
-				}
-			}
+			e.checkFreed(t, spec.PoolID, nil)
 			checkClosed(t, e, spec, a)
 		})
 	}

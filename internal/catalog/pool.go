@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,12 @@ type Pool struct {
 	Account   *Account // the final account, once closing or closed
 
 	specJSON string // Spec as stored: two preloads are the same when these are equal
+}
+
+// same reports whether p and o are copies of one pool's record: the same
+// spec, seed and placement (their states and accounts may differ).
+func (p *Pool) same(o *Pool) bool {
+	return p.specJSON == o.specJSON && p.Seed == o.Seed && slices.Equal(p.Placement, o.Placement)
 }
 
 // ID is the pool's id.
@@ -119,6 +126,9 @@ func parseRecord(m map[string]string) (*Pool, error) {
 		if err := json.Unmarshal([]byte(a), p.Account); err != nil {
 			return nil, fmt.Errorf("pool record: account: %w", err)
 		}
+	}
+	if p.State.Over() && p.Account == nil {
+		return nil, fmt.Errorf("pool record: %s without its account", p.State)
 	}
 	return p, nil
 }

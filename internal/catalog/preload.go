@@ -89,7 +89,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		}
 	}
 	if existing.State.Over() {
-		return nil, fmt.Errorf("%w: pool %s is %s: its id cannot be loaded again", ErrConflict, spec.PoolID, existing.State)
+		return nil, closedErr(spec.PoolID, existing.State)
 	}
 	if existing.specJSON != spec.canonical() {
 		return nil, fmt.Errorf("%w: pool %s exists as %s", ErrConflict, spec.PoolID, existing.specJSON)
@@ -161,16 +161,24 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 		sp := lua.SubPool{Pool: spec.PoolID, Index: j}
 		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(p, j), sp)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return loadErr(spec.PoolID, err)
 		}
 		if !opened {
 			return fmt.Errorf("sub-pool %d holds %d packets, %d cents after loading: %w", j, n, cents, ErrUnavailable)
 		}
 	}
-	for _, name := range c.shards.Names() {
-		if err := c.shards.Client(name).HSet(ctx, recordKey(spec.PoolID), "state", string(Open)).Err(); err != nil {
-			return fmt.Errorf("shard %s: %w: %w", name, ErrUnavailable, err)
-		}
+	// The record opens only from loading (lua.PutRecord moves a record on,
+	// never back): a preload that stalled past the pool's close leaves it
+	// closed, and says so.
+	open := *p
+	open.State = Open
+	if err := c.writeRecord(ctx, &open); err != nil {
+		return err
+	}
+	if now, err := c.Find(ctx, spec.PoolID); err != nil {
+		return err
+	} else if now.State.Over() {
+		return closedErr(spec.PoolID, now.State)
 	}
 	// Every instance learns the pool now; the registry refresh covers a
 	// notice that is lost, within a second.
@@ -194,10 +202,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 	}
 	state, next, err := lua.Setup(ctx, client, sp, int64(len(amounts)), cents, p.Spec.window())
 	if err != nil {
-		if errors.Is(err, lua.ErrSpecMismatch) {
-			return fmt.Errorf("%w: %w", ErrConflict, err)
-		}
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return loadErr(p.ID(), err)
 	}
 	if State(state) != Loading {
 		report(int64(len(amounts)))
@@ -224,9 +229,12 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 			if err != nil {
 				return fmt.Errorf("%w: load %s: %w", ErrUnavailable, sp.Tag(), err)
 			}
-			if res == lua.AlreadyOpen {
+			switch res {
+			case lua.AlreadyOpen:
 				report(int64(len(amounts)) - done)
 				return nil
+			case lua.LoadClosed:
+				return closedErr(p.ID(), Closed)
 			}
 			next = n // loaded or skipped, the script says which batch comes next
 		}
@@ -235,6 +243,25 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 		done = now
 	}
 	return nil
+}
+
+// loadErr is the error of a step of a preload on a sub-pool: the pool
+// closed meanwhile (a preload that stalled past the close), the sub-pool
+// there with another spec, or a shard that did not answer.
+func loadErr(id string, err error) error {
+	switch {
+	case errors.Is(err, lua.ErrClosed):
+		return closedErr(id, Closed)
+	case errors.Is(err, lua.ErrSpecMismatch):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// closedErr says that a preload met its pool closed (or closing): nothing
+// was written, and the id cannot be loaded again.
+func closedErr(id string, s State) error {
+	return fmt.Errorf("%w: pool %s is %s: its id cannot be loaded again", ErrConflict, id, s)
 }
 
 // client is the shard client of the pool's sub-pool j.

@@ -16,28 +16,42 @@ import (
 	"rain/internal/lua"
 )
 
-// Pool returns the pool's record, from memory once it is open or closed:
-// neither changes but by a close (whose notice, internal/events, makes the
-// instances Forget it), so the grab path reads it once. A pool loading or
-// closing is read again on every call. ErrNotFound for no such pool;
-// ErrUnavailable when it cannot be read now.
+// Pool returns the pool's record, from memory while it is fresh: a closed
+// pool's record never changes again and is kept; an open pool's is kept for
+// recordTTL (its life moves on only by an end or a close, whose notice,
+// internal/events, makes the instances Forget it at once, and a lost notice
+// costs at most recordTTL). A pool loading or closing is read again on
+// every call. ErrNotFound for no such pool; ErrUnavailable when it cannot
+// be read now.
 func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
 	c.mu.RLock()
-	p := c.records[id]
+	e, ok := c.records[id]
 	c.mu.RUnlock()
-	if p != nil {
-		return p, nil
+	if ok && (e.p.State == Closed || time.Since(e.read) < recordTTL) {
+		return e.p, nil
 	}
+	read := time.Now()
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if p.State == Open || p.State == Closed {
 		c.mu.Lock()
-		c.records[id] = p
+		c.records[id] = cached{p: p, read: read}
 		c.mu.Unlock()
 	}
 	return p, nil
+}
+
+// recordTTL is how long Pool trusts an open pool's record read from the
+// shards: a long-lived process (rain settle, the reaper) that missed the
+// notice of a close sees it within this.
+const recordTTL = 2 * time.Second
+
+// cached is a record Pool read, and when.
+type cached struct {
+	p    *Pool
+	read time.Time
 }
 
 // Forget drops what the catalogue keeps in memory of the pool: its life
@@ -48,54 +62,98 @@ func (c *Catalog) Forget(id string) {
 	delete(c.records, id)
 }
 
-// Find reads the pool's record: the serial shard's, which decides, or, when
-// the serial shard has none, the other shards' (the copy furthest along the
-// pool's life: a preload opens the record on each shard in turn, a close
-// closes it on each in turn). A record the other shards hold and a serial
-// shard that answered lacks (it lost its data) is written back to it, where
-// none is, so the pool never vanishes behind it. ErrNotFound when no shard that answered has it; ErrUnavailable
-// when none has it and some did not answer.
+// copyOf is one shard's copy of a pool's record, as Find reads it.
+type copyOf struct {
+	shard  string
+	fields map[string]string // nil: none there
+	p      *Pool             // parsed; nil when none or not whole
+	err    error             // the shard did not answer
+}
+
+// Find reads the pool's record from every shard, at once, and returns the
+// copy furthest along the pool's life: the serial shard's decides which
+// pool the id is (what is stored there wins a preload's race), and a copy
+// of that same pool further along (a close writes the shards in turn; a
+// shard may have lost writes) gives its state and account. Every copy that
+// is missing, partial or behind is written back from it (never back: see
+// lua.PutRecord), so a shard that lost its data never hides a pool, reopens
+// a closed one or drops its account. ErrNotFound when no shard that
+// answered has it; ErrUnavailable when none has a whole copy and some did
+// not answer, or none of the copies is whole.
 func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
-	key := recordKey(id)
-	m, err := c.shards.Client(c.serial).HGetAll(ctx, key).Result()
-	if err == nil && len(m) > 0 {
-		return parseRecord(m)
+	names := c.shards.Names()
+	copies := make([]copyOf, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			copies[i].shard = name
+			m, err := c.shards.Client(name).HGetAll(ctx, recordKey(id)).Result()
+			if err != nil {
+				copies[i].err = fmt.Errorf("shard %s: %w", name, err)
+				return
+			}
+			if len(m) > 0 {
+				copies[i].fields = m
+				copies[i].p, _ = parseRecord(m) // a part of a record is written back whole
+			}
+		})
 	}
-	var down []error
-	if err != nil {
-		down = append(down, fmt.Errorf("serial shard %s: %w", c.serial, err))
-	}
-	serialEmpty := err == nil
-	var found map[string]string
-	for _, name := range c.shards.Names() {
-		if name == c.serial {
-			continue
+	wg.Wait()
+	best := furthest(copies, c.serial)
+	if best == nil {
+		var down []error
+		some := false
+		for _, cp := range copies {
+			if cp.err != nil {
+				down = append(down, cp.err)
+			}
+			some = some || cp.fields != nil
 		}
-		o, err := c.shards.Client(name).HGetAll(ctx, key).Result()
-		if err != nil {
-			down = append(down, fmt.Errorf("shard %s: %w", name, err))
-			continue
-		}
-		if len(o) > 0 && (found == nil || State(o["state"]).stage() > State(found["state"]).stage()) {
-			found = o
-		}
-	}
-	if found == nil {
-		if len(down) > 0 {
+		switch {
+		case some:
+			return nil, fmt.Errorf("%w: pool %s: no shard holds a whole copy of its record", ErrUnavailable, id)
+		case len(down) > 0:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
 		}
 		return nil, ErrNotFound
 	}
-	if serialEmpty {
-		if stored, err := c.putRecord(ctx, c.shards.Client(c.serial), id, found); err == nil {
-			return stored, nil // what is stored there wins, written meanwhile or now
+	for _, cp := range copies {
+		if cp.err == nil && (cp.p == nil || cp.p.State.stage() < best.State.stage() || cp.p.Account == nil && best.Account != nil) &&
+			(cp.p == nil || cp.p.same(best)) {
+			if _, err := c.putRecord(ctx, c.shards.Client(cp.shard), id, best.fields()); err != nil {
+				c.log.Warn("a shard's copy of a pool record is missing or behind; writing it back failed, trying again at the next read",
+					"pool_id", id, "shard", cp.shard, "err", err)
+			}
 		}
 	}
-	return parseRecord(found)
+	return best, nil
 }
 
-// putRecord writes the record unless one is there, atomically, and returns
-// what is stored: what is stored wins.
+// furthest is the record Find returns of the copies: the serial shard's
+// pool (or, when it has no whole copy, the first whole copy's), at the
+// furthest stage any copy of that same pool is at, with the account of
+// that copy. Nil when no copy is whole.
+func furthest(copies []copyOf, serial string) *Pool {
+	var best *Pool
+	for _, cp := range copies {
+		if cp.p != nil && cp.shard == serial {
+			best = cp.p
+		}
+	}
+	for _, cp := range copies {
+		switch {
+		case cp.p == nil:
+		case best == nil:
+			best = cp.p
+		case cp.p.same(best) && (cp.p.State.stage() > best.State.stage() || best.Account == nil && cp.p.Account != nil):
+			best = cp.p
+		}
+	}
+	return best
+}
+
+// putRecord writes the record where none is whole, or moves the stored one
+// on to its state (never back), atomically, and returns what is stored.
 func (c *Catalog) putRecord(ctx context.Context, client *redis.Client, pool string, fields map[string]string) (*Pool, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {

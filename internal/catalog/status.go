@@ -58,6 +58,7 @@ type subPoolCounters struct {
 	ReleasedCount  int64  `redis:"released_count"`
 	ReleasedCents  int64  `redis:"released_cents"`
 	EndsMS         int64  `redis:"ends_ms"`
+	Ended          string `redis:"ended"` // "1" once its end was seen: see end.lua
 }
 
 // statusFields are subPoolCounters' redis tags, the fields HMGET asks for.
@@ -92,7 +93,7 @@ func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
 		if n.State != string(Open) {
 			ended = false
 		}
-		if n.State == string(Open) && n.EndsMS > 0 && n.EndsMS <= n.now {
+		if n.State == string(Open) && (n.Ended == "1" || n.EndsMS > 0 && n.EndsMS <= n.now) {
 			n.State = "ended"
 		} else {
 			ended = false
@@ -153,8 +154,9 @@ type SubPoolRef struct {
 
 // SubPools lists the sub-pools of every pool the shards' registries know,
 // with their shards: what settlement reads the outboxes of. Pools that
-// cannot be read now (a shard down, or one not configured here) are left
-// out and their errors returned, joined, beside the others.
+// cannot be read now (a shard down) are left out, and so are sub-pools
+// placed on a shard not configured here; their errors (ErrUnavailable for
+// a shard not configured) are returned, joined, beside the others.
 func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 	ids, err := c.Listed(ctx)
 	if err != nil {
@@ -174,8 +176,13 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 		if p.State.Over() {
 			continue // its keys are freed, or being freed
 		}
+		if err := c.placed(p); err != nil {
+			errs = append(errs, err) // the sub-pools on the shards configured here are listed
+		}
 		for j, name := range p.Placement {
-			out = append(out, SubPoolRef{SubPool: p.SubPool(j), Shard: name})
+			if c.shards.Client(name) != nil {
+				out = append(out, SubPoolRef{SubPool: p.SubPool(j), Shard: name})
+			}
 		}
 	}
 	return out, errors.Join(errs...)

@@ -1,18 +1,21 @@
-// Package dash is rain's live dashboard: a page served at /admin/ (static
-// files embedded in the binary: no build step, nothing fetched from
-// elsewhere) and the timeline it draws, sampled once a second from the
+// Package dash is rain's live dashboard and operator's console: a page
+// served at /admin/ (static files embedded in the binary: no build step,
+// nothing fetched from elsewhere), the redirect that leads a browser from
+// / to it, and the timeline it draws, sampled once a second from the
 // process's own metrics.
 //
 // The page asks for the admin token once and keeps it in the tab's
 // sessionStorage; it sends it as a bearer token to the operator API and
-// never puts it in a URL. It polls GET /admin/stats (this package) and
-// GET /admin/pools, GET /admin/pools/{id} and its audit (the operator API)
-// every second.
+// never puts it in a URL or a cookie. It polls GET /admin/stats (this
+// package) and GET /admin/pools and GET /admin/pools/{id} (the operator
+// API), and acts only through the operator API: POST /admin/pools, its
+// end and close, the audit (docs/console.md).
 package dash
 
 import (
 	"context"
 	"embed"
+	"encoding/json"
 	"io/fs"
 	"math"
 	"net/http"
@@ -27,9 +30,21 @@ import (
 //go:embed static
 var static embed.FS
 
+// Security headers of every file of the page. The page runs only its own
+// scripts and styles and fetches only this origin (CSP default-src 'self':
+// an injected <script> or a script from elsewhere does not run, and
+// nothing is sent to another host); no other site may frame it, so no
+// click on End or Close can be hijacked (frame-ancestors 'none'); a
+// browser takes each file as the type it is served with (nosniff); and a
+// link followed from it tells the next site nothing (no-referrer).
+const (
+	CSP            = "default-src 'self'; frame-ancestors 'none'"
+	ReferrerPolicy = "no-referrer"
+)
+
 // Files serves the dashboard's page and scripts under prefix (the
-// request's path less prefix names the file; "" is the page); a request for
-// anything else goes to notFound.
+// request's path less prefix names the file; "" is the page), with the
+// security headers above; a request for anything else goes to notFound.
 func Files(prefix string, notFound http.Handler) http.Handler {
 	files := http.StripPrefix(prefix, http.FileServerFS(staticFiles()))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -37,8 +52,28 @@ func Files(prefix string, notFound http.Handler) http.Handler {
 			notFound.ServeHTTP(w, r)
 			return
 		}
-		w.Header().Set("Cache-Control", "no-cache")
+		h := w.Header()
+		h.Set("Cache-Control", "no-cache")
+		h.Set("Content-Security-Policy", CSP)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", ReferrerPolicy)
 		files.ServeHTTP(w, r)
+	})
+}
+
+// Home answers GET / with a redirect to the dashboard at prefix: someone
+// who opens rain's address in a browser lands on the operator's console,
+// not on an error. The body is JSON, as every answer of rain's HTTP API
+// is, and names where to go, for a client that does not follow redirects.
+func Home(prefix string) http.Handler {
+	body, _ := json.Marshal(map[string]string{"dashboard": prefix, "openapi": "/openapi.json"}) // strings: cannot fail
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Location", prefix)
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusFound)
+		_, _ = w.Write(append(body, '\n'))
 	})
 }
 

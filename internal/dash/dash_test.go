@@ -1,7 +1,13 @@
 package dash
 
 import (
+	"encoding/json"
+	"io/fs"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -77,4 +83,92 @@ func TestTimelineKeepsFiveMinutes(t *testing.T) {
 	if len(pts) != Keep || !pts[len(pts)-1].At.Equal(t0.Add(time.Duration(Keep+49)*time.Second)) {
 		t.Fatalf("%d points ending %v, want the last %d", len(pts), pts[len(pts)-1].At, Keep)
 	}
+}
+
+// TestFilesSecurityHeaders: every file of the page carries the security
+// headers (its own scripts only, no framing, no sniffing, no referrer);
+// a path that is no file of it goes to the not-found handler as it came.
+func TestFilesSecurityHeaders(t *testing.T) {
+	notFound := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"status":"not_found"}`))
+	})
+	h := Files("/admin/", notFound)
+	want := map[string]string{
+		"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+		"X-Content-Type-Options":  "nosniff",
+		"Referrer-Policy":         "no-referrer",
+	}
+	files, err := fs.Glob(staticFiles(), "*")
+	if err != nil || len(files) < 3 {
+		t.Fatalf("static files %v, %v: want the page, its scripts and its style", files, err)
+	}
+	// index.html is the page at /admin/ (the file server redirects its name there).
+	for _, path := range append([]string{"/admin/"}, prefixed("/admin/", slices.DeleteFunc(files, func(n string) bool { return n == "index.html" }))...) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("GET %s = %d, want 200", path, rec.Code)
+		}
+		for k, v := range want {
+			if got := rec.Header().Get(k); got != v {
+				t.Errorf("GET %s: %s = %q, want %q", path, k, got, v)
+			}
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/admin/nope.js", nil))
+	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("GET /admin/nope.js = %d %q, want the not-found handler's JSON 404", rec.Code, rec.Header().Get("Content-Type"))
+	}
+}
+
+// TestPageLoadsOnlyItsOwnFiles: the page names no script, style, font or
+// image of another origin, nor any inline script or style the CSP would
+// block: it works offline and under default-src 'self'.
+func TestPageLoadsOnlyItsOwnFiles(t *testing.T) {
+	page, err := fs.ReadFile(staticFiles(), "index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(page)
+	for _, m := range regexp.MustCompile(`(?i)\s(src|href)="([^"]*)"`).FindAllStringSubmatch(html, -1) {
+		if regexp.MustCompile(`(?i)^([a-z]+:|//)`).MatchString(m[2]) {
+			t.Errorf("index.html loads %q: the page must load only its own files", m[2])
+		}
+	}
+	for _, inline := range []string{`(?i)<style`, `(?i)\sstyle=`, `(?i)\son[a-z]+=`, `(?i)<script>`, `(?i)<script\s[^>]*>[^<]`} {
+		if m := regexp.MustCompile(inline).FindString(html); m != "" {
+			t.Errorf("index.html has inline code (%q): the CSP blocks it", m)
+		}
+	}
+	css, _ := fs.Glob(staticFiles(), "*.css")
+	js, _ := fs.Glob(staticFiles(), "*.js")
+	for _, name := range append(css, js...) {
+		b, _ := fs.ReadFile(staticFiles(), name)
+		if regexp.MustCompile(`@import|url\(\s*['"]?(https?:)?//|fetch\(\s*['"]https?:`).Match(b) {
+			t.Errorf("%s loads something from elsewhere", name)
+		}
+	}
+}
+
+// TestHome: GET / redirects to the dashboard, with a JSON body naming it.
+func TestHome(t *testing.T) {
+	rec := httptest.NewRecorder()
+	Home("/admin/").ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	var body map[string]string
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusFound ||
+		rec.Header().Get("Location") != "/admin/" || rec.Header().Get("Content-Type") != "application/json" || body["dashboard"] != "/admin/" {
+		t.Fatalf("GET / = %d, Location %q, %q %s (%v); want 302 to /admin/ with a JSON body naming it",
+			rec.Code, rec.Header().Get("Location"), rec.Header().Get("Content-Type"), rec.Body, err)
+	}
+}
+
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + n
+	}
+	return out
 }

@@ -46,7 +46,6 @@ type claimReq struct {
 	serial int64
 	token  string // spill token, "" for pools of one sub-pool
 	valid  int64  // spill reservation validity, ms
-	queued int64  // when it was queued (unix ns)
 	res    lua.Claim
 	err    error
 	done   chan struct{} // capacity 1; receives once per use
@@ -81,7 +80,7 @@ type batcher struct {
 	// them, by weight. The bulkhead: see admit.
 	places   func() (inUse, limit int64)
 	share    func(limit int64) int64
-	oldest   atomic.Int64 // when the oldest claim queued or in flight was queued (unix ns); 0 when none is
+	sent     atomic.Int64 // when the batch in flight was sent (unix ns); 0 when none is
 	inflight atomic.Int64 // claims queued or in flight
 	br       *breaker
 	busy     atomic.Int64 // claims refused by the bulkhead, ever
@@ -112,7 +111,7 @@ func (b *batcher) enqueue(ctx context.Context, k *lua.Keys, user string, serial 
 	default:
 	}
 	r := reqPool.Get().(*claimReq)
-	r.ctx, r.keys, r.user, r.serial, r.token, r.valid, r.queued = ctx, k, user, serial, token, valid, now
+	r.ctx, r.keys, r.user, r.serial, r.token, r.valid = ctx, k, user, serial, token, valid
 	b.inflight.Add(1)
 	select {
 	case b.reqs <- r:
@@ -131,9 +130,12 @@ func (b *batcher) enqueue(ctx context.Context, k *lua.Keys, user string, serial 
 // others out, never because a batch is late (invariant 10: a shard that
 // answers, however slowly its fsync lands, serves its users):
 //
-//   - stalled: the oldest claim queued or in flight has waited longer than
-//     the budget (a frozen or dead shard; its breaker opens when the batch
-//     in flight times out);
+//   - stalled: the batch in flight was sent longer than the budget ago: the
+//     shard itself has not answered within its budget (a frozen or dead
+//     shard; its breaker opens when that batch times out). A claim that
+//     waited behind the batch before it is no sign of a stall: a shard that
+//     answers every batch within the budget is never refused, however long
+//     its claims queue (up to a budget behind the batch in flight);
 //   - crowding: the shard holds more than its share of the request places
 //     while they run short (over three quarters taken), so a shard that
 //     stalls under a flood holds at most its share and the other shards'
@@ -143,8 +145,8 @@ func (b *batcher) enqueue(ctx context.Context, k *lua.Keys, user string, serial 
 // grab's task only until its claim is queued), so a stalled shard costs
 // the others no worker.
 func (b *batcher) admit(now int64) error {
-	if at := b.oldest.Load(); at != 0 && time.Duration(now-at) > b.budget {
-		return fmt.Errorf("shard %s is stalled: a claim has waited %v, over the budget of %v",
+	if at := b.sent.Load(); at != 0 && time.Duration(now-at) > b.budget {
+		return fmt.Errorf("shard %s is stalled: its batch in flight has waited %v for an answer, over the budget of %v",
 			b.name, time.Duration(now-at).Round(time.Millisecond), b.budget)
 	}
 	if b.places == nil {
@@ -180,8 +182,6 @@ func (b *batcher) lane() {
 			}
 		}
 		batch = append(batch[:0], first)
-		// FIFO: the batch's first claim is the oldest the shard has.
-		b.oldest.Store(first.queued)
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -191,8 +191,9 @@ func (b *batcher) lane() {
 				break drain
 			}
 		}
+		b.sent.Store(time.Now().UnixNano())
 		b.run(batch, &st)
-		b.oldest.Store(0)
+		b.sent.Store(0)
 		b.inflight.Add(-int64(len(batch)))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 )
 
@@ -107,4 +108,45 @@ func TestShardKilledMidGrab(t *testing.T) {
 	}
 	t.Logf("%d grants answered before the kill, %d failed grabs while down, all %d grants intact", len(beforeKill), failures.Load(), len(answered))
 	e.assertAudit(t, "kill")
+}
+
+// TestSlowShardWithinItsBudgetIsNeverRefused: a shard that answers every
+// batch in 60% of its budget (a slow disk, a busy machine), under grabs
+// that keep coming (one every 20 ms, each on its own), serves every one of
+// its users (invariant 10): a claim that queued behind the batch before it
+// may have waited longer than the budget, but the shard itself never has,
+// so it is not stalled. Only a batch out past the budget (the breaker)
+// cuts a shard off.
+func TestSlowShardWithinItsBudgetIsNeverRefused(t *testing.T) {
+	ctx := context.Background()
+	servers := redistest.StartN(t, 1, redistest.Options{})
+	p := redisproxy.Start(t, servers[0].Addr)
+	e := envOn(t, servers, []string{p.Addr})
+	e.preload(t, catalog.Spec{PoolID: "slow", TotalCents: 1_000_000, Count: 10_000, SubPools: 1})
+	p.SetReplyDelay(redisproxy.Command("EVALSHA"), e.shards.Timeout()*6/10)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var refused []error
+	granted := 0
+	const grabs = 100
+	for u := range grabs {
+		wg.Go(func() {
+			r, err := e.svc.Grab(ctx, "slow", fmt.Sprintf("u%d", u))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				refused = append(refused, err)
+			} else if r.Outcome == Granted {
+				granted++
+			}
+		})
+		time.Sleep(20 * time.Millisecond) // pacing: arrivals that do not wait for answers
+	}
+	wg.Wait()
+	if len(refused) > 0 {
+		t.Fatalf("%d of %d grabs on a slow, healthy shard failed; the first: %v", len(refused), grabs, refused[0])
+	}
+	if granted != grabs {
+		t.Fatalf("%d of %d grabs granted", granted, grabs)
+	}
 }

@@ -181,8 +181,9 @@ func (s *Service) readHolders(ctx context.Context, p *poolView) (*holderSet, err
 // Run keeps this instance's local answers current until ctx ends: it hears
 // rain:events on every shard (a new pool is known at once; stock returned to
 // a sub-pool, or a new holder, makes it no longer known empty and drops its
-// holders) and lists the pool registries every 2 s, so a lost notice costs
-// at most that. Run it in one goroutine beside serving grabs; it returns
+// holders; a pool ended or closed is forgotten, its record read again) and
+// lists the pool registries every 2 s, so a lost notice costs at most that
+// (a pool's record kept by the catalog lapses within 2 s as well). Run it in one goroutine beside serving grabs; it returns
 // when ctx ends.
 //
 // The known-pools filter answers unknown pools without Redis only once it
@@ -227,6 +228,7 @@ func (s *Service) Run(ctx context.Context) {
 	}}, events.Handlers{
 		Pool:  s.local.known.Add,
 		Stock: s.local.stockBack,
+		State: s.forget, // ended or closed: the view, the record and the local answers lapse
 	})
 	wg.Wait()
 }

@@ -43,18 +43,33 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// The amount may be in flight; no adopt was sent, so nothing is
 			// granted under this token. Refuse it at home so the user may
 			// retry at once; the reaper returns the amount.
-			s.abort(ctx, p, userID, h, token)
+			s.abort(ctx, p, userID, h, token, true)
 			return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
 		}
 		switch taken {
 		case lua.TakeEmpty:
 			s.local.empty.MarkEmpty(id, j)
 			continue
+		case lua.TakeEnded:
+			// The pool's window ended while this grab was spilling: nothing
+			// was taken, nothing is granted.
+			s.abort(ctx, p, userID, h, token, false)
+			return lua.Claim{Outcome: lua.Ended}, nil
+		case lua.TakenAmount:
+			// The take must survive a failover of j before the home grants
+			// it: a sibling that comes back without it would hold the
+			// amount in its stock and grant it again. Not replicated: no
+			// adopt is sent; the token is refused at home and the reaper
+			// puts the amount back (if it is there at all).
+			if err := s.replicate(ctx, p, j); err != nil {
+				s.abort(ctx, p, userID, h, token, true)
+				return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
+			}
 		case lua.TakeSettled, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
 			// twice, or a shard that lost writes. Take nothing under it.
 			s.log.Error("spill token already used at a sibling", "pool_id", id, "sub_pool", j, "token", token, "user_id", userID, "settled", taken == lua.TakeSettled)
-			s.abort(ctx, p, userID, h, token)
+			s.abort(ctx, p, userID, h, token, true)
 			return lua.Claim{}, fmt.Errorf("%w: spill token %s of %s is already used at sub-pool %d", ErrUnavailable, token, id, j)
 		}
 		actx, cancel := s.stepContext(ctx)
@@ -82,9 +97,13 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			c, ok = lua.Claim{Outcome: lua.Granted, Amount: v.Amount, Serial: serial, DeadlineMS: v.DeadlineMS}, true
 		}
 		if !ok {
-			// Refused: the reservation is older than T, or the user holds a
-			// grant. The amount goes back; if that fails the reaper does it.
+			// Refused: the window ended, the reservation is older than T, or
+			// the user holds a grant. The amount goes back; if that fails
+			// the reaper does it.
 			s.settle(ctx, p, j, token, false)
+			if c.Outcome == lua.Ended {
+				return c, nil
+			}
 			return lua.Claim{}, fmt.Errorf("%w: spill for %s in %s refused at home: its reservation lapsed (T = %v) or the user holds a grant", ErrUnavailable, userID, id, s.valid)
 		}
 		// The grant stands. A failed ack leaves the transfer to the reaper,
@@ -93,8 +112,10 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		return c, nil
 	}
 	// No sibling had stock: nothing was taken, so nothing can be granted
-	// under this token. If the abort fails, the reservation lapses after T.
-	s.abort(ctx, p, userID, h, token)
+	// under this token, and no adopt of it will ever be sent: the
+	// reservation is dropped and nothing is recorded. If the abort fails,
+	// the reservation lapses after T.
+	s.abort(ctx, p, userID, h, token, false)
 	if skipped > 0 {
 		// Some sibling could not be asked: the pool may still have stock.
 		return lua.Claim{}, fmt.Errorf("%w: %d sibling sub-pools of %s are on unavailable shards", ErrUnavailable, skipped, id)
@@ -123,12 +144,13 @@ func (s *Service) replicate(ctx context.Context, p *poolView, j int) error {
 	return err
 }
 
-// abort refuses token at home h and drops the user's reservation; errors are
-// logged: the reservation lapses after T by itself.
-func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, token string) {
+// abort drops the user's reservation at home h and, with refuse (an
+// amount may be in flight under the token), refuses the token there;
+// errors are logged: the reservation lapses after T by itself.
+func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, token string, refuse bool) {
 	ctx, cancel := s.stepContext(ctx)
 	defer cancel()
-	adopted, err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token)
+	adopted, err := lua.Abort(ctx, p.clients[h], &p.keys[h], userID, token, refuse)
 	switch {
 	case err != nil:
 		s.log.Debug("spill abort failed; the reservation lapses after T", "pool_id", p.rec.ID(), "sub_pool", h, "err", err)

@@ -255,3 +255,48 @@ func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 		t.Fatalf("status %+v: stock + held + confirmed must stay 4 packets, 400 cents", st)
 	}
 }
+
+// TestSoldOutFloodLeavesNoRecord: a sold-out pool of several sub-pools
+// whose grabs get past the local sold-out marks (an instance just started,
+// marks that lapsed) reach Redis, reserve at home, find every sibling
+// empty and answer sold_out, and leave nothing behind: no verdict, no
+// reservation. (A verdict is recorded only where an amount may be in
+// flight under the token.)
+func TestSoldOutFloodLeavesNoRecord(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	e.preload(t, catalog.Spec{PoolID: "flood", TotalCents: 400, Count: 4, SubPools: 2})
+	for u := range 4 {
+		if r := grabRetrying(t, e.svc, "flood", fmt.Sprintf("u%d", u)); r.Outcome != Granted {
+			t.Fatalf("user %d got %+v", u, r)
+		}
+	}
+	p, err := e.cat.Find(ctx, "flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := func() (n int64) {
+		for j := range p.SubPools() {
+			k := p.SubPool(j).Keys()
+			for _, key := range []string{k.Verdicts, k.Reserve} {
+				l, err := e.shards.Client(p.Placement[j]).HLen(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += l
+			}
+		}
+		return n
+	}
+	before := records()
+	for u := range 20 {
+		svc, _ := e.service(t, e.shards) // a new instance each time: no local marks
+		if r := grabRetrying(t, svc, "flood", fmt.Sprintf("late%d", u)); r.Outcome != SoldOut {
+			t.Fatalf("late user %d got %+v, want sold_out", u, r)
+		}
+	}
+	if after := records(); after != before {
+		t.Fatalf("20 sold-out grabs left %d verdicts and reservations (%d before); want none", after-before, before)
+	}
+	e.assertAudit(t, "flood")
+}

@@ -17,37 +17,53 @@
 -- first wins, atomically on this one shard, so no clock decides whether a
 -- transfer was granted.
 --
--- Adopt grants only if the home is not sealed by a close, the user's
--- reservation still carries this token and is younger than T by this
--- shard's clock, and the user holds no grant; otherwise it records a
--- refusal. Re-sent, it answers as the first run did: the same grant, or
--- stale.
--- Returns {"granted", amount, serial, deadline_ms} | {"stale"}
+-- Adopt grants only if the home is open (not sealed by a close) and its
+-- window has not ended, the user's reservation still carries this token and
+-- is younger than T by this shard's clock, and the user holds no grant;
+-- otherwise it records a refusal. A home that is closed (its tombstone,
+-- retire.lua) or was never set up refuses and writes nothing. Re-sent, it
+-- answers as the first run did: the same grant, or a refusal.
+-- Returns {"granted", amount, serial, deadline_ms} | {"stale"} | {"ended"}
+--   (refused, and the window has ended: the grab answers ended)
 local meta, grants, deadlines, outbox, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local validity = tonumber(ARGV[6])
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'pool', 'index', 'ends_ms', 'ended')
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local ends = tonumber(m[5]) or 0
+-- A refusal answers "ended" once the window has ended: a window never ends
+-- later than it did, so a refusal for the end answers the same when re-sent.
+local refused = {'stale'}
+if m[6] == '1' or (ends > 0 and now >= ends) then
+  refused = {'ended'}
+end
 local v = redis.call('HGET', verdicts, token)
 if v then
   local vorigin, vamount, vdeadline, vuser = string.match(v, '^a:(%d+):(%d+):(%d+):(.*)$')
   if vorigin == origin and vamount == amount and vuser == user then
     return {'granted', tonumber(amount), tonumber(serial), tonumber(vdeadline)} -- sent again
   end
-  return {'stale'} -- refused, or adopted from another sibling: this amount goes back
+  return refused -- refused, or adopted from another sibling: this amount goes back
 end
 local function refuse()
   redis.call('HSET', verdicts, token, 'r:' .. user)
-  return {'stale'}
+  return refused
 end
-if redis.call('HGET', meta, 'state') == 'closing' then
+if m[1] == 'closing' then
   return refuse() -- sealed by a close (seal.lua): it grants nothing more
+end
+if m[1] ~= 'open' then
+  return refused -- closed (a tombstone) or never set up: nothing is written
+end
+if refused[1] == 'ended' then
+  return refuse()
 end
 local r = redis.call('HGET', reserve, user)
 if not r then
   return refuse()
 end
 local rtoken, ts = string.match(r, '^(.+):(%d+)$')
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 if rtoken ~= token or now - tonumber(ts) >= validity then
   return refuse()
 end
@@ -56,12 +72,11 @@ if g and string.sub(g, 1, 1) ~= 'r' then
   redis.call('HDEL', reserve, user)
   return refuse() -- the user holds a grant already: the caller puts the amount back
 end
-local m = redis.call('HMGET', meta, 'hold_ms', 'pool', 'index')
-local deadline = string.format('%d', now + tonumber(m[1]))
+local deadline = string.format('%d', now + tonumber(m[2]))
 redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)
 redis.call('HSET', verdicts, token, 'a:' .. origin .. ':' .. amount .. ':' .. deadline .. ':' .. user)
 redis.call('ZADD', deadlines, deadline, user)
-redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[2], 'sub', m[3], 'user', user,
+redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[3], 'sub', m[4], 'user', user,
   'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
 redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'held_count', 1)
@@ -70,5 +85,5 @@ redis.call('HINCRBY', meta, 'received_count', 1)
 redis.call('HINCRBY', meta, 'received_cents', amount)
 redis.call('HDEL', reserve, user)
 -- A new holder: instances that read this pool's holders drop them (events).
-redis.call('PUBLISH', 'rain:events', 'stock ' .. m[2] .. ' ' .. m[3])
+redis.call('PUBLISH', 'rain:events', 'stock ' .. m[3] .. ' ' .. m[4])
 return {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}

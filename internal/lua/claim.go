@@ -137,6 +137,7 @@ const (
 	WasReleased                              // released at its deadline: too late
 	SerialMismatch                           // the user's grant has another serial
 	UnknownGrant                             // the user holds no grant here
+	AmountMismatch                           // ConfirmMany: the grant's amount is not the one given
 )
 
 // Confirm moves the user's held grant with serial to confirmed. Sent again,
@@ -161,35 +162,64 @@ func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) 
 	return 0, fmt.Errorf("confirm: unexpected reply %v", res)
 }
 
-// ConfirmArg is one grant of a batch to confirm: its user and serial.
+// ConfirmArg is one grant of a batch to confirm: its user, serial and
+// amount (what settlement is about to pay).
 type ConfirmArg struct {
 	User   string
 	Serial int64
+	Amount int64
 }
 
 // ConfirmResult is the answer for one grant of ConfirmMany: what the
-// confirm did, and the grant's amount when it is confirmed (now or before).
+// confirm did, and the grant's amount when it is confirmed (now or before)
+// or is not the one given (AmountMismatch).
 type ConfirmResult struct {
 	Result Confirmation
 	Amount int64
 }
 
 // ConfirmMany confirms a batch of grants of one sub-pool, each as Confirm
-// does, in one script: one answer per grant, or the grant's own error (a
-// bad record); err is set when the batch as a whole failed.
+// does and only with the amount given, in one script: one answer per
+// grant, or the grant's own error (a bad record); err is set when the batch
+// as a whole failed.
 func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([]ConfirmResult, []error, error) {
-	args := make([]any, 0, 2*len(grants))
-	for _, g := range grants {
-		args = append(args, g.User, g.Serial)
-	}
-	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, args...).Slice()
+	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(grants)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(res) != len(grants) {
-		return nil, nil, fmt.Errorf("confirm_many: %d answers for %d grants", len(res), len(grants))
+	return parseConfirmMany(res, len(grants))
+}
+
+// ConfirmManyCmd queues ConfirmMany on pipe as EVALSHA (so that a WAIT
+// queued after it on the same connection covers it); read it with
+// ParseConfirmMany. A shard whose script cache is empty answers NOSCRIPT
+// (IsNoScript): nothing ran; load the scripts and send it again.
+func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, grants []ConfirmArg) *redis.Cmd {
+	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(grants)...)
+}
+
+// ParseConfirmMany reads the answer of a ConfirmManyCmd of n grants.
+func ParseConfirmMany(cmd *redis.Cmd, n int) ([]ConfirmResult, []error, error) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
 	}
-	out, errs := make([]ConfirmResult, len(grants)), make([]error, len(grants))
+	return parseConfirmMany(res, n)
+}
+
+func confirmManyArgs(grants []ConfirmArg) []any {
+	args := make([]any, 0, 3*len(grants))
+	for _, g := range grants {
+		args = append(args, g.User, g.Serial, g.Amount)
+	}
+	return args
+}
+
+func parseConfirmMany(res []any, n int) ([]ConfirmResult, []error, error) {
+	if len(res) != n {
+		return nil, nil, fmt.Errorf("confirm_many: %d answers for %d grants", len(res), n)
+	}
+	out, errs := make([]ConfirmResult, n), make([]error, n)
 	for i, r := range res {
 		one, _ := r.([]any)
 		switch str(one, 0) {
@@ -203,6 +233,8 @@ func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([
 			out[i].Result = SerialMismatch
 		case "unknown":
 			out[i].Result = UnknownGrant
+		case "amount":
+			out[i] = ConfirmResult{AmountMismatch, integer(one, 1)}
 		case "error":
 			errs[i] = errors.New(str(one, 1))
 		default:
@@ -235,4 +267,47 @@ func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released
 	}
 	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1,
 		NextMS: integer(res, 4)}, nil
+}
+
+// Group is what EnsureGroup found of an outbox's consumer group.
+type Group uint8
+
+// EnsureGroup results.
+const (
+	GroupCreated Group = iota + 1 // created now
+	GroupExists                   // there before
+	GroupGone                     // the sub-pool is closed, or was never set up: nothing created
+)
+
+// EnsureGroup creates settlement's consumer group on the sub-pool's outbox
+// unless it is there, or the sub-pool is closed (its tombstone) or was
+// never set up (see group.lua): a settle worker that has not heard of a
+// close creates no key of the closed pool.
+func EnsureGroup(ctx context.Context, c Client, k *Keys, group string) (Group, error) {
+	res, err := groupScript.Run(ctx, c, []string{k.Meta, k.Outbox}, group).Slice()
+	if err != nil {
+		return 0, err
+	}
+	switch str(res, 0) {
+	case "created":
+		return GroupCreated, nil
+	case "exists":
+		return GroupExists, nil
+	case "gone":
+		return GroupGone, nil
+	}
+	return 0, fmt.Errorf("group: unexpected reply %v", res)
+}
+
+// Acknowledge acknowledges outbox entries in the consumer group and deletes
+// them from the stream in one script (see acknowledge.lua), so that no
+// crash leaves an entry acknowledged and still in the outbox, where it
+// would keep the pool from closing.
+func Acknowledge(ctx context.Context, c Client, outbox, group string, ids []string) error {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, group)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return acknowledgeScript.Run(ctx, c, []string{outbox}, args...).Err()
 }

@@ -24,10 +24,11 @@
 --
 -- A held grant past its deadline is released here, as the reaper would
 -- release it (release.lua: its amount back to the stock, the record marked
--- released, a release entry in the outbox), before the claim is decided:
--- no answer shows a hold that has run out, and the user may grab again.
--- Not for the claim that made the grant, sent again: that one answers
--- "granted" as its first run did.
+-- released, a release entry in the outbox), before any claim of the batch is
+-- decided: no answer shows a hold that has run out, the user may grab again,
+-- and the amount released is stock for every claim of the batch (no false
+-- "empty"). Not for the claim that made the grant, sent again: that one
+-- answers "granted" as its first run did.
 --
 -- Re-sent (a reply lost on the wire), every claim answers as its first run
 -- did: the grant made under a claim's serial is "granted" again, the
@@ -42,7 +43,7 @@ local validity = tonumber(ARGV[1])
 local n = (#ARGV - 1) / 3
 local out = {}
 
-local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index')
+local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local shut -- the answer of every claim without a grant when the sub-pool does not grant now
@@ -52,10 +53,15 @@ elseif m[1] ~= 'open' then
   shut = {'closed'}
 else
   local starts, ends = tonumber(m[3]), tonumber(m[4])
-  if starts > 0 and now < starts then
-    shut = {'not_started', starts - now}
-  elseif ends > 0 and now >= ends then
+  if m[7] == '1' or (ends > 0 and now >= ends) then
+    -- Ended is a fact once seen: a clock that goes back (a failover to a
+    -- host behind, a step of NTP) never opens the window again.
     shut = {'ended'}
+    if m[7] ~= '1' then
+      redis.call('HSET', meta, 'ended', '1')
+    end
+  elseif starts > 0 and now < starts then
+    shut = {'not_started', starts - now}
   end
 end
 
@@ -91,6 +97,23 @@ local function release(user, amount, ser, dl)
   released = released + 1
 end
 
+-- Expired holds first: each user's first claim in the batch releases the
+-- user's hold that ran out (not the claim that made it, sent again), before
+-- any stock is popped, so that an amount released here is offered to every
+-- claim of the batch, those before its user's included. A claim that popped
+-- before a later release would answer "empty" beside a packet in the stock.
+local expiredAt = {} -- user -> the claim whose user's hold ran out: released here, for it
+for i = 1, n do
+  local user = users[i]
+  if held[i] and expiredAt[user] == nil then
+    local st, amount, ser, dl = string.match(held[i], '^(%a):(%d+):(%d+):(%d+)$')
+    if st == 'h' and ser ~= ARGV[3 * i] and tonumber(dl) <= now then
+      release(user, amount, ser, dl)
+      expiredAt[user] = i
+    end
+  end
+end
+
 -- take returns the next amount of the stock, popping what the rest of the
 -- batch may need in one call the first time.
 local function take(from)
@@ -105,14 +128,15 @@ end
 
 for i = 1, n do
   local user, serial, token = users[i], ARGV[3 * i], ARGV[3 * i + 1]
-  local g = made[user] or held[i]
+  local g = made[user]
+  if g == nil and (expiredAt[user] == nil or i < expiredAt[user]) then
+    g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab
+  end
   local answer
   if g then
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then
       answer = {'error', 'RAINSTATE bad grant record for ' .. user}
-    elseif st == 'h' and ser ~= serial and tonumber(dl) <= now then
-      release(user, amount, ser, dl) -- its hold ran out: decided below as a new grab
     elseif st ~= 'r' then
       if ser == serial then
         answer = {'granted', tonumber(amount), tonumber(ser), tonumber(dl)}

@@ -4,28 +4,33 @@
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] grants     rain:{P:j}:grants
 -- KEYS[3] deadlines  rain:{P:j}:deadlines
--- ARGV[1], ARGV[2]: user id and serial of the first grant; then the next
---         grant's two, ...
+-- ARGV[1], ARGV[2], ARGV[3]: user id, serial and amount (cents, as the
+--         outbox entry says) of the first grant; then the next grant's
+--         three, ...
 --
--- Confirms only a held grant with that serial, whatever its deadline (a
--- grant still held has not been released, so confirming it is safe);
--- confirming again is a no-op. Sent again after a lost reply, every answer
--- is "already" where the first run said "confirmed": the same effect.
+-- Confirms only a held grant with that serial and that amount, whatever its
+-- deadline (a grant still held has not been released, so confirming it is
+-- safe); confirming again is a no-op. What settlement pays is the outbox
+-- entry's amount: an entry whose amount is not the grant's is refused
+-- ("amount", nothing changes), so that nothing is paid but what was granted.
+-- Sent again after a lost reply, every answer is "already" where the first
+-- run said "confirmed": the same effect.
 -- Returns one reply per grant: {"confirmed", amount} | {"already", amount}
 --   | {"released"} | {"mismatch"} (another serial) | {"unknown"} (no grant)
+--   | {"amount", amount} (the grant's amount is another)
 --   | {"error", message} (a bad grant record)
 local meta, grants, deadlines = KEYS[1], KEYS[2], KEYS[3]
-local n = #ARGV / 2
+local n = #ARGV / 3
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[2 * i - 1]
+  users[i] = ARGV[3 * i - 2]
 end
 local recs = redis.call('HMGET', grants, unpack(users))
 local out = {}
 local count, cents = 0, 0
 local done = {} -- user -> serial confirmed in this batch
 for i = 1, n do
-  local user, serial = users[i], ARGV[2 * i]
+  local user, serial, want = users[i], ARGV[3 * i - 1], ARGV[3 * i]
   local g = recs[i]
   if done[user] then
     g = 'c:' .. done[user]
@@ -38,6 +43,8 @@ for i = 1, n do
       out[i] = {'error', 'RAINSTATE bad grant record for ' .. user}
     elseif ser ~= serial then
       out[i] = {'mismatch'}
+    elseif amount ~= want then
+      out[i] = {'amount', tonumber(amount)}
     elseif st == 'c' then
       out[i] = {'already', tonumber(amount)}
     elseif st == 'r' then

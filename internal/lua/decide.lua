@@ -3,17 +3,25 @@
 -- the token yet (adopt never ran, or ran and refused), it refuses it now,
 -- for good: a later adopt of the token answers stale.
 --
--- KEYS[1] reserve   rain:{P:h}:reserve
--- KEYS[2] verdicts  rain:{P:h}:verdicts
+-- KEYS[1] meta      rain:{P:h}:meta
+-- KEYS[2] reserve   rain:{P:h}:reserve
+-- KEYS[3] verdicts  rain:{P:h}:verdicts
 -- ARGV[1] token   ARGV[2] user
+--
+-- A home that is closed (its tombstone, retire.lua) or was never set up
+-- refuses and writes nothing: adopt there writes nothing either.
 --
 -- Adopt and decide both run on this one shard and record the verdict
 -- atomically, so the first of them wins and the sibling acts on that:
 -- "adopted" from this sibling with this amount means ack, anything else
 -- means untake. No clock is compared across shards.
 -- Returns {"adopted", origin, amount, deadline_ms} | {"refused"}
-local reserve, verdicts = KEYS[1], KEYS[2]
+local meta, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3]
 local token, user = ARGV[1], ARGV[2]
+local st = redis.call('HGET', meta, 'state')
+if not st or st == 'closed' then
+  return {'refused'}
+end
 local v = redis.call('HGET', verdicts, token)
 if v then
   local origin, amount, deadline = string.match(v, '^a:(%d+):(%d+):(%d+):')

@@ -4,7 +4,9 @@
 -- KEYS[1] meta   rain:{P:j}:meta
 --
 -- From then on every claim answers "ended" (a user who holds a grant still
--- gets it back); held grants run out their hold as before. Ending again
+-- gets it back); held grants run out their hold as before. The end is
+-- recorded as a fact (ended = 1), which the scripts read before the clock,
+-- so a clock that goes back never opens the window again. Ending again
 -- changes nothing.
 -- Returns {ends_ms} (the shard's clock), or {-1} when the sub-pool has no
 -- meta record.
@@ -16,8 +18,9 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ends = tonumber(ends)
-if ends == 0 or ends > now then
+if redis.call('HGET', meta, 'ended') ~= '1' and (ends == 0 or ends > now) then
   ends = now
   redis.call('HSET', meta, 'ends_ms', string.format('%d', now))
 end
+redis.call('HSET', meta, 'ended', '1')
 return {ends}

@@ -2,7 +2,10 @@ package lua
 
 // This file is the key schema: every key of a sub-pool, built in one place.
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // SubPool names sub-pool Index of pool Pool.
 type SubPool struct {
@@ -54,4 +57,26 @@ func (s SubPool) Keys() Keys {
 // All lists every key of the sub-pool.
 func (k Keys) All() []string {
 	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Settled, k.Verdicts}
+}
+
+// ParseOutbox is the sub-pool whose outbox key is key (as Keys builds it);
+// ok is false for any other key.
+func ParseOutbox(key string) (sp SubPool, ok bool) {
+	tag, found := strings.CutPrefix(key, "rain:{")
+	if !found {
+		return sp, false
+	}
+	if tag, found = strings.CutSuffix(tag, "}:outbox"); !found {
+		return sp, false
+	}
+	i := strings.LastIndexByte(tag, ':')
+	if i <= 0 {
+		return sp, false
+	}
+	j, err := strconv.Atoi(tag[i+1:])
+	if err != nil || j < 0 || strconv.Itoa(j) != tag[i+1:] {
+		return sp, false
+	}
+	sp = SubPool{Pool: tag[:i], Index: j}
+	return sp, sp.Keys().Outbox == key
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,7 +25,20 @@ func TestConfirmManyAsOneByOne(t *testing.T) {
 			}
 		}
 	}
-	batch := []ConfirmArg{{"u1", 100}, {"u2", 101}, {"u1", 100}, {"u3", 999}, {"nobody", 5}}
+	amount := func(k *Keys, user string) int64 {
+		t.Helper()
+		g, err := c.HGet(ctx, k.Grants, user).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, a, _, _ := grantFields(g)
+		return a
+	}
+	a1, a2 := amount(&a, "u1"), amount(&a, "u2")
+	if b1, b2 := amount(&b, "u1"), amount(&b, "u2"); a1 != b1 || a2 != b2 {
+		t.Fatalf("the two sub-pools granted u1 %d and %d, u2 %d and %d; want the same", a1, b1, a2, b2)
+	}
+	batch := []ConfirmArg{{"u1", 100, a1}, {"u2", 101, a2}, {"u1", 100, a1}, {"u3", 999, 5}, {"nobody", 5, 5}}
 	got, errs, err := ConfirmMany(ctx, c, &a, batch)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +107,7 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	j := openSubPool(t, c, 1, 60_000, 20)
 	seal := func(k *Keys) Sealed {
 		t.Helper()
-		s, err := Seal(ctx, c, k)
+		s, err := Seal(ctx, c, k, "close-1", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,18 +146,18 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := seal(&h)
-	if !s.OK || !s.Fresh || s.Count != 3 || s.Cents != 18 || s.ConfirmedCount != 1 || s.ConfirmedCents != g.Amount ||
+	if !s.OK || s.Count != 3 || s.Cents != 18 || s.ConfirmedCount != 1 || s.ConfirmedCents != g.Amount ||
 		s.StockCount != 2 || s.StockCents != 18-g.Amount {
 		t.Fatalf("seal = %+v; want sealed now, 3 packets (18 cents), 1 confirmed (%d cents), the rest in stock", s, g.Amount)
 	}
-	if again := seal(&h); !again.OK || again.Fresh || again.Count != s.Count || again.ConfirmedCents != s.ConfirmedCents {
-		t.Fatalf("sealed again = %+v; want the same account, not fresh", again)
+	if again := seal(&h); again != s {
+		t.Fatalf("sealed again by its owner = %+v; want the same account %+v", again, s)
 	}
 	if cl, err := claimOne(ctx, c, &h, "u2", 2, "", 0); err != nil || cl.Outcome != Ended {
 		t.Fatalf("a claim on a sealed sub-pool = %+v, %v; want ended", cl, err)
 	}
-	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8"); err != nil || tk != TakeEmpty {
-		t.Fatalf("a take from a sealed sub-pool = %v, %v; want empty", tk, err)
+	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8"); err != nil || tk != TakeEnded {
+		t.Fatalf("a take from a sealed sub-pool = %v, %v; want ended", tk, err)
 	}
 	if err := c.HSet(ctx, h.Reserve, "u9", "t1:1").Err(); err != nil { // a reservation made before the seal
 		t.Fatal(err)
@@ -151,8 +165,8 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	if _, ok, err := Adopt(ctx, c, &h, "u9", "t1", 9, 20, 1, 1<<40); err != nil || ok {
 		t.Fatalf("adopt into a sealed home = %v, %v; want refused (the sibling puts the amount back)", ok, err)
 	}
-	if err := Unseal(ctx, c, &h); err != nil {
-		t.Fatal(err)
+	if ok, err := Unseal(ctx, c, &h, "close-1"); err != nil || !ok {
+		t.Fatalf("unseal by the owner = %v, %v", ok, err)
 	}
 	if st, _ := c.HGet(ctx, h.Meta, "state").Result(); st != "open" {
 		t.Fatalf("state after unseal = %q, want open", st)

@@ -8,13 +8,17 @@
 -- the sub-pool's next_batch is skipped, so a preload that died midway can be
 -- run again from the start and resumes where the stock stopped.
 -- Sums stay exact: Lua numbers are doubles, and rain caps a pool at 1e15 cents.
--- Returns {result, next_batch} with result "loaded", "skipped" or "open".
+-- Returns {result, next_batch} with result "loaded", "skipped", "open" (loaded
+-- already), or "closed" (its pool closed: nothing is appended, ever).
 local meta, stock = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', meta, 'state', 'next_batch')
 if v[1] == false then
   return redis.error_reply('RAINSTATE sub-pool has no meta record')
 end
-local next_batch = tonumber(v[2])
+local next_batch = tonumber(v[2]) or 0
+if v[1] == 'closing' or v[1] == 'closed' then
+  return {'closed', next_batch}
+end
 if v[1] ~= 'loading' then
   return {'open', next_batch}
 end

@@ -67,6 +67,12 @@ var (
 	endSrc string
 	//go:embed seal.lua
 	sealSrc string
+	//go:embed retire.lua
+	retireSrc string
+	//go:embed group.lua
+	groupSrc string
+	//go:embed acknowledge.lua
+	acknowledgeSrc string
 
 	setupScript       = redis.NewScript(setupSrc)
 	loadScript        = redis.NewScript(loadSrc)
@@ -87,6 +93,9 @@ var (
 	confirmManyScript = redis.NewScript(confirmManySrc)
 	endScript         = redis.NewScript(endSrc)
 	sealScript        = redis.NewScript(sealSrc)
+	retireScript      = redis.NewScript(retireSrc)
+	groupScript       = redis.NewScript(groupSrc)
+	acknowledgeScript = redis.NewScript(acknowledgeSrc)
 
 	// scripts is every script, for LoadScripts and SHA.
 	scripts = map[string]*redis.Script{
@@ -96,6 +105,7 @@ var (
 		"decide": decideScript, "transfers": transfersScript, "record": recordScript,
 		"serial": serialScript, "watermark": watermarkScript,
 		"confirm_many": confirmManyScript, "end": endScript, "seal": sealScript,
+		"retire": retireScript, "group": groupScript, "acknowledge": acknowledgeScript,
 	}
 )
 

@@ -7,13 +7,21 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrSpecMismatch is returned by Setup when the sub-pool exists with another
-// count or total.
-var ErrSpecMismatch = errors.New("lua: sub-pool exists with a different spec")
+// Errors of the steps that set up and load a sub-pool.
+var (
+	// ErrSpecMismatch is returned by Setup when the sub-pool exists with
+	// another count or total.
+	ErrSpecMismatch = errors.New("lua: sub-pool exists with a different spec")
+	// ErrClosed is returned by Setup and OpenSubPool when the sub-pool's
+	// pool was closed (or is closing): nothing was written, and nothing
+	// ever will be (a preload that stalled past the close).
+	ErrClosed = errors.New("lua: sub-pool closed")
+)
 
 // Window is a sub-pool's grab rules, in the shard's milliseconds.
 type Window struct {
@@ -22,7 +30,8 @@ type Window struct {
 
 // Setup creates the sub-pool's meta record, or checks the existing one has
 // the same count and cents. It returns the sub-pool's state ("loading" or
-// "open") and the next batch Load expects.
+// "open") and the next batch Load expects; ErrClosed for a sub-pool whose
+// pool closed.
 func Setup(ctx context.Context, c Client, sp SubPool, count, cents int64, w Window) (state string, nextBatch int64, err error) {
 	k := sp.Keys()
 	res, err := setupScript.Run(ctx, c, []string{k.Meta},
@@ -32,6 +41,9 @@ func Setup(ctx context.Context, c Client, sp SubPool, count, cents int64, w Wind
 			return "", 0, fmt.Errorf("%w: %s", ErrSpecMismatch, strings.TrimPrefix(err.Error(), "RAINSPEC "))
 		}
 		return "", 0, fmt.Errorf("setup %s: %w", sp.Tag(), err)
+	}
+	if str(res, 0) == "closed" {
+		return "", 0, fmt.Errorf("setup %s: %w", sp.Tag(), ErrClosed)
 	}
 	return str(res, 0), integer(res, 1), nil
 }
@@ -44,6 +56,7 @@ const (
 	Loaded      LoadResult = "loaded"  // appended
 	Skipped     LoadResult = "skipped" // not the next batch: already in, or out of order
 	AlreadyOpen LoadResult = "open"    // the sub-pool is open; nothing appended
+	LoadClosed  LoadResult = "closed"  // its pool closed; nothing appended, ever
 )
 
 // LoadCmd queues batch number batch of amounts on pipe; its result is read
@@ -70,24 +83,30 @@ func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
 }
 
 // OpenSubPool opens the sub-pool if its stock is complete; if not, it says
-// what the stock holds.
+// what the stock holds. ErrClosed for a sub-pool sealed or closed by its
+// pool's close: it never opens again.
 func OpenSubPool(ctx context.Context, c Client, sp SubPool) (opened bool, stockCount, stockCents int64, err error) {
 	res, err := openScript.Run(ctx, c, []string{sp.Keys().Meta}).Slice()
 	if err != nil {
 		return false, 0, 0, fmt.Errorf("open %s: %w", sp.Tag(), err)
 	}
-	if str(res, 0) == "open" {
+	switch str(res, 0) {
+	case "open":
 		return true, 0, 0, nil
+	case "closed":
+		return false, 0, 0, fmt.Errorf("open %s: %w", sp.Tag(), ErrClosed)
 	}
 	return false, integer(res, 1), integer(res, 2), nil
 }
 
-// PutRecord writes a pool record (key recordKey, fields spec, seed,
-// placement, state) unless one is there, in one atomic step, and returns
-// the stored record's fields.
+// PutRecord writes a pool record (key recordKey; fields spec, seed,
+// placement, state and, when not empty, account) where none is whole, or
+// moves a record of the same pool on to fields["state"] (with the account)
+// when it is at an earlier stage of the pool's life; never back (see
+// record.lua). It returns the stored record's fields.
 func PutRecord(ctx context.Context, c Client, key string, fields map[string]string) (map[string]string, error) {
 	res, err := recordScript.Run(ctx, c, []string{key},
-		fields["spec"], fields["seed"], fields["placement"], fields["state"]).Slice()
+		fields["spec"], fields["seed"], fields["placement"], fields["state"], fields["account"]).Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -111,31 +130,30 @@ func End(ctx context.Context, c Client, k *Keys) (int64, error) {
 
 // Sealed is what Seal found of a sub-pool.
 type Sealed struct {
-	// OK: the sub-pool is sealed (its state "closing"): nothing moves in it
-	// any more. Else Reason says why not ("window", "held", "inflight",
-	// "unsettled", "missing"), with N of them.
+	// OK: the sub-pool is sealed (its state "closing") by this owner:
+	// nothing moves in it any more. Else Reason says why not ("window",
+	// "held", "inflight", "unsettled", "closed", "missing"), with N of
+	// them; "sealing": another owner sealed it, its lease has N ms left.
 	OK     bool
 	Reason string
 	N      int64
-	// Fresh: this call sealed it (it was open). A close that fails opens
-	// again only what it sealed itself, never what a concurrent close did.
-	Fresh bool
 	// The counters, when sealed.
 	Count, Cents, StockCount, StockCents, ConfirmedCount, ConfirmedCents int64
 }
 
-// Seal checks the sub-pool can close and seals it (see seal.lua); Unseal
-// opens a sealed one again, when the close of another sub-pool failed.
-func Seal(ctx context.Context, c Client, k *Keys) (Sealed, error) {
-	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "seal").Slice()
+// Seal checks the sub-pool can close and seals it for owner, a token of the
+// caller's own (see seal.lua): a seal belongs to its owner for lease (a
+// seal whose lease ran out passes to the next owner that asks: its close
+// died). Sealing again for the same owner answers as the first time.
+func Seal(ctx context.Context, c Client, k *Keys, owner string, lease time.Duration) (Sealed, error) {
+	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "seal", owner, lease.Milliseconds()).Slice()
 	if err != nil {
 		return Sealed{}, err
 	}
 	switch str(res, 0) {
 	case "sealed":
 		return Sealed{OK: true, Count: integer(res, 1), Cents: integer(res, 2), StockCount: integer(res, 3),
-			StockCents: integer(res, 4), ConfirmedCount: integer(res, 5), ConfirmedCents: integer(res, 6),
-			Fresh: integer(res, 7) == 1}, nil
+			StockCents: integer(res, 4), ConfirmedCount: integer(res, 5), ConfirmedCents: integer(res, 6)}, nil
 	case "open":
 		return Sealed{Reason: str(res, 1), N: integer(res, 2)}, nil
 	case "missing":
@@ -144,7 +162,25 @@ func Seal(ctx context.Context, c Client, k *Keys) (Sealed, error) {
 	return Sealed{}, fmt.Errorf("seal: unexpected reply %v", res)
 }
 
-// Unseal puts a sealed sub-pool back to open (see Seal).
-func Unseal(ctx context.Context, c Client, k *Keys) error {
-	return sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "unseal").Err()
+// Unseal puts a sub-pool that owner sealed back to open, when the close of
+// another sub-pool failed; a seal of another owner is kept (unsealed
+// false).
+func Unseal(ctx context.Context, c Client, k *Keys, owner string) (unsealed bool, err error) {
+	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "unseal", owner, 0).Slice()
+	if err != nil {
+		return false, err
+	}
+	return str(res, 0) == "unsealed", nil
+}
+
+// Retire frees every key of a sealed sub-pool and leaves its tombstone, a
+// meta of state "closed" that every script reads before it writes (see
+// retire.lua). It refuses (ok false, with the state found) a sub-pool that
+// is neither sealed nor unable to move. Retiring again changes nothing.
+func Retire(ctx context.Context, c Client, sp SubPool) (ok bool, state string, err error) {
+	res, err := retireScript.Run(ctx, c, sp.Keys().All(), sp.Pool, sp.Index).Slice()
+	if err != nil {
+		return false, "", err
+	}
+	return str(res, 0) == "retired", str(res, 1), nil
 }

@@ -1,12 +1,39 @@
--- record: write a pool's record unless one is there, atomically; read it back.
+-- record: write a pool's record where it is missing, or move it on along
+-- the pool's life; never back.
 --
--- KEYS[1] rain:{P}:pool   (hash: spec, seed, placement, state)
+-- KEYS[1] rain:{P}:pool   (hash: spec, seed, placement, state, account)
 -- ARGV[1] spec   ARGV[2] seed   ARGV[3] placement   ARGV[4] state
+-- ARGV[5] account (JSON, "" for none)
 --
--- Two preloads of one pool id racing on the same shard end with one record,
--- whole: the first one's. Re-sent, it changes nothing.
--- Returns the stored record as HGETALL does.
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'seed', ARGV[2], 'placement', ARGV[3], 'state', ARGV[4])
+-- A record without its spec (none, or a part written by an older version)
+-- is written whole. A record of the same pool (the same spec, seed and
+-- placement) whose state comes earlier in the pool's life (loading, open,
+-- closing, closed) than ARGV[4] takes the new state, and the account when
+-- one is given (one at the same stage that lacks its account takes it);
+-- one further along is left as it is, so a stalled
+-- preload can never open a pool that was closed, and a copy written back
+-- from another shard keeps the furthest stage and its account. A record of
+-- another spec is left as it is: the first preload of an id wins.
+-- Re-sent, it changes nothing. Returns the stored record as HGETALL does.
+local key = KEYS[1]
+local stage = {loading = 1, open = 2, closing = 3, closed = 4}
+local cur = redis.call('HMGET', key, 'spec', 'seed', 'placement', 'state')
+if not cur[1] then
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'spec', ARGV[1], 'seed', ARGV[2], 'placement', ARGV[3], 'state', ARGV[4])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', key, 'account', ARGV[5])
+  end
+elseif cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] then
+  local from, to = stage[cur[4]] or 0, stage[ARGV[4]] or 0
+  if to > from then
+    redis.call('HSET', key, 'state', ARGV[4])
+  end
+  if to >= from and ARGV[5] ~= '' and redis.call('HEXISTS', key, 'account') == 0 then
+    redis.call('HSET', key, 'account', ARGV[5])
+  end
+  if to > from and ARGV[5] ~= '' then
+    redis.call('HSET', key, 'account', ARGV[5])
+  end
 end
-return redis.call('HGETALL', KEYS[1])
+return redis.call('HGETALL', key)

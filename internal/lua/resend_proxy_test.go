@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -16,7 +17,7 @@ import (
 // rain serve's options, whose retry sends the script again. The reply to
 // the re-send must be the very reply that was lost (byte for byte), except
 // where the step says otherwise: confirm and confirm_many answer "already",
-// a seal sent again is no longer fresh, and a batch
+// the consumer group "exists" where it was created, and a batch
 // load "skipped" (the same effect: the caller reads the next batch from
 // either), release's hint of when to look again moves with the clock, and a
 // serial reservation sent again reserves a new segment.
@@ -53,14 +54,24 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		{"adopt", func() error { _, _, err := Adopt(ctx, c, &h, "u3", "103", 103, 30, 1, valid); return err }, true},
 		{"ack", func() error { _, err := Untake(ctx, c, &j, "103"); return err }, true},
 		{"claim_many", func() error { _, err := claimOne(ctx, c, &h, "u4", 104, "104", valid); return err }, true},
-		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104"); return err }, true},
+		{"abort", func() error { _, err := Abort(ctx, c, &h, "u4", "104", true); return err }, true},
 		{"confirm", func() error { _, err := Confirm(ctx, c, &h, "u1", 101); return err }, false},
 		{"confirm_many", func() error {
-			_, _, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102}, {"u1", 101}})
+			_, _, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102, 20}, {"u1", 101, 10}})
 			return err
 		}, false},
 		{"end", func() error { _, err := End(ctx, c, &e); return err }, true},
-		{"seal", func() error { _, err := Seal(ctx, c, &e); return err }, false},
+		{"seal", func() error { _, err := Seal(ctx, c, &e, "owner", time.Minute); return err }, true},
+		{"retire", func() error { _, _, err := Retire(ctx, c, SubPool{Pool: "r", Index: 4}); return err }, true},
+		// group answers "exists" where it created the group.
+		{"group", func() error { _, err := EnsureGroup(ctx, c, &m, "settle"); return err }, false},
+		{"acknowledge", func() error {
+			ids, err := c.XRange(ctx, m.Outbox, "-", "+").Result()
+			if err != nil || len(ids) == 0 {
+				return fmt.Errorf("outbox of m: %v, %v", ids, err)
+			}
+			return Acknowledge(ctx, c, m.Outbox, "settle", []string{ids[0].ID}) // one call: the re-send is go-redis's
+		}, true},
 		// release's answer ends with how long until the next grant falls
 		// due, which moves with the clock between the two runs.
 		{"release", func() error { _, err := ReleaseExpired(ctx, c, &h, 10); return err }, false},

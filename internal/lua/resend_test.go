@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -81,7 +82,7 @@ func openSubPool(t *testing.T, c *redis.Client, j int, hold int64, amounts ...in
 // first run did and changes nothing. (Through a real loss-injecting proxy:
 // see resend_proxy_test.go.) Where the second answer differs by design it
 // says so: confirm and confirm_many answer "already" (the same effect), a
-// seal is no longer fresh, release and the
+// group answers "exists" where it created, release and the
 // serial reservation do the work of a new call (nothing twice, a gap).
 func TestEveryStepTwice(t *testing.T) {
 	ctx := context.Background()
@@ -92,6 +93,7 @@ func TestEveryStepTwice(t *testing.T) {
 	e := openSubPool(t, c, 4, 60_000, 9)      // ended and sealed
 	all := slices.Concat(h.All(), j.All(), m.All(), e.All())
 	const valid = 60_000
+	var acked string // the outbox entry acknowledged
 
 	steps := []struct {
 		name string
@@ -126,16 +128,32 @@ func TestEveryStepTwice(t *testing.T) {
 		{"untake", func() (any, error) { return Untake(ctx, c, &j, "103") }, true},
 		{"decide adopted", func() (any, error) { return Decide(ctx, c, &h, "102", "u2") }, true},
 		{"claim reserved, then abort", func() (any, error) { return claimOne(ctx, c, &h, "u4", 104, "104", valid) }, true},
-		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104") }, true},
+		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104", true) }, true},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 101) }, false},
 		// confirm_many sent again answers "already" where it confirmed.
 		{"confirm_many", func() (any, error) {
-			r, errs, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102}, {"u1", 101}})
+			r, errs, err := ConfirmMany(ctx, c, &h, []ConfirmArg{{"u2", 102, 20}, {"u1", 101, 10}})
 			return fmt.Sprint(r, errs), err
 		}, false},
 		{"end", func() (any, error) { return End(ctx, c, &e) }, true},
-		// seal sent again answers the same account, no longer fresh.
-		{"seal", func() (any, error) { return Seal(ctx, c, &e) }, false},
+		// seal sent again, by its owner, answers the same account.
+		{"seal", func() (any, error) { return Seal(ctx, c, &e, "owner", time.Minute) }, true},
+		{"unseal of another owner's seal", func() (any, error) { return Unseal(ctx, c, &e, "other") }, true},
+		{"retire", func() (any, error) {
+			ok, st, err := Retire(ctx, c, SubPool{Pool: "r", Index: 4})
+			return fmt.Sprint(ok, st), err
+		}, true},
+		{"group", func() (any, error) { return EnsureGroup(ctx, c, &m, "settle") }, false}, // created, then exists
+		{"acknowledge", func() (any, error) {
+			if acked == "" { // the same entry both times
+				ids, err := c.XRange(ctx, m.Outbox, "-", "+").Result()
+				if err != nil || len(ids) == 0 {
+					return nil, fmt.Errorf("outbox of m: %v, %v", ids, err)
+				}
+				acked = ids[0].ID
+			}
+			return nil, Acknowledge(ctx, c, m.Outbox, "settle", []string{acked})
+		}, true},
 		{"record", func() (any, error) {
 			return PutRecord(ctx, c, "rain:{r}:pool", map[string]string{"spec": "s", "seed": "1", "placement": "a", "state": "open"})
 		}, true},

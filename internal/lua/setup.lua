@@ -6,10 +6,15 @@
 -- ARGV[5] hold_ms   ARGV[6] starts_ms    ARGV[7] ends_ms   (0 = none)
 --
 -- Returns {state, next_batch}: the existing state when the record is there with
--- the same count and cents; an error when it is there with different ones.
+-- the same count and cents; {"closed", 0} for a sub-pool whose pool closed (its
+-- tombstone, retire.lua: a preload that stalled past the close creates
+-- nothing); an error when it is there with different ones.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
   local v = redis.call('HMGET', meta, 'count', 'cents', 'state', 'next_batch')
+  if v[3] == 'closed' then
+    return {'closed', 0}
+  end
   if v[1] ~= ARGV[3] or v[2] ~= ARGV[4] then
     return redis.error_reply('RAINSPEC sub-pool ' .. ARGV[2] .. ' exists with count ' ..
       tostring(v[1]) .. ' cents ' .. tostring(v[2]))

@@ -22,9 +22,10 @@ type Taken uint8
 // Take results.
 const (
 	TakenAmount  Taken = iota + 1 // the amount is in flight under the token
-	TakeEmpty                     // the sub-pool has no stock (or is not open)
+	TakeEmpty                     // the sub-pool has no stock
 	TakeSettled                   // the token's transfer was acked or untaken already
 	TakeConflict                  // the token is stored for another user or home
+	TakeEnded                     // the sub-pool's window has ended, or its pool's close sealed it: nothing is taken
 )
 
 // Take moves one amount of sibling sub-pool k into an in-flight transfer
@@ -38,8 +39,10 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 	switch str(res, 0) {
 	case "taken":
 		return TakenAmount, integer(res, 1), nil
-	case "empty", "closed":
+	case "empty":
 		return TakeEmpty, 0, nil
+	case "ended", "closed": // closed: sealed or retired by its pool's close, which ended it
+		return TakeEnded, 0, nil
 	case "settled":
 		return TakeSettled, 0, nil
 	case "conflict":
@@ -49,17 +52,25 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 }
 
 // Adopt turns user's reservation at home (keys k) into a held grant of
-// amount from sibling origin, if the reservation still carries token and is
-// younger than validityMS and the user holds no grant; else it records the
-// token as refused and ok is false. Sent again, it answers as the first run did.
+// amount from sibling origin, if the home's window has not ended, the
+// reservation still carries token and is younger than validityMS and the
+// user holds no grant; else it records the token as refused and ok is
+// false, with the claim Ended when the home's window has ended. Sent again,
+// it answers as the first run did.
 func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
 	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts},
 		user, token, serial, amount, origin, validityMS).Slice()
 	if err != nil {
 		return Claim{}, false, err
 	}
-	if str(res, 0) != "granted" {
+	switch str(res, 0) {
+	case "ended":
+		return Claim{Outcome: Ended}, false, nil
+	case "stale":
 		return Claim{}, false, nil
+	case "granted":
+	default:
+		return Claim{}, false, fmt.Errorf("adopt: unexpected reply %v", res)
 	}
 	return Claim{Outcome: Granted, Amount: integer(res, 1), Serial: integer(res, 2), DeadlineMS: integer(res, 3)}, true, nil
 }
@@ -76,7 +87,7 @@ type Verdict struct {
 // home has not decided it yet. The sibling acks a transfer only if the
 // verdict is adopted from it with its amount, and untakes it otherwise.
 func Decide(ctx context.Context, c Client, k *Keys, token, user string) (Verdict, error) {
-	res, err := decideScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, token, user).Slice()
+	res, err := decideScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, token, user).Slice()
 	if err != nil {
 		return Verdict{}, err
 	}
@@ -130,11 +141,17 @@ func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (S
 	return 0, fmt.Errorf("%s: unexpected reply %v", op, res)
 }
 
-// Abort refuses token at home and drops user's reservation if it still
-// carries the token. adopted is true when the home had adopted the token
-// already: then there is nothing to abort.
-func Abort(ctx context.Context, c Client, k *Keys, user, token string) (adopted bool, err error) {
-	res, err := abortScript.Run(ctx, c, []string{k.Reserve, k.Verdicts}, user, token).Slice()
+// Abort drops user's reservation at home if it still carries the token,
+// and with refuse records the token as refused (a take under it may have
+// run): a late adopt of it never grants. Without refuse (nothing was
+// taken under the token) nothing is recorded. adopted is true when the
+// home had adopted the token already: then there is nothing to abort.
+func Abort(ctx context.Context, c Client, k *Keys, user, token string, refuse bool) (adopted bool, err error) {
+	mode := "drop"
+	if refuse {
+		mode = "refuse"
+	}
+	res, err := abortScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, user, token, mode).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -14,8 +14,11 @@
 --
 -- The amount stays counted here (inflight) until it is settled. Taking again
 -- with the same token returns the same transfer; a token already settled, or
--- stored for another user or home, takes nothing.
--- Returns {"taken", amount} | {"empty"} | {"closed"} | {"settled"} | {"conflict"}
+-- stored for another user or home, takes nothing. Nothing is taken once the
+-- sub-pool's window has ended (by this shard's clock): a spill that began
+-- before the end and comes here after it answers "ended".
+-- Returns {"taken", amount} | {"empty"} | {"closed"} | {"ended"} | {"settled"}
+--   | {"conflict"}
 local meta, stock, transfers, settled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, home, user = ARGV[1], ARGV[2], ARGV[3]
 local st = ''
@@ -36,15 +39,20 @@ if t then
   end
   return {'settled'}
 end
-if redis.call('HGET', meta, 'state') ~= 'open' then
+local m = redis.call('HMGET', meta, 'state', 'ends_ms', 'ended')
+if m[1] ~= 'open' then
   return {'closed'}
+end
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local ends = tonumber(m[2]) or 0
+if m[3] == '1' or (ends > 0 and now >= ends) then
+  return {'ended'}
 end
 local amount = redis.call('LPOP', stock)
 if not amount then
   return {'empty'}
 end
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 redis.call('HSET', transfers, token, amount .. ':' .. home .. ':' .. now .. ':' .. user)
 redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
 redis.call('HINCRBY', meta, 'stock_count', -1)

@@ -61,9 +61,9 @@ func (r *Registry) Settle(stats func() settle.Stats) {
 	r.Counter("rain_settle_delivered_total", "Grants confirmed and delivered to the sink.", func() float64 { return float64(stats().Delivered) })
 	r.Counter("rain_settle_expired_total", "Outbox grants already released at their deadline: not paid.", func() float64 { return float64(stats().Expired) })
 	r.Counter("rain_settle_anomalies_total", "Outbox entries with no matching grant.", func() float64 { return float64(stats().Anomalies) })
-	r.Counter("rain_settle_failures_total", "Failed deliveries (retried).", func() float64 { return float64(stats().Failures) })
-	r.Counter("rain_settle_conflicts_total", "Outbox entries whose serial the sink had paid for another grant: left pending for an operator.", func() float64 { return float64(stats().Conflicts) })
-	r.Gauge("rain_settle_lag_seconds", "Age of the oldest outbox entry the last pass over a shard left unsettled, the largest over the shards; 0 when settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
+	r.Counter("rain_settle_failures_total", "Failed reads of the outboxes, confirms, replica waits and deliveries (each retried).", func() float64 { return float64(stats().Failures) })
+	r.Counter("rain_settle_conflicts_total", "Outbox entries left pending for an operator: a serial the sink had paid for another grant, or an amount not the grant's.", func() float64 { return float64(stats().Conflicts) })
+	r.Gauge("rain_settle_lag_seconds", "Age of the oldest outbox entry that may be unsettled, the largest over the shards (while a shard's outboxes cannot be read, from the last pass that read them all); 0 when settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
 }
 
 // Durability registers rain_durability_relaxed.

@@ -16,7 +16,9 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -197,10 +199,79 @@ func (s *Server) Stop() {
 	_ = s.run("pg_ctl", "-D", filepath.Join(s.Dir, "data"), "-m", "immediate", "-w", "stop").Run()
 }
 
-// Restart starts a stopped server again, on the same address and data.
+// Restart starts a stopped (or killed) server again, on the same address
+// and data.
 func (s *Server) Restart() {
 	s.tb.Helper()
-	if out, err := s.start(); err != nil {
-		s.tb.Fatalf("pgtest: restart: %v\n%s\n%s", err, out, s.logTail())
+	var out []byte
+	var err error
+	for range 3 { // after a kill, the old shared memory may take a moment to go
+		if out, err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
+	s.tb.Fatalf("pgtest: restart: %v\n%s\n%s", err, out, s.logTail())
+}
+
+// Kill kills the server's postmaster with SIGKILL, as a crash of the
+// database's process would, and waits until it and its backends are gone
+// (a backend exits when it sees its postmaster die). Restart starts it
+// again: PostgreSQL recovers from its write-ahead log. PID is the
+// postmaster's process id (0 while it is down).
+func (s *Server) Kill() {
+	s.tb.Helper()
+	pid := s.PID()
+	if pid == 0 {
+		return
+	}
+	procs := append([]int{pid}, children(pid)...)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range procs {
+		for syscall.Kill(p, 0) == nil {
+			if time.Now().After(deadline) {
+				s.tb.Fatalf("pgtest: kill: process %d still runs 30s after its postmaster was killed", p)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// PID is the running postmaster's process id, from its lock file; 0 when
+// the server is down.
+func (s *Server) PID() int {
+	b, err := os.ReadFile(filepath.Join(s.Dir, "data", "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || syscall.Kill(pid, 0) != nil {
+		return 0
+	}
+	return pid
+}
+
+// children lists the processes whose parent is pid (from /proc).
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces; cut after its ')'.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		fields := strings.Fields(rest)
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

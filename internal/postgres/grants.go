@@ -15,6 +15,9 @@ import (
 // Deliver inserts the grants of gs in one transaction; a serial the table
 // holds already is a repeat when its row is the same grant, and
 // settle.ErrSerialConflict when it is another (the row stays as it was).
+// Within gs, a serial met again is a repeat of its first grant when the
+// same, and settle.ErrSerialConflict when another: the first is inserted
+// (or compared with the table's row), the other never counted delivered.
 // An error of the database is every grant's: none was acknowledged, and
 // settlement delivers them again.
 func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
@@ -25,13 +28,22 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		}
 		return errs
 	}
-	serials := make([]int64, len(gs))
-	pools, users := make([]string, len(gs)), make([]string, len(gs))
-	subs := make([]int32, len(gs))
-	amounts := make([]int64, len(gs))
-	at := make([]time.Time, len(gs))
+	first := make(map[int64]int, len(gs)) // serial -> the index of its first grant in gs
+	var serials []int64
+	var pools, users []string
+	var subs []int32
+	var amounts []int64
+	var at []time.Time
 	for i, g := range gs {
-		serials[i], pools[i], subs[i], users[i], amounts[i], at[i] = g.Serial, g.PoolID, int32(g.SubPool), g.UserID, g.AmountCents, g.GrantedAt
+		if f, ok := first[g.Serial]; ok {
+			if !gs[f].Same(g) {
+				errs[i] = fmt.Errorf("%w: serial %d is %s in this batch, and %s", settle.ErrSerialConflict, g.Serial, gs[f], g)
+			}
+			continue
+		}
+		first[g.Serial] = i
+		serials, pools, subs = append(serials, g.Serial), append(pools, g.PoolID), append(subs, int32(g.SubPool))
+		users, amounts, at = append(users, g.UserID), append(amounts, g.AmountCents), append(at, g.GrantedAt)
 	}
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
@@ -84,8 +96,17 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		return fail(err)
 	}
 	for i, g := range gs {
+		if errs[i] != nil {
+			continue // another grant of this batch under its serial
+		}
 		if had, ok := held[g.Serial]; ok && !inserted[g.Serial] && !had.Same(g) {
 			errs[i] = fmt.Errorf("%w: serial %d is %s in the database, now %s", settle.ErrSerialConflict, g.Serial, had, g)
+		}
+	}
+	// A repeat within the batch shares its first grant's fate.
+	for i, g := range gs {
+		if f := first[g.Serial]; f != i && errs[i] == nil {
+			errs[i] = errs[f]
 		}
 	}
 	return errs

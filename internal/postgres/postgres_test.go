@@ -133,6 +133,33 @@ func TestDeliver(t *testing.T) {
 	}
 }
 
+// TestDeliverOneSerialTwiceInABatch: a batch holding two different grants
+// under one serial pays the first and answers the second
+// settle.ErrSerialConflict (it is never counted delivered); the same grant
+// twice in a batch is one row, delivered.
+func TestDeliverOneSerialTwiceInABatch(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	batch := []settle.Grant{grant(7, "a", 10), grant(8, "b", 20), grant(7, "mallory", 99), grant(8, "b", 20)}
+	errs := db.Deliver(ctx, batch)
+	for i, want := range []error{nil, nil, settle.ErrSerialConflict, nil} {
+		if !errors.Is(errs[i], want) || (want == nil && errs[i] != nil) {
+			t.Fatalf("Deliver of %+v in one batch: %v, want %v", batch[i], errs[i], want)
+		}
+	}
+	totals, err := db.Totals(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count, cents int64
+	for _, tl := range totals {
+		count, cents = count+tl.Count, cents+tl.Cents
+	}
+	if count != 2 || cents != 30 {
+		t.Fatalf("the database holds %d grants, %d cents; want the first grant of each serial: 2, 30", count, cents)
+	}
+}
+
 // TestDeliverToADeadDatabase: with the database gone every grant of the
 // batch fails (nothing is acknowledged); settlement delivers them again.
 func TestDeliverToADeadDatabase(t *testing.T) {

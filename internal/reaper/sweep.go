@@ -80,6 +80,11 @@ func (w *sweeper) sweep(ctx context.Context) (Sweep, error) {
 				return sw, err
 			}
 			sp := p.SubPool(j)
+			if w.cat.Shards().Client(p.Placement[j]) == nil {
+				errs = append(errs, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here",
+					catalog.ErrUnavailable, p.ID(), j, p.Placement[j]))
+				continue
+			}
 			if due, ok := w.dueAt(sp); ok && now.Before(due) {
 				continue
 			}
@@ -160,6 +165,11 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (ti
 	for _, t := range stale {
 		if t.Home < 0 || t.Home >= p.SubPools() || t.Home == j {
 			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d names home %d of %d sub-pools", t.Token, j, t.Home, p.SubPools()))
+			continue
+		}
+		if client(t.Home) == nil {
+			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d: its home %d is on shard %s, which is not configured here",
+				t.Token, j, t.Home, p.Placement[t.Home]))
 			continue
 		}
 		hk := p.SubPool(t.Home).Keys()

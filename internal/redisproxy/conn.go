@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 )
 
 // takeRule reports whether a rule in rules matches cmd, and uses one of
@@ -41,10 +42,11 @@ type conn struct {
 	p              *Proxy
 	client, server *net.TCPConn
 
-	mu          sync.Mutex // guards pending and passthrough
-	pending     [][]string // commands sent, replies not yet seen
-	passthrough bool       // pub/sub or MONITOR: no pairing any more
-	once        sync.Once  // guards the reset
+	mu          sync.Mutex  // guards pending, sent and passthrough
+	pending     [][]string  // commands sent, replies not yet seen
+	sent        []time.Time // when each pending command was sent to Redis
+	passthrough bool        // pub/sub or MONITOR: no pairing any more
+	once        sync.Once   // guards the reset
 }
 
 // reset closes both sides; the client sees a reset (RST), not a clean close.
@@ -84,6 +86,7 @@ func (c *conn) upstream() {
 				return // reset: neither this command nor any after it runs
 			}
 			c.pending = append(c.pending, cmd)
+			c.sent = append(c.sent, time.Now())
 			if endsPairing(cmd) {
 				c.passthrough = true
 			}
@@ -132,15 +135,21 @@ func (c *conn) downstream() {
 		}
 		c.mu.Lock()
 		var cmd []string
+		var sent time.Time
 		if len(c.pending) > 0 {
 			cmd, c.pending = c.pending[0], c.pending[1:]
+			sent, c.sent = c.sent[0], c.sent[1:]
 		}
 		c.mu.Unlock()
 		swallow := false
 		var fire *cut
+		var hold time.Duration
 		if cmd != nil {
 			p := c.p
 			p.mu.Lock()
+			if p.delay > 0 && p.slow != nil && p.slow(cmd) {
+				hold = time.Until(sent.Add(p.delay))
+			}
 			fire = takeCut(p.cuts, cmd)
 			if fire != nil {
 				p.cutOff = true
@@ -163,6 +172,7 @@ func (c *conn) downstream() {
 		if swallow {
 			return // reset: the reply and everything after it are lost
 		}
+		time.Sleep(hold)
 		if _, err := c.client.Write(raw); err != nil {
 			return
 		}

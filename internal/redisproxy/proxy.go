@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Match selects commands; cmd is the argv with cmd[0] upper-cased.
@@ -57,6 +58,8 @@ type Proxy struct {
 	cuts     []*cut         // partition triggers, in the order added
 	cutOff   bool           // partitioned: nothing reaches Redis
 	loss     float64        // fraction of replies swallowed at random
+	delay    time.Duration  // how long a reply matching slow is held before it is forwarded
+	slow     Match          // see SetReplyDelay
 	rng      *rand.Rand     // draws for loss
 	stats    Stats          // what was done
 	log      []Exchange     // every paired command and reply, when recording
@@ -124,6 +127,17 @@ func (p *Proxy) DropRequests(m Match, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.requests = append(p.requests, &rule{match: m, n: n})
+}
+
+// SetReplyDelay holds the reply to every command that matches m until d
+// after the command was sent to Redis (the replies after it on the same
+// connection behind it): a shard that answers every command, a pipeline's
+// at once, d after it came (a slow disk, a busy machine). A d of 0 turns
+// it off.
+func (p *Proxy) SetReplyDelay(m Match, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slow, p.delay = m, d
 }
 
 // SetReplyLoss swallows each reply with probability rate (as DropReplies

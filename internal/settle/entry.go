@@ -1,8 +1,9 @@
 package settle
 
 // This file is one batch of outbox entries settled: the grants confirmed in
-// one script, delivered in one call to the sink, and every entry settled
-// acknowledged and trimmed from the stream in one round trip.
+// one script (and, on a shard with replicas, on a replica before anything
+// is paid), delivered in one call to the sink, and every entry settled
+// acknowledged and trimmed from the stream in one script.
 
 import (
 	"context"
@@ -34,7 +35,7 @@ type batch struct {
 // acknowledged and deleted from the stream, so that an outbox holds what
 // is unsettled, not everything ever granted. It reports whether an entry
 // was left pending for a failure (the caller then waits RetryDelay).
-func (w *Worker) settleBatch(ctx context.Context, c *redis.Client, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
+func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
 	for _, m := range msgs {
 		if m.Values["type"] != "grant" {
@@ -51,13 +52,10 @@ func (w *Worker) settleBatch(ctx context.Context, c *redis.Client, stream string
 		b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
 	}
 	if len(b.grants) > 0 {
-		failed = w.settleGrants(ctx, c, &b, p)
+		failed = w.settleGrants(ctx, sh, &b, p)
 	}
 	if len(b.done) > 0 {
-		pipe := c.Pipeline()
-		pipe.XAck(ctx, stream, w.cfg.Group, b.done...)
-		pipe.XDel(ctx, stream, b.done...)
-		if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+		if err := lua.Acknowledge(ctx, sh.c, stream, w.cfg.Group, b.done); err != nil && ctx.Err() == nil {
 			// Pending still: settled again, at no cost (confirm and the
 			// sinks are idempotent), on the next pass.
 			w.cfg.Logger.Warn("settle: acknowledge", "stream", stream, "err", err)
@@ -71,14 +69,14 @@ func (w *Worker) settleBatch(ctx context.Context, c *redis.Client, stream string
 // settleGrants confirms b's grants, delivers those confirmed, and adds
 // what is settled to b.done. It reports whether some are left pending for
 // a failure.
-func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p *pass) (failed bool) {
+func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
 	g0 := b.grants[0]
 	k := lua.SubPool{Pool: g0.PoolID, Index: g0.SubPool}.Keys()
 	args := make([]lua.ConfirmArg, len(b.grants))
 	for i, g := range b.grants {
-		args[i] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial}
+		args[i] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
 	}
-	res, errs, err := lua.ConfirmMany(ctx, c, &k, args)
+	res, errs, err := w.confirm(ctx, sh, &k, args)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.failures.Add(int64(len(b.grants)))
@@ -101,6 +99,12 @@ func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p 
 		case res[i].Result == lua.WasReleased:
 			w.expired.Add(1) // released at its deadline first: not paid
 			b.done = append(b.done, b.ids[i])
+		case res[i].Result == lua.AmountMismatch:
+			// The entry would pay another amount than the grant holds:
+			// nothing is confirmed or paid; left pending for an operator
+			// (the pool cannot close until one looks).
+			w.leftForOperator(b.stream, b.ids[i], fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
+				g, g.Serial, g.AmountCents, res[i].Amount))
 		default:
 			w.anomalies.Add(1)
 			w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
@@ -111,7 +115,9 @@ func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p 
 	if len(pay) == 0 {
 		return failed
 	}
-	for i, err := range w.sink.Deliver(ctx, pay) {
+	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
+	defer cancel()
+	for i, err := range w.sink.Deliver(dctx, pay) {
 		switch {
 		case err == nil:
 			w.delivered.Add(1)
@@ -119,13 +125,7 @@ func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p 
 		case ctx.Err() != nil:
 			return failed
 		case errors.Is(err, ErrSerialConflict):
-			// Left pending for an operator. Counted and logged once per
-			// entry, though it is met on every pass.
-			if _, seen := w.conflicted.LoadOrStore(b.stream+" "+payIDs[i], true); !seen {
-				w.conflicts.Add(1)
-				w.cfg.Logger.Error("settle: serial already paid for another grant; entry left pending for an operator",
-					"stream", b.stream, "id", payIDs[i], "err", err)
-			}
+			w.leftForOperator(b.stream, payIDs[i], err)
 		default:
 			p.behind(payIDs[i])
 			w.failures.Add(1)
@@ -134,6 +134,54 @@ func (w *Worker) settleGrants(ctx context.Context, c *redis.Client, b *batch, p 
 		}
 	}
 	return failed
+}
+
+// leftForOperator counts and logs, once per entry though it is met on
+// every pass, an entry left pending for an operator.
+func (w *Worker) leftForOperator(stream, id string, err error) {
+	if _, seen := w.conflicted.LoadOrStore(stream+" "+id, true); !seen {
+		w.conflicts.Add(1)
+		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "err", err)
+	}
+}
+
+// errNotReplicated is a confirm no replica acknowledged in time: a
+// failover could lose it, and the reaper would then release (and the
+// claim path grant again) what was paid. Nothing is paid; the entries stay
+// pending.
+var errNotReplicated = errors.New("settle: no replica confirmed the confirm in time")
+
+// confirm confirms a batch of grants of sub-pool k (lua.ConfirmMany). On a
+// shard with replicas the confirm is followed on the same connection by
+// WAIT 1, as the claim path's batches are: only a confirm a replica holds
+// is paid, so a failover cannot undo it after the payout.
+func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *lua.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
+	if !sh.replicated {
+		return lua.ConfirmMany(ctx, sh.c, k, args)
+	}
+	run := func() (*redis.Cmd, *redis.IntCmd) {
+		pipe := sh.c.Pipeline()
+		cmd := lua.ConfirmManyCmd(ctx, pipe, k, args)
+		wait := redis.NewIntCmd(ctx, "wait", 1, (w.shards.Timeout() / 2).Milliseconds())
+		_ = pipe.Process(ctx, wait)
+		_, _ = pipe.Exec(ctx) // errors are per command, read below
+		return cmd, wait
+	}
+	cmd, wait := run()
+	if lua.IsNoScript(cmd.Err()) { // nothing ran: load the scripts, send it again
+		if err := lua.LoadScripts(ctx, sh.c); err != nil {
+			return nil, nil, err
+		}
+		cmd, wait = run()
+	}
+	res, errs, err := lua.ParseConfirmMany(cmd, len(args))
+	if err != nil {
+		return nil, nil, err
+	}
+	if n, werr := wait.Result(); werr != nil || n < 1 {
+		return nil, nil, fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, n, werr)
+	}
+	return res, errs, nil
 }
 
 // parseGrant reads a grant entry of an outbox. Its id is the time the

@@ -28,9 +28,13 @@ import (
 // Run one worker per ledger file, or use a sink that dedupes across workers
 // (the wallet webhook, keyed by serial).
 type Ledger struct {
-	mu   sync.Mutex      // guards f and seen
-	f    *os.File        // opened for append
-	seen map[int64]Grant // the grants in the file, by serial
+	mu     sync.Mutex      // guards f, seen and broken
+	f      *os.File        // opened for append
+	seen   map[int64]Grant // the grants in the file, by serial
+	broken error           // a failed write could not be cut off: Deliver refuses until the file is opened again
+	// sync makes what was written durable: (*os.File).Sync; a test makes
+	// it fail to play a disk that refuses an fsync.
+	sync func(*os.File) error
 }
 
 // ledgerLine is one line of the ledger.
@@ -39,13 +43,14 @@ type ledgerLine struct {
 	SettledAt time.Time `json:"settled_at"`
 }
 
-// OpenLedger opens or creates the ledger at path.
+// OpenLedger opens or creates the ledger at path; a file it creates can be
+// read and written by its owner alone (it lists every user paid).
 func OpenLedger(path string) (*Ledger, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &Ledger{f: f, seen: map[int64]Grant{}}
+	l := &Ledger{f: f, seen: map[int64]Grant{}, sync: (*os.File).Sync}
 	if err := l.load(); err != nil {
 		f.Close()
 		return nil, err
@@ -116,6 +121,12 @@ func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	errs := make([]error, len(gs))
+	if l.broken != nil {
+		for i := range errs {
+			errs[i] = l.broken
+		}
+		return errs
+	}
 	var buf []byte
 	var added []Grant
 	now := time.Now().UTC()
@@ -153,20 +164,35 @@ func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
 	return errs
 }
 
-// append writes buf and fsyncs it; a write that fails midway is cut off
-// (the file ends on a whole line again). l.mu is held.
+// append writes buf and fsyncs it. A write or an fsync that fails is cut
+// off: the file ends where it ended before, so the grants are written again
+// whole when delivered again, and never twice (a line the failed fsync left
+// in the file, written again, would put its serial on two lines: a ledger
+// that no longer opens). l.mu is held.
 func (l *Ledger) append(buf []byte) error {
 	end, err := l.f.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	if _, err := l.f.Write(buf); err != nil {
-		_ = l.f.Truncate(end)
-		_, _ = l.f.Seek(end, io.SeekStart)
-		return fmt.Errorf("ledger: write: %w", err)
+	cut := func(err error) error {
+		terr := l.f.Truncate(end)
+		if terr == nil {
+			_, terr = l.f.Seek(end, io.SeekStart)
+		}
+		if terr != nil {
+			// What failed may be in the file: writing it again would put a
+			// serial on two lines. Nothing more is written until the file
+			// is opened again (which reads what it holds).
+			l.broken = fmt.Errorf("ledger: a failed write could not be cut off (%w): reopen the ledger", terr)
+			err = errors.Join(err, l.broken)
+		}
+		return err
 	}
-	if err := l.f.Sync(); err != nil {
-		return fmt.Errorf("ledger: fsync: %w", err)
+	if _, err := l.f.Write(buf); err != nil {
+		return fmt.Errorf("ledger: write: %w", cut(err))
+	}
+	if err := l.sync(l.f); err != nil {
+		return fmt.Errorf("ledger: fsync: %w", cut(err))
 	}
 	return nil
 }

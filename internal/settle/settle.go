@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/catalog"
+	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
 )
@@ -108,6 +110,11 @@ type Config struct {
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
+	// DeliverTimeout bounds one batch's delivery to the sink: a sink that
+	// hangs (a lock in the database, a wallet that never answers) fails
+	// the batch after it, which is then delivered again. Default 2 minutes
+	// (a webhook's retries and Retry-After waits fit in it).
+	DeliverTimeout time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -138,6 +145,9 @@ func (c *Config) init() {
 	if c.RetryDelay == 0 {
 		c.RetryDelay = time.Second
 	}
+	if c.DeliverTimeout == 0 {
+		c.DeliverTimeout = 2 * time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -148,15 +158,23 @@ type Stats struct {
 	Delivered int64 // grants confirmed and delivered
 	Expired   int64 // grant entries whose grant had been released: not paid
 	Anomalies int64 // grant entries with no matching grant (logged)
-	Failures  int64 // failed deliveries (retried)
-	Conflicts int64 // serials the sink had paid for another grant (left pending, logged)
+	// Failures counts what failed and is tried again: a read of a shard's
+	// outboxes (the shard down, a stream whose consumer group was lost), a
+	// confirm, a wait for a replica, a delivery. A stream that vanished
+	// with its pool's close is no failure.
+	Failures int64
+	// Conflicts counts entries left pending for an operator: a serial the
+	// sink had paid for another grant, or an entry whose amount is not its
+	// grant's (logged once each).
+	Conflicts int64
 	// Lag is how far settlement is behind the grants: the age of the oldest
-	// outbox entry (its stream id is the time it was written) the last pass
-	// over a shard left unsettled, the largest over the shards; 0 when every
-	// shard's last pass settled all it read and found no more. An entry
-	// whose delivery keeps failing makes it grow until it is settled; one
-	// left for an operator on a serial conflict does not (Conflicts counts
-	// those). A shard whose outbox cannot be read keeps its last value.
+	// outbox entry (its stream id is the time it was written) that may be
+	// unsettled, the largest over the shards; 0 when every shard's last pass
+	// settled all it read and found no more. An entry whose delivery keeps
+	// failing makes it grow until it is settled; one left for an operator
+	// does not (Conflicts counts those). While a shard's outboxes cannot be
+	// read, the lag grows from the start of the last pass that read them
+	// all: nothing newer is known to be settled.
 	Lag time.Duration
 }
 
@@ -168,14 +186,16 @@ type Worker struct {
 	cfg    Config
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
-	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry its last pass left unsettled; 0: none
-	conflicted                                         sync.Map       // "stream id" of entries left pending for a serial conflict
+	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry that may be unsettled; 0: none (see note)
+	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
+	conflicted                                         sync.Map       // "stream id" of entries left pending for an operator
 }
 
 // New returns a worker; Run starts it.
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 	cfg.init()
-	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, len(shards.Names()))}
+	n := len(shards.Names())
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n)}
 }
 
 // Stats returns what the worker did so far.
@@ -189,8 +209,10 @@ func (w *Worker) Stats() Stats {
 func (w *Worker) lag(now time.Time) time.Duration {
 	var oldest int64
 	for i := range w.behind {
-		if at := w.behind[i].Load(); at != 0 && (oldest == 0 || at < oldest) {
-			oldest = at
+		for _, at := range []int64{w.behind[i].Load(), w.reading[i].Load()} {
+			if at != 0 && (oldest == 0 || at < oldest) {
+				oldest = at
+			}
 		}
 	}
 	if oldest == 0 {
@@ -230,11 +252,12 @@ func (p *pass) behindAll(ids []string) {
 	}
 }
 
-// fail notes that a read failed.
-func (p *pass) fail(vanished bool) {
+// fail notes that a read failed (incomplete: entries it could not read
+// may be unsettled), or that a stream vanished (list them again).
+func (p *pass) fail(vanished, incomplete bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.incomplete = true
+	p.incomplete = p.incomplete || incomplete
 	p.vanished = p.vanished || vanished
 }
 
@@ -243,49 +266,60 @@ func (p *pass) fail(vanished bool) {
 func (w *Worker) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, name := range w.shards.Names() {
-		wg.Go(func() { w.loop(ctx, i, name) })
+		sh := &shardLoop{i: i, name: name, c: w.shards.Client(name), replicated: w.shards.Replicated(name),
+			grouped: map[string]bool{}}
+		wg.Go(func() { w.loop(ctx, sh) })
 	}
 	wg.Wait()
 }
 
-// loop settles one shard's outboxes until ctx ends; i is the shard's place
-// in behind.
-func (w *Worker) loop(ctx context.Context, i int, name string) {
-	c := w.shards.Client(name)
-	var streams []string
-	grouped := map[string]bool{}
+// shardLoop is what one shard's loop keeps between passes.
+type shardLoop struct {
+	i          int // the shard's place in Worker.behind
+	name       string
+	c          *redis.Client
+	replicated bool            // Sentinel-managed, with replicas: confirms wait for one (WAIT)
+	streams    []string        // the outboxes of the open pools' sub-pools here
+	grouped    map[string]bool // outboxes whose consumer group is known to be there
+	settled    time.Time       // when the last pass that read every outbox began
+}
+
+// loop settles one shard's outboxes until ctx ends.
+func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 	var nextRefresh, nextClaim time.Time
 	backoff := w.cfg.RetryDelay
+	sh.settled = time.Now()
 	for ctx.Err() == nil {
 		now := time.Now()
 		if now.After(nextRefresh) {
-			current, err := w.streams(ctx, c, name, grouped)
-			if err != nil {
-				w.cfg.Logger.Warn("settle: listing outboxes", "shard", name, "err", err)
-			}
-			if current != nil || err == nil {
-				streams = current
+			if err := w.refresh(ctx, sh); err != nil && ctx.Err() == nil {
+				// A pool whose record cannot be read, or placed on a shard
+				// this worker was not given: its outboxes are not read.
+				w.failures.Add(1)
+				w.cfg.Logger.Warn("settle: listing outboxes", "shard", sh.name, "err", err)
 			}
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
-		if len(streams) == 0 {
+		if len(sh.streams) == 0 {
+			w.behind[sh.i].Store(0)
+			sh.settled = now
 			_ = wait.For(ctx, w.cfg.Refresh)
 			continue
 		}
 		// Own pending entries first (a failed delivery, or a restart under
 		// the same consumer name), then those abandoned by others.
 		var p pass
-		failed := w.read(ctx, c, streams, "0", &p)
+		failed := w.read(ctx, sh, "0", &p)
 		if now.After(nextClaim) {
-			failed = w.claim(ctx, c, streams, &p) || failed
+			failed = w.claim(ctx, sh, &p) || failed
 			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
 		}
-		failed = w.read(ctx, c, streams, ">", &p) || failed
+		failed = w.read(ctx, sh, ">", &p) || failed
 		if p.vanished {
 			nextRefresh = time.Time{}
 		}
-		if !p.incomplete && ctx.Err() == nil {
-			w.behind[i].Store(p.oldest)
+		if ctx.Err() == nil {
+			w.note(sh, &p, now)
 		}
 		if !failed {
 			backoff = w.cfg.RetryDelay
@@ -296,60 +330,140 @@ func (w *Worker) loop(ctx context.Context, i int, name string) {
 	}
 }
 
-// streams returns the outbox keys of the open pools' sub-pools on shard
-// name, creating the consumer group on each it meets the first time
-// (grouped remembers them). A pool whose life is over has none.
-func (w *Worker) streams(ctx context.Context, c *redis.Client, name string, grouped map[string]bool) ([]string, error) {
-	subs, err := w.subs.SubPools(ctx)
-	var out []string
-	for _, sp := range subs {
-		key := sp.Keys().Outbox
-		if sp.Shard != name {
-			continue
-		}
-		if !grouped[key] {
-			err := c.XGroupCreateMkStream(ctx, key, w.cfg.Group, "0").Err()
-			if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-				return out, fmt.Errorf("create group on %s: %w", key, err)
-			}
-			grouped[key] = true
-		}
-		out = append(out, key)
+// note records what the pass that began at start left unsettled on the
+// shard, for Stats.Lag. A pass that read every outbox knows the oldest
+// entry it left; one that could not read some knows nothing newer than
+// the last pass that could, so the oldest entry that may be unsettled
+// there is no younger than that pass's start: the lag grows from it while
+// the outboxes cannot be read, and a settlement that cannot progress
+// shows in the metrics (and the alerts on them).
+func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
+	defer w.reading[sh.i].Store(0) // what it read is settled, or noted in behind
+	if !p.incomplete {
+		w.behind[sh.i].Store(p.oldest)
+		sh.settled = start
+		return
 	}
-	return out, err
+	at := sh.settled.UnixMilli()
+	if p.oldest != 0 {
+		at = min(at, p.oldest)
+	}
+	if prev := w.behind[sh.i].Load(); prev != 0 {
+		at = min(at, prev)
+	}
+	w.behind[sh.i].Store(at)
 }
 
-// read reads entries from streams at id (">" new, "0" own pending) and
-// settles each stream's as a batch, the streams at once, noting in p what
-// it left unsettled. It reports whether an entry was left for a failure.
-func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id string, p *pass) (failed bool) {
-	args := make([]string, 0, 2*len(streams))
-	args = append(args, streams...)
-	for range streams {
-		args = append(args, id)
+// settling notes, while a pass settles msgs, the oldest of them in
+// reading: a pass that hangs (a delivery that does not return) shows in
+// the lag at once, not when it ends.
+func (w *Worker) settling(sh *shardLoop, msgs []redis.XMessage) {
+	for _, m := range msgs {
+		ms, _, _ := strings.Cut(m.ID, "-")
+		at, err := strconv.ParseInt(ms, 10, 64)
+		if err != nil {
+			continue
+		}
+		for {
+			cur := w.reading[sh.i].Load()
+			if (cur != 0 && cur <= at) || w.reading[sh.i].CompareAndSwap(cur, at) {
+				break
+			}
+		}
 	}
+}
+
+// refresh lists the outbox keys of the open pools' sub-pools on the shard,
+// creating the consumer group on each it meets the first time (lua.
+// EnsureGroup, which creates nothing for a closed sub-pool). A pool whose
+// life is over has none. When the listing fails the streams listed before
+// are kept.
+func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
+	subs, err := w.subs.SubPools(ctx)
+	if subs == nil && err != nil {
+		return err
+	}
+	var out []string
+	live := map[string]bool{}
+	for _, sp := range subs {
+		if sp.Shard != sh.name {
+			continue
+		}
+		k := sp.Keys()
+		live[k.Outbox] = true
+		if !sh.grouped[k.Outbox] {
+			g, gerr := lua.EnsureGroup(ctx, sh.c, &k, w.cfg.Group)
+			if gerr != nil {
+				err = errors.Join(err, fmt.Errorf("consumer group on %s: %w", k.Outbox, gerr))
+				continue
+			}
+			if g == lua.GroupGone {
+				continue // closed: its keys are freed
+			}
+			sh.grouped[k.Outbox] = true
+		}
+		out = append(out, k.Outbox)
+	}
+	for key := range sh.grouped {
+		if !live[key] {
+			delete(sh.grouped, key)
+		}
+	}
+	sh.streams = out
+	return err
+}
+
+// read reads entries from the shard's outboxes at id (">" new, "0" own
+// pending) and settles each stream's as a batch, the streams at once,
+// noting in p what it left unsettled. It reports whether an entry was left
+// for a failure.
+//
+// One read covers every outbox of the shard; Redis answers an error for
+// the whole read when one stream has lost its group (its pool closed and
+// its keys were freed, or the shard lost its data). Then each outbox is read
+// on its own, so that one stream never stops the others: a stream whose
+// group is gone is dropped (its pool closed) or has its group made again.
+func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (failed bool) {
 	block := time.Duration(-1) // no BLOCK: pending entries are there or not
 	if id == ">" {
 		block = w.cfg.Block
 	}
-	res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
-	}).Result()
+	res, err := w.xread(ctx, sh, sh.streams, id, block)
+	var rerr redis.Error
+	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.streams) > 1 {
+		// (redis.Nil is a redis.Error too: a read that found nothing new.)
+		res, failed = nil, false
+		for _, key := range slices.Clone(sh.streams) { // readFailed may drop one
+			one, oerr := w.xread(ctx, sh, []string{key}, id, -1)
+			if errors.Is(oerr, redis.Nil) {
+				continue // nothing new there
+			}
+			if oerr != nil {
+				failed = w.readFailed(ctx, sh, key, oerr, p) || failed
+				continue
+			}
+			res = append(res, one...)
+		}
+		err = nil
+	}
 	switch {
 	case errors.Is(err, redis.Nil), ctx.Err() != nil:
 		return false
 	case err != nil:
-		// NOGROUP: a stream is gone, its pool closed (or its shard lost
-		// it): the next pass lists the streams again.
-		p.fail(redis.HasErrorPrefix(err, "NOGROUP"))
-		w.cfg.Logger.Warn("settle: read", "err", err)
-		return true // a shard down: keep trying
+		key := ""
+		if len(sh.streams) == 1 {
+			key = sh.streams[0]
+		}
+		return w.readFailed(ctx, sh, key, err, p)
+	}
+	for _, st := range res {
+		w.settling(sh, st.Messages)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for _, st := range res {
 		wg.Go(func() {
-			f := w.settleBatch(ctx, c, st.Stream, st.Messages, p)
+			f := w.settleBatch(ctx, sh, st.Stream, st.Messages, p)
 			mu.Lock()
 			failed = failed || f
 			mu.Unlock()
@@ -362,25 +476,74 @@ func (w *Worker) read(ctx context.Context, c *redis.Client, streams []string, id
 	return failed
 }
 
+// xread is one XREADGROUP of streams at id.
+func (w *Worker) xread(ctx context.Context, sh *shardLoop, streams []string, id string, block time.Duration) ([]redis.XStream, error) {
+	args := make([]string, 0, 2*len(streams))
+	args = append(args, streams...)
+	for range streams {
+		args = append(args, id)
+	}
+	return sh.c.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
+	}).Result()
+}
+
+// readFailed handles a read (or claim) that failed; key is the one stream
+// it was of ("" for several). A stream whose group is gone (NOGROUP) is
+// looked at: a closed sub-pool's is dropped from the shard's streams, and
+// that is no failure; any other failure counts (Stats.Failures), leaves the
+// pass incomplete, and is tried again after the backoff. It reports whether
+// the read failed.
+func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err error, p *pass) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if key != "" && redis.HasErrorPrefix(err, "NOGROUP") {
+		delete(sh.grouped, key)
+		if w.gone(ctx, sh, key) {
+			sh.streams = slices.DeleteFunc(sh.streams, func(s string) bool { return s == key })
+			p.fail(true, false)
+			return false
+		}
+	}
+	w.failures.Add(1)
+	p.fail(redis.HasErrorPrefix(err, "NOGROUP"), true)
+	w.cfg.Logger.Warn("settle: read", "shard", sh.name, "stream", key, "err", err)
+	return true
+}
+
+// gone reports whether the outbox key belongs to a sub-pool that is closed
+// (or was never set up), making its group again otherwise.
+func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
+	sp, ok := lua.ParseOutbox(key)
+	if !ok {
+		return false
+	}
+	k := sp.Keys()
+	g, err := lua.EnsureGroup(ctx, sh.c, &k, w.cfg.Group)
+	if err == nil && g != lua.GroupGone {
+		sh.grouped[key] = true
+	}
+	return err == nil && g == lua.GroupGone
+}
+
 // claim takes over entries pending on other consumers for ClaimAfter. It
 // reports whether an entry was left for a failure.
-func (w *Worker) claim(ctx context.Context, c *redis.Client, streams []string, p *pass) (failed bool) {
-	for _, key := range streams {
+func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool) {
+	for _, key := range slices.Clone(sh.streams) {
 		start := "0-0"
 		for {
-			msgs, next, err := c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			msgs, next, err := sh.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 				Stream: key, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
 				MinIdle: w.cfg.ClaimAfter, Start: start, Count: w.cfg.Batch,
 			}).Result()
 			if err != nil {
-				if ctx.Err() == nil {
-					p.fail(redis.HasErrorPrefix(err, "NOGROUP"))
-					w.cfg.Logger.Warn("settle: claim", "stream", key, "err", err)
-				}
+				failed = w.readFailed(ctx, sh, key, err, p) || failed
 				break
 			}
 			if len(msgs) > 0 {
-				failed = w.settleBatch(ctx, c, key, msgs, p) || failed
+				w.settling(sh, msgs)
+				failed = w.settleBatch(ctx, sh, key, msgs, p) || failed
 			}
 			if next == "0-0" || len(msgs) == 0 {
 				break

@@ -306,6 +306,45 @@ func TestLedgerTornTail(t *testing.T) {
 	}
 }
 
+// TestLedgerFailedFsync: a delivery whose fsync fails is cut off the file
+// (the disk may hold it or not), so it is written once when delivered
+// again, and the ledger still opens: a failed fsync never leaves a serial
+// on two lines. A ledger file is its owner's alone.
+func TestLedgerFailedFsync(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	g := func(s int64) Grant { return Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5} }
+	if err := deliverOne(ctx, l, g(1)); err != nil {
+		t.Fatal(err)
+	}
+	fail := true
+	l.sync = func(f *os.File) error {
+		if fail {
+			fail = false
+			return errors.New("input/output error") // as a disk that refused the fsync
+		}
+		return f.Sync()
+	}
+	if errs := l.Deliver(ctx, []Grant{g(2), g(3)}); errs[0] == nil || errs[1] == nil {
+		t.Fatalf("Deliver with a failed fsync = %v; want both failed (delivered again later)", errs)
+	}
+	if errs := l.Deliver(ctx, []Grant{g(2), g(3)}); errs[0] != nil || errs[1] != nil {
+		t.Fatalf("Deliver again = %v", errs)
+	}
+	l.Close()
+	if got := readLedger(t, path); len(got) != 3 {
+		t.Fatalf("ledger serials = %v, want 1-3 once each", got)
+	}
+	if _, err := OpenLedger(path); err != nil {
+		t.Fatalf("OpenLedger after a failed fsync: %v", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("ledger mode %v, %v; want 0600 (it names every user paid)", fi.Mode().Perm(), err)
+	}
+}
+
 // TestWebhookRetriesAndDedupes: the wallet fails the first two tries of each
 // grant; settlement retries; the wallet sees every serial, and pays once.
 func TestWebhookRetriesAndDedupes(t *testing.T) {

@@ -1,33 +1,18 @@
-// rain's dashboard: polls the operator API once a second and draws what it
-// reads. The admin token is asked once and kept in sessionStorage (this
-// tab only); it travels in the Authorization header, never in a URL.
+// rain's dashboard: the service's charts, and the start of the page. It
+// asks for the admin token once (kept for this tab: common.js), then polls
+// the operator API once a second: the timeline (GET /admin/stats), the
+// pools (pools.js) and the selected pool; the operator's forms and buttons
+// are in preload.js and pools.js.
 "use strict";
 
-const KEY = "rain.adminToken";
 const COLORS = { granted: "#2e7d32", already_granted: "#7cb342", sold_out: "#6d4c41",
   overloaded: "#d23f31", not_found: "#8e24aa", not_started: "#f9a825", ended: "#546e7a",
   invalid: "#fb8c00", unauthorized: "#ad1457", rate_limited: "#00838f", error: "#000",
   p50: "#1565c0", p99: "#d23f31" };
-const $ = (id) => document.getElementById(id);
 
-let token = sessionStorage.getItem(KEY) || "";
-let selected = "";
 let points = [];
 let timer = 0;
-
-// api fetches an operator endpoint with the token; a 401 sends the user back
-// to the token form with the error.
-async function api(path) {
-  const r = await fetch(path, { headers: { Authorization: "Bearer " + token }, cache: "no-store" });
-  if (r.status === 401) {
-    throw Object.assign(new Error("wrong admin token"), { unauthorized: true });
-  }
-  const body = await r.json();
-  if (!r.ok) {
-    throw new Error(body.error || path + " answered " + r.status);
-  }
-  return body;
-}
+let ticking = false; // a poll is in flight: the next one waits for it (a slow shard)
 
 function showLogin(message) {
   clearInterval(timer);
@@ -41,7 +26,16 @@ function showLogin(message) {
   $("token").focus();
 }
 
-async function open() {
+// refused is what every part of the page does when the API refuses the
+// token: forget it and ask again, with the reason (never a blank page).
+function refused() {
+  token = "";
+  sessionStorage.removeItem(KEY);
+  showLogin("The admin token was refused: enter it again.");
+}
+
+// connect checks the token with one call, then shows the board and polls.
+async function connect() {
   try {
     await api("/admin/pools");
   } catch (e) {
@@ -59,34 +53,29 @@ async function open() {
 }
 
 async function tick() {
+  if (ticking) return;
+  ticking = true;
   try {
     const since = points.length ? points[points.length - 1].at : "";
-    const [stats, pools] = await Promise.all([
+    const [stats] = await Promise.all([
       api("/admin/stats" + (since ? "?since=" + encodeURIComponent(since) : "")),
-      api("/admin/pools"),
+      refreshPools(),
     ]);
     points = points.concat(stats.points).slice(-300);
     drawService();
-    drawPools(pools.pools);
-    if (selected) {
-      drawPool(await api("/admin/pools/" + encodeURIComponent(selected)));
-    }
     $("error").hidden = true;
     $("live").textContent = "live · " + new Date().toLocaleTimeString();
   } catch (e) {
     if (e.unauthorized) {
-      token = "";
-      sessionStorage.removeItem(KEY);
-      showLogin("The admin token was refused: enter it again.");
+      refused();
       return;
     }
     $("error").hidden = false;
     $("error").textContent = e.message;
+  } finally {
+    ticking = false;
   }
 }
-
-const fmt = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
-const money = (cents) => (cents / 100).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
 
 function total(p) {
   return Object.values(p.grabs).reduce((a, b) => a + b, 0);
@@ -157,81 +146,11 @@ function formatTick(v) {
   return v >= 1000 ? (v / 1000).toFixed(1) + "k" : v >= 10 ? v.toFixed(0) : v.toFixed(1);
 }
 
-function drawPools(ids) {
-  const list = $("pool-list");
-  $("pools-empty").hidden = ids.length > 0;
-  const have = [...list.querySelectorAll("button")].map((b) => b.dataset.pool).join("\n");
-  if (have !== ids.join("\n")) {
-    list.innerHTML = "";
-    for (const id of ids) {
-      const li = document.createElement("li");
-      const b = document.createElement("button");
-      b.textContent = id;
-      b.dataset.pool = id;
-      b.addEventListener("click", () => { selected = id; $("audit-result").textContent = ""; tick(); });
-      li.append(b);
-      list.append(li);
-    }
-  }
-  for (const b of list.querySelectorAll("button")) b.classList.toggle("selected", b.dataset.pool === selected);
-}
-
-// fromAccount shows a closed pool's final account as a status: what was
-// left unclaimed (back to the campaign) as its remaining stock; what no
-// account keeps (held, released, shards) as a dash.
-function fromAccount(a) {
-  return {
-    pool_id: a.pool_id, state: a.state, count: a.preloaded_count, total_cents: a.preloaded_cents,
-    remaining_count: a.unclaimed_count, remaining_cents: a.unclaimed_cents,
-    held_count: 0, held_cents: 0, confirmed_count: a.confirmed_count, confirmed_cents: a.confirmed_cents,
-    released_count: null, released_cents: null,
-    sub_pools: a.sub_pools.map((sp) => ({
-      index: sp.index, shard: "—", count: sp.confirmed_count + sp.unclaimed_count,
-      total_cents: sp.confirmed_cents + sp.unclaimed_cents,
-      remaining_count: sp.unclaimed_count, remaining_cents: sp.unclaimed_cents,
-    })),
-  };
-}
-
-function drawPool(st) {
-  if (st.state === "closed" || st.state === "closing") st = fromAccount(st);
-  $("pool").hidden = false;
-  $("pool").dataset.pool = st.pool_id;
-  $("pool-id").textContent = st.pool_id;
-  $("pool-state").textContent = st.state;
-  const pct = st.count > 0 ? (100 * st.remaining_count) / st.count : 0;
-  $("pool-bar").style.width = pct.toFixed(2) + "%";
-  $("pool-bar").dataset.remaining = String(st.remaining_count);
-  $("pool-remaining").textContent = fmt(st.remaining_count) + " of " + fmt(st.count) + " packets left · " +
-    money(st.remaining_cents) + " of " + money(st.total_cents);
-  for (const k of ["remaining", "held", "confirmed", "released"]) {
-    $(k + "-count").textContent = fmt(st[k + "_count"]);
-    $(k + "-cents").textContent = fmt(st[k + "_cents"]);
-  }
-  const body = $("sub-pools").tBodies[0];
-  body.innerHTML = "";
-  for (const sp of st.sub_pools) {
-    const tr = body.insertRow();
-    const w = sp.count > 0 ? (100 * sp.remaining_count) / sp.count : 0;
-    tr.insertCell().textContent = sp.index;
-    tr.insertCell().textContent = sp.shard;
-    const bar = document.createElement("div");
-    bar.className = "bar";
-    const fill = document.createElement("div");
-    fill.className = "fill";
-    fill.style.width = w.toFixed(2) + "%";
-    bar.append(fill);
-    tr.insertCell().append(bar);
-    tr.insertCell().textContent = fmt(sp.remaining_count) + " / " + fmt(sp.count);
-    tr.insertCell().textContent = fmt(sp.remaining_cents) + " / " + fmt(sp.total_cents);
-  }
-}
-
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   token = $("token").value.trim();
   $("token").value = "";
-  open();
+  connect();
 });
 
 $("logout").addEventListener("click", () => {
@@ -240,20 +159,4 @@ $("logout").addEventListener("click", () => {
   showLogin("");
 });
 
-$("audit").addEventListener("click", async () => {
-  const out = $("audit-result");
-  out.textContent = "auditing…";
-  out.className = "muted";
-  try {
-    const rep = await api("/admin/pools/" + encodeURIComponent(selected) + "/audit");
-    out.textContent = rep.ok ? "ok: conservation holds" + (rep.notes && rep.notes.length ? " (" + rep.notes.join("; ") + ")" : "")
-      : "PROBLEMS: " + rep.problems.map((p) => JSON.stringify(p)).join("; ");
-    out.className = rep.ok ? "" : "error";
-    out.dataset.ok = String(rep.ok);
-  } catch (e) {
-    out.textContent = e.message;
-    out.className = "error";
-  }
-});
-
-if (token) open(); else showLogin("");
+if (token) connect(); else showLogin("");

@@ -1,0 +1,89 @@
+package grab_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"rain/internal/catalog"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
+	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
+)
+
+// TestSpillTakeWaitsForAReplica: a spill takes an amount at a sibling
+// whose shard has replicas (Sentinel), then grants it at the home. The
+// take must be on a replica before the home grants: with the sibling's
+// replica cut off the grab is refused (503, nothing granted), and a
+// failover then (the primary killed, the replica promoted) leaves the
+// amount in the sibling's stock with no transfer and no grant at home:
+// nothing is granted twice (invariant 5).
+func TestSpillTakeWaitsForAReplica(t *testing.T) {
+	ctx := context.Background()
+	durable := redistest.Options{AOF: true, Fsync: "always"}
+	primary := redistest.Start(t, durable)
+	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
+	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
+	plain := redistest.Start(t, durable)
+	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
+	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{"sentinel/rainm/" + sentinel.Addr, plain.Addr})
+	id := ""
+	for i := 0; id == ""; i++ { // sub-pool 0 (the home) on the plain shard s2, 1 on the Sentinel shard s1
+		if c := fmt.Sprintf("sp%d", i); ge.Shards.Ring().Distinct(c, 2)[0] == "s2" {
+			id = c
+		}
+	}
+	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ge.Catalog.Find(ctx, id)
+	if err != nil || p.Placement[0] != "s2" || p.Placement[1] != "s1" {
+		t.Fatalf("placement %v, %v", p.Placement, err)
+	}
+	var home []string // users of sub-pool 0: five empty it, the sixth spills
+	for u := 0; len(home) < 6; u++ {
+		if name := fmt.Sprintf("u%d", u); p.Home(name) == 0 {
+			home = append(home, name)
+		}
+	}
+	for _, u := range home[:5] {
+		if r, err := ge.Service.Grab(ctx, id, u); err != nil || r.Outcome != grab.Granted {
+			t.Fatalf("grab of %s = %+v, %v", u, r, err)
+		}
+	}
+	k1 := p.SubPool(1).Keys()
+	waittest.Until(t, 10*time.Second, "the replica has sub-pool 1 as it is", func() bool {
+		n, err := rc.HGet(ctx, k1.Meta, "stock_count").Result()
+		return err == nil && n == "5"
+	})
+	pc := redistest.Clients(t, []*redistest.Server{primary})[0]
+	replica.Pause() // s1's replica stops hearing its primary
+	t.Cleanup(replica.Resume)
+	if err := pc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ge.Service.Grab(ctx, id, home[5]) // spills to sub-pool 1 on s1
+	if !errors.Is(err, grab.ErrUnavailable) {
+		t.Fatalf("a spill whose take no replica holds = %+v, %v; want unavailable, nothing granted", r, err)
+	}
+	primary.Kill() // the failover: s1's replica, which never got the take, is promoted
+	replica.Resume()
+	if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rc.HGet(ctx, k1.Meta, "stock_count").Result(); n != "5" {
+		t.Fatalf("the promoted sibling holds %s packets, want 5", n)
+	}
+	k0 := p.SubPool(0).Keys()
+	if g, _ := ge.Clients[1].HGet(ctx, k0.Grants, home[5]).Result(); g != "" {
+		t.Fatalf("the user holds %q at home: granted from a take the sibling lost", g)
+	}
+}

@@ -1,0 +1,68 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"rain/internal/catalog"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
+	"rain/internal/redistest"
+	"rain/internal/settle"
+	"rain/internal/wait/waittest"
+)
+
+// TestHungDeliveryShows: settlement whose database call hangs (a table
+// lock held by another session: a migration, an operator's open
+// transaction) shows it at once: the lag grows from the oldest entry it is
+// settling, though the pass never ends; the delivery fails after
+// DeliverTimeout and counts; once the lock goes, every grant is paid.
+func TestHungDeliveryShows(t *testing.T) {
+	ctx := context.Background()
+	db, url := open(t)
+	ge := grabtest.Start(t, 2, redistest.Options{})
+	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+		t.Fatal(err)
+	}
+	grabN := func(prefix string, n int) {
+		for u := range n {
+			if r, err := ge.Service.Grab(ctx, "p", fmt.Sprintf("%s%d", prefix, u)); err != nil || r.Outcome != grab.Granted {
+				t.Fatalf("grab = %+v, %v", r, err)
+			}
+		}
+	}
+	grabN("a", 10)
+	w := settle.New(ge.Shards, ge.Catalog, db, settle.Config{Consumer: "c", Batch: 5, Block: 50 * time.Millisecond,
+		Refresh: 50 * time.Millisecond, ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond,
+		DeliverTimeout: 3 * time.Second})
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waittest.Until(t, 20*time.Second, "the first grants delivered", func() bool { return w.Stats().Delivered == 10 })
+	locker, err := Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	tx, err := locker.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "LOCK TABLE rain_grants IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	grabN("b", 10)
+	waittest.Until(t, 20*time.Second, "the lag past 2s while the delivery hangs, before it times out", func() bool {
+		st := w.Stats()
+		return st.Lag > 2*time.Second && st.Failures == 0
+	})
+	waittest.Until(t, 20*time.Second, "the hung delivery failed and counted", func() bool { return w.Stats().Failures > 0 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 30*time.Second, "every grant paid once the lock is gone", func() bool { return w.Stats().Delivered == 20 })
+}

@@ -91,8 +91,9 @@ type Catalog struct {
 	lease  time.Duration // Config.SealLease
 	log    *slog.Logger
 
-	mu      sync.RWMutex          // guards records and onOpen
-	records map[string]cached     // records of open and closed pools as Pool read them
+	mu      sync.RWMutex          // guards records, lives and onOpen
+	records map[string]*Pool      // records of open and closed pools, read once: see Pool
+	lives   map[string]string     // each shard's life counter as List last saw it
 	onOpen  []func(poolID string) // see OnOpen
 
 	listed atomic.Pointer[listing] // the registry as List last read it
@@ -116,7 +117,7 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 		cfg.SealLease = time.Minute
 	}
 	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]cached{}}
+		records: map[string]*Pool{}, lives: map[string]string{}}
 }
 
 // Shards is the set the catalog works on.

@@ -241,3 +241,33 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 		t.Fatalf("the close with every shard = %v", err)
 	}
 }
+
+// TestAnotherProcessSeesTheClose: a process that keeps a pool's open
+// record and hears no notice (rain settle) sees the pool closed at its next
+// registry read (the shards' life counters moved), and reads no record
+// again while nothing moves.
+func TestAnotherProcessSeesTheClose(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	spec := Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
+	e.endedAndSettled(t, spec)
+	other := envOn(t, e.servers, redistest.Addrs(e.servers))
+	if _, err := other.cat.List(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Open {
+		t.Fatalf("Pool = %+v, %v; want open", p, err)
+	}
+	if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := other.cat.Pool(ctx, spec.PoolID); p.State != Open {
+		t.Fatalf("before its next registry read the other process reads %s; want its kept record, open", p.State)
+	}
+	if _, err := other.cat.List(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Closed {
+		t.Fatalf("Pool after the next registry read = %+v, %v; want closed", p, err)
+	}
+}

@@ -110,9 +110,11 @@ func (c *Catalog) placed(p *Pool) error {
 }
 
 // notify tells every instance that the pool's life moved on: what they keep
-// of it lapses (the registry refresh covers a notice that is lost).
+// of it lapses (the life counter, read with the registry, covers a notice
+// that is lost).
 func (c *Catalog) notify(ctx context.Context, id string) {
 	c.Forget(id)
+	c.moved(ctx, id)
 	if err := events.Publish(ctx, c.shards.Clients(), events.Event{Kind: events.State, Pool: id}); err != nil {
 		c.log.Warn("pool state notice not published on every shard", "pool_id", id, "err", err)
 	}

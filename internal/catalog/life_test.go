@@ -165,9 +165,10 @@ func TestLifeOfAPool(t *testing.T) {
 }
 
 // checkFreed checks that each shard holds what it held before the pool
-// (before, by shard), and the pool's record, its id in the registry and
-// the tombstone of each of its sub-pools there (a meta of state closed,
-// with the pool and the index): every other sub-pool key is freed.
+// (before, by shard), and the pool's record, its id in the registry, the
+// life counter and the tombstone of each of its sub-pools there (a meta of
+// state closed, with the pool and the index): every other sub-pool key is
+// freed.
 func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 	t.Helper()
 	ctx := context.Background()
@@ -177,7 +178,7 @@ func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 	}
 	for name, ks := range e.keys(t) {
 		want := slices.Clone(before[name])
-		for _, k := range []string{recordKey(id), registryKey} {
+		for _, k := range []string{recordKey(id), registryKey, lifeKey} {
 			if !slices.Contains(want, k) {
 				want = append(want, k)
 			}

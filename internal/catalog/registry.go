@@ -16,42 +16,32 @@ import (
 	"rain/internal/lua"
 )
 
-// Pool returns the pool's record, from memory while it is fresh: a closed
-// pool's record never changes again and is kept; an open pool's is kept for
-// recordTTL (its life moves on only by an end or a close, whose notice,
-// internal/events, makes the instances Forget it at once, and a lost notice
-// costs at most recordTTL). A pool loading or closing is read again on
-// every call. ErrNotFound for no such pool; ErrUnavailable when it cannot
-// be read now.
+// Pool returns the pool's record, from memory once it is open or closed:
+// a closed pool's record never changes again; an open pool's changes only
+// by an end or a close, whose notice (internal/events) makes the instances
+// Forget it at once, and which moves every shard's life counter, so that
+// a process that missed the notice (or hears none: rain settle) forgets
+// every open record at its next registry read (List, every 2 s while
+// work goes on): no record is read again while nothing happens. A pool
+// loading or closing is read again on every call. ErrNotFound for no such
+// pool; ErrUnavailable when it cannot be read now.
 func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
 	c.mu.RLock()
-	e, ok := c.records[id]
+	p := c.records[id]
 	c.mu.RUnlock()
-	if ok && (e.p.State == Closed || time.Since(e.read) < recordTTL) {
-		return e.p, nil
+	if p != nil {
+		return p, nil
 	}
-	read := time.Now()
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if p.State == Open || p.State == Closed {
 		c.mu.Lock()
-		c.records[id] = cached{p: p, read: read}
+		c.records[id] = p
 		c.mu.Unlock()
 	}
 	return p, nil
-}
-
-// recordTTL is how long Pool trusts an open pool's record read from the
-// shards: a long-lived process (rain settle, the reaper) that missed the
-// notice of a close sees it within this.
-const recordTTL = 2 * time.Second
-
-// cached is a record Pool read, and when.
-type cached struct {
-	p    *Pool
-	read time.Time
 }
 
 // Forget drops what the catalogue keeps in memory of the pool: its life
@@ -60,6 +50,34 @@ func (c *Catalog) Forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.records, id)
+}
+
+// lifeKey counts, on every shard, the times a pool's life moved on there
+// (an open, an end, a close): a process that sees it move forgets the open
+// records it keeps.
+const lifeKey = "rain:life"
+
+// moved says, on every shard, that a pool's life moved on: its life
+// counter rises (an error is logged; the notice, and the next close or
+// open, cover it).
+func (c *Catalog) moved(ctx context.Context, id string) {
+	for _, name := range c.shards.Names() {
+		if err := c.shards.Client(name).Incr(ctx, lifeKey).Err(); err != nil {
+			c.log.Warn("a shard's life counter was not moved; instances that missed the notice keep the pool's record until the next move",
+				"pool_id", id, "shard", name, "err", err)
+		}
+	}
+}
+
+// forgetOpen drops every open record kept: a shard's life counter moved.
+func (c *Catalog) forgetOpen() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, p := range c.records {
+		if p.State == Open {
+			delete(c.records, id)
+		}
+	}
 }
 
 // copyOf is one shard's copy of a pool's record, as Find reads it.
@@ -173,16 +191,23 @@ func (c *Catalog) putRecord(ctx context.Context, client *redis.Client, pool stri
 func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	names := c.shards.Names()
 	lists := make([][]string, len(names))
+	lives := make([]string, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
 		wg.Go(func() {
-			if lists[i], errs[i] = c.shards.Client(name).SMembers(ctx, registryKey).Result(); errs[i] != nil {
+			pipe := c.shards.Client(name).Pipeline()
+			members := pipe.SMembers(ctx, registryKey)
+			life := pipe.Get(ctx, lifeKey)
+			_, _ = pipe.Exec(ctx)
+			lives[i], _ = life.Result() // none yet: ""
+			if lists[i], errs[i] = members.Result(); errs[i] != nil {
 				errs[i] = fmt.Errorf("shard %s: %w", name, errs[i])
 			}
 		})
 	}
 	wg.Wait()
+	c.sawLives(names, lives, errs)
 	seen := map[string]bool{}
 	var ids []string
 	var atSerial map[string]bool
@@ -224,6 +249,26 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	}
 	c.listed.Store(&listing{ids: ids, at: time.Now()})
 	return ids, nil
+}
+
+// sawLives compares the shards' life counters with those seen before, and
+// forgets the open records kept when one moved.
+func (c *Catalog) sawLives(names, lives []string, errs []error) {
+	c.mu.Lock()
+	moved := false
+	for i, name := range names {
+		if errs[i] != nil {
+			continue
+		}
+		if prev, seen := c.lives[name]; seen && prev != lives[i] {
+			moved = true
+		}
+		c.lives[name] = lives[i]
+	}
+	c.mu.Unlock()
+	if moved {
+		c.forgetOpen()
+	}
 }
 
 // repair gives the serial shard back what it lacks of pools the other

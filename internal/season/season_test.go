@@ -296,7 +296,7 @@ func (tp *topology) checkKeys(t *testing.T, plans []poolPlan) {
 		var extra []string
 		for k := range now {
 			switch {
-			case tp.keysThen[i][k], k == "rain:pools", k == "rain:reaper:lock":
+			case tp.keysThen[i][k], k == "rain:pools", k == "rain:life", k == "rain:reaper:lock":
 			case strings.HasSuffix(k, "}:pool") && ids[strings.TrimSuffix(strings.TrimPrefix(k, "rain:{"), "}:pool")]:
 			case strings.HasSuffix(k, ":meta"):
 				if st, _ := tp.clients[i].HGet(ctx, k, "state").Result(); st != "closed" {

@@ -4,11 +4,9 @@ package main
 // port 0, headless Chromium on its page, and the screenshots.
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -17,49 +15,7 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
-
-	"rain/internal/wait/waittest"
 )
-
-// serveOnPortZero runs `rain serve --listen 127.0.0.1:0` until the test
-// ends and returns the address it reports in its log once it serves. User
-// auth is off (RAIN_USER_AUTH=none, which --redis needs said) unless the
-// test's environment or flags say otherwise.
-func serveOnPortZero(t *testing.T, args []string, environ map[string]string) (addr string, logs *syncBuffer) {
-	t.Helper()
-	logs = &syncBuffer{}
-	withNone := map[string]string{"RAIN_USER_AUTH": userAuthNone}
-	for k, v := range environ {
-		withNone[k] = v
-	}
-	environ = withNone
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "0"}, args...), env(environ), &bytes.Buffer{}, logs)
-	}()
-	t.Cleanup(func() {
-		cancel() // as SIGTERM does
-		if err := <-done; err != nil {
-			t.Errorf("serve returned %v after shutdown, want nil", err)
-		}
-	})
-	serving := regexp.MustCompile(`msg=serving addr=(\S+)`)
-	waittest.Until(t, 20*time.Second, "rain serve logging the address it serves on", func() bool {
-		select {
-		case err := <-done:
-			done <- err // for the cleanup
-			t.Fatalf("rain serve returned %v before serving; logs:\n%s", err, logs)
-		default:
-		}
-		m := serving.FindStringSubmatch(logs.String())
-		if m != nil {
-			addr = m[1]
-		}
-		return m != nil
-	})
-	return addr, logs
-}
 
 // browser is headless Chromium on one tab, and what went wrong in the
 // page: uncaught exceptions, and what the browser logged as a security

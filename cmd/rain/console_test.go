@@ -58,7 +58,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, proxy.Addr),
 		"RAIN_ADMIN_TOKEN": longToken,
 	}
-	addr, logs := serveOnPortZero(t, nil, environ)
+	addr, logs := startServe(t, nil, environ)
 	base := "http://" + addr
 	checkRoot(t, base)
 

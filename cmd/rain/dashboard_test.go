@@ -27,7 +27,7 @@ import (
 // directory. The operator's actions are TestConsoleInBrowser's.
 func TestDashboardInBrowser(t *testing.T) {
 	const token = "dash-token"
-	addr, logs := serveOnPortZero(t, []string{"--admin-token", token}, nil)
+	addr, logs := startServe(t, []string{"--admin-token", token}, nil)
 	base := "http://" + addr
 	if code, body := post(t, base+"/admin/pools", token, `{"pool_id":"cny","total_cents":5000000,"count":20000,"sub_pools":4}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)

@@ -325,14 +325,13 @@ func TestErrorsAreJSON(t *testing.T) {
 // {"draining":true} at once, while requests are still served, and the
 // listener closes after --drain-delay.
 func TestDrainOnStop(t *testing.T) {
-	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	logs := &syncBuffer{}
 	go func() {
-		done <- run(ctx, []string{"serve", "--listen", addr, "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
 	}()
-	base := "http://" + addr
+	base := "http://" + serving(t, logs, done)
 	t.Cleanup(cancel)
 	waittest.Until(t, 10*time.Second, "rain serve ready", func() bool {
 		r, err := http.Get(base + "/readyz")
@@ -402,8 +401,8 @@ func TestPreloadProgress(t *testing.T) {
 // address and not on the API's (404 there, as JSON), so stock and load
 // figures stay off the clients' network.
 func TestMetricsListenApart(t *testing.T) {
-	metricsAddr := freeAddr(t)
-	addr, _ := startServe(t, []string{"--admin-token", "m", "--metrics-listen", metricsAddr}, nil)
+	addr, logs := startServe(t, []string{"--admin-token", "m", "--metrics-listen", "127.0.0.1:0"}, nil)
+	metricsAddr := apartAddr(t, logs, "metrics-listen")
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -61,22 +62,12 @@ func (s *syncBuffer) String() string {
 // hex of 16 random bytes).
 const longToken = "5d0c8e2fa7194b63e0d8c1f2a9b7463e"
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startServe runs `rain serve` in the background until the test ends,
-// with user auth off (RAIN_USER_AUTH=none, which --redis needs said)
-// unless the test's environment or flags say otherwise.
+// startServe runs `rain serve --listen 127.0.0.1:0` in the background
+// until the test ends, and returns the address it logs that it serves on.
+// User auth is off (RAIN_USER_AUTH=none, which --redis needs said) unless
+// the test's environment or flags say otherwise.
 func startServe(t *testing.T, args []string, environ map[string]string) (addr string, logs *syncBuffer) {
 	t.Helper()
-	addr = freeAddr(t)
 	logs = &syncBuffer{}
 	withNone := map[string]string{"RAIN_USER_AUTH": userAuthNone}
 	for k, v := range environ {
@@ -87,7 +78,7 @@ func startServe(t *testing.T, args []string, environ map[string]string) (addr st
 	done := make(chan error, 1)
 	go func() {
 		// No drain delay unless a test asks for one: the tests stop at once.
-		done <- run(ctx, append([]string{"serve", "--listen", addr, "--drain-delay", "0"}, args...), env(environ), &bytes.Buffer{}, logs)
+		done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "0"}, args...), env(environ), &bytes.Buffer{}, logs)
 	}()
 	t.Cleanup(func() {
 		cancel() // as SIGTERM does
@@ -95,14 +86,31 @@ func startServe(t *testing.T, args []string, environ map[string]string) (addr st
 			t.Errorf("serve returned %v after shutdown, want nil", err)
 		}
 	})
-	waittest.Until(t, 10*time.Second, "rain serve healthy", func() bool {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
+	return serving(t, logs, done), logs
+}
+
+// servingRE is rain's log line of the address it serves on, as text or
+// as JSON (--log-format json).
+var servingRE = regexp.MustCompile(`msg=serving addr=(\S+)|"msg":"serving","addr":"([^"]+)"`)
+
+// serving waits until the logs say where rain serves and returns that
+// address; done, when rain returns early, fails the test (the error is
+// put back for the caller's cleanup).
+func serving(t *testing.T, logs *syncBuffer, done chan error) (addr string) {
+	t.Helper()
+	waittest.Until(t, 20*time.Second, "rain logging the address it serves on", func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("rain returned %v before serving; logs:\n%s", err, logs)
+		default:
 		}
-		return err == nil
+		if m := servingRE.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1] + m[2]
+		}
+		return addr != ""
 	})
-	return addr, logs
+	return addr
 }
 
 func post(t *testing.T, url, token, body string) (int, map[string]any) {

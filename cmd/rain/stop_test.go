@@ -30,14 +30,14 @@ import (
 func TestStopAnswersEveryRequest(t *testing.T) {
 	for _, delay := range []string{"0", "300ms"} {
 		t.Run("drain-delay="+delay, func(t *testing.T) {
-			addr := freeAddr(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
 			logs := &syncBuffer{}
 			go func() {
-				done <- run(ctx, []string{"serve", "--listen", addr, "--drain-delay", delay, "--admin-token", "stop"}, env(nil), &bytes.Buffer{}, logs)
+				done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", delay, "--admin-token", "stop"}, env(nil), &bytes.Buffer{}, logs)
 			}()
+			addr := serving(t, logs, done)
 			base := "http://" + addr
 			waittest.Until(t, 10*time.Second, "rain serve healthy", func() bool {
 				resp, err := http.Get(base + "/healthz")

@@ -368,7 +368,7 @@ func TestCloseWhileASpillIsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := p.SubPool(1).Keys()
-	if tk, _, err := lua.Take(ctx, e.cat.client(p, 1), &k, "tok", 0, "u"); err != nil || tk != lua.TakenAmount {
+	if tk, _, err := lua.Take(ctx, e.cat.client(p, 1), &k, "tok", 0, "u", 0); err != nil || tk != lua.TakenAmount {
 		t.Fatalf("take = %v, %v", tk, err)
 	}
 	if _, err := e.cat.End(ctx, "sp"); err != nil {

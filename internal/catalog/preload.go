@@ -265,7 +265,7 @@ func closedErr(id string, s State) error {
 }
 
 // client is the shard client of the pool's sub-pool j.
-func (c *Catalog) client(p *Pool, j int) *redis.Client {
+func (c *Catalog) client(p *Pool, j int) redis.UniversalClient {
 	return c.shards.Client(p.Placement[j])
 }
 

@@ -172,7 +172,7 @@ func furthest(copies []copyOf, serial string) *Pool {
 
 // putRecord writes the record where none is whole, or moves the stored one
 // on to its state (never back), atomically, and returns what is stored.
-func (c *Catalog) putRecord(ctx context.Context, client *redis.Client, pool string, fields map[string]string) (*Pool, error) {
+func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*Pool, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
 		return nil, fmt.Errorf("%w: write pool record: %w", ErrUnavailable, err)

@@ -133,7 +133,7 @@ func parseIndex(s string) (int, bool) {
 // Publish sends e on Channel through every client, in parallel. A shard that fails does not stop the others; the failures are
 // returned joined, each naming its shard's address. An Event that would not
 // parse is refused with ErrMalformed before anything is sent.
-func Publish(ctx context.Context, clients []*redis.Client, e Event) error {
+func Publish(ctx context.Context, clients []redis.UniversalClient, e Event) error {
 	msg := e.String()
 	if _, err := Parse(msg); err != nil {
 		return fmt.Errorf("publish: %w", err)
@@ -143,7 +143,7 @@ func Publish(ctx context.Context, clients []*redis.Client, e Event) error {
 	for i, c := range clients {
 		wg.Go(func() {
 			if err := c.Publish(ctx, Channel, msg).Err(); err != nil {
-				errs[i] = fmt.Errorf("publish %q on %s: %w", msg, c.Options().Addr, err)
+				errs[i] = fmt.Errorf("publish %q on shard %d of %d: %w", msg, i+1, len(clients), err)
 			}
 		})
 	}
@@ -182,7 +182,7 @@ type Handlers struct {
 // later is subscribed to when it answers again (go-redis reconnects and
 // resubscribes by itself, and pings an idle subscription every 3s to notice a
 // dead link). With no clients Listen returns at once.
-func Listen(ctx context.Context, clients []*redis.Client, cfg Config, h Handlers) {
+func Listen(ctx context.Context, clients []redis.UniversalClient, cfg Config, h Handlers) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

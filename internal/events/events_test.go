@@ -119,10 +119,10 @@ func TestPublishJoinsShardErrors(t *testing.T) {
 	t.Cleanup(func() { _ = down.Close() })
 	var r recorder
 	listen(t, redistest.Clients(t, srvs[:1]), r.handlers())
-	eventstest.WaitSubscribed(t, []*redis.Client{up}, 1)
+	eventstest.WaitSubscribed(t, []redis.UniversalClient{up}, 1)
 	srvs[1].Kill()
 
-	err := events.Publish(context.Background(), []*redis.Client{down, up}, events.Event{Kind: events.Pool, Pool: "p1"})
+	err := events.Publish(context.Background(), []redis.UniversalClient{down, up}, events.Event{Kind: events.Pool, Pool: "p1"})
 	if err == nil || !strings.Contains(err.Error(), srvs[1].Addr) {
 		t.Fatalf("Publish with %s down = %v, want its error", srvs[1].Addr, err)
 	}
@@ -202,7 +202,7 @@ func TestListenWithoutClientsReturns(t *testing.T) {
 }
 
 // listen runs Listen until the test ends and checks that it returns.
-func listen(t *testing.T, cs []*redis.Client, h events.Handlers) {
+func listen(t *testing.T, cs []redis.UniversalClient, h events.Handlers) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -267,7 +267,7 @@ func TestListenStopsOnAFrozenShard(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		events.Listen(ctx, []*redis.Client{c}, events.Config{Subscribed: func() { subscribed = true }}, events.Handlers{})
+		events.Listen(ctx, []redis.UniversalClient{c}, events.Config{Subscribed: func() { subscribed = true }}, events.Handlers{})
 	}()
 	time.Sleep(300 * time.Millisecond) // Listen is waiting on the frozen shard
 	cancel()

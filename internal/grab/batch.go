@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/lua"
+	"rain/internal/shard"
+	"rain/internal/wait"
 )
 
 // Batching of claims: concurrent grabs bound for one shard share a round
@@ -65,7 +68,7 @@ func (r *claimReq) wait() (lua.Claim, error) {
 // batcher runs the claims of one shard: its bulkhead, breaker and lane.
 type batcher struct {
 	name string
-	c    *redis.Client
+	c    redis.UniversalClient
 	reqs chan *claimReq
 	stop <-chan struct{} // closed by Service.Close
 
@@ -87,6 +90,12 @@ type batcher struct {
 	refused  atomic.Int64 // claims refused by the open breaker, ever
 	failures atomic.Int64 // batches the shard did not answer, ever
 	onBatch  func(shard string, claims int, took time.Duration, failed bool)
+
+	// cluster names the cluster shard whose primary this batcher serves
+	// ("" for a shard of its own); shards then leads redirects and says
+	// whether a node has replicas.
+	cluster string
+	shards  *shard.Set
 }
 
 // enqueue queues a claim for the shard's lane; its answer comes through the
@@ -205,11 +214,19 @@ type group struct {
 	claims []lua.ClaimArg
 	args   []any
 	cmd    *redis.Cmd
+
+	// The script's answer, and whether a replica has it (WAIT), as send
+	// left them.
+	res  []lua.Claim
+	errs []error
+	err  error
+	wait error // not nil: the shard has replicas and none confirmed the batch in time
 }
 
 // laneState is a lane's buffers, reused from batch to batch.
 type laneState struct {
 	groups []group
+	ptrs   []*group
 }
 
 // run sends one batch, one claim_many per sub-pool in one pipeline, and
@@ -223,25 +240,20 @@ func (b *batcher) run(batch []*claimReq, st *laneState) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.budget)
 	defer cancel()
-	pipe := b.c.Pipeline()
-	for i := range groups {
-		g := &groups[i]
-		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, g.claims, g.args)
-	}
-	var wait *redis.IntCmd
-	if b.replicated {
-		// Every write of the batch went on this connection before WAIT:
-		// its answer is how many replicas have all of them.
-		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
-		_ = pipe.Process(ctx, wait)
-	}
 	sent := time.Now()
-	_, _ = pipe.Exec(ctx) // errors are per command, read below
-	took := time.Since(sent)
-	failed, answered := false, 0
+	st.ptrs = st.ptrs[:0]
 	for i := range groups {
-		failed = b.read(ctx, &groups[i], valid, wait) || failed
-		answered += len(groups[i].reqs)
+		st.ptrs = append(st.ptrs, &groups[i])
+	}
+	b.send(ctx, b.c, st.ptrs, valid, false)
+	failed, answered := false, 0
+	for _, g := range st.ptrs {
+		failed = b.read(ctx, g, valid) || failed
+		answered += len(g.reqs)
+	}
+	took := time.Since(sent)
+	if failed && b.cluster != "" {
+		b.shards.Reload(ctx, b.cluster) // a primary that stopped answering may have failed over
 	}
 	// The breaker and the metrics see the batch before its callers do: a
 	// caller's next claim meets the breaker as this batch left it, and a
@@ -303,31 +315,109 @@ func (b *batcher) group(batch []*claimReq, st *laneState) (groups []group, valid
 	return groups, valid
 }
 
-// read sets the answer of every claim of g from its claim_many's reply (the
-// script loaded and run again on NOSCRIPT: nothing ran then, so running it
-// is safe); a grant no replica confirmed (WAIT) is an unknown outcome. It
-// reports whether the shard failed to answer (the network's error, not a
-// script's).
-func (b *batcher) read(ctx context.Context, g *group, valid int64, wait *redis.IntCmd) (failed bool) {
-	claims, errs, err := lua.ParseClaimMany(g.cmd, len(g.reqs))
-	if lua.IsNoScript(err) {
-		if err = lua.LoadScripts(ctx, b.c); err == nil {
-			claims, errs, err = lua.ClaimMany(ctx, b.c, g.keys, valid, g.claims)
+// send runs the groups' claim_many scripts on c in one pipeline (each
+// after ASKING when asking: the slot is moving to c's node) and, when c's
+// node has replicas, WAIT 1 after them on the same connection, with the
+// scripts' fence on (a claim answered with an earlier grant then writes, so
+// the WAIT covers that grant too: see claim_many.lua). It leaves each
+// group's answer in it.
+func (b *batcher) send(ctx context.Context, c redis.UniversalClient, gs []*group, valid int64, asking bool) {
+	replicated := b.replicatedOn(c)
+	pipe := c.Pipeline()
+	for _, g := range gs {
+		if asking {
+			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
+		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, replicated, g.claims, g.args)
+	}
+	var wait *redis.IntCmd
+	if replicated {
+		// Every write of the batch went on this connection before WAIT:
+		// its answer is how many replicas have all of them.
+		wait = redis.NewIntCmd(ctx, "wait", 1, (b.budget / 2).Milliseconds())
+		_ = pipe.Process(ctx, wait)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command, read below
+	for _, g := range gs {
+		g.res, g.errs, g.err = lua.ParseClaimMany(g.cmd, len(g.reqs))
+		g.cmd, g.wait = nil, nil
+		if wait != nil && (wait.Err() != nil || wait.Val() < 1) {
+			g.wait = fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, wait.Val(), wait.Err())
+		}
+	}
+}
+
+// replicatedOn reports whether writes through c (the batcher's own client,
+// or a cluster node's a redirect leads to) wait for a replica.
+func (b *batcher) replicatedOn(c redis.UniversalClient) bool {
+	if b.cluster == "" {
+		return b.replicated
+	}
+	node, ok := c.(*redis.Client)
+	return ok && b.shards.NodeReplicated(b.cluster, node.Options().Addr)
+}
+
+// redirected reports whether err is a cluster's answer that the slot is
+// elsewhere (MOVED), moving (ASK), or that some of the script's keys moved
+// while it ran (TRYAGAIN): nothing ran, the claims go where it says.
+func redirected(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") || redis.HasErrorPrefix(err, "TRYAGAIN")
+}
+
+// maxRedirects bounds the redirects one group follows within its batch.
+const maxRedirects = 5
+
+// redirect follows a cluster's redirect of g, within the batch's budget:
+// MOVED sends g to the slot's owner (and has the cluster client read the
+// slot map again, so the next claims go there at once), ASK to the node the
+// slot is moving to (after ASKING), TRYAGAIN (keys of the slot half moved)
+// to the same node again after a moment. Every claim answers a re-send as
+// its first run did, so following a redirect grants nothing twice.
+func (b *batcher) redirect(ctx context.Context, g *group, valid int64) {
+	c, asking := b.c, false
+	for try := 0; try < maxRedirects && redirected(g.err); try++ {
+		f := strings.Fields(g.err.Error())
+		switch {
+		case len(f) == 3 && f[0] == "MOVED":
+			b.shards.Reload(ctx, b.cluster)
+			c, asking = b.shards.Node(b.cluster, f[2]), false
+		case len(f) == 3 && f[0] == "ASK":
+			c, asking = b.shards.Node(b.cluster, f[2]), true
+		default: // TRYAGAIN: the same node, after a moment
+			if wait.For(ctx, 20*time.Millisecond) != nil {
+				return
+			}
+		}
+		b.send(ctx, c, []*group{g}, valid, asking)
+	}
+}
+
+// read sets the answer of every claim of g from its claim_many's reply: a
+// shard whose script cache was empty (NOSCRIPT: nothing ran) gets the
+// scripts and the group again, a slot that moved (a cluster's MOVED, ASK,
+// TRYAGAIN) is followed to its owner (see redirect), and a grant no replica
+// confirmed (WAIT) is an unknown outcome. It reports whether the shard
+// failed to answer (the network's error, not a script's).
+func (b *batcher) read(ctx context.Context, g *group, valid int64) (failed bool) {
+	if lua.IsNoScript(g.err) {
+		if g.err = lua.LoadScripts(ctx, b.c); g.err == nil {
+			b.send(ctx, b.c, []*group{g}, valid, false)
+		}
+	}
+	if b.cluster != "" && redirected(g.err) {
+		b.redirect(ctx, g, valid)
 	}
 	var rerr redis.Error
-	failed = err != nil && !errors.As(err, &rerr)
-	replicated := wait == nil || (wait.Err() == nil && wait.Val() >= 1)
+	failed = g.err != nil && !errors.As(g.err, &rerr)
 	for k, r := range g.reqs {
 		switch {
-		case err != nil:
-			r.err = err
-		case errs[k] == nil && claims[k].Outcome == lua.Granted && !replicated:
-			r.err = fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, wait.Val(), wait.Err())
+		case g.err != nil:
+			r.err = g.err
+		case g.errs[k] == nil && (g.res[k].Outcome == lua.Granted || g.res[k].Outcome == lua.Already) && g.wait != nil:
+			r.err = g.wait
 		default:
-			r.res, r.err = claims[k], errs[k]
+			r.res, r.err = g.res[k], g.errs[k]
 		}
 	}
-	g.cmd = nil
 	return failed
 }

@@ -1,6 +1,8 @@
 package grab
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,14 +141,24 @@ type ShardStats struct {
 	InFlight int64
 }
 
-// ShardStats returns each shard's claim path figures, in shard name order.
+// ShardStats returns each shard's claim path figures, in shard name order;
+// a cluster shard's are per primary a claim has gone to ("cluster/addr"),
+// by address.
 func (s *Service) ShardStats() []ShardStats {
-	names := s.shards.Names()
-	out := make([]ShardStats, len(names))
-	for i, name := range names {
-		b := s.batchers[name]
-		out[i] = ShardStats{Name: name, Breaker: int(b.br.current()), Trips: b.br.trips.Load(),
-			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load()}
+	var out []ShardStats
+	add := func(name string, b *batcher) {
+		out = append(out, ShardStats{Name: name, Breaker: int(b.br.current()), Trips: b.br.trips.Load(),
+			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load()})
+	}
+	for _, name := range s.shards.Names() {
+		if b := s.batchers[name]; b != nil {
+			add(name, b)
+			continue
+		}
+		nodes := s.nodeBatchers(name)
+		for _, addr := range slices.Sorted(maps.Keys(nodes)) {
+			add(nodes[addr].name, nodes[addr])
+		}
 	}
 	return out
 }

@@ -95,7 +95,9 @@ type Service struct {
 	serials  Serials
 	valid    time.Duration // Config.SpillValidity
 	log      *slog.Logger
-	batchers map[string]*batcher // by shard name; immutable after New
+	cfg      Config
+	batchers map[string]*batcher   // by shard name, the shards that are not clusters; immutable after New
+	nodes    map[string]*nodeLanes // by shard name, the cluster shards; the map is immutable after New
 
 	mu    sync.RWMutex         // guards pools
 	pools map[string]*poolView // open pools; an open pool's record never changes
@@ -114,9 +116,9 @@ type Service struct {
 // poolView is what the grab path needs of an open pool, resolved once.
 type poolView struct {
 	rec      *catalog.Pool
-	batchers []*batcher      // of sub-pool j
-	clients  []*redis.Client // of sub-pool j
-	keys     []lua.Keys      // of sub-pool j
+	batchers []*batcher              // of sub-pool j; nil on a cluster shard (its primary's: batcherFor)
+	clients  []redis.UniversalClient // of sub-pool j (a cluster shard's client)
+	keys     []lua.Keys              // of sub-pool j
 }
 
 // New returns a service over the catalog's shards. It starts the claim
@@ -136,29 +138,47 @@ func New(cfg Config) *Service {
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{},
 		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	s.cfg = cfg
 	cfg.Catalog.OnOpen(s.local.known.Add)
+	s.nodes = map[string]*nodeLanes{}
 	for _, name := range shards.Names() {
-		c := shards.Client(name)
-		probe := func() bool {
-			ctx, cancel := context.WithTimeout(s.stopCtx, shards.Timeout())
-			defer cancel()
-			return c.Ping(ctx).Err() == nil
+		if shards.IsCluster(name) {
+			s.nodes[name] = &nodeLanes{byAddr: map[string]*batcher{}}
+			continue
 		}
-		start := func(f func()) { s.goBackground(f) }
-		b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
-			budget: shards.Timeout(), replicated: shards.Replicated(name), br: newBreaker(cfg.BreakerCooldown, probe, start),
-			onBatch: cfg.OnBatch}
-		if cfg.Places != nil {
-			w, total := int64(shards.Weight(name)), int64(shards.TotalWeight())
-			b.places = cfg.Places
-			b.share = func(limit int64) int64 { return max(2, (limit*w+total-1)/total) }
-		}
-		s.batchers[name] = b
-		for range lanesPerShard {
-			s.goBackground(b.lane)
-		}
+		s.batchers[name] = s.newBatcher(name, "", shards.Client(name), shards.Replicated(name), 1)
 	}
 	return s
+}
+
+// newBatcher makes and starts the batcher of a shard (cluster "") or of a
+// cluster shard's primary (name "cluster/addr"), on client c; its share of
+// the request places is its shard's weight divided by parts (the
+// cluster's primaries).
+func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, replicated bool, parts int64) *batcher {
+	shards := s.shards
+	probe := func() bool {
+		ctx, cancel := context.WithTimeout(s.stopCtx, shards.Timeout())
+		defer cancel()
+		return c.Ping(ctx).Err() == nil
+	}
+	start := func(f func()) { s.goBackground(f) }
+	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
+		budget: shards.Timeout(), replicated: replicated, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
+		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
+	if s.cfg.Places != nil {
+		shard := name
+		if cluster != "" {
+			shard = cluster
+		}
+		w, total := int64(shards.Weight(shard)), int64(shards.TotalWeight())*max(parts, 1)
+		b.places = s.cfg.Places
+		b.share = func(limit int64) int64 { return max(2, (limit*w+total-1)/total) }
+	}
+	for range lanesPerShard {
+		s.goBackground(b.lane)
+	}
+	return b
 }
 
 // Close stops the claim lanes and the background work, and waits for them.
@@ -265,7 +285,11 @@ func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 		// The serial is unique across instances: it names the spill too.
 		token = strconv.FormatInt(serial, 10)
 	}
-	r, err := p.batchers[j].enqueue(ctx, &p.keys[j], userID, serial, token, s.valid.Milliseconds())
+	b, err := s.batcherFor(ctx, p, j)
+	if err != nil {
+		return Pending{err: fmt.Errorf("%w: claim %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)}
+	}
+	r, err := b.enqueue(ctx, &p.keys[j], userID, serial, token, s.valid.Milliseconds())
 	if err != nil {
 		return Pending{err: fmt.Errorf("%w: claim %s sub-pool %d: %w", claimOutcome(err), poolID, j, err)}
 	}
@@ -370,7 +394,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	}
 	for j, name := range rec.Placement {
 		b := s.batchers[name]
-		if b == nil {
+		if b == nil && s.nodes[name] == nil {
 			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, id, j, name)
 		}
 		p.batchers = append(p.batchers, b)

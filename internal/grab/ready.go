@@ -63,18 +63,15 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 		wg.Go(func() {
 			st := ShardState{Name: name, State: ShardUp}
 			start := time.Now()
-			err := s.shards.Client(name).Ping(ctx).Err()
+			err := s.shards.PingShard(ctx, name)
 			st.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
 			switch {
 			case err != nil && outOfFDs(err):
 				st.State, st.Error = ShardUnknown, "not reached: this process is out of file descriptors ("+err.Error()+")"
 			case err != nil:
 				st.State, st.Error = ShardDown, err.Error()
-			case s.batchers[name].br.current() != breakerClosed:
+			case s.breakerOpen(name):
 				st.State = ShardBreakerOpen
-				// The shard answered this PING: let its breaker probe, so it
-				// heals with no claims coming.
-				s.batchers[name].br.poke()
 			case time.Since(start) > s.shards.Timeout()/5:
 				st.State = ShardSlow
 			}
@@ -94,6 +91,28 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 		}
 	}
 	return out
+}
+
+// breakerOpen reports whether a breaker of the named shard (a cluster
+// shard's: any of its primaries') is not closed, and lets each such probe:
+// the shard answered a PING, so it heals with no claims coming.
+func (s *Service) breakerOpen(name string) bool {
+	var bs []*batcher
+	if b := s.batchers[name]; b != nil {
+		bs = append(bs, b)
+	} else {
+		for _, b := range s.nodeBatchers(name) {
+			bs = append(bs, b)
+		}
+	}
+	open := false
+	for _, b := range bs {
+		if b.br.current() != breakerClosed {
+			open = true
+			b.br.poke()
+		}
+	}
+	return open
 }
 
 // shardsInUse returns the shards the listed pools have sub-pools on; nil

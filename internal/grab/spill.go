@@ -32,17 +32,19 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		if s.local.empty.Empty(id, j) {
 			continue // answered empty within the last second, no stock back since
 		}
-		if p.batchers[j].br.current() != breakerClosed { // open, or a probe is out
+		if !s.usable(ctx, p, j) { // its breaker open, or a probe is out
 			skipped++
 			continue
 		}
 		tctx, cancel := s.stepContext(ctx)
-		taken, amount, err := lua.Take(tctx, p.clients[j], &p.keys[j], token, h, userID)
+		taken, amount, err := s.take(tctx, p, j, h, token, userID)
 		cancel()
 		if err != nil {
-			// The amount may be in flight; no adopt was sent, so nothing is
-			// granted under this token. Refuse it at home so the user may
-			// retry at once; the reaper returns the amount.
+			// The amount may be in flight, or in a take no replica has
+			// (a failover of j could give it back to j's stock while the
+			// home granted it); no adopt was sent, so nothing is granted
+			// under this token. Refuse it at home so the user may retry at
+			// once; the reaper returns the amount.
 			s.abort(ctx, p, userID, h, token, true)
 			return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
 		}
@@ -55,16 +57,6 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// was taken, nothing is granted.
 			s.abort(ctx, p, userID, h, token, false)
 			return lua.Claim{Outcome: lua.Ended}, nil
-		case lua.TakenAmount:
-			// The take must survive a failover of j before the home grants
-			// it: a sibling that comes back without it would hold the
-			// amount in its stock and grant it again. Not replicated: no
-			// adopt is sent; the token is refused at home and the reaper
-			// puts the amount back (if it is there at all).
-			if err := s.replicate(ctx, p, j); err != nil {
-				s.abort(ctx, p, userID, h, token, true)
-				return lua.Claim{}, fmt.Errorf("%w: take from %s sub-pool %d: %w", ErrUnavailable, id, j, err)
-			}
 		case lua.TakeSettled, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
 			// twice, or a shard that lost writes. Take nothing under it.
@@ -73,20 +65,15 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			return lua.Claim{}, fmt.Errorf("%w: spill token %s of %s is already used at sub-pool %d", ErrUnavailable, token, id, j)
 		}
 		actx, cancel := s.stepContext(ctx)
-		c, ok, err := lua.Adopt(actx, p.clients[h], &p.keys[h], userID, token, serial, amount, j, s.valid.Milliseconds())
+		c, ok, err := s.adopt(actx, p, h, j, token, userID, serial, amount)
 		cancel()
-		if err == nil && ok {
-			err = s.replicate(ctx, p, h)
-		}
 		if err != nil {
-			// The adopt may have run. Ask the home for its verdict, which
-			// refuses the token if it has not: then we know.
+			// The adopt may have run, or a replica may lack it. Ask the
+			// home for its verdict (which refuses the token if it has not
+			// decided it), replicated: then we know.
 			dctx, cancel := s.stepContext(ctx)
-			v, derr := lua.Decide(dctx, p.clients[h], &p.keys[h], token, userID)
+			v, derr := s.decide(dctx, p, h, token, userID)
 			cancel()
-			if derr == nil {
-				derr = s.replicate(ctx, p, h)
-			}
 			if derr != nil {
 				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrOutcomeUnknown, id, h, errors.Join(err, derr))
 			}
@@ -128,20 +115,31 @@ func (s *Service) stepContext(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, s.shards.Timeout())
 }
 
-// replicate waits, on a shard with replicas, until one has what was written
-// to sub-pool j's shard so far (WAIT); an error means a failover could lose
-// it. On a shard without replicas it does nothing.
-func (s *Service) replicate(ctx context.Context, p *poolView, j int) error {
-	if !s.shards.Replicated(p.rec.Placement[j]) {
-		return nil
+// take, adopt and decide run their spill step on the sub-pool's shard
+// (see stepClient): with replicas, the step and a WAIT for one share a
+// connection, and a step no replica has within half the budget is an error.
+func (s *Service) take(ctx context.Context, p *poolView, j, h int, token, userID string) (lua.Taken, int64, error) {
+	c, wait, err := s.stepClient(ctx, p, j)
+	if err != nil {
+		return 0, 0, err
 	}
-	ctx, cancel := s.stepContext(ctx)
-	defer cancel()
-	n, err := p.clients[j].Wait(ctx, 1, s.shards.Timeout()/2).Result()
-	if err == nil && n < 1 {
-		err = errNotReplicated
+	return lua.Take(ctx, c, &p.keys[j], token, h, userID, wait)
+}
+
+func (s *Service) adopt(ctx context.Context, p *poolView, h, j int, token, userID string, serial, amount int64) (lua.Claim, bool, error) {
+	c, wait, err := s.stepClient(ctx, p, h)
+	if err != nil {
+		return lua.Claim{}, false, err
 	}
-	return err
+	return lua.Adopt(ctx, c, &p.keys[h], userID, token, serial, amount, j, s.valid.Milliseconds(), wait)
+}
+
+func (s *Service) decide(ctx context.Context, p *poolView, h int, token, userID string) (lua.Verdict, error) {
+	c, wait, err := s.stepClient(ctx, p, h)
+	if err != nil {
+		return lua.Verdict{}, err
+	}
+	return lua.Decide(ctx, c, &p.keys[h], token, userID, wait)
 }
 
 // abort drops the user's reservation at home h and, with refuse (an

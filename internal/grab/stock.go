@@ -38,8 +38,9 @@ func (s *Service) Stock(ctx context.Context) []SubPoolStock {
 	pipes := map[*batcher]redis.Pipeliner{}
 	var reads []read
 	for id, p := range views {
-		for j, b := range p.batchers {
-			if b.br.current() != breakerClosed {
+		for j := range p.keys {
+			b, err := s.batcherFor(ctx, p, j)
+			if err != nil || b.br.current() != breakerClosed {
 				continue
 			}
 			pipe := pipes[b]

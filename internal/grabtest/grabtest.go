@@ -23,7 +23,7 @@ import (
 type Env struct {
 	Servers []*redistest.Server
 	Shards  *shard.Set
-	Clients []*redis.Client // one per shard, in name order
+	Clients []redis.UniversalClient // one per shard, in name order
 	Serials *idgen.Generator
 	Catalog *catalog.Catalog
 	Service *grab.Service

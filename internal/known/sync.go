@@ -92,6 +92,6 @@ func (s *Sync) Run(ctx context.Context) {
 // exists, through every client (one per shard). Shards that fail do not
 // stop the others; their errors are returned joined. Call it after the
 // preload has written the registry, so a refresh never undoes the notice.
-func Publish(ctx context.Context, clients []*redis.Client, id string) error {
+func Publish(ctx context.Context, clients []redis.UniversalClient, id string) error {
 	return events.Publish(ctx, clients, events.Event{Kind: events.Pool, Pool: id})
 }

@@ -128,7 +128,7 @@ type Locker struct {
 // New returns a Locker over clients, one per shard, in a fixed order (every
 // instance must pass the same shards). It panics if clients is empty: a lock
 // over no shards is a programming error.
-func New(clients []*redis.Client, cfg Config) *Locker {
+func New(clients []redis.UniversalClient, cfg Config) *Locker {
 	if len(clients) == 0 {
 		panic("lock: New needs at least one client")
 	}

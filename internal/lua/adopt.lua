@@ -9,6 +9,9 @@
 -- KEYS[6] verdicts   rain:{P:h}:verdicts   (hash: token -> verdict, kept for the pool's life)
 -- ARGV[1] user  ARGV[2] token  ARGV[3] serial  ARGV[4] amount  ARGV[5] origin j
 -- ARGV[6] reservation validity in ms (T)
+-- ARGV[7] "1": fence (an adopt answered from an earlier run moves the
+--         meta's resent counter, so a WAIT after it covers that adopt: see
+--         claim_many.lua); "0": none
 --
 -- The home decides each spill token once, here or in decide.lua, and
 -- records the verdict: "a:origin:amount:deadline_ms:user" (adopted: the
@@ -42,6 +45,9 @@ local v = redis.call('HGET', verdicts, token)
 if v then
   local vorigin, vamount, vdeadline, vuser = string.match(v, '^a:(%d+):(%d+):(%d+):(.*)$')
   if vorigin == origin and vamount == amount and vuser == user then
+    if ARGV[7] == '1' then
+      redis.call('HINCRBY', meta, 'resent', 1)
+    end
     return {'granted', tonumber(amount), tonumber(serial), tonumber(vdeadline)} -- sent again
   end
   return refused -- refused, or adopted from another sibling: this amount goes back

@@ -50,21 +50,26 @@ type ClaimArg struct {
 // cache is empty answers NOSCRIPT (IsNoScript): load the scripts and run the
 // batch again with ClaimMany. args is the caller's to reuse once the command
 // has been sent.
-func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, validityMS int64, claims []ClaimArg, args []any) *redis.Cmd {
-	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, claims)...)
+//
+// With fence the caller WAITs for a replica after the script on the same
+// connection: a run that answers a grant made before it then writes a
+// counter, so the WAIT covers that grant too (see claim_many.lua).
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, validityMS int64, fence bool, claims []ClaimArg, args []any) *redis.Cmd {
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, claims)...)
 }
 
-// ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT).
+// ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
+// fence.
 func ClaimMany(ctx context.Context, c Client, k *Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
-	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, claims)...).Slice()
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}
 	return parseClaimMany(res, len(claims))
 }
 
-func claimManyArgs(args []any, validityMS int64, claims []ClaimArg) []any {
-	args = append(args[:0], validityMS)
+func claimManyArgs(args []any, validityMS int64, fence bool, claims []ClaimArg) []any {
+	args = append(args[:0], validityMS, fenceFlag(fence))
 	for _, c := range claims {
 		args = append(args, c.User, c.Serial, c.Token)
 	}
@@ -183,19 +188,20 @@ type ConfirmResult struct {
 // grant, or the grant's own error (a bad record); err is set when the batch
 // as a whole failed.
 func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([]ConfirmResult, []error, error) {
-	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(grants)...).Slice()
+	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(false, grants)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}
 	return parseConfirmMany(res, len(grants))
 }
 
-// ConfirmManyCmd queues ConfirmMany on pipe as EVALSHA (so that a WAIT
-// queued after it on the same connection covers it); read it with
+// ConfirmManyCmd queues ConfirmMany on pipe as EVALSHA, with the fence
+// (see confirm_many.lua), for a WAIT queued after it on the same
+// connection, which then covers every confirm it answers; read it with
 // ParseConfirmMany. A shard whose script cache is empty answers NOSCRIPT
 // (IsNoScript): nothing ran; load the scripts and send it again.
 func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, grants []ConfirmArg) *redis.Cmd {
-	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(grants)...)
+	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(true, grants)...)
 }
 
 // ParseConfirmMany reads the answer of a ConfirmManyCmd of n grants.
@@ -207,8 +213,9 @@ func ParseConfirmMany(cmd *redis.Cmd, n int) ([]ConfirmResult, []error, error) {
 	return parseConfirmMany(res, n)
 }
 
-func confirmManyArgs(grants []ConfirmArg) []any {
-	args := make([]any, 0, 3*len(grants))
+func confirmManyArgs(fence bool, grants []ConfirmArg) []any {
+	args := make([]any, 0, 1+3*len(grants))
+	args = append(args, fenceFlag(fence))
 	for _, g := range grants {
 		args = append(args, g.User, g.Serial, g.Amount)
 	}

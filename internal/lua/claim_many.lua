@@ -10,7 +10,9 @@
 -- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
 -- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
 -- ARGV[1] reservation validity in ms (T)
--- ARGV[2], ARGV[3], ARGV[4]: user, serial, spill token ("" for pools of one
+-- ARGV[2] "1": fence (the caller WAITs for a replica after this script on
+--         the same connection, see below); "0": none
+-- ARGV[3], ARGV[4], ARGV[5]: user, serial, spill token ("" for pools of one
 --         sub-pool) of the first claim; then the next claim's three, ...
 --
 -- Each claim: the user's grant if they hold one ("already"; "granted"
@@ -34,13 +36,23 @@
 -- did: the grant made under a claim's serial is "granted" again, the
 -- reservation made under its token "reserved" again.
 --
+-- The fence: a claim answered with a grant made before this run (sent
+-- again, or "already") writes nothing of its own, and WAIT counts the
+-- replicas that have the client's offset, which later versions of Redis
+-- move only on a command that propagated (7.0 moves it on every command). With
+-- ARGV[2] = "1" such a run moves a counter of the meta (resent), so the
+-- WAIT after it covers every write before it, the grant's first among
+-- them: no grant is answered as replicated that a failover could still
+-- lose.
+--
 -- Returns one reply per claim, in order:
 --   {"granted", amount, serial, deadline_ms} | {"already", amount, serial, deadline_ms}
 --   | {"empty"} | {"reserved"} | {"busy"} | {"not_started", ms_left} | {"ended"} | {"closed"}
 -- or a bad grant record's error as {"error", message}.
 local meta, stock, grants, deadlines, outbox, reserve = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local validity = tonumber(ARGV[1])
-local n = (#ARGV - 1) / 3
+local fence = ARGV[2] == '1'
+local n = (#ARGV - 2) / 3
 local out = {}
 
 local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')
@@ -70,13 +82,14 @@ end
 -- second then finds that grant, as it would one batch later.
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[3 * i - 1]
+  users[i] = ARGV[3 * i]
 end
 local held = redis.call('HMGET', grants, unpack(users))
 local made = {} -- user -> grant record made in this batch
 local deadline = string.format('%d', now + (tonumber(m[2]) or 0))
 local grantedUsers, grantedRecords, zargs = {}, {}, {}
 local popped, need = nil, 0
+local earlier = false -- a claim was answered with a grant made before this run (see the fence)
 local stockCount, stockCents = 0, 0
 local released = 0
 
@@ -107,7 +120,7 @@ for i = 1, n do
   local user = users[i]
   if held[i] and expiredAt[user] == nil then
     local st, amount, ser, dl = string.match(held[i], '^(%a):(%d+):(%d+):(%d+)$')
-    if st == 'h' and ser ~= ARGV[3 * i] and tonumber(dl) <= now then
+    if st == 'h' and ser ~= ARGV[3 * i + 1] and tonumber(dl) <= now then
       release(user, amount, ser, dl)
       expiredAt[user] = i
     end
@@ -127,7 +140,7 @@ local function take(from)
 end
 
 for i = 1, n do
-  local user, serial, token = users[i], ARGV[3 * i], ARGV[3 * i + 1]
+  local user, serial, token = users[i], ARGV[3 * i + 1], ARGV[3 * i + 2]
   local g = made[user]
   if g == nil and (expiredAt[user] == nil or i < expiredAt[user]) then
     g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab
@@ -143,6 +156,7 @@ for i = 1, n do
       else
         answer = {'already', tonumber(amount), tonumber(ser), tonumber(dl)}
       end
+      earlier = true
     end
   end
   if answer == nil and shut then
@@ -212,6 +226,9 @@ if stockCount > 0 then
 end
 if stockCount > 0 or released > 0 then
   redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
+end
+if fence and earlier then
+  redis.call('HINCRBY', meta, 'resent', 1)
 end
 if released > 0 then
   -- Every instance hears it (internal/events): this sub-pool is no longer empty.

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
 
@@ -69,14 +72,14 @@ func TestNothingWritesToAClosedSubPool(t *testing.T) {
 			return cl.Outcome, err
 		}, fmt.Sprint(Closed)},
 		{"take", func() (any, error) {
-			r, _, err := Take(ctx, c, &h, "2", 1, "u2")
+			r, _, err := Take(ctx, c, &h, "2", 1, "u2", 0)
 			return r, err
 		}, fmt.Sprint(TakeEnded)},
 		{"adopt", func() (any, error) {
-			_, ok, err := Adopt(ctx, c, &h, "u2", "2", 2, 10, 1, 60_000)
+			_, ok, err := Adopt(ctx, c, &h, "u2", "2", 2, 10, 1, 60_000, 0)
 			return ok, err
 		}, "false"},
-		{"decide", func() (any, error) { return Decide(ctx, c, &h, "3", "u3") }, fmt.Sprint(Verdict{})},
+		{"decide", func() (any, error) { return Decide(ctx, c, &h, "3", "u3", 0) }, fmt.Sprint(Verdict{})},
 		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "4", true) }, "false"},
 		{"ack", func() (any, error) { return Ack(ctx, c, &h, "5") }, fmt.Sprint(NoTransfer)},
 		{"untake", func() (any, error) { return Untake(ctx, c, &h, "5") }, fmt.Sprint(NoTransfer)},
@@ -212,7 +215,7 @@ func TestSpillRefusedOnceEnded(t *testing.T) {
 	if cl, err := claimOne(ctx, c, &h, "u", 1, "1", 60_000); err != nil || cl.Outcome != Reserved {
 		t.Fatalf("claim at the empty home = %+v, %v; want reserved", cl, err)
 	}
-	taken, amount, err := Take(ctx, c, &j, "1", 0, "u")
+	taken, amount, err := Take(ctx, c, &j, "1", 0, "u", 0)
 	if err != nil || taken != TakenAmount {
 		t.Fatalf("take = %v, %v", taken, err)
 	}
@@ -222,7 +225,7 @@ func TestSpillRefusedOnceEnded(t *testing.T) {
 		}
 	}
 	for range 2 { // the adopt, then the same adopt sent again
-		cl, ok, err := Adopt(ctx, c, &h, "u", "1", 1, amount, 1, 60_000)
+		cl, ok, err := Adopt(ctx, c, &h, "u", "1", 1, amount, 1, 60_000, 0)
 		if err != nil || ok || cl.Outcome != Ended {
 			t.Fatalf("adopt after the end = %+v, %v, %v; want refused, ended", cl, ok, err)
 		}
@@ -234,7 +237,7 @@ func TestSpillRefusedOnceEnded(t *testing.T) {
 		t.Fatalf("untake = %v, %v", r, err)
 	}
 	before := state(t, c, j.All()...)
-	if r, _, err := Take(ctx, c, &j, "2", 0, "v"); err != nil || r != TakeEnded {
+	if r, _, err := Take(ctx, c, &j, "2", 0, "v", 0); err != nil || r != TakeEnded {
 		t.Fatalf("take after the end = %v, %v; want ended", r, err)
 	}
 	if after := state(t, c, j.All()...); !reflect.DeepEqual(before, after) {
@@ -354,7 +357,7 @@ func TestEndedIsAFact(t *testing.T) {
 	if cl, err := claimOne(ctx, c, &h, "u", 1, "1", 60_000); err != nil || cl.Outcome != Reserved {
 		t.Fatalf("claim at the empty home = %+v, %v; want reserved", cl, err)
 	}
-	if r, _, err := Take(ctx, c, &j, "1", 0, "u"); err != nil || r != TakenAmount {
+	if r, _, err := Take(ctx, c, &j, "1", 0, "u", 0); err != nil || r != TakenAmount {
 		t.Fatalf("take = %v, %v", r, err)
 	}
 	for _, k := range []*Keys{&h, &j} {
@@ -378,16 +381,65 @@ func TestEndedIsAFact(t *testing.T) {
 	if cl, err := claimOne(ctx, c, &seen, "w", 3, "", 0); err != nil || cl.Outcome != Ended {
 		t.Fatalf("claim once the clock went back = %+v, %v; want ended", cl, err)
 	}
-	if cl, ok, err := Adopt(ctx, c, &h, "u", "1", 1, 20, 1, 60_000); err != nil || ok || cl.Outcome != Ended {
+	if cl, ok, err := Adopt(ctx, c, &h, "u", "1", 1, 20, 1, 60_000, 0); err != nil || ok || cl.Outcome != Ended {
 		t.Fatalf("adopt once the clock went back = %+v, %v, %v; want refused, ended", cl, ok, err)
 	}
 	if r, err := Untake(ctx, c, &j, "1"); err != nil || r != Returned {
 		t.Fatalf("untake = %v, %v", r, err)
 	}
-	if r, _, err := Take(ctx, c, &j, "2", 0, "x"); err != nil || r != TakeEnded {
+	if r, _, err := Take(ctx, c, &j, "2", 0, "x", 0); err != nil || r != TakeEnded {
 		t.Fatalf("take once the clock went back = %v, %v; want ended", r, err)
 	}
 	if s, err := Seal(ctx, c, &seen, "close", time.Minute); err != nil || !s.OK {
 		t.Fatalf("seal once the clock went back = %+v, %v; want sealed", s, err)
+	}
+}
+
+// TestWaitAfterAResendCoversTheGrant: a claim sent again on another
+// connection of the pool (go-redis's retry after a lost reply), one whose
+// last write a replica has, answers the grant its first run made; the
+// WAIT after it must not say a replica has that grant when none has (the
+// replica is frozen). WAIT counts the replicas that have the client's
+// offset: Redis 7.0 moves it on every command, later versions only on a
+// command that propagated, and a re-send writes nothing of its own; with
+// the fence the re-send writes a counter, so the WAIT covers the grant on
+// either.
+func TestWaitAfterAResendCoversTheGrant(t *testing.T) {
+	ctx := context.Background()
+	primary := redistest.Start(t, redistest.Options{})
+	replica := redistest.Start(t, redistest.Options{ReplicaOf: primary.Addr})
+	cs := redistest.Clients(t, []*redistest.Server{primary, replica, primary})
+	c, rc, other := cs[0], cs[1], cs[2]
+	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	k := openSubPool(t, c.(*redis.Client), 0, 60_000, 5, 6)
+	if err := other.Set(ctx, "early", 1, 0).Err(); err != nil { // the other connection's last write, before the grant
+		t.Fatal(err)
+	}
+	if n, err := other.Do(ctx, "WAIT", 1, 5000).Int64(); err != nil || n != 1 { // the replica acknowledged it
+		t.Fatalf("WAIT for the other connection's write = %d, %v", n, err)
+	}
+	replica.Pause()
+	t.Cleanup(replica.Resume)
+	if cl, err := claimOne(ctx, c, &k, "u", 1, "", 0); err != nil || cl.Outcome != Granted {
+		t.Fatalf("claim = %+v, %v", cl, err)
+	}
+	resend := func(fence bool) (Claim, int64) {
+		t.Helper()
+		pipe := other.Pipeline()
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, fence, []ClaimArg{{User: "u", Serial: 1}}, nil)
+		w := redis.NewIntCmd(ctx, "wait", 1, 300)
+		_ = pipe.Process(ctx, w)
+		_, _ = pipe.Exec(ctx)
+		cl, errs, err := ParseClaimMany(cmd, 1)
+		if err != nil || errs[0] != nil {
+			t.Fatalf("claim sent again: %v %v", err, errs)
+		}
+		return cl[0], w.Val()
+	}
+	if cl, n := resend(true); cl.Outcome != Granted || n != 0 {
+		t.Fatalf("with the fence: %+v, WAIT %d; want granted, and no replica with it (it is frozen)", cl, n)
 	}
 }

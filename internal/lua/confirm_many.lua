@@ -4,7 +4,10 @@
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] grants     rain:{P:j}:grants
 -- KEYS[3] deadlines  rain:{P:j}:deadlines
--- ARGV[1], ARGV[2], ARGV[3]: user id, serial and amount (cents, as the
+-- ARGV[1] "1": fence (a grant answered "already" moves the meta's resent
+--         counter, so a WAIT after the script covers that earlier confirm:
+--         see claim_many.lua); "0": none
+-- ARGV[2], ARGV[3], ARGV[4]: user id, serial and amount (cents, as the
 --         outbox entry says) of the first grant; then the next grant's
 --         three, ...
 --
@@ -20,17 +23,18 @@
 --   | {"amount", amount} (the grant's amount is another)
 --   | {"error", message} (a bad grant record)
 local meta, grants, deadlines = KEYS[1], KEYS[2], KEYS[3]
-local n = #ARGV / 3
+local n = (#ARGV - 1) / 3
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[3 * i - 2]
+  users[i] = ARGV[3 * i - 1]
 end
+local earlier = false -- a grant answered "already": confirmed before this run
 local recs = redis.call('HMGET', grants, unpack(users))
 local out = {}
 local count, cents = 0, 0
 local done = {} -- user -> serial confirmed in this batch
 for i = 1, n do
-  local user, serial, want = users[i], ARGV[3 * i - 1], ARGV[3 * i]
+  local user, serial, want = users[i], ARGV[3 * i], ARGV[3 * i + 1]
   local g = recs[i]
   if done[user] then
     g = 'c:' .. done[user]
@@ -47,6 +51,7 @@ for i = 1, n do
       out[i] = {'amount', tonumber(amount)}
     elseif st == 'c' then
       out[i] = {'already', tonumber(amount)}
+      earlier = earlier or not done[user]
     elseif st == 'r' then
       out[i] = {'released'}
     else
@@ -58,6 +63,9 @@ for i = 1, n do
       out[i] = {'confirmed', tonumber(amount)}
     end
   end
+end
+if ARGV[1] == '1' and earlier then
+  redis.call('HINCRBY', meta, 'resent', 1)
 end
 if count > 0 then
   local c = string.format('%d', cents)

@@ -7,6 +7,9 @@
 -- KEYS[2] reserve   rain:{P:h}:reserve
 -- KEYS[3] verdicts  rain:{P:h}:verdicts
 -- ARGV[1] token   ARGV[2] user
+-- ARGV[3] "1": fence (a verdict found, recorded before, moves the meta's
+--         resent counter, so a WAIT after it covers that verdict: see
+--         claim_many.lua); "0": none
 --
 -- A home that is closed (its tombstone, retire.lua) or was never set up
 -- refuses and writes nothing: adopt there writes nothing either.
@@ -24,6 +27,9 @@ if not st or st == 'closed' then
 end
 local v = redis.call('HGET', verdicts, token)
 if v then
+  if ARGV[3] == '1' then
+    redis.call('HINCRBY', meta, 'resent', 1)
+  end
   local origin, amount, deadline = string.match(v, '^a:(%d+):(%d+):(%d+):')
   if origin then
     return {'adopted', tonumber(origin), tonumber(amount), tonumber(deadline)}

@@ -128,7 +128,7 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	if err != nil || g.Outcome != Granted {
 		t.Fatalf("claim = %+v, %v", g, err)
 	}
-	if tk, _, err := Take(ctx, c, &j, "t1", 0, "u9"); err != nil || tk != TakenAmount {
+	if tk, _, err := Take(ctx, c, &j, "t1", 0, "u9", 0); err != nil || tk != TakenAmount {
 		t.Fatalf("take = %v, %v", tk, err)
 	}
 	for _, k := range []*Keys{&h, &j} {
@@ -156,13 +156,13 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	if cl, err := claimOne(ctx, c, &h, "u2", 2, "", 0); err != nil || cl.Outcome != Ended {
 		t.Fatalf("a claim on a sealed sub-pool = %+v, %v; want ended", cl, err)
 	}
-	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8"); err != nil || tk != TakeEnded {
+	if tk, _, err := Take(ctx, c, &h, "t2", 1, "u8", 0); err != nil || tk != TakeEnded {
 		t.Fatalf("a take from a sealed sub-pool = %v, %v; want ended", tk, err)
 	}
 	if err := c.HSet(ctx, h.Reserve, "u9", "t1:1").Err(); err != nil { // a reservation made before the seal
 		t.Fatal(err)
 	}
-	if _, ok, err := Adopt(ctx, c, &h, "u9", "t1", 9, 20, 1, 1<<40); err != nil || ok {
+	if _, ok, err := Adopt(ctx, c, &h, "u9", "t1", 9, 20, 1, 1<<40, 0); err != nil || ok {
 		t.Fatalf("adopt into a sealed home = %v, %v; want refused (the sibling puts the amount back)", ok, err)
 	}
 	if ok, err := Unseal(ctx, c, &h, "close-1"); err != nil || !ok {

@@ -197,7 +197,7 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 		t.Fatalf("the same user's second request while spilling = %+v, want busy", got)
 	}
 	// The spill's adopt goes through (the amount came from a sibling).
-	if got, ok, err := Adopt(ctx, c, &k, "u", "t2", 2, 70, 1, valid); err != nil || !ok || got.Serial != 2 {
+	if got, ok, err := Adopt(ctx, c, &k, "u", "t2", 2, 70, 1, valid, 0); err != nil || !ok || got.Serial != 2 {
 		t.Fatalf("adopt = %+v, %v, %v; want the grant with serial 2", got, ok, err)
 	}
 	if got, _ := claimOne(ctx, c, &k, "u", 4, "t4", valid); got.Outcome != Already || got.Serial != 2 {
@@ -207,7 +207,7 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	if _, err := c.HSet(ctx, k.Reserve, "u", "t5:"+strconv.FormatInt(time.Now().UnixMilli(), 10)).Result(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, _ := Adopt(ctx, c, &k, "u", "t5", 5, 70, 1, valid); ok {
+	if _, ok, _ := Adopt(ctx, c, &k, "u", "t5", 5, 70, 1, valid, 0); ok {
 		t.Fatal("adopt for a user who holds a grant succeeded, want stale")
 	}
 }

@@ -107,26 +107,26 @@ func TestEveryStepTwice(t *testing.T) {
 		}, true},
 		{"claim reserved", func() (any, error) { return claimOne(ctx, c, &h, "u2", 102, "102", valid) }, true},
 		{"take", func() (any, error) {
-			r, a, err := Take(ctx, c, &j, "102", 0, "u2")
+			r, a, err := Take(ctx, c, &j, "102", 0, "u2", 0)
 			return fmt.Sprint(r, a), err
 		}, true},
 		{"adopt", func() (any, error) {
-			cl, ok, err := Adopt(ctx, c, &h, "u2", "102", 102, 20, 1, valid)
+			cl, ok, err := Adopt(ctx, c, &h, "u2", "102", 102, 20, 1, valid, 0)
 			return fmt.Sprint(cl, ok), err
 		}, true},
 		{"ack", func() (any, error) { return Ack(ctx, c, &j, "102") }, true},
 		{"claim reserved again", func() (any, error) { return claimOne(ctx, c, &h, "u3", 103, "103", valid) }, true},
 		{"take again", func() (any, error) {
-			r, a, err := Take(ctx, c, &j, "103", 0, "u3")
+			r, a, err := Take(ctx, c, &j, "103", 0, "u3", 0)
 			return fmt.Sprint(r, a), err
 		}, true},
-		{"decide refuses", func() (any, error) { return Decide(ctx, c, &h, "103", "u3") }, true},
+		{"decide refuses", func() (any, error) { return Decide(ctx, c, &h, "103", "u3", 0) }, true},
 		{"adopt refused", func() (any, error) {
-			cl, ok, err := Adopt(ctx, c, &h, "u3", "103", 103, 30, 1, valid)
+			cl, ok, err := Adopt(ctx, c, &h, "u3", "103", 103, 30, 1, valid, 0)
 			return fmt.Sprint(cl, ok), err
 		}, true},
 		{"untake", func() (any, error) { return Untake(ctx, c, &j, "103") }, true},
-		{"decide adopted", func() (any, error) { return Decide(ctx, c, &h, "102", "u2") }, true},
+		{"decide adopted", func() (any, error) { return Decide(ctx, c, &h, "102", "u2", 0) }, true},
 		{"claim reserved, then abort", func() (any, error) { return claimOne(ctx, c, &h, "u4", 104, "104", valid) }, true},
 		{"abort", func() (any, error) { return Abort(ctx, c, &h, "u4", "104", true) }, true},
 		{"confirm", func() (any, error) { return Confirm(ctx, c, &h, "u1", 101) }, false},
@@ -216,14 +216,14 @@ func TestTakeRefusesAReusedToken(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	j := openSubPool(t, c, 1, 60_000, 20, 30)
-	if r, a, err := Take(ctx, c, &j, "7", 0, "alice"); err != nil || r != TakenAmount || a != 20 {
+	if r, a, err := Take(ctx, c, &j, "7", 0, "alice", 0); err != nil || r != TakenAmount || a != 20 {
 		t.Fatalf("take = %v %d, %v; want 20 taken", r, a, err)
 	}
 	for _, tc := range []struct {
 		home int
 		user string
 	}{{0, "bob"}, {2, "alice"}} {
-		if r, a, err := Take(ctx, c, &j, "7", tc.home, tc.user); err != nil || r != TakeConflict || a != 0 {
+		if r, a, err := Take(ctx, c, &j, "7", tc.home, tc.user, 0); err != nil || r != TakeConflict || a != 0 {
 			t.Fatalf("take of token 7 for home %d user %s = %v %d, %v; want a conflict, nothing taken", tc.home, tc.user, r, a, err)
 		}
 	}
@@ -233,7 +233,7 @@ func TestTakeRefusesAReusedToken(t *testing.T) {
 	if _, err := Ack(ctx, c, &j, "7"); err != nil {
 		t.Fatal(err)
 	}
-	if r, _, err := Take(ctx, c, &j, "7", 0, "alice"); err != nil || r != TakeSettled {
+	if r, _, err := Take(ctx, c, &j, "7", 0, "alice", 0); err != nil || r != TakeSettled {
 		t.Fatalf("take of a settled token = %v, %v; want settled, nothing taken", r, err)
 	}
 	if r, err := Untake(ctx, c, &j, "7"); err != nil || r != SettleConflict {

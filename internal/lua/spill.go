@@ -5,10 +5,13 @@ package lua
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // SpillValidity is how long a spill's reservation lasts (T): claim_many and
@@ -28,11 +31,69 @@ const (
 	TakeEnded                     // the sub-pool's window has ended, or its pool's close sealed it: nothing is taken
 )
 
+// ErrNotReplicated is returned by a step run with a replica wait (wait >
+// 0) when no replica acknowledged it in time: it ran on the primary, and a
+// failover now could lose it.
+var ErrNotReplicated = errors.New("lua: no replica acknowledged the step in time")
+
+// Pipeliner is a Client that pipelines (*redis.Client does): a step and
+// the WAIT after it go on one connection.
+type Pipeliner interface {
+	Client
+	Pipeline() redis.Pipeliner
+}
+
+// runWait runs script s on c and, when wait > 0, WAIT 1 (bounded by wait)
+// after it on the same connection: WAIT counts the replicas that have this
+// connection's writes, so a WAIT on another connection proves nothing. A
+// shard whose script cache is empty answers NOSCRIPT (nothing ran): the
+// script is loaded and the step sent again.
+func runWait(ctx context.Context, c Pipeliner, s *redis.Script, keys []string, wait time.Duration, args ...any) ([]any, error) {
+	if wait <= 0 {
+		return s.Run(ctx, c, keys, args...).Slice()
+	}
+	for try := 0; ; try++ {
+		pipe := c.Pipeline()
+		cmd := s.EvalSha(ctx, pipe, keys, args...)
+		w := redis.NewIntCmd(ctx, "wait", 1, wait.Milliseconds())
+		_ = pipe.Process(ctx, w)
+		_, _ = pipe.Exec(ctx) // errors are per command, read below
+		if IsNoScript(cmd.Err()) && try == 0 {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		res, err := cmd.Slice()
+		if err != nil {
+			return nil, err
+		}
+		if n, werr := w.Result(); werr != nil || n < 1 {
+			return res, fmt.Errorf("%w (WAIT answered %d, %v)", ErrNotReplicated, n, werr)
+		}
+		return res, nil
+	}
+}
+
+// fenceArg is the fence argument of a step run with a replica wait of wait.
+func fenceArg(wait time.Duration) string { return fenceFlag(wait > 0) }
+
+// fenceFlag is a script's fence argument: "1" when the caller WAITs for a
+// replica after the script on the same connection (see claim_many.lua).
+func fenceFlag(on bool) string {
+	if on {
+		return "1"
+	}
+	return "0"
+}
+
 // Take moves one amount of sibling sub-pool k into an in-flight transfer
 // for user, whose home sub-pool is home. Taking again with a token returns
-// the same transfer, as long as it is in flight.
-func Take(ctx context.Context, c Client, k *Keys, token string, home int, user string) (Taken, int64, error) {
-	res, err := takeScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, home, user).Slice()
+// the same transfer, as long as it is in flight. With wait > 0 (a shard
+// with replicas) a replica must have the take within wait, else
+// ErrNotReplicated (the take may be in flight: refuse the token at home).
+func Take(ctx context.Context, c Pipeliner, k *Keys, token string, home int, user string, wait time.Duration) (Taken, int64, error) {
+	res, err := runWait(ctx, c, takeScript, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, wait, token, home, user, fenceArg(wait))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -56,10 +117,11 @@ func Take(ctx context.Context, c Client, k *Keys, token string, home int, user s
 // reservation still carries token and is younger than validityMS and the
 // user holds no grant; else it records the token as refused and ok is
 // false, with the claim Ended when the home's window has ended. Sent again,
-// it answers as the first run did.
-func Adopt(ctx context.Context, c Client, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64) (Claim, bool, error) {
-	res, err := adoptScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts},
-		user, token, serial, amount, origin, validityMS).Slice()
+// it answers as the first run did. With wait > 0, a replica must have it
+// within wait, else ErrNotReplicated (its outcome is not known: ask Decide).
+func Adopt(ctx context.Context, c Pipeliner, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64, wait time.Duration) (Claim, bool, error) {
+	res, err := runWait(ctx, c, adoptScript, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts}, wait,
+		user, token, serial, amount, origin, validityMS, fenceArg(wait))
 	if err != nil {
 		return Claim{}, false, err
 	}
@@ -86,8 +148,10 @@ type Verdict struct {
 // Decide returns the home's verdict on token, refusing it for good if the
 // home has not decided it yet. The sibling acks a transfer only if the
 // verdict is adopted from it with its amount, and untakes it otherwise.
-func Decide(ctx context.Context, c Client, k *Keys, token, user string) (Verdict, error) {
-	res, err := decideScript.Run(ctx, c, []string{k.Meta, k.Reserve, k.Verdicts}, token, user).Slice()
+// With wait > 0, a replica must have the verdict within wait, else
+// ErrNotReplicated.
+func Decide(ctx context.Context, c Pipeliner, k *Keys, token, user string, wait time.Duration) (Verdict, error) {
+	res, err := runWait(ctx, c, decideScript, []string{k.Meta, k.Reserve, k.Verdicts}, wait, token, user, fenceArg(wait))
 	if err != nil {
 		return Verdict{}, err
 	}

@@ -6,6 +6,9 @@
 -- KEYS[3] transfers  rain:{P:j}:transfers  (hash: token -> "amount:home:ms:user", in flight)
 -- KEYS[4] settled    rain:{P:j}:settled    (hash: token -> "a|u:amount:home:ms:user")
 -- ARGV[1] token   ARGV[2] home sub-pool index   ARGV[3] user id
+-- ARGV[4] "1": fence (a take answered from an earlier run moves the meta's
+--         resent counter, so a WAIT after it covers that take: see
+--         claim_many.lua); "0": none
 --
 -- A transfer is in flight until the home's verdict settles it: acked (a,
 -- granted at the home) or untaken (u, back in this stock); settled
@@ -35,6 +38,9 @@ if t then
     return {'conflict'}
   end
   if st == '' then
+    if ARGV[4] == '1' then
+      redis.call('HINCRBY', meta, 'resent', 1)
+    end
     return {'taken', tonumber(amount)} -- sent again
   end
   return {'settled'}

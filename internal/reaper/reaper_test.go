@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type env struct {
 	servers []*redistest.Server
 	shards  *shard.Set
-	clients []*redis.Client
+	clients []redis.UniversalClient
 	cat     *catalog.Catalog
 	svc     *grab.Service
 }

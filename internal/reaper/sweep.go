@@ -155,7 +155,7 @@ func (w *sweeper) setDue(sp lua.SubPool, t time.Time) {
 //
 // It returns how long until a transfer of j can next need resolving.
 func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (time.Duration, error) {
-	client := func(i int) *redis.Client { return w.cat.Shards().Client(p.Placement[i]) }
+	client := func(i int) redis.UniversalClient { return w.cat.Shards().Client(p.Placement[i]) }
 	k := p.SubPool(j).Keys()
 	stale, nextMS, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())
 	if err != nil {
@@ -173,7 +173,16 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (ti
 			continue
 		}
 		hk := p.SubPool(t.Home).Keys()
-		v, err := lua.Decide(ctx, client(t.Home), &hk, t.Token, t.User)
+		hc, replicated, err := w.cat.Shards().Writer(ctx, p.Placement[t.Home], hk.Meta)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var wait time.Duration
+		if replicated {
+			wait = w.cat.Shards().Timeout() / 2 // the verdict on a replica before the sibling acts on it
+		}
+		v, err := lua.Decide(ctx, hc, &hk, t.Token, t.User, wait)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -353,9 +353,9 @@ func ping(addr string) error {
 // cleanup (before the servers are killed: cleanups run last-in first-out).
 // Call it once per simulated instance: separate processes have separate
 // connections.
-func Clients(tb testing.TB, servers []*Server) []*redis.Client {
+func Clients(tb testing.TB, servers []*Server) []redis.UniversalClient {
 	tb.Helper()
-	cs := make([]*redis.Client, len(servers))
+	cs := make([]redis.UniversalClient, len(servers))
 	for i, s := range servers {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr})
 		tb.Cleanup(func() { _ = c.Close() })

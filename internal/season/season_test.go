@@ -23,7 +23,7 @@ import (
 // topology is the compose file's, as processes on loopback.
 type topology struct {
 	shards   []*redistest.Server
-	clients  []*redis.Client // one per shard, the test's own
+	clients  []redis.UniversalClient // one per shard, the test's own
 	pg       *pgtest.Server
 	pgURL    string
 	serves   []*proc

@@ -277,7 +277,7 @@ func (w *Worker) Run(ctx context.Context) {
 type shardLoop struct {
 	i          int // the shard's place in Worker.behind
 	name       string
-	c          *redis.Client
+	c          redis.UniversalClient
 	replicated bool            // Sentinel-managed, with replicas: confirms wait for one (WAIT)
 	streams    []string        // the outboxes of the open pools' sub-pools here
 	grouped    map[string]bool // outboxes whose consumer group is known to be there

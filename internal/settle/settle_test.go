@@ -195,13 +195,13 @@ func TestSettleToLedger(t *testing.T) {
 // outboxed counts the entries left in every outbox.
 func (e *env) outboxed(t *testing.T) int64 {
 	t.Helper()
-	return e.sumOutboxes(t, func(ctx context.Context, c *redis.Client, key string) (int64, error) {
+	return e.sumOutboxes(t, func(ctx context.Context, c redis.UniversalClient, key string) (int64, error) {
 		return c.XLen(ctx, key).Result()
 	})
 }
 
 // sumOutboxes sums count over the outbox of every sub-pool.
-func (e *env) sumOutboxes(t *testing.T, count func(ctx context.Context, c *redis.Client, key string) (int64, error)) int64 {
+func (e *env) sumOutboxes(t *testing.T, count func(ctx context.Context, c redis.UniversalClient, key string) (int64, error)) int64 {
 	t.Helper()
 	ctx := context.Background()
 	subs, err := e.cat.SubPools(ctx)
@@ -264,7 +264,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 // pending counts entries pending in the settle group on every outbox.
 func pending(t *testing.T, e *env) int64 {
 	t.Helper()
-	return e.sumOutboxes(t, func(ctx context.Context, c *redis.Client, key string) (int64, error) {
+	return e.sumOutboxes(t, func(ctx context.Context, c redis.UniversalClient, key string) (int64, error) {
 		p, err := c.XPending(ctx, key, "settle").Result()
 		if err != nil {
 			return 0, err

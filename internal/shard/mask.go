@@ -17,7 +17,7 @@ func hasPrefixFold(s, prefix string) bool {
 
 // credMarkers start the addresses that may hold credentials (matched
 // ASCII case-insensitively).
-var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix, sentinelTLSPrefix}
+var credMarkers = [...]string{"redis://", "rediss://", sentinelPrefix, sentinelTLSPrefix, clusterPrefix, clusterTLSPrefix}
 
 // credStart returns the length of addr's marker (see credMarkers), 0 when
 // it has none.
@@ -68,9 +68,17 @@ func redact(addr string) string {
 
 // readable reports whether what follows marker (and the user information,
 // if any) is well formed, and so holds no piece of a password: a URL's
-// host:port (with a path, query or fragment, which hold none), or a
-// sentinel form's master name and sentinel host:ports.
+// host:port (with a path, query or fragment, which hold none), a sentinel
+// form's master name and sentinel host:ports, or a cluster form's seeds.
 func readable(marker, after string) bool {
+	if strings.EqualFold(marker, clusterPrefix) || strings.EqualFold(marker, clusterTLSPrefix) {
+		for _, a := range strings.Split(after, "+") {
+			if checkAddr(a) != nil {
+				return false
+			}
+		}
+		return true
+	}
 	if strings.EqualFold(marker, sentinelPrefix) || strings.EqualFold(marker, sentinelTLSPrefix) {
 		master, list, ok := strings.Cut(after, "/")
 		if !ok || master == "" || strings.IndexFunc(master, func(r rune) bool { return r > 127 || !isNameByte(byte(r)) }) >= 0 {

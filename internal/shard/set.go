@@ -14,14 +14,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Set is the named Redis shards behind a Ring: one go-redis client per shard.
-// It is safe for concurrent use; Close it once when done.
+// Set is the named Redis shards behind a Ring: one go-redis client per shard
+// (a *redis.Client, or a *redis.ClusterClient for a shard that is a Redis
+// Cluster). It is safe for concurrent use; Close it once when done.
 type Set struct {
-	ring    *Ring
-	names   []string // sorted
-	clients map[string]*redis.Client
-	specs   map[string]Spec
-	opts    Options
+	ring     *Ring
+	names    []string // sorted
+	clients  map[string]redis.UniversalClient
+	clusters map[string]*cluster // the shards that are clusters
+	specs    map[string]Spec
+	opts     Options
 }
 
 // Options tune every shard's client. The zero value is what rain serve
@@ -154,10 +156,16 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 		return nil, err
 	}
 	opts.init()
-	s := &Set{ring: ring, clients: make(map[string]*redis.Client, len(specs)), specs: map[string]Spec{}, opts: opts}
+	s := &Set{ring: ring, clients: make(map[string]redis.UniversalClient, len(specs)), clusters: map[string]*cluster{},
+		specs: map[string]Spec{}, opts: opts}
 	for _, sp := range specs {
 		s.specs[sp.Name] = sp
 		s.names = append(s.names, sp.Name)
+		if sh, ok := sp.Cluster(); ok {
+			cl := newCluster(sp.Name, sh, opts)
+			s.clusters[sp.Name], s.clients[sp.Name] = cl, cl.c
+			continue
+		}
 		s.clients[sp.Name] = NewClient(sp.Addr, opts)
 	}
 	slices.Sort(s.names)
@@ -185,6 +193,7 @@ func (s *Set) TotalWeight() int {
 
 // Replicated reports whether the named shard runs behind Redis Sentinel,
 // with replicas: writes acknowledged there should wait for a replica (WAIT).
+// (A cluster shard's primaries each say so: NodeReplicated.)
 func (s *Set) Replicated(name string) bool {
 	_, ok := s.specs[name].Sentinel()
 	return ok
@@ -193,12 +202,18 @@ func (s *Set) Replicated(name string) bool {
 // Names are the shard names, sorted. The slice is shared: do not modify it.
 func (s *Set) Names() []string { return s.names }
 
-// Client returns the named shard's client, or nil if there is no such shard.
-func (s *Set) Client(name string) *redis.Client { return s.clients[name] }
+// Client returns the named shard's client (a *redis.ClusterClient for a
+// cluster shard), or nil if there is no such shard.
+func (s *Set) Client(name string) redis.UniversalClient {
+	if c, ok := s.clients[name]; ok {
+		return c
+	}
+	return nil
+}
 
 // Clients returns every shard's client, in name order.
-func (s *Set) Clients() []*redis.Client {
-	out := make([]*redis.Client, len(s.names))
+func (s *Set) Clients() []redis.UniversalClient {
+	out := make([]redis.UniversalClient, len(s.names))
 	for i, name := range s.names {
 		out[i] = s.clients[name]
 	}
@@ -224,7 +239,7 @@ func (s *Set) Ping(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, name := range s.names {
 		wg.Go(func() {
-			if err := s.clients[name].Ping(ctx).Err(); err != nil {
+			if err := s.PingShard(ctx, name); err != nil {
 				errs[i] = fmt.Errorf("shard %s: %w", name, err)
 			}
 		})
@@ -233,10 +248,29 @@ func (s *Set) Ping(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// PingShard pings the named shard: every primary of a cluster shard (the
+// error then names the primary that did not answer).
+func (s *Set) PingShard(ctx context.Context, name string) error {
+	cl := s.clusters[name]
+	if cl == nil {
+		return s.clients[name].Ping(ctx).Err()
+	}
+	return cl.c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		if err := c.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("primary %s: %w", c.Options().Addr, err)
+		}
+		return nil
+	})
+}
+
 // Close closes every client.
 func (s *Set) Close() error {
 	var errs []error
 	for _, name := range s.names {
+		if cl := s.clusters[name]; cl != nil {
+			errs = append(errs, cl.close())
+			continue
+		}
 		errs = append(errs, s.clients[name].Close())
 	}
 	return errors.Join(errs...)

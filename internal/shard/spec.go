@@ -3,7 +3,9 @@ package shard
 // This file owns the shard spec: its text form "name=weight@host:port" (or
 // "name=weight@sentinel/MASTER/host:port+host:port+..." for a shard whose
 // primary Redis Sentinel elects, "sentinel+tls/..." for the same over TLS,
-// or "name=weight@redis://user:password@host:port" for AUTH and
+// "name=weight@cluster/host:port+host:port+..." for a Redis Cluster given
+// by seed nodes, "cluster+tls/..." over TLS, or
+// "name=weight@redis://user:password@host:port" for AUTH and
 // "rediss://..." for TLS), the rules a spec must meet, and the parser for
 // the comma-separated list the operator gives on the command line.
 
@@ -99,6 +101,67 @@ func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
 		return sh, true, errors.New("want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +")
 	}
 	sh.Master, sh.Sentinels = master, strings.Split(list, "+")
+	return sh, true, nil
+}
+
+// clusterPrefix starts the Addr of a shard that is a whole Redis Cluster;
+// clusterTLSPrefix one whose nodes are reached over TLS.
+const (
+	clusterPrefix    = "cluster/"
+	clusterTLSPrefix = "cluster+tls/"
+)
+
+// ClusterShard is a shard that is a Redis Cluster:
+// cluster/[USER:PASSWORD@]host:port+host:port+..., the seed nodes the
+// client learns the cluster from, or cluster+tls/... over TLS. Its
+// primaries count as shards when a pool's sub-pools are placed, and a
+// sub-pool lives in the hash slot of its tag, wherever the cluster moves it.
+type ClusterShard struct {
+	Seeds []string // host:ports of some of its nodes
+	// Username and Password, when given (percent-encoded in the spec),
+	// are the AUTH of every node. Empty: none.
+	Username, Password string
+	// TLS: every node is reached over TLS (certificates checked as a
+	// rediss:// shard's are).
+	TLS bool
+}
+
+// Cluster returns the shard's cluster form; ok is false for another
+// address. Specs from ParseSpecs are checked: their forms parse.
+func (s Spec) Cluster() (ClusterShard, bool) {
+	sh, ok, _ := parseCluster(s.Addr)
+	return sh, ok
+}
+
+// parseCluster parses the cluster form of addr; ok is false when addr is
+// not of it. Everything before the last '@' is the credentials (no node
+// address holds one).
+func parseCluster(addr string) (sh ClusterShard, ok bool, err error) {
+	rest, ok := strings.CutPrefix(addr, clusterPrefix)
+	if !ok {
+		if rest, ok = strings.CutPrefix(addr, clusterTLSPrefix); !ok {
+			return sh, false, nil
+		}
+		sh.TLS = true
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		cred := rest[:at]
+		if strings.Contains(cred, "/") {
+			return sh, true, errors.New("the user or password has a '/': percent-encode it (%2F)")
+		}
+		user, password, _ := strings.Cut(cred, ":")
+		if sh.Username, err = url.PathUnescape(user); err == nil {
+			sh.Password, err = url.PathUnescape(password)
+		}
+		if err != nil {
+			return sh, true, errors.New("bad percent-encoding in the user or password")
+		}
+		rest = rest[at+1:]
+	}
+	if rest == "" {
+		return sh, true, errors.New("want cluster/[USER:PASSWORD@] (or cluster+tls/...) and seed nodes' host:port joined by +")
+	}
+	sh.Seeds = strings.Split(rest, "+")
 	return sh, true, nil
 }
 
@@ -233,17 +296,34 @@ func parseWeight(s string) (int, error) {
 	return w, nil
 }
 
-// checkShardAddr accepts a host:port, or the sentinel form: a master name
-// of name characters and one or more sentinel host:ports joined by '+'.
+// checkShardAddr accepts a host:port, a redis:// or rediss:// URL, the
+// sentinel form (a master name of name characters and one or more sentinel
+// host:ports joined by '+'), or the cluster form (one or more seed
+// host:ports joined by '+').
 func checkShardAddr(addr string) error {
 	if isURL(addr) {
 		return checkURL(addr)
+	}
+	if cl, ok, err := parseCluster(addr); ok {
+		if err != nil {
+			return fmt.Errorf("cluster address %q: %w", redact(addr), err)
+		}
+		_, creds := userinfo("cluster://" + addr[credStart(addr):])
+		for _, a := range cl.Seeds {
+			if err := checkAddr(a); err != nil {
+				if creds { // what follows the '@' may be a piece of the password
+					return fmt.Errorf("cluster address %q: a seed host:port after the '@' is not valid", redact(addr))
+				}
+				return fmt.Errorf("cluster address %q: %w", redact(addr), err)
+			}
+		}
+		return nil
 	}
 	sh, ok, err := parseSentinel(addr)
 	if !ok {
 		if strings.Contains(addr, "@") || markedAddr(addr) >= 0 {
 			// Not quoted: what is before an '@' may be a password.
-			return errors.New("an address with an '@' that is not redis://, rediss://, sentinel/ or sentinel+tls/ (not shown: it may hold a password)")
+			return errors.New("an address with an '@' that is not redis://, rediss://, sentinel/, sentinel+tls/, cluster/ or cluster+tls/ (not shown: it may hold a password)")
 		}
 		return checkAddr(addr)
 	}

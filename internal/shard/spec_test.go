@@ -34,6 +34,12 @@ func TestParseSpecs(t *testing.T) {
 		{"sentinel over TLS", "s1=1@sentinel+tls/m-1/10.0.0.1:26379+10.0.0.2:26379", []Spec{
 			{"s1", 1, "sentinel+tls/m-1/10.0.0.1:26379+10.0.0.2:26379"},
 		}},
+		{"a cluster beside a shard", "c1=3@cluster/10.0.0.5:7000+10.0.0.6:7000+10.0.0.7:7000,s2=1@h:2", []Spec{
+			{"c1", 3, "cluster/10.0.0.5:7000+10.0.0.6:7000+10.0.0.7:7000"}, {"s2", 1, "h:2"},
+		}},
+		{"a cluster over TLS with AUTH", "c1=1@cluster+tls/rain:pw@10.0.0.5:7000", []Spec{
+			{"c1", 1, "cluster+tls/rain:pw@10.0.0.5:7000"},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,6 +73,10 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1=1@sentinel/m m/h:1", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": master name byte ' ' not allowed (want A-Z a-z 0-9 _ . -)`},
 		{"s1=1@sentinel/m/h:1+h", `shard spec "s1=1@` + H + `": sentinel address "` + H + `": bad address: address h: missing port in address`},
 		{"s1=1@sentinel+tls/m", `shard spec "s1=1@sentinel+tls/(not shown: not a valid address)": sentinel address "sentinel+tls/(not shown: not a valid address)": want sentinel/[USER:PASSWORD@]MASTER/ (or sentinel+tls/...) and the sentinels' host:port joined by +`},
+		{"s1=1@cluster/", `shard spec "s1=1@cluster/(not shown: not a valid address)": cluster address "cluster/(not shown: not a valid address)": want cluster/[USER:PASSWORD@] (or cluster+tls/...) and seed nodes' host:port joined by +`},
+		{"c1=1@cluster/h:1+h", `shard spec "c1=1@cluster/(not shown: not a valid address)": cluster address "cluster/(not shown: not a valid address)": bad address: address h: missing port in address`},
+		{"c1=1@cluster/rain:s3cret@h:1+h", `shard spec "c1=1@cluster/rain:xxxxx@(not shown: not a valid address)": cluster address "cluster/rain:xxxxx@(not shown: not a valid address)": a seed host:port after the '@' is not valid`},
+		{"c1=1@cluster/a/b:pw@h:1", `shard spec "c1=1@cluster/a/b:xxxxx@h:1": cluster address "cluster/a/b:xxxxx@h:1": the user or password has a '/': percent-encode it (%2F)`},
 		{"s1=1", `shard spec "s1=1": missing "@" after the weight (want name=weight@host:port)`},
 		{"s1@h:1=1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): missing "@" after the weight (want name=weight@host:port)`},
 		{"=1@h:1", `shard spec "=1@h:1": empty name`},
@@ -99,7 +109,7 @@ func TestParseSpecsErrors(t *testing.T) {
 		{"s1=1@h:080", `port "080" has a leading zero`},
 		{"s1=1@h h:1", `address "h h:1": byte ' ' not allowed in host`},
 		{"s1=1@ h:1,s2=1@h:2", `shard spec "s1=1@ h:1": address " h:1": byte ' ' not allowed in host`},
-		{"s1=1@a@b:1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): an address with an '@' that is not redis://, rediss://, sentinel/ or sentinel+tls/ (not shown: it may hold a password)`},
+		{"s1=1@a@b:1", `shard spec 1 of 1 (not shown: it may hold a piece of a password): an address with an '@' that is not redis://, rediss://, sentinel/, sentinel+tls/, cluster/ or cluster+tls/ (not shown: it may hold a password)`},
 		{"s1=1@h:1,s1=2@h:2", `shard spec "s1=2@h:2": duplicate name "s1"`},
 		{"s1=1@h:1,s2=1@h:2,s1=1@h:1", `shard spec "s1=1@h:1": duplicate name "s1"`},
 	}
@@ -203,6 +213,7 @@ func FuzzParseShards(f *testing.F) {
 		"s1=0@h:1", "s1=01@h:1", "s1=+1@h:1", "s1=1@h:0", "s1=1@h:080",
 		"s1=1@h:1,", ",", "", "s1", "s1=1", "=@:", "s1=1@h:1,s1=1@h:1",
 		"s1=1@a@b:1", "s1=1@::1:6379", "s1=1@[]:1", "s1=1@h:99999999999",
+		"c1=3@cluster/10.0.0.5:7000+10.0.0.6:7000", "c1=1@cluster+tls/u:p@h:1", "c1=1@cluster/", "c1=1@cluster/h:1+",
 	} {
 		f.Add(s)
 	}
@@ -237,8 +248,11 @@ func FuzzParseShards(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ParseSpecs(%q) (reformatted from %q) error: %v", joined, s, err)
 		}
-		if !slices.Equal(again, specs) {
-			t.Fatalf("ParseSpecs(%q) = %v, want %v (as parsed from %q)", joined, again, specs, s)
+		for i := range again {
+			// String masks a password: what parses again is the masked spec.
+			if again[i].String() != specs[i].String() || again[i].Name != specs[i].Name || again[i].Weight != specs[i].Weight {
+				t.Fatalf("ParseSpecs(%q) = %v, want %v (as parsed from %q)", joined, again, specs, s)
+			}
 		}
 		if _, err := NewRing(specs, 1); err != nil {
 			t.Fatalf("NewRing(ParseSpecs(%q)) error: %v", s, err)
@@ -257,6 +271,17 @@ func breaksRules(sp Spec) string {
 	if sp.Weight < 1 || sp.Weight > 1000 {
 		return "weight out of range"
 	}
+	if cl, ok := sp.Cluster(); ok {
+		if len(cl.Seeds) == 0 {
+			return "a cluster without seeds"
+		}
+		for _, seed := range cl.Seeds {
+			if why := breaksRules(Spec{Name: sp.Name, Weight: sp.Weight, Addr: seed}); why != "" {
+				return "seed " + why
+			}
+		}
+		return ""
+	}
 	host, port, err := net.SplitHostPort(sp.Addr)
 	if err != nil {
 		return "address: " + err.Error()
@@ -272,6 +297,25 @@ func breaksRules(sp Spec) string {
 		return "address not trimmed"
 	}
 	return ""
+}
+
+func TestCluster(t *testing.T) {
+	cl, ok := Spec{Addr: "cluster/a:1+b:2+c:3"}.Cluster()
+	if !ok || !slices.Equal(cl.Seeds, []string{"a:1", "b:2", "c:3"}) || cl.TLS || cl.Username != "" || cl.Password != "" {
+		t.Fatalf("Cluster() = %+v %v, want [a:1 b:2 c:3], no TLS, no AUTH", cl, ok)
+	}
+	cl, ok = Spec{Addr: "cluster+tls/rain:p%2Fw@d@a:1"}.Cluster()
+	if !ok || !cl.TLS || cl.Username != "rain" || cl.Password != "p/w@d" || !slices.Equal(cl.Seeds, []string{"a:1"}) {
+		t.Fatalf("Cluster() with TLS and credentials = %+v %v, want TLS, rain, p/w@d, [a:1]", cl, ok)
+	}
+	for _, addr := range []string{"h:1", "sentinel/m/a:1", "redis://h:1"} {
+		if _, ok := (Spec{Addr: addr}).Cluster(); ok {
+			t.Fatalf("Cluster() of %s = true", addr)
+		}
+	}
+	if s := (Spec{Name: "c1", Weight: 2, Addr: "cluster/rain:s3cret@a:1+b:2"}).String(); s != "c1=2@cluster/rain:xxxxx@a:1+b:2" {
+		t.Fatalf("String() = %q, want the password masked", s)
+	}
 }
 
 func TestSentinel(t *testing.T) {

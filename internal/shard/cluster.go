@@ -1,0 +1,289 @@
+package shard
+
+// This file is a shard that is a whole Redis Cluster: its client (go-redis's
+// ClusterClient, which follows the cluster's slot map, MOVED and ASK), its
+// primaries as they stand, and rain's own client of each node, for the work
+// that must stay on one connection of one primary (a batch of claims and
+// the WAIT that follows it).
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Primary is one primary of a cluster shard, as CLUSTER SHARDS reports it.
+type Primary struct {
+	ID       string     // its node id
+	Addr     string     // host:port, as the cluster announces it
+	Slots    [][2]int64 // the slot ranges it owns, inclusive
+	Replicas int        // its replicas that are online
+}
+
+// Owns reports whether the primary owns slot.
+func (p Primary) Owns(slot int) bool {
+	for _, r := range p.Slots {
+		if int64(slot) >= r[0] && int64(slot) <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// cluster is the state of one cluster shard.
+type cluster struct {
+	name string
+	spec ClusterShard
+	opts Options
+	c    *redis.ClusterClient
+
+	mu       sync.Mutex               // guards nodes and replicas
+	nodes    map[string]*redis.Client // rain's own client of each node, by address
+	replicas map[string]int           // online replicas of each primary, by address (Primaries)
+}
+
+// newCluster opens the client of a cluster shard (no I/O).
+func newCluster(name string, sh ClusterShard, opts Options) *cluster {
+	o := &redis.ClusterOptions{
+		Addrs: sh.Seeds, Username: sh.Username, Password: sh.Password,
+		Protocol: 2, ContextTimeoutEnabled: true, PoolSize: opts.PoolSize,
+		ReadTimeout: opts.Timeout, WriteTimeout: opts.Timeout, PoolTimeout: opts.Timeout,
+		DialTimeout: opts.Timeout / 4, DialerRetries: 1,
+		// A claim whose slot moves is sent where the cluster says, a few
+		// times: a slot moves once, an ASK leads to its new owner.
+		MaxRedirects: 8,
+		TLSConfig:    clusterTLS(sh, opts),
+	}
+	dial := redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout, TLSConfig: o.TLSConfig})
+	o.Dialer = refusedDialer(dial)
+	return &cluster{name: name, spec: sh, opts: opts, c: redis.NewClusterClient(o),
+		nodes: map[string]*redis.Client{}, replicas: map[string]int{}}
+}
+
+// clusterTLS is the TLS configuration of a cluster+tls/ shard's nodes;
+// nil for cluster/.
+func clusterTLS(sh ClusterShard, opts Options) *tls.Config {
+	if !sh.TLS {
+		return nil
+	}
+	if opts.TLS != nil {
+		return opts.TLS.Clone()
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12}
+}
+
+// refusedDialer makes a refused dial the error refused (see there).
+func refusedDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, refused(err.Error())
+		}
+		return c, err
+	}
+}
+
+// node returns rain's own client of the node at addr, made on first use
+// with the shard's credentials, TLS and options.
+func (cl *cluster) node(addr string) *redis.Client {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if c := cl.nodes[addr]; c != nil {
+		return c
+	}
+	o := &redis.Options{
+		Addr: addr, Username: cl.spec.Username, Password: cl.spec.Password,
+		Protocol: 2, ContextTimeoutEnabled: true, PoolSize: cl.opts.PoolSize,
+		ReadTimeout: cl.opts.Timeout, WriteTimeout: cl.opts.Timeout, PoolTimeout: cl.opts.Timeout,
+		DialTimeout: cl.opts.Timeout / 4, DialerRetries: 1, TLSConfig: clusterTLS(cl.spec, cl.opts),
+	}
+	o.Dialer = refusedDialer(redis.NewDialer(o))
+	c := redis.NewClient(o)
+	cl.nodes[addr] = c
+	return c
+}
+
+// primaries reads the cluster's primaries (CLUSTER SHARDS), sorted by node
+// id, and keeps how many replicas each has online.
+func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
+	shards, err := cl.c.ClusterShards(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shard %s: CLUSTER SHARDS: %w", cl.name, err)
+	}
+	var out []Primary
+	for _, sh := range shards {
+		var p Primary
+		for _, n := range sh.Nodes {
+			switch {
+			case n.Role == "master" && n.Health == "online":
+				p.ID, p.Addr = n.ID, net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			case n.Role == "replica" && n.Health == "online":
+				p.Replicas++
+			}
+		}
+		if p.ID == "" || len(sh.Slots) == 0 {
+			continue // no primary online, or one without slots
+		}
+		for _, r := range sh.Slots {
+			p.Slots = append(p.Slots, [2]int64{r.Start, r.End})
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("shard %s: the cluster has no primary with slots (is it a cluster?)", cl.name)
+	}
+	slices.SortFunc(out, func(a, b Primary) int { return cmpString(a.ID, b.ID) })
+	cl.mu.Lock()
+	clear(cl.replicas)
+	for _, p := range out {
+		cl.replicas[p.Addr] = p.Replicas
+	}
+	cl.mu.Unlock()
+	return out, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// close closes the cluster client and rain's node clients.
+func (cl *cluster) close() error {
+	errs := []error{cl.c.Close()}
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for _, c := range cl.nodes {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// IsCluster reports whether the named shard is a Redis Cluster.
+func (s *Set) IsCluster(name string) bool { return s.clusters[name] != nil }
+
+// Primaries reads the primaries of the named cluster shard (CLUSTER
+// SHARDS), sorted by node id: the units a pool's sub-pools are placed
+// over. It also learns how many replicas each has (NodeReplicated).
+func (s *Set) Primaries(ctx context.Context, name string) ([]Primary, error) {
+	cl := s.clusters[name]
+	if cl == nil {
+		return nil, fmt.Errorf("shard %s is not a cluster", name)
+	}
+	return cl.primaries(ctx)
+}
+
+// Owner returns the address of the primary that owns key's slot in the
+// named cluster shard, from the client's slot map (read once, then again
+// after Reload or a redirect the client followed).
+func (s *Set) Owner(ctx context.Context, name, key string) (string, error) {
+	cl := s.clusters[name]
+	if cl == nil {
+		return "", fmt.Errorf("shard %s is not a cluster", name)
+	}
+	c, err := cl.c.MasterForKey(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("shard %s: the owner of %s: %w", name, key, err)
+	}
+	return c.Options().Addr, nil
+}
+
+// Node returns rain's own client of the node at addr of the named cluster
+// shard: one per node, for work that must stay on one connection of one
+// primary (a batch and its WAIT). Nil for a shard that is not a cluster.
+func (s *Set) Node(name, addr string) *redis.Client {
+	cl := s.clusters[name]
+	if cl == nil {
+		return nil
+	}
+	return cl.node(addr)
+}
+
+// NodeReplicated reports whether the primary at addr of the named cluster
+// shard had a replica online when Primaries last read the cluster: writes
+// acknowledged there wait for one (WAIT).
+func (s *Set) NodeReplicated(name, addr string) bool {
+	cl := s.clusters[name]
+	if cl == nil {
+		return false
+	}
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.replicas[addr] > 0
+}
+
+// Reload has the named cluster shard's client read the slot map again, in
+// the background (after a MOVED, or a primary that stopped answering).
+func (s *Set) Reload(ctx context.Context, name string) {
+	if cl := s.clusters[name]; cl != nil {
+		cl.c.ReloadState(ctx)
+	}
+}
+
+// Slot is the Redis Cluster hash slot of key: CRC16 of its hash tag (the
+// part between the first '{' and the next '}', when not empty) or of the
+// whole key, modulo 16384.
+func Slot(key string) int {
+	if i := indexByte(key, '{'); i >= 0 {
+		if j := indexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % 16384)
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial 0), Redis Cluster's.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// Writer is where a write of key to the named shard goes when its caller
+// may WAIT for a replica after it, and whether it should: the shard's
+// client and whether it runs with replicas (Sentinel); on a cluster shard
+// whose primary owning key has replicas, rain's own client of that primary
+// (a WAIT counts what its own connection wrote), else the cluster's client.
+func (s *Set) Writer(ctx context.Context, name, key string) (c redis.UniversalClient, replicated bool, err error) {
+	if s.clusters[name] == nil {
+		return s.Client(name), s.Replicated(name), nil
+	}
+	addr, err := s.Owner(ctx, name, key)
+	if err != nil {
+		return nil, false, err
+	}
+	if !s.NodeReplicated(name, addr) {
+		return s.Client(name), false, nil
+	}
+	return s.Node(name, addr), true, nil
+}

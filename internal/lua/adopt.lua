@@ -10,12 +10,10 @@
 -- ARGV[1] user  ARGV[2] token  ARGV[3] serial  ARGV[4] amount  ARGV[5] origin j
 -- ARGV[6] reservation validity in ms (T)
 --
--- The home decides each spill token once, here or in decide.lua, and
--- records the verdict: "a:origin:amount:deadline_ms:user" (adopted: the
--- amount taken from origin is a grant here) or "r:user" (refused: the
--- sibling must put the amount back). Whichever of adopt and decide runs
--- first wins, atomically on this one shard, so no clock decides whether a
--- transfer was granted.
+-- It records the verdict on the token, once, here or in decide.lua:
+-- "a:origin:amount:deadline_ms:user" (adopted: the amount taken from origin
+-- is a grant here) or "r:user" (refused: the sibling must put the amount
+-- back). The protocol: docs/architecture.md#the-spill-protocol.
 --
 -- Adopt grants only if the home is open (not sealed by a close) and its
 -- window has not ended, the user's reservation still carries this token and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# scripts/chaos.sh — rain under shard faults, with the figures of "When a
-# shard fails" in the README.
+# scripts/chaos.sh — rain under shard faults, with the figures of
+# docs/benchmarks.md#faults.
 #
 # Runs, against real redis-server processes on 127.0.0.1 (scripts/test.sh
 # installs redis-server), without the race detector and with full windows:

@@ -2,11 +2,12 @@
 # scripts/test.sh — the README's test command and all that CI runs.
 #
 # Installs what the tests need when it is missing (redis-server, PostgreSQL's
-# server programs, node, chromium and promtool from the system's packages),
-# then checks formatting and go.mod, vets, runs staticcheck, checks and
-# unit-tests the alert rules, and runs every test with the race detector
-# against real redis-server and PostgreSQL processes that the tests start
-# themselves.
+# server programs, node, npm, chromium and promtool from the system's
+# packages; Redocly CLI, pinned, from npm's registry), then checks formatting
+# and go.mod, vets, runs staticcheck, checks and unit-tests the alert rules,
+# lints the HTTP contract (docs/openapi.json), and runs every test with the
+# race detector against real redis-server and PostgreSQL processes that the
+# tests start themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,7 @@ need() {
 
 need redis-server redis-server   # every test runs against real redis-server processes
 need node nodejs                 # the k6 scripts are syntax-checked with node --check
+need npx npm                     # Redocly CLI runs through npx (Debian ships npx in npm)
 need chromium chromium           # the dashboard is tested in headless Chromium (chromedp)
 need promtool prometheus         # the alert rules are checked and unit-tested (promtool)
 # Settlement and closes are tested against real PostgreSQL servers that the
@@ -57,6 +59,15 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
     echo "test.sh: initdb still not found after installing postgresql; install it by hand and run again" >&2
     exit 1
   fi
+fi
+# The HTTP contract is linted with the linter its users run, Redocly CLI,
+# pinned (a release may bring new rules), fetched once into npm's cache.
+redocly_version=2.77.0
+redocly() { npx --yes "@redocly/cli@$redocly_version" "$@"; }
+if ! out=$(redocly --version 2>&1); then
+  echo "test.sh: cannot run @redocly/cli@$redocly_version through npx: it is fetched from npm's registry (is it reachable?) and needs Node.js 20.19 or later (here: $(node --version)). npx said:" >&2
+  echo "$out" | tail -5 >&2
+  exit 1
 fi
 # The Debian package starts a system redis on 6379 where systemd runs; the tests
 # never use it (each test starts its own servers on free ports).
@@ -81,6 +92,9 @@ go tool staticcheck ./...
 echo "== promtool: the alert rules and their unit tests"
 promtool check rules deploy/prometheus/alerts.yml
 promtool test rules deploy/prometheus/alerts_test.yml
+
+echo "== redocly lint: the HTTP contract (redocly.yaml; its exceptions, with reasons, in .redocly.lint-ignore.yaml)"
+redocly lint
 
 echo "== go test -race"
 # Test artifacts (the dashboard's screenshot) land in artifacts/.

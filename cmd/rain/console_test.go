@@ -233,7 +233,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("account %v, want 100000 preloaded and 40 confirmed", account)
 	}
 	b.shot("console-closed.png")
-	b.shotOf(".console", "console-account.png") // the README's picture (docs/console.png)
+	b.shotOf(".console", "console-account.png") // docs/console.md's picture (docs/console.png)
 
 	// The account as CSV, downloaded as a browser does.
 	dir := t.TempDir()

@@ -1,6 +1,6 @@
 // Command rain is the red-packet rain backend: `rain serve` runs the service;
 // `rain preload`, `rain audit`, `rain end`, `rain close` and `rain settle`
-// are the operator's tools. See the README.
+// are the operator's tools. See docs/operations.md.
 package main
 
 import (

@@ -406,7 +406,7 @@ func TestDurability(t *testing.T) {
 // TestIdleChatter: two idle rain serve instances on four shards, one pool
 // of four sub-pools with grants held: every call each makes to each shard
 // is counted at a proxy in front of it. Idle, an instance costs a shard at
-// most 2 calls a second (README, "Background calls"), and the count does
+// most 2 calls a second (docs/benchmarks.md#background-calls), and the count does
 // not grow with the shards: the registry is read from the serial shard
 // alone, the reaper sweeps a sub-pool only when something there can be due,
 // and a waiting instance tries the reaper's lock every few seconds.

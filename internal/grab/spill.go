@@ -9,19 +9,11 @@ import (
 )
 
 // spill takes an amount for userID from a sibling of their empty home
-// sub-pool h, by a crash-safe protocol (README: Hot pools): the claim at h has
-// recorded a reservation (token, h's clock); take at sibling j moves an
-// amount into an in-flight transfer; adopt at h turns the reservation into a
-// held grant and records the verdict "adopted"; ack at j marks the transfer
-// sent. A refused adopt (the reservation is stale, or the user holds a grant)
-// means untake at j; no sibling with stock means abort at h and sold out.
-//
-// Each step is one script on one shard and answers a re-send as it answered
-// the first run. The home decides every token once, by adopt or by decide
-// (the reaper's, or ours after a lost answer), and the sibling follows the
-// home's verdict, so whatever a crash or a lost reply leaves, the reaper
-// finishes it without comparing clocks (internal/reaper). Dedup stays at h:
-// the user can never get two grants.
+// sub-pool h, whose claim recorded a reservation under token, and grants it
+// at h: the claim is Granted, Ended, or Empty when no sibling had stock; an
+// error wraps ErrUnavailable or ErrOutcomeUnknown. The protocol, and why a
+// crash or a lost reply anywhere in it loses or doubles nothing:
+// docs/architecture.md#the-spill-protocol.
 func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, serial int64, token string) (lua.Claim, error) {
 	id := p.rec.ID()
 	k := len(p.keys)

@@ -29,7 +29,7 @@
 // the loader retries with backoff until Redis is back.
 //
 // Figures (2-core machine; go test -run x -bench . ./internal/idgen):
-// see the README's "Grant serials" section for the last measured numbers.
+// docs/benchmarks.md#the-figures has the last measured numbers.
 package idgen
 
 import (

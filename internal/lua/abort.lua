@@ -1,6 +1,6 @@
 -- abort: the spill ends without a grant: drop the user's reservation at home
 -- h, if it is still this one, and, when an amount may be in flight under
--- the token, refuse the token.
+-- the token, refuse the token (docs/architecture.md#the-spill-protocol).
 --
 -- KEYS[1] meta      rain:{P:h}:meta
 -- KEYS[2] reserve   rain:{P:h}:reserve

@@ -1,5 +1,6 @@
 -- ack: step 4 of a spill, at sibling j: the home adopted the transfer; it is
 -- now sent. untake: the home refused it: put the amount back in the stock.
+-- The protocol: docs/architecture.md#the-spill-protocol.
 --
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] stock      rain:{P:j}:stock

@@ -13,12 +13,10 @@
 --         meta's resent counter, so a WAIT after it covers that adopt: see
 --         claim_many.lua); "0": none
 --
--- The home decides each spill token once, here or in decide.lua, and
--- records the verdict: "a:origin:amount:deadline_ms:user" (adopted: the
--- amount taken from origin is a grant here) or "r:user" (refused: the
--- sibling must put the amount back). Whichever of adopt and decide runs
--- first wins, atomically on this one shard, so no clock decides whether a
--- transfer was granted.
+-- It records the verdict on the token, once, here or in decide.lua:
+-- "a:origin:amount:deadline_ms:user" (adopted: the amount taken from origin
+-- is a grant here) or "r:user" (refused: the sibling must put the amount
+-- back). The protocol: docs/architecture.md#the-spill-protocol.
 --
 -- Adopt grants only if the home is open (not sealed by a close) and its
 -- window has not ended, the user's reservation still carries this token and

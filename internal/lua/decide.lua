@@ -14,10 +14,9 @@
 -- A home that is closed (its tombstone, retire.lua) or was never set up
 -- refuses and writes nothing: adopt there writes nothing either.
 --
--- Adopt and decide both run on this one shard and record the verdict
--- atomically, so the first of them wins and the sibling acts on that:
--- "adopted" from this sibling with this amount means ack, anything else
--- means untake. No clock is compared across shards.
+-- The caller acks the transfer on "adopted" from its sibling with its
+-- amount, and untakes it on anything else (the protocol:
+-- docs/architecture.md#the-spill-protocol).
 -- Returns {"adopted", origin, amount, deadline_ms} | {"refused"}
 local meta, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3]
 local token, user = ARGV[1], ARGV[2]

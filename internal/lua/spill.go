@@ -1,7 +1,8 @@
 package lua
 
 // This file is the spill protocol's steps: take, adopt, decide, ack,
-// untake, abort, and the reaper's view of transfers in flight.
+// untake, abort, and the reaper's view of transfers in flight. The protocol
+// is told in docs/architecture.md#the-spill-protocol.
 
 import (
 	"context"

@@ -10,10 +10,8 @@
 --         resent counter, so a WAIT after it covers that take: see
 --         claim_many.lua); "0": none
 --
--- A transfer is in flight until the home's verdict settles it: acked (a,
--- granted at the home) or untaken (u, back in this stock); settled
--- transfers move to the settled hash and stay there as the audit trail, and
--- so that every step answers a re-send as it answered the first run.
+-- A transfer is in flight until ack.lua settles it by the home's verdict
+-- (the protocol: docs/architecture.md#the-spill-protocol).
 --
 -- The amount stays counted here (inflight) until it is settled. Taking again
 -- with the same token returns the same transfer; a token already settled, or

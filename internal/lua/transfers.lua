@@ -7,10 +7,8 @@
 -- KEYS[2] transfers  rain:{P:j}:transfers
 -- ARGV[1] T in ms   ARGV[2] age in ms
 --
--- A reservation older than T can no longer be adopted (adopt checks T on
--- this same clock), so dropping it is safe. The age only keeps the reaper
--- from racing spills still in progress; safety does not depend on it, or on
--- any clock: the home's verdict decides.
+-- Why dropping and resolving these is safe whatever the clocks say:
+-- docs/architecture.md#the-spill-protocol.
 -- Returns {dropped_reservations, next_ms, token1, home1, user1, amount1,
 -- token2, ...}: next_ms is how long until a transfer in flight here can next
 -- reach the age (the age itself when none is in flight: one taken later

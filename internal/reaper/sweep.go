@@ -147,11 +147,10 @@ func (w *sweeper) setDue(sp lua.SubPool, t time.Time) {
 }
 
 // recoverSpills drops expired reservations of sub-pool j and resolves its
-// transfers in flight for longer than the age: the home's verdict (decide
-// refuses the token if the home has not decided it) says ack (adopted from
-// j with this amount) or untake (anything else). The verdict is recorded
-// once and kept for the pool's life, so the answer does not depend on clocks
-// or on what became of the grant since (the protocol: internal/grab's spill).
+// transfers in flight for longer than the age by their home's verdict (decide
+// refuses the token if the home has not decided it): ack when adopted from j
+// with this amount, untake otherwise (the protocol:
+// docs/architecture.md#the-spill-protocol).
 //
 // It returns how long until a transfer of j can next need resolving.
 func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (time.Duration, error) {

@@ -1,4 +1,4 @@
-package rain_test
+package deploy_test
 
 import (
 	"encoding/json"
@@ -15,7 +15,7 @@ import (
 // (rates, quantiles, increases or levels: never a rate and a level on one
 // axis).
 func TestGrafanaDashboard(t *testing.T) {
-	b, err := os.ReadFile("deploy/grafana/dashboards/rain.json")
+	b, err := os.ReadFile("grafana/dashboards/rain.json")
 	if err != nil {
 		t.Fatal(err)
 	}

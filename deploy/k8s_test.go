@@ -1,6 +1,6 @@
-package rain_test
+package deploy_test
 
-// deploy/k8s is checked like docker-compose.yml: every container's
+// k8s/ is checked like docker-compose.yml: every container's
 // subcommand, --flags and RAIN_* variables exist in `rain <cmd> -h`, its
 // probe paths are routes of the contract, the grace period covers the drain
 // and the shutdown, the pods run as non-root on a read-only filesystem with
@@ -131,8 +131,8 @@ func readK8s(t *testing.T) []k8sObject {
 	var kust struct {
 		Resources []string `yaml:"resources"`
 	}
-	readYAML(t, "deploy/k8s/kustomization.yaml", &kust)
-	files, _ := filepath.Glob("deploy/k8s/*.yaml")
+	readYAML(t, "k8s/kustomization.yaml", &kust)
+	files, _ := filepath.Glob("k8s/*.yaml")
 	for _, f := range files {
 		if b := filepath.Base(f); b != "kustomization.yaml" && !slices.Contains(kust.Resources, b) {
 			t.Errorf("deploy/k8s/%s is not in the kustomization's resources", b)
@@ -140,7 +140,7 @@ func readK8s(t *testing.T) []k8sObject {
 	}
 	var out []k8sObject
 	for _, r := range kust.Resources {
-		b, err := os.ReadFile(filepath.Join("deploy/k8s", r))
+		b, err := os.ReadFile(filepath.Join("k8s", r))
 		if err != nil {
 			t.Fatalf("kustomization resource %s: %v", r, err)
 		}

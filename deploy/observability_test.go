@@ -1,4 +1,4 @@
-package rain_test
+package deploy_test
 
 // The Prometheus and Grafana of docker-compose.yml: their files exist, they
 // scrape what the file runs, and every metric the Grafana dashboard and the
@@ -22,7 +22,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"go.yaml.in/yaml/v3"
 
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
@@ -42,7 +41,7 @@ func TestComposeObservability(t *testing.T) {
 		for _, v := range svc.list("volumes") {
 			src, _, _ := strings.Cut(v, ":")
 			if strings.HasPrefix(src, "./") {
-				if _, err := os.Stat(src); err != nil {
+				if _, err := os.Stat(fromRoot(src)); err != nil {
 					t.Errorf("%s mounts %s: %v", name, src, err)
 				}
 			}
@@ -60,7 +59,7 @@ func TestComposeObservability(t *testing.T) {
 			} `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
-	readYAML(t, "deploy/prometheus/prometheus.yml", &prom)
+	readYAML(t, "prometheus/prometheus.yml", &prom)
 	var targets []string
 	for _, sc := range prom.ScrapeConfigs {
 		for _, st := range sc.StaticConfigs {
@@ -101,7 +100,7 @@ func TestComposeObservability(t *testing.T) {
 			} `json:"targets"`
 		} `json:"panels"`
 	}
-	b, err := os.ReadFile("deploy/grafana/dashboards/rain.json")
+	b, err := os.ReadFile("grafana/dashboards/rain.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +126,7 @@ func TestComposeObservability(t *testing.T) {
 	if len(prom.RuleFiles) != 1 || filepath.Base(prom.RuleFiles[0]) != "alerts.yml" {
 		t.Errorf("prometheus.yml rule_files = %v, want the mounted alerts.yml", prom.RuleFiles)
 	}
-	readYAML(t, "deploy/prometheus/alerts.yml", &rules)
+	readYAML(t, "prometheus/alerts.yml", &rules)
 	var alerts []string
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
@@ -154,17 +153,6 @@ func TestComposeObservability(t *testing.T) {
 		}
 	}
 	t.Logf("%d queries, %d series names checked against %d exported", len(exprs), checked, len(exported))
-}
-
-func readYAML(t *testing.T, path string, v any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
 }
 
 // exportedMetrics runs rain serve (embedded shards, one pool preloaded and

@@ -1,7 +1,7 @@
-package rain_test
+package deploy_test
 
 // The alert rules are tested like code: promtool checks them and runs their
-// unit tests (deploy/prometheus/alerts_test.yml: each alert fires from
+// unit tests (prometheus/alerts_test.yml: each alert fires from
 // synthetic series of its fault and stays quiet when rain is healthy), each
 // alert names its severity, a summary and a runbook entry that exists, and
 // Prometheus sends what fires to the Alertmanager of the compose file.
@@ -32,9 +32,9 @@ func TestAlertRules(t *testing.T) {
 		t.Fatal(promtoolMissing)
 	}
 	for _, args := range [][]string{
-		{"check", "rules", "deploy/prometheus/alerts.yml"},
-		{"test", "rules", "deploy/prometheus/alerts_test.yml"},
-		{"check", "config", "--syntax-only", "deploy/prometheus/prometheus.yml"}, // its rule file is at the container's path
+		{"check", "rules", "prometheus/alerts.yml"},
+		{"test", "rules", "prometheus/alerts_test.yml"},
+		{"check", "config", "--syntax-only", "prometheus/prometheus.yml"}, // its rule file is at the container's path
 	} {
 		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -50,8 +50,8 @@ func TestAlertRules(t *testing.T) {
 			} `yaml:"rules"`
 		} `yaml:"groups"`
 	}
-	readYAML(t, "deploy/prometheus/alerts.yml", &rules)
-	runbook, err := os.ReadFile("docs/runbook.md")
+	readYAML(t, "prometheus/alerts.yml", &rules)
+	runbook, err := os.ReadFile(fromRoot("docs/runbook.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestAlertRules(t *testing.T) {
 	for _, h := range regexp.MustCompile(`(?m)^## (\S+)$`).FindAllStringSubmatch(string(runbook), -1) {
 		anchors[strings.ToLower(h[1])] = true
 	}
-	tests, err := os.ReadFile("deploy/prometheus/alerts_test.yml")
+	tests, err := os.ReadFile("prometheus/alerts_test.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestAlertRules(t *testing.T) {
 			} `yaml:"alertmanagers"`
 		} `yaml:"alerting"`
 	}
-	readYAML(t, "deploy/prometheus/prometheus.yml", &prom)
+	readYAML(t, "prometheus/prometheus.yml", &prom)
 	var targets []string
 	for _, am := range prom.Alerting.Alertmanagers {
 		for _, sc := range am.StaticConfigs {
@@ -124,7 +124,7 @@ func TestAlertRules(t *testing.T) {
 		} `yaml:"route"`
 		Receivers []receiver `yaml:"receivers"`
 	}
-	readYAML(t, "deploy/alertmanager/alertmanager.yml", &am)
+	readYAML(t, "alertmanager/alertmanager.yml", &am)
 	if !slices.ContainsFunc(am.Receivers, func(r receiver) bool { return r.Name == am.Route.Receiver && len(r.WebhookConfigs) > 0 }) {
 		t.Errorf("alertmanager.yml routes to %q, which is not a receiver with a webhook", am.Route.Receiver)
 	}

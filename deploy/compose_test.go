@@ -1,4 +1,4 @@
-package rain_test
+package deploy_test
 
 // This file keeps docker-compose.yml, the Dockerfile and .dockerignore in
 // step with the code, so that the stack cannot drift from the binary it runs:
@@ -23,7 +23,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -114,66 +113,6 @@ func toYmap(n *yaml.Node) (any, error) {
 	return nil, fmt.Errorf("line %d: unexpected YAML node kind %v", n.Line, n.Kind)
 }
 
-// ------------------------------------------------------------ rain's flags
-
-// rainHelp is what `rain <cmd> -h` says: flag names and the env var of each.
-type rainHelp struct {
-	flags map[string]string // flag name -> env var ("" if none)
-}
-
-func (h rainHelp) envs() []string {
-	var es []string
-	for _, e := range h.flags {
-		if e != "" {
-			es = append(es, e)
-		}
-	}
-	slices.Sort(es)
-	return es
-}
-
-var (
-	helpFlagRE = regexp.MustCompile(`^\s+-{1,2}([A-Za-z0-9][A-Za-z0-9-]*)\b`)
-	helpEnvRE  = regexp.MustCompile(`\[(RAIN_[A-Z0-9_]+)\]`)
-)
-
-// helpOf runs `bin cmd -h`, which prints each flag with its env var in
-// brackets to stderr and exits 0.
-func helpOf(t *testing.T, bin, cmd string) rainHelp {
-	t.Helper()
-	c := exec.Command(bin, cmd, "-h")
-	var stderr strings.Builder
-	c.Stderr = &stderr
-	if err := c.Run(); err != nil {
-		t.Fatalf("rain %s -h: %v (want exit 0; is %q one of rain's subcommands?)\n%s", cmd, err, cmd, stderr.String())
-	}
-	h := rainHelp{flags: map[string]string{}}
-	last := ""
-	for line := range strings.SplitSeq(stderr.String(), "\n") {
-		if m := helpFlagRE.FindStringSubmatch(line); m != nil {
-			last = m[1]
-			h.flags[last] = ""
-		}
-		if m := helpEnvRE.FindStringSubmatch(line); m != nil && last != "" {
-			h.flags[last] = m[1]
-		}
-	}
-	if len(h.flags) == 0 {
-		t.Fatalf("rain %s -h listed no flags:\n%s", cmd, stderr.String())
-	}
-	return h
-}
-
-// buildRain builds cmd/rain into a temporary directory.
-func buildRain(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "rain")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/rain").CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/rain: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // interpolate resolves compose's ${VAR:-default}, ${VAR-default}, ${VAR} and
 // $VAR to their defaults (or ""), as with nothing set in the environment: the
 // file must work as written. ${VAR:?message}, a variable compose refuses to
@@ -196,7 +135,7 @@ func required(name string) string { return "required(" + name + ")" }
 
 func readCompose(t *testing.T) *ymap {
 	t.Helper()
-	b, err := os.ReadFile("docker-compose.yml")
+	b, err := os.ReadFile(fromRoot("docker-compose.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +195,7 @@ func TestComposeMatchesRain(t *testing.T) {
 		case isShard(svc), svc == nil, isObservability(svc), isDatabase(svc):
 			continue
 		case !isRain(svc):
-			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (image rain:...): teach compose_test.go about it", name)
+			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (image rain:...): teach deploy/compose_test.go about it", name)
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -437,15 +376,6 @@ func checkServe(t *testing.T, svc *ymap, env map[string]string) {
 	}
 }
 
-func keysOf[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
-}
-
 func TestComposeShards(t *testing.T) {
 	compose := readCompose(t)
 	services := compose.sub("services")
@@ -490,7 +420,7 @@ func TestComposeShards(t *testing.T) {
 // instructions after it, continuation lines joined.
 func dockerStages(t *testing.T) [][]string {
 	t.Helper()
-	b, err := os.ReadFile("Dockerfile")
+	b, err := os.ReadFile(fromRoot("Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,7 +470,7 @@ func runtimeHasWget(t *testing.T) bool {
 
 func TestDockerfile(t *testing.T) {
 	stages := dockerStages(t)
-	mod, err := os.ReadFile("go.mod")
+	mod, err := os.ReadFile(fromRoot("go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -591,7 +521,7 @@ func TestDockerfile(t *testing.T) {
 }
 
 func TestDockerignore(t *testing.T) {
-	b, err := os.ReadFile(".dockerignore")
+	b, err := os.ReadFile(fromRoot(".dockerignore"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -658,7 +588,7 @@ func TestComposeImages(t *testing.T) {
 		t.Fatal("docker-compose.yml declares no admin_token secret")
 	}
 	file := sec.sub("admin_token").str("file")
-	ignore, err := os.ReadFile(".gitignore")
+	ignore, err := os.ReadFile(fromRoot(".gitignore"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -322,7 +322,7 @@ func spillProblem(j int, t *lua.TransferRecord, v *lua.Verdict) string {
 func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token string, home, origin int) (spillSide, error) {
 	var side spillSide
 	if origin >= 0 && origin < len(p.Placement) {
-		k := lua.SubPool{Pool: id, Index: origin}.Keys()
+		k := p.SubPool(origin).Keys()
 		client := c.client(p, origin)
 		if v, err := client.HGet(ctx, k.Transfers, token).Result(); err == nil {
 			if t, err := lua.ParseTransfer(v, false); err == nil {
@@ -342,7 +342,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 		}
 	}
 	if home >= 0 && home < len(p.Placement) {
-		k := lua.SubPool{Pool: id, Index: home}.Keys()
+		k := p.SubPool(home).Keys()
 		if v, err := c.client(p, home).HGet(ctx, k.Verdicts, token).Result(); err == nil {
 			if vd, err := lua.ParseVerdict(v); err == nil {
 				side.verdict = &vd

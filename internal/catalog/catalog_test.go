@@ -184,7 +184,15 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 	crashing := envOn(t, servers, addrs)
 	spec := Spec{PoolID: "big", TotalCents: 10_000_000, Count: 100_000, SubPools: 3}
 	// Where sub-pool 1 will be: the placement walks the ring from the id.
-	at := slices.Index(crashing.shards.Names(), crashing.cat.place(spec.PoolID, 3)[1])
+	units, err := crashing.cat.units(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	placement, _, err := crashing.cat.place(spec.PoolID, 3, units)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := slices.Index(crashing.shards.Names(), placement[1])
 	proxies[at].PartitionAfter(redisproxy.Script(lua.SHA("load")), 1, nil)
 	if _, _, err := crashing.cat.Preload(ctx, spec); err == nil {
 		t.Fatal("Preload cut off from a shard midway succeeded")

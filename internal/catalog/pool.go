@@ -57,6 +57,7 @@ type Pool struct {
 	Spec      Spec
 	Seed      uint64
 	Placement []string // shard name of sub-pool j
+	Salts     []string // salt of sub-pool j's hash tag ("" but on a cluster shard: see lua.SubPool)
 	State     State
 	Account   *Account // the final account, once closing or closed
 
@@ -66,7 +67,7 @@ type Pool struct {
 // same reports whether p and o are copies of one pool's record: the same
 // spec, seed and placement (their states and accounts may differ).
 func (p *Pool) same(o *Pool) bool {
-	return p.specJSON == o.specJSON && p.Seed == o.Seed && slices.Equal(p.Placement, o.Placement)
+	return p.specJSON == o.specJSON && p.Seed == o.Seed && slices.Equal(p.Placement, o.Placement) && slices.Equal(p.Salts, o.Salts)
 }
 
 // ID is the pool's id.
@@ -76,7 +77,9 @@ func (p *Pool) ID() string { return p.Spec.PoolID }
 func (p *Pool) SubPools() int { return len(p.Placement) }
 
 // SubPool names sub-pool j.
-func (p *Pool) SubPool(j int) lua.SubPool { return lua.SubPool{Pool: p.Spec.PoolID, Index: j} }
+func (p *Pool) SubPool(j int) lua.SubPool {
+	return lua.SubPool{Pool: p.Spec.PoolID, Index: j, Salt: p.Salts[j]}
+}
 
 // Home is the sub-pool that holds userID's grant: dedup lives there, so a
 // user's grab is one script on one shard unless the home is empty.
@@ -103,6 +106,9 @@ func (p *Pool) fields() map[string]string {
 		b, _ := json.Marshal(p.Account) // plain fields cannot fail
 		f["account"] = string(b)
 	}
+	if slices.ContainsFunc(p.Salts, func(s string) bool { return s != "" }) {
+		f["tags"] = strings.Join(p.Salts, ",")
+	}
 	return f
 }
 
@@ -121,6 +127,12 @@ func parseRecord(m map[string]string) (*Pool, error) {
 		return nil, errors.New("pool record: no placement")
 	}
 	p.Placement = strings.Split(m["placement"], ",")
+	p.Salts = make([]string, len(p.Placement))
+	if t := m["tags"]; t != "" {
+		if p.Salts = strings.Split(t, ","); len(p.Salts) != len(p.Placement) {
+			return nil, fmt.Errorf("pool record: %d tags for %d sub-pools", len(p.Salts), len(p.Placement))
+		}
+	}
 	if a := m["account"]; a != "" {
 		p.Account = &Account{}
 		if err := json.Unmarshal([]byte(a), p.Account); err != nil {

@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 
 	"rain/internal/events"
 	"rain/internal/lua"
+	"rain/internal/shard"
 	"rain/internal/split"
 )
 
@@ -74,16 +74,20 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		return nil, err
 	}
 	if existing == nil {
+		units, err := c.units(ctx)
+		if err != nil {
+			return nil, err
+		}
 		k := spec.SubPools
 		if k == 0 {
-			k = autoSubPools(spec.Count, len(c.shards.Names()))
+			k = autoSubPools(spec.Count, len(units))
 		}
-		fresh := map[string]string{
-			"spec":      spec.canonical(),
-			"seed":      strconv.FormatUint(rand.Uint64(), 10),
-			"placement": strings.Join(c.place(spec.PoolID, k), ","),
-			"state":     string(Loading),
+		placement, salts, err := c.place(spec.PoolID, k, units)
+		if err != nil {
+			return nil, err
 		}
+		fresh := (&Pool{specJSON: spec.canonical(), Seed: rand.Uint64(), Placement: placement, Salts: salts,
+			State: Loading}).fields()
 		if existing, err = c.putRecord(ctx, c.shards.Client(c.serial), spec.PoolID, fresh); err != nil {
 			return nil, err
 		}
@@ -113,16 +117,80 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 	return existing, nil
 }
 
-// place chooses the shards of k sub-pools: distinct shards walking the ring
-// clockwise from the pool id, round-robin over them when k exceeds the
-// number of shards.
-func (c *Catalog) place(pool string, k int) []string {
-	distinct := c.shards.Ring().Distinct(pool, k)
-	out := make([]string, k)
-	for j := range out {
-		out[j] = distinct[j%len(distinct)]
+// unit is what a sub-pool is placed on: a shard, or one primary of a
+// cluster shard (its primaries count as shards: a pool's sub-pools spread
+// over them as over shards).
+type unit struct {
+	shard   string
+	primary *shard.Primary // nil: the shard itself
+}
+
+// units lists the placement units, with a ring over them: each shard that
+// is not a cluster, of its weight, and each primary of a cluster shard (as
+// it stands now), of the cluster's weight. Without a cluster the ring is
+// the shards' own, so placement is as it always was.
+func (c *Catalog) units(ctx context.Context) (map[string]unit, error) {
+	out := map[string]unit{}
+	for _, name := range c.shards.Names() {
+		if !c.shards.IsCluster(name) {
+			out[name] = unit{shard: name}
+			continue
+		}
+		ps, err := c.shards.Primaries(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		for i := range ps {
+			out[unitName(name, i)] = unit{shard: name, primary: &ps[i]}
+		}
 	}
-	return out
+	return out, nil
+}
+
+// unitName names primary i of cluster shard name on the placement ring.
+// Shard names cannot hold two dots in a row, so it is no shard's name.
+func unitName(name string, i int) string { return name + "..primary" + strconv.Itoa(i) }
+
+// place chooses where k sub-pools go: distinct units walking the ring of
+// units clockwise from the pool id, round-robin over them when k exceeds
+// their number. A sub-pool on a cluster's primary gets the salt that puts
+// its hash tag's slot on that primary (after a reshard it lives wherever
+// its slot went); the others none.
+func (c *Catalog) place(pool string, k int, units map[string]unit) (placement, salts []string, err error) {
+	ring := c.shards.Ring()
+	if len(units) != len(c.shards.Names()) {
+		var specs []shard.Spec
+		for name, u := range units {
+			specs = append(specs, shard.Spec{Name: name, Weight: c.shards.Weight(u.shard), Addr: "unit:1"})
+		}
+		if ring, err = shard.NewRing(specs, 0); err != nil {
+			return nil, nil, fmt.Errorf("the placement ring: %w", err)
+		}
+	}
+	distinct := ring.Distinct(pool, k)
+	placement, salts = make([]string, k), make([]string, k)
+	for j := range placement {
+		u := units[distinct[j%len(distinct)]]
+		placement[j] = u.shard
+		if u.primary != nil {
+			if salts[j], err = saltFor(pool, j, *u.primary); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return placement, salts, nil
+}
+
+// saltFor finds the salt that puts sub-pool j's hash tag on primary p:
+// about as many tries as the cluster has primaries.
+func saltFor(pool string, j int, p shard.Primary) (string, error) {
+	for s := range 1 << 16 {
+		salt := strconv.Itoa(s)
+		if p.Owns(shard.Slot(lua.SubPool{Pool: pool, Index: j, Salt: salt}.Tag())) {
+			return salt, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no hash tag of pool %s sub-pool %d falls on primary %s", ErrUnavailable, pool, j, p.Addr)
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
@@ -158,7 +226,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 		return err
 	}
 	for j := range counts {
-		sp := lua.SubPool{Pool: spec.PoolID, Index: j}
+		sp := p.SubPool(j)
 		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(p, j), sp)
 		if err != nil {
 			return loadErr(spec.PoolID, err)

@@ -89,6 +89,7 @@ type batcher struct {
 	busy     atomic.Int64 // claims refused by the bulkhead, ever
 	refused  atomic.Int64 // claims refused by the open breaker, ever
 	failures atomic.Int64 // batches the shard did not answer, ever
+	moved    atomic.Int64 // groups a cluster redirected (MOVED, ASK, TRYAGAIN), ever
 	onBatch  func(shard string, claims int, took time.Duration, failed bool)
 
 	// cluster names the cluster shard whose primary this batcher serves
@@ -375,6 +376,7 @@ const maxRedirects = 5
 // its first run did, so following a redirect grants nothing twice.
 func (b *batcher) redirect(ctx context.Context, g *group, valid int64) {
 	c, asking := b.c, false
+	b.moved.Add(1)
 	for try := 0; try < maxRedirects && redirected(g.err); try++ {
 		f := strings.Fields(g.err.Error())
 		switch {

@@ -139,6 +139,9 @@ type ShardStats struct {
 	// InFlight is the claims queued or in flight (counted only when the
 	// bulkhead is on).
 	InFlight int64
+	// Redirected counts groups of claims a cluster sent elsewhere (their
+	// slot moved, or was moving) and that were followed there.
+	Redirected int64
 }
 
 // ShardStats returns each shard's claim path figures, in shard name order;
@@ -148,7 +151,8 @@ func (s *Service) ShardStats() []ShardStats {
 	var out []ShardStats
 	add := func(name string, b *batcher) {
 		out = append(out, ShardStats{Name: name, Breaker: int(b.br.current()), Trips: b.br.trips.Load(),
-			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load()})
+			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load(),
+			Redirected: b.moved.Load()})
 	}
 	for _, name := range s.shards.Names() {
 		if b := s.batchers[name]; b != nil {

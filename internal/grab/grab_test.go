@@ -74,12 +74,13 @@ func openShards(t testing.TB, addrs []string) *shard.Set {
 // a catalogue with s1 as the serial shard, and the service.
 func (e *env) service(t testing.TB, set *shard.Set) (*Service, *catalog.Catalog) {
 	t.Helper()
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
+	serial := set.Names()[0]
+	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(serial), idgen.Key, set.Except(serial)...), idgen.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gen.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
+	cat := catalog.New(set, catalog.Config{SerialShard: serial})
 	svc := New(Config{Serials: gen, Catalog: cat, SpillValidity: e.valid})
 	t.Cleanup(svc.Close)
 	return svc, cat

@@ -7,10 +7,13 @@ import (
 	"strings"
 )
 
-// SubPool names sub-pool Index of pool Pool.
+// SubPool names sub-pool Index of pool Pool. Salt, when not empty, is part
+// of its hash tag: chosen at preload so that the sub-pool's slot falls on a
+// given primary of a cluster shard (see Tag).
 type SubPool struct {
 	Pool  string
 	Index int
+	Salt  string // digits, or "" (every sub-pool not on a cluster)
 }
 
 // Keys are the Redis keys of one sub-pool. A close frees them all
@@ -34,8 +37,14 @@ type Keys struct {
 	Verdicts  string // hash: token -> "a:origin:amount:deadline_ms:user" | "r:user" (as a home)
 }
 
-// Tag is the sub-pool's hash tag, "{P:j}". Pool ids cannot contain braces.
-func (s SubPool) Tag() string { return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "}" }
+// Tag is the sub-pool's hash tag, "{P:j}", or "{P:j~salt}" with a salt.
+// Pool ids cannot contain braces or '~'.
+func (s SubPool) Tag() string {
+	if s.Salt != "" {
+		return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "~" + s.Salt + "}"
+	}
+	return "{" + s.Pool + ":" + strconv.Itoa(s.Index) + "}"
+}
 
 // Keys builds the sub-pool's keys; they all carry Tag. It is the only place
 // sub-pool keys are made.
@@ -69,6 +78,7 @@ func ParseOutbox(key string) (sp SubPool, ok bool) {
 	if tag, found = strings.CutSuffix(tag, "}:outbox"); !found {
 		return sp, false
 	}
+	tag, salt, _ := strings.Cut(tag, "~")
 	i := strings.LastIndexByte(tag, ':')
 	if i <= 0 {
 		return sp, false
@@ -77,6 +87,6 @@ func ParseOutbox(key string) (sp SubPool, ok bool) {
 	if err != nil || j < 0 || strconv.Itoa(j) != tag[i+1:] {
 		return sp, false
 	}
-	sp = SubPool{Pool: tag[:i], Index: j}
+	sp = SubPool{Pool: tag[:i], Index: j, Salt: salt}
 	return sp, sp.Keys().Outbox == key
 }

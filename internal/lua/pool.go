@@ -106,7 +106,7 @@ func OpenSubPool(ctx context.Context, c Client, sp SubPool) (opened bool, stockC
 // record.lua). It returns the stored record's fields.
 func PutRecord(ctx context.Context, c Client, key string, fields map[string]string) (map[string]string, error) {
 	res, err := recordScript.Run(ctx, c, []string{key},
-		fields["spec"], fields["seed"], fields["placement"], fields["state"], fields["account"]).Slice()
+		fields["spec"], fields["seed"], fields["placement"], fields["state"], fields["account"], fields["tags"]).Slice()
 	if err != nil {
 		return nil, err
 	}

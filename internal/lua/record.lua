@@ -4,6 +4,8 @@
 -- KEYS[1] rain:{P}:pool   (hash: spec, seed, placement, state, account)
 -- ARGV[1] spec   ARGV[2] seed   ARGV[3] placement   ARGV[4] state
 -- ARGV[5] account (JSON, "" for none)
+-- ARGV[6] tags: the sub-pools' hash tag salts, comma-separated ("" for none;
+--         see keys.go), part of which pool the record is
 --
 -- A record without its spec (none, or a part written by an older version)
 -- is written whole. A record of the same pool (the same spec, seed and
@@ -17,14 +19,17 @@
 -- Re-sent, it changes nothing. Returns the stored record as HGETALL does.
 local key = KEYS[1]
 local stage = {loading = 1, open = 2, closing = 3, closed = 4}
-local cur = redis.call('HMGET', key, 'spec', 'seed', 'placement', 'state')
+local cur = redis.call('HMGET', key, 'spec', 'seed', 'placement', 'state', 'tags')
 if not cur[1] then
   redis.call('DEL', key)
   redis.call('HSET', key, 'spec', ARGV[1], 'seed', ARGV[2], 'placement', ARGV[3], 'state', ARGV[4])
   if ARGV[5] ~= '' then
     redis.call('HSET', key, 'account', ARGV[5])
   end
-elseif cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] then
+  if ARGV[6] ~= '' then
+    redis.call('HSET', key, 'tags', ARGV[6])
+  end
+elseif cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] and (cur[5] or '') == ARGV[6] then
   local from, to = stage[cur[4]] or 0, stage[ARGV[4]] or 0
   if to > from then
     redis.call('HSET', key, 'state', ARGV[4])

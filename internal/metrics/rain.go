@@ -108,6 +108,8 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 		})
 	r.GaugeVec("rain_shard_claims_in_flight", "Claims queued or in flight to the shard.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.InFlight) }))
+	r.CounterVec("rain_shard_redirects_total", "Batches of claims a cluster shard's primary sent elsewhere (their slot moved or was moving: MOVED, ASK, TRYAGAIN), followed there.",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.Redirected) }))
 
 	redisPool := func(f func(hits, misses, timeouts, total, idle, stale uint32) float64) func() []Sample {
 		return func() []Sample {

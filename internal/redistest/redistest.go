@@ -49,6 +49,11 @@ type Options struct {
 	ReplicaOf string
 	// Args are more redis-server arguments ("--name", "value", ...).
 	Args []string
+	// Cluster runs the server as a Redis Cluster node (cluster-enabled,
+	// its cluster bus on a port of its own); StartCluster makes nodes into
+	// a cluster. NodeTimeout is its cluster-node-timeout (default 2s).
+	Cluster     bool
+	NodeTimeout time.Duration
 
 	// sentinel: run redis-server --sentinel on conf (StartSentinel).
 	sentinel bool
@@ -61,10 +66,11 @@ type Server struct {
 	// Dir is the server's working directory (its AOF lives there), stable across Restart.
 	Dir string
 
-	tb   testing.TB
-	bin  string
-	opts Options
-	port int
+	tb      testing.TB
+	bin     string
+	opts    Options
+	port    int
+	busPort int // the cluster bus's, with Options.Cluster
 
 	mu   sync.Mutex // guards cmd and done
 	cmd  *exec.Cmd  // nil while the server is down
@@ -92,6 +98,11 @@ func Start(tb testing.TB, opts Options) *Server {
 			tb.Fatalf("redistest: free port: %v", err)
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		if opts.Cluster {
+			if s.busPort, err = freePort(); err != nil {
+				tb.Fatalf("redistest: free port: %v", err)
+			}
+		}
 		if lastErr = s.start(); lastErr == nil {
 			return s
 		}
@@ -142,6 +153,14 @@ func (s *Server) args() []string {
 	if s.opts.ReplicaOf != "" {
 		host, port, _ := net.SplitHostPort(s.opts.ReplicaOf)
 		args = append(args, "--replicaof", host, port)
+	}
+	if s.opts.Cluster {
+		timeout := s.opts.NodeTimeout
+		if timeout <= 0 {
+			timeout = 2 * time.Second
+		}
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(s.busPort), "--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
 	}
 	return append(args, s.opts.Args...)
 }

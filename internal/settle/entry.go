@@ -70,8 +70,12 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 // what is settled to b.done. It reports whether some are left pending for
 // a failure.
 func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
-	g0 := b.grants[0]
-	k := lua.SubPool{Pool: g0.PoolID, Index: g0.SubPool}.Keys()
+	sp, ok := lua.ParseOutbox(b.stream)
+	if !ok {
+		g0 := b.grants[0]
+		sp = lua.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
+	}
+	k := sp.Keys()
 	args := make([]lua.ConfirmArg, len(b.grants))
 	for i, g := range b.grants {
 		args[i] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
@@ -156,11 +160,15 @@ var errNotReplicated = errors.New("settle: no replica confirmed the confirm in t
 // WAIT 1, as the claim path's batches are: only a confirm a replica holds
 // is paid, so a failover cannot undo it after the payout.
 func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *lua.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
-	if !sh.replicated {
-		return lua.ConfirmMany(ctx, sh.c, k, args)
+	c, replicated, err := w.shards.Writer(ctx, sh.name, k.Meta)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !replicated {
+		return lua.ConfirmMany(ctx, c, k, args)
 	}
 	run := func() (*redis.Cmd, *redis.IntCmd) {
-		pipe := sh.c.Pipeline()
+		pipe := c.Pipeline()
 		cmd := lua.ConfirmManyCmd(ctx, pipe, k, args)
 		wait := redis.NewIntCmd(ctx, "wait", 1, (w.shards.Timeout() / 2).Milliseconds())
 		_ = pipe.Process(ctx, wait)
@@ -169,7 +177,7 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *lua.Keys, args [
 	}
 	cmd, wait := run()
 	if lua.IsNoScript(cmd.Err()) { // nothing ran: load the scripts, send it again
-		if err := lua.LoadScripts(ctx, sh.c); err != nil {
+		if err := lua.LoadScripts(ctx, c); err != nil {
 			return nil, nil, err
 		}
 		cmd, wait = run()

@@ -266,7 +266,7 @@ func (p *pass) fail(vanished, incomplete bool) {
 func (w *Worker) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, name := range w.shards.Names() {
-		sh := &shardLoop{i: i, name: name, c: w.shards.Client(name), replicated: w.shards.Replicated(name),
+		sh := &shardLoop{i: i, name: name, c: w.shards.Client(name), cluster: w.shards.IsCluster(name),
 			grouped: map[string]bool{}}
 		wg.Go(func() { w.loop(ctx, sh) })
 	}
@@ -278,7 +278,7 @@ type shardLoop struct {
 	i          int // the shard's place in Worker.behind
 	name       string
 	c          redis.UniversalClient
-	replicated bool            // Sentinel-managed, with replicas: confirms wait for one (WAIT)
+	cluster    bool            // a Redis Cluster: its outboxes are in many slots, read one by one
 	streams    []string        // the outboxes of the open pools' sub-pools here
 	grouped    map[string]bool // outboxes whose consumer group is known to be there
 	settled    time.Time       // when the last pass that read every outbox began
@@ -428,6 +428,9 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	if id == ">" {
 		block = w.cfg.Block
 	}
+	if sh.cluster {
+		return w.readEach(ctx, sh, id, block, p)
+	}
 	res, err := w.xread(ctx, sh, sh.streams, id, block)
 	var rerr redis.Error
 	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.streams) > 1 {
@@ -473,6 +476,36 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		}
 	}
 	wg.Wait()
+	return failed
+}
+
+// readEach is read on a cluster shard: one XREADGROUP may not span slots,
+// so each outbox is read on its own (not blocking), its entries settled as
+// a batch; when none had anything new the pass waits block (a blocking read
+// of one stream would hold up the others).
+func (w *Worker) readEach(ctx context.Context, sh *shardLoop, id string, block time.Duration, p *pass) (failed bool) {
+	read := 0
+	for _, key := range slices.Clone(sh.streams) { // readFailed may drop one
+		res, err := w.xread(ctx, sh, []string{key}, id, -1)
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			failed = w.readFailed(ctx, sh, key, err, p) || failed
+			continue
+		}
+		for _, st := range res {
+			read += len(st.Messages)
+			w.settling(sh, st.Messages)
+			failed = w.settleBatch(ctx, sh, st.Stream, st.Messages, p) || failed
+			if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
+				p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
+			}
+		}
+	}
+	if read == 0 && block > 0 && ctx.Err() == nil {
+		_ = wait.For(ctx, block)
+	}
 	return failed
 }
 

@@ -10,7 +10,10 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Durability is one shard's persistence settings as CONFIG GET reports them.
@@ -41,25 +44,53 @@ func (d Durability) String() string {
 }
 
 // Durability reads every shard's appendonly and appendfsync at once, in
-// name order.
+// name order; a cluster shard's, every primary's (Shard "cluster/addr").
 func (s *Set) Durability(ctx context.Context) []Durability {
-	out := make([]Durability, len(s.names))
+	out := make([][]Durability, len(s.names))
 	var wg sync.WaitGroup
 	for i, name := range s.names {
 		wg.Go(func() {
-			d := Durability{Shard: name}
-			m, err := s.clients[name].ConfigGet(ctx, "append*").Result()
-			if err != nil {
-				d.Err = err
-			} else {
-				d.AppendOnly, d.AppendFsync = m["appendonly"], m["appendfsync"]
-				if d.AppendOnly == "" {
-					d.Err = fmt.Errorf("CONFIG GET answered no appendonly")
-				}
+			if cl := s.clusters[name]; cl != nil {
+				out[i] = cl.durability(ctx)
+				return
 			}
-			out[i] = d
+			out[i] = []Durability{durabilityOf(ctx, name, s.clients[name])}
 		})
 	}
 	wg.Wait()
+	var all []Durability
+	for _, ds := range out {
+		all = append(all, ds...)
+	}
+	return all
+}
+
+// durabilityOf reads one server's settings.
+func durabilityOf(ctx context.Context, name string, c redis.Cmdable) Durability {
+	d := Durability{Shard: name}
+	m, err := c.ConfigGet(ctx, "append*").Result()
+	if err != nil {
+		d.Err = err
+	} else {
+		d.AppendOnly, d.AppendFsync = m["appendonly"], m["appendfsync"]
+		if d.AppendOnly == "" {
+			d.Err = fmt.Errorf("CONFIG GET answered no appendonly")
+		}
+	}
+	return d
+}
+
+// durability reads every primary's settings, in address order; a cluster
+// that cannot be read is one entry with the error.
+func (cl *cluster) durability(ctx context.Context) []Durability {
+	ps, err := cl.primaries(ctx)
+	if err != nil {
+		return []Durability{{Shard: cl.name, Err: err}}
+	}
+	out := make([]Durability, len(ps))
+	for i, p := range ps {
+		out[i] = durabilityOf(ctx, cl.name+"/"+p.Addr, cl.node(p.Addr))
+	}
+	slices.SortFunc(out, func(a, b Durability) int { return cmpString(a.Shard, b.Shard) })
 	return out
 }

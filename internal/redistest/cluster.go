@@ -1,0 +1,231 @@
+package redistest
+
+// This file starts a Redis Cluster of real redis-server processes on
+// loopback, made with the cluster's own tool (redis-cli --cluster), and
+// moves slots between its primaries while tests run.
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster owned by a test: Nodes[:primaries] are its
+// primaries as created, the rest their replicas (a failover changes who is
+// primary: ask the cluster).
+type Cluster struct {
+	Nodes []*Server
+
+	tb   testing.TB
+	opts Options
+}
+
+// StartCluster starts primaries cluster nodes and replicas replicas of
+// each, makes them a cluster (redis-cli --cluster create, the slots spread
+// evenly over the primaries) and waits until every node reports the
+// cluster ok. opts apply to every node (Cluster is set).
+func StartCluster(tb testing.TB, primaries, replicas int, opts Options) *Cluster {
+	tb.Helper()
+	opts.Cluster = true
+	c := &Cluster{tb: tb, opts: opts}
+	for range primaries * (1 + replicas) {
+		c.Nodes = append(c.Nodes, Start(tb, opts))
+	}
+	args := append([]string{"--cluster", "create"}, Addrs(c.Nodes)...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	c.cli(args...)
+	c.WaitOK()
+	return c
+}
+
+// cli runs redis-cli with args and fails the test when it fails.
+func (c *Cluster) cli(args ...string) string {
+	c.tb.Helper()
+	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	if err != nil {
+		c.tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Seeds is the cluster's nodes as a shard spec's seed list,
+// "host:port+host:port+...".
+func (c *Cluster) Seeds() string { return strings.Join(Addrs(c.Nodes), "+") }
+
+// client is a plain client of one node, closed when the test ends.
+func (c *Cluster) client(s *Server) *redis.Client {
+	cl := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+	c.tb.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// WaitOK waits (up to 30s) until every node that runs says
+// cluster_state:ok and agrees on who owns every slot.
+func (c *Cluster) WaitOK() {
+	c.tb.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, why := true, ""
+		var first string
+		for _, s := range c.Nodes {
+			if s.PID() == 0 {
+				continue
+			}
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+			info, err := cl.ClusterInfo(ctx).Result()
+			slots, serr := cl.ClusterSlots(ctx).Result()
+			_ = cl.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || serr != nil {
+				ok, why = false, fmt.Sprintf("%s: %v %v", s.Addr, err, serr)
+				break
+			}
+			if view := fmt.Sprint(slotOwners(slots)); first == "" {
+				first = view
+			} else if view != first {
+				ok, why = false, "the nodes disagree on the slots' owners"
+				break
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.tb.Fatalf("redistest: cluster not ok within 30s: %s", why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// slotOwners is the slot ranges and their primaries, for comparison.
+func slotOwners(slots []redis.ClusterSlot) []string {
+	var out []string
+	for _, s := range slots {
+		if len(s.Nodes) > 0 {
+			out = append(out, fmt.Sprintf("%d-%d:%s", s.Start, s.End, s.Nodes[0].Addr))
+		}
+	}
+	return out
+}
+
+// Owner is the node that owns slot now, as the node at first answers.
+func (c *Cluster) Owner(slot int) *Server {
+	c.tb.Helper()
+	for _, s := range c.Nodes {
+		if s.PID() == 0 {
+			continue
+		}
+		slots, err := c.client(s).ClusterSlots(context.Background()).Result()
+		if err != nil {
+			continue
+		}
+		for _, r := range slots {
+			if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
+				for _, n := range c.Nodes {
+					if n.Addr == r.Nodes[0].Addr {
+						return n
+					}
+				}
+			}
+		}
+	}
+	c.tb.Fatalf("redistest: no node owns slot %d", slot)
+	return nil
+}
+
+// id is a node's cluster id.
+func (c *Cluster) id(s *Server) string {
+	c.tb.Helper()
+	id, err := c.client(s).ClusterMyID(context.Background()).Result()
+	if err != nil {
+		c.tb.Fatalf("redistest: CLUSTER MYID of %s: %v", s.Addr, err)
+	}
+	return id
+}
+
+// MoveSlot moves slot, and its keys, from its owner to node to, as
+// redis-cli --cluster reshard moves each slot: the target importing, the
+// source migrating, the keys migrated (MIGRATE) a few at a time with pause
+// between the batches (while a slot is half moved, a command on it is
+// redirected: ASK, TRYAGAIN), then the slot given to the target on every
+// primary.
+func (c *Cluster) MoveSlot(slot int, to *Server, pause time.Duration) {
+	c.tb.Helper()
+	ctx := context.Background()
+	from := c.Owner(slot)
+	if from == to {
+		return
+	}
+	src, dst := c.client(from), c.client(to)
+	fromID, toID := c.id(from), c.id(to)
+	must := func(err error) {
+		c.tb.Helper()
+		if err != nil {
+			c.tb.Fatalf("redistest: move slot %d from %s to %s: %v", slot, from.Addr, to.Addr, err)
+		}
+	}
+	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
+	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
+	host, port, _ := strings.Cut(to.Addr, ":")
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 3).Result()
+		must(err)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(src.Do(ctx, args...).Err())
+		time.Sleep(pause)
+	}
+	for _, s := range c.Nodes {
+		if s.PID() == 0 {
+			continue
+		}
+		if role, err := c.client(s).Do(ctx, "ROLE").Slice(); err == nil && len(role) > 0 && role[0] == "master" {
+			must(c.client(s).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
+		}
+	}
+	c.WaitOK()
+}
+
+// AddPrimary starts a node and has it join the cluster as a primary
+// without slots (redis-cli --cluster add-node); Rebalance gives it some.
+func (c *Cluster) AddPrimary() *Server {
+	c.tb.Helper()
+	s := Start(c.tb, c.opts)
+	c.cli("--cluster", "add-node", s.Addr, c.Nodes[0].Addr)
+	c.Nodes = append(c.Nodes, s)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := c.client(s).ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return s
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.tb.Fatalf("redistest: %s did not join the cluster within 30s", s.Addr)
+	return nil
+}
+
+// Rebalance spreads the slots evenly over the primaries, the empty ones
+// included (redis-cli --cluster rebalance --cluster-use-empty-masters),
+// moving them while clients work.
+func (c *Cluster) Rebalance() {
+	c.tb.Helper()
+	for _, s := range c.Nodes {
+		if s.PID() != 0 {
+			c.cli("--cluster", "rebalance", s.Addr, "--cluster-use-empty-masters", "--cluster-yes")
+			c.WaitOK()
+			return
+		}
+	}
+}

@@ -275,13 +275,13 @@ func (w *Worker) Run(ctx context.Context) {
 
 // shardLoop is what one shard's loop keeps between passes.
 type shardLoop struct {
-	i          int // the shard's place in Worker.behind
-	name       string
-	c          redis.UniversalClient
-	cluster    bool            // a Redis Cluster: its outboxes are in many slots, read one by one
-	streams    []string        // the outboxes of the open pools' sub-pools here
-	grouped    map[string]bool // outboxes whose consumer group is known to be there
-	settled    time.Time       // when the last pass that read every outbox began
+	i       int // the shard's place in Worker.behind
+	name    string
+	c       redis.UniversalClient
+	cluster bool            // a Redis Cluster: its outboxes are in many slots, read one by one
+	streams []string        // the outboxes of the open pools' sub-pools here
+	grouped map[string]bool // outboxes whose consumer group is known to be there
+	settled time.Time       // when the last pass that read every outbox began
 }
 
 // loop settles one shard's outboxes until ctx ends.

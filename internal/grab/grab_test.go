@@ -75,7 +75,7 @@ func openShards(t testing.TB, addrs []string) *shard.Set {
 func (e *env) service(t testing.TB, set *shard.Set) (*Service, *catalog.Catalog) {
 	t.Helper()
 	serial := set.Names()[0]
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(serial), idgen.Key, set.Except(serial)...), idgen.Config{})
+	gen, err := idgen.ForShards(context.Background(), set, serial, idgen.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

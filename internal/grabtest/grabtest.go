@@ -6,6 +6,7 @@
 package grabtest
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -65,7 +66,7 @@ func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 // the same shards.
 func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, *catalog.Catalog, *grab.Service) {
 	tb.Helper()
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client("s1"), idgen.Key, set.Except("s1")...), idgen.Config{})
+	gen, err := idgen.ForShards(context.Background(), set, "s1", idgen.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}

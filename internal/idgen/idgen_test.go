@@ -537,3 +537,66 @@ func TestFrozenMirrorDoesNotHoldALoad(t *testing.T) {
 		t.Fatalf("Alloc with a frozen copy took %v: it waited for the copy's budget (5s)", took)
 	}
 }
+
+// TestUniqueOnAClusterAfterAPrimaryLosesWrites: the serial shard is a
+// Redis Cluster. The primary that owns the counter comes back with an older
+// AOF; generator B, started afterwards, must not get the segment A is
+// serving: the watermark copies on the cluster's other primaries carry the
+// counter past it. Without the copies the same restore hands B A's serials
+// (which checks the fault is real).
+func TestUniqueOnAClusterAfterAPrimaryLosesWrites(t *testing.T) {
+	for _, mirrored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("mirrored=%v", mirrored), func(t *testing.T) {
+			ctx := context.Background()
+			cl := redistest.StartCluster(t, 3, 0, redistest.Options{AOF: true, Fsync: "always"})
+			gen := func() *Generator {
+				specs, err := shard.ParseSpecs("c1=1@cluster/" + cl.Seeds())
+				if err != nil {
+					t.Fatal(err)
+				}
+				set, err := shard.Open(specs, 0, shard.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { set.Close() })
+				if !mirrored {
+					return newGen(t, NewRedisAllocatorMirrors(set.Client("c1"), Key, nil), Config{})
+				}
+				g, err := ForShards(ctx, set, "c1", Config{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { g.Close() })
+				return g
+			}
+			owner := cl.Owner(shard.Slot(Key))
+			a := gen()
+			take(t, a, 10) // the counter exists before the snapshot
+			before := owner.SnapshotAOF()
+			idsA := take(t, a, 5_000)
+			a.Close()
+			owner.Kill()
+			owner.RestoreAOF(before)
+			owner.Restart()
+			cl.WaitOK()
+			b := gen()
+			idsB := take(t, b, 5_000)
+			seen := map[int64]bool{}
+			for _, id := range idsA {
+				seen[id] = true
+			}
+			dups := 0
+			for _, id := range idsB {
+				if seen[id] {
+					dups++
+				}
+			}
+			switch {
+			case mirrored && dups > 0:
+				t.Fatalf("%d serials handed out by both generators after the counter's primary lost writes", dups)
+			case !mirrored && dups == 0:
+				t.Fatal("without watermark copies the restore handed out no serial twice: the fault did not land")
+			}
+		})
+	}
+}

@@ -32,14 +32,31 @@ const Key = "rain:serial"
 type RedisAllocator struct {
 	primary redis.Cmdable
 	key     string
-	mirrors []redis.Cmdable
+	mirrors []Mirror
 	// MirrorTimeout bounds each mirror call. Default 500ms.
 	MirrorTimeout time.Duration
+}
+
+// Mirror is where one watermark copy lives: a client, and the key on it.
+type Mirror struct {
+	C   redis.Cmdable
+	Key string
 }
 
 // NewRedisAllocator returns an allocator on key at primary, with watermark
 // copies at key+":watermark" on mirrors.
 func NewRedisAllocator(primary redis.Cmdable, key string, mirrors ...redis.Cmdable) *RedisAllocator {
+	ms := make([]Mirror, len(mirrors))
+	for i, m := range mirrors {
+		ms[i] = Mirror{C: m, Key: key + ":watermark"}
+	}
+	return NewRedisAllocatorMirrors(primary, key, ms)
+}
+
+// NewRedisAllocatorMirrors is NewRedisAllocator with a key of its own for
+// each copy: on a Redis Cluster the copies are keys whose slots fall on
+// other primaries than the counter's (see the instance's wiring).
+func NewRedisAllocatorMirrors(primary redis.Cmdable, key string, mirrors []Mirror) *RedisAllocator {
 	return &RedisAllocator{primary: primary, key: key, mirrors: mirrors, MirrorTimeout: 500 * time.Millisecond}
 }
 
@@ -66,8 +83,6 @@ func (a *RedisAllocator) Alloc(ctx context.Context, n int64) (int64, error) {
 	return end, nil
 }
 
-func (a *RedisAllocator) watermarkKey() string { return a.key + ":watermark" }
-
 func (a *RedisAllocator) quorum() int { return len(a.mirrors)/2 + 1 }
 
 // watermark is the highest watermark a majority of the mirrors hold.
@@ -75,8 +90,8 @@ func (a *RedisAllocator) watermark(ctx context.Context) (int64, error) {
 	if len(a.mirrors) == 0 {
 		return 0, nil
 	}
-	vals, errs := a.each(ctx, func(ctx context.Context, m redis.Cmdable) (int64, error) {
-		v, err := m.Get(ctx, a.watermarkKey()).Int64()
+	vals, errs := a.each(ctx, func(ctx context.Context, m Mirror) (int64, error) {
+		v, err := m.C.Get(ctx, m.Key).Int64()
 		if errors.Is(err, redis.Nil) {
 			return 0, nil
 		}
@@ -90,8 +105,8 @@ func (a *RedisAllocator) raise(ctx context.Context, end int64) error {
 	if len(a.mirrors) == 0 {
 		return nil
 	}
-	vals, errs := a.each(ctx, func(ctx context.Context, m redis.Cmdable) (int64, error) {
-		return lua.RaiseWatermark(ctx, m, a.watermarkKey(), end)
+	vals, errs := a.each(ctx, func(ctx context.Context, m Mirror) (int64, error) {
+		return lua.RaiseWatermark(ctx, m.C, m.Key, end)
 	})
 	_, err := a.decide(vals, errs, "raise")
 	return err
@@ -108,7 +123,7 @@ func (a *RedisAllocator) decide(vals []int64, errs []error, op string) (int64, e
 		}
 	}
 	if ok < a.quorum() {
-		return 0, fmt.Errorf("%s %s: %w (%d of %d): %w", op, a.watermarkKey(), errNoQuorum, ok, len(a.mirrors), errors.Join(errs...))
+		return 0, fmt.Errorf("%s the watermark of %s: %w (%d of %d): %w", op, a.key, errNoQuorum, ok, len(a.mirrors), errors.Join(errs...))
 	}
 	return high, nil
 }
@@ -128,7 +143,7 @@ var errLate = errors.New("no answer within the grace after a majority answered")
 // moment slower still counts: a raise reaches more copies than a bare
 // majority, and a read sees more of them, which is margin beyond what the
 // quorum promises (any read majority meets any raise majority).
-func (a *RedisAllocator) each(ctx context.Context, f func(context.Context, redis.Cmdable) (int64, error)) ([]int64, []error) {
+func (a *RedisAllocator) each(ctx context.Context, f func(context.Context, Mirror) (int64, error)) ([]int64, []error) {
 	type answer struct {
 		i   int
 		v   int64

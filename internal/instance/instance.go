@@ -131,7 +131,9 @@ func (in *Instance) build(cfg Config) error {
 	in.Metrics = metrics.New(cfg.Build)
 	in.Metrics.Durability(cfg.Relaxed)
 	// Serials come from the serial shard, with watermark copies on the others.
-	gen, err := idgen.New(idgen.NewRedisAllocator(set.Client(cfg.SerialShard), idgen.Key, set.Except(cfg.SerialShard)...), idgen.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*set.Timeout())
+	gen, err := idgen.ForShards(ctx, set, cfg.SerialShard, idgen.Config{})
+	cancel()
 	if err != nil {
 		return err
 	}

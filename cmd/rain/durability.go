@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -29,6 +30,12 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if err := set.CheckClusters(cctx); err != nil {
+		if errors.Is(err, shard.ErrNotACluster) {
+			return false, asUsage(err)
+		}
+		return false, err
+	}
 	var weak []string
 	for _, d := range set.Durability(cctx) {
 		switch {

@@ -32,7 +32,15 @@ func (s *Service) batcherFor(ctx context.Context, p *poolView, j int) (*batcher,
 	if err != nil {
 		return nil, err
 	}
-	return s.nodeBatcher(name, addr), nil
+	b := s.nodeBatcher(name, addr)
+	if b.br.current() != breakerClosed {
+		// The primary failed a batch: it may have failed over, and its
+		// slots gone to a replica the slot map does not name yet. Have
+		// the map read again (in the background, one read at a time), so
+		// that the claims after this one go to the new primary.
+		s.shards.Reload(ctx, name)
+	}
+	return b, nil
 }
 
 // nodeBatcher is the batcher of the primary at addr of cluster shard name,

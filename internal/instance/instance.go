@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"rain/internal/api"
@@ -88,10 +89,11 @@ type Instance struct {
 	API      *api.Server
 	Settler  *settle.Worker // nil without Config.Settle
 
-	log       *slog.Logger
-	stopBg    context.CancelFunc // ends the background work; nil before Start
-	bg        sync.WaitGroup
-	closeOnce sync.Once
+	log           *slog.Logger
+	weakPrimaries atomic.Int64       // cluster primaries met while running that could lose grants
+	stopBg        context.CancelFunc // ends the background work; nil before Start
+	bg            sync.WaitGroup
+	closeOnce     sync.Once
 }
 
 // New builds an instance. It does no I/O but what its components do when
@@ -109,15 +111,28 @@ func New(cfg Config) (*Instance, error) {
 	if cfg.ReaperRetry <= 0 {
 		cfg.ReaperRetry = 4 * time.Second
 	}
-	set, err := shard.Open(cfg.Shards, 0, cfg.ShardOptions)
+	in := &Instance{log: cfg.Logger}
+	opts := cfg.ShardOptions
+	// A cluster primary met while running (added, or a replica promoted)
+	// is checked as the shards were at start: logged and counted when it
+	// could lose grants.
+	opts.OnNode = func(d shard.Durability) {
+		if d.Err == nil && d.Durable() {
+			return
+		}
+		in.weakPrimaries.Add(1)
+		cfg.Logger.Warn("a cluster primary met while running could lose grants: make it appendonly yes, appendfsync always",
+			"primary", d.Shard, "durability", d.String())
+	}
+	set, err := shard.Open(cfg.Shards, 0, opts)
 	if err != nil {
 		return nil, err
 	}
+	in.Shards = set
 	if set.Client(cfg.SerialShard) == nil {
 		set.Close()
 		return nil, fmt.Errorf("serial shard %q is not one of the shards", cfg.SerialShard)
 	}
-	in := &Instance{Shards: set, log: cfg.Logger}
 	if err := in.build(cfg); err != nil {
 		in.closeParts()
 		return nil, err
@@ -130,6 +145,8 @@ func (in *Instance) build(cfg Config) error {
 	set := in.Shards
 	in.Metrics = metrics.New(cfg.Build)
 	in.Metrics.Durability(cfg.Relaxed)
+	in.Metrics.Counter("rain_shard_weak_primaries_total", "Cluster primaries met while running (added, or a replica promoted) whose persistence could lose acknowledged grants.",
+		func() float64 { return float64(in.weakPrimaries.Load()) })
 	// Serials come from the serial shard, with watermark copies on the others.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*set.Timeout())
 	gen, err := idgen.ForShards(ctx, set, cfg.SerialShard, idgen.Config{})

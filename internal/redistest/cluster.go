@@ -41,7 +41,27 @@ func StartCluster(tb testing.TB, primaries, replicas int, opts Options) *Cluster
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	c.cli(args...)
 	c.WaitOK()
+	c.waitReplicas()
 	return c
+}
+
+// waitReplicas waits (up to 30s) until every replica's link to its
+// primary is up: one that never synced cannot take over in a failover.
+func (c *Cluster) waitReplicas() {
+	c.tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range c.Nodes {
+		for {
+			info, err := c.client(s).Info(context.Background(), "replication").Result()
+			if err == nil && (strings.Contains(info, "role:master") || strings.Contains(info, "master_link_status:up")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.tb.Fatalf("redistest: replica %s not in sync within 30s", s.Addr)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 // cli runs redis-cli with args and fails the test when it fails.

@@ -160,7 +160,10 @@ func (s *Server) args() []string {
 			timeout = 2 * time.Second
 		}
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", strconv.Itoa(s.busPort), "--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
+			"--cluster-port", strconv.Itoa(s.busPort), "--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10),
+			// A replica syncs at once (Redis waits 5 s for more replicas
+			// by default): one that never synced cannot take over.
+			"--repl-diskless-sync-delay", "0")
 	}
 	return append(args, s.opts.Args...)
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -64,8 +65,71 @@ func newCluster(name string, sh ClusterShard, opts Options) *cluster {
 	}
 	dial := redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout, TLSConfig: o.TLSConfig})
 	o.Dialer = refusedDialer(dial)
-	return &cluster{name: name, spec: sh, opts: opts, c: redis.NewClusterClient(o),
+	cl := &cluster{name: name, spec: sh, opts: opts, c: redis.NewClusterClient(o),
 		nodes: map[string]*redis.Client{}, replicas: map[string]int{}}
+	if opts.OnNode != nil {
+		cl.c.OnNewNode(func(node *redis.Client) { go cl.checkNode(node) })
+	}
+	cl.c.AddHook(reloadOnLoss{cl.c})
+	return cl
+}
+
+// reloadOnLoss has a cluster client read the slot map again when a call
+// failed without a reply from the server (a node refused, reset, timed
+// out). go-redis reads it again on MOVED and every minute; a primary that
+// died and whose replica took over answers no MOVED, so without this the
+// client would go on sending its slots' keys to the dead address until the
+// minute is up. Reads are coalesced (one at a time, 200ms apart).
+type reloadOnLoss struct{ c *redis.ClusterClient }
+
+func (h reloadOnLoss) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h reloadOnLoss) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.after(ctx, err)
+		return err
+	}
+}
+
+func (h reloadOnLoss) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.after(ctx, err)
+		return err
+	}
+}
+
+func (h reloadOnLoss) after(ctx context.Context, err error) {
+	if lostNode(err) {
+		h.c.ReloadState(ctx)
+	}
+}
+
+// lostNode reports whether err is a call's failure with no reply from the
+// node (or a reply saying the cluster is down): its slots may have moved
+// to another node.
+func lostNode(err error) bool {
+	var reply redis.Error
+	switch {
+	case err == nil, errors.Is(err, context.Canceled):
+		return false
+	case errors.As(err, &reply):
+		return redis.HasErrorPrefix(err, "CLUSTERDOWN")
+	}
+	return true
+}
+
+// checkNode tells Options.OnNode the durability of a node the cluster
+// client met, when it is a primary.
+func (cl *cluster) checkNode(node *redis.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*cl.opts.Timeout)
+	defer cancel()
+	role, err := node.Do(ctx, "ROLE").Slice()
+	if err != nil || len(role) == 0 || role[0] != "master" {
+		return // a replica, or gone: a primary it becomes is met again
+	}
+	cl.opts.OnNode(durabilityOf(ctx, cl.name+"/"+node.Options().Addr, node))
 }
 
 // clusterTLS is the TLS configuration of a cluster+tls/ shard's nodes;
@@ -287,3 +351,41 @@ func (s *Set) Writer(ctx context.Context, name, key string) (c redis.UniversalCl
 	}
 	return s.Node(name, addr), true, nil
 }
+
+// CheckClusters checks every cluster shard as rain needs it at start: it
+// answers as a cluster (a standalone server given as cluster/ does not),
+// and its primaries cover all 16384 slots. Unreachable seeds are reported
+// as such (Unreachable), a server that is no cluster or a cluster with
+// slots uncovered by ErrNotACluster.
+func (s *Set) CheckClusters(ctx context.Context) error {
+	var errs []error
+	for _, name := range s.names {
+		cl := s.clusters[name]
+		if cl == nil {
+			continue
+		}
+		ps, err := cl.primaries(ctx)
+		switch {
+		case err != nil && (strings.Contains(err.Error(), "cluster support disabled") || redis.HasErrorPrefix(err, "unknown command")):
+			errs = append(errs, fmt.Errorf("%w: shard %s: %v (is it a Redis Cluster? a standalone server is given as host:port)", ErrNotACluster, name, err))
+			continue
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		}
+		covered := int64(0)
+		for _, p := range ps {
+			for _, r := range p.Slots {
+				covered += r[1] - r[0] + 1
+			}
+		}
+		if covered != 16384 {
+			errs = append(errs, fmt.Errorf("%w: shard %s: its primaries cover %d of the 16384 slots (run redis-cli --cluster fix)", ErrNotACluster, name, covered))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrNotACluster is returned by CheckClusters for a cluster shard that is
+// no cluster, or one whose slots are not all covered.
+var ErrNotACluster = errors.New("not a whole Redis Cluster")

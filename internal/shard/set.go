@@ -43,6 +43,12 @@ type Options struct {
 	// TLS is the base TLS configuration of shards whose address is a
 	// rediss:// URL (its RootCAs: --redis-ca); nil: the system's roots.
 	TLS *tls.Config
+	// OnNode, when set, is told the durability of every primary of a
+	// cluster shard that its client meets while running (a primary added,
+	// a replica promoted), read when the client first connects to it: rain
+	// serve logs and counts one that could lose grants. It runs on a
+	// goroutine of its own.
+	OnNode func(Durability)
 }
 
 // DefaultTimeout is Options.Timeout's default: a round trip to a healthy

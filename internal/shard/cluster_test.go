@@ -1,0 +1,113 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"rain/internal/redistest"
+)
+
+// TestCheckClusters: a cluster shard is checked at start as rain needs it.
+// A whole cluster passes; a standalone server given as cluster/ is no
+// cluster (ErrNotACluster, which rain serve reports as a usage error), and
+// seeds nobody answers are unreachable, not "no cluster".
+func TestCheckClusters(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 0, redistest.Options{})
+	alone := redistest.Start(t, redistest.Options{})
+	dead := redistest.Start(t, redistest.Options{})
+	dead.Kill()
+	for _, tc := range []struct {
+		spec    string
+		want    error // nil: passes
+		wantAny bool  // fails, not as ErrNotACluster
+	}{
+		{spec: "c1=1@cluster/" + cl.Seeds()},
+		{spec: "c1=1@cluster/" + alone.Addr, want: ErrNotACluster},
+		{spec: "c1=1@cluster/" + dead.Addr, wantAny: true},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			specs, err := ParseSpecs(tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, err := Open(specs, 0, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer set.Close()
+			err = set.CheckClusters(ctx)
+			switch {
+			case tc.want != nil && !errors.Is(err, tc.want):
+				t.Fatalf("CheckClusters = %v, want %v", err, tc.want)
+			case tc.wantAny && (err == nil || errors.Is(err, ErrNotACluster)):
+				t.Fatalf("CheckClusters = %v, want an error that is not ErrNotACluster", err)
+			case tc.want == nil && !tc.wantAny && err != nil:
+				t.Fatalf("CheckClusters = %v", err)
+			}
+		})
+	}
+}
+
+// TestOnNodeIsToldOfEveryPrimary: the cluster client tells Options.OnNode
+// the durability of each primary it meets (here: none persists), and of no
+// replica.
+func TestOnNodeIsToldOfEveryPrimary(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 1, redistest.Options{})
+	var (
+		mu  sync.Mutex
+		met []string
+	)
+	specs, err := ParseSpecs("c1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := Open(specs, 0, Options{OnNode: func(d Durability) {
+		mu.Lock()
+		defer mu.Unlock()
+		if d.Err != nil || d.Durable() {
+			t.Errorf("told %s, want a primary that does not persist", d)
+		}
+		met = append(met, d.Shard)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	ps, err := set.Primaries(ctx, "c1")
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("Primaries = %v, %v", ps, err)
+	}
+	var want []string
+	for i := range 300 { // keys over every primary's slots
+		if err := set.Client("c1").Set(ctx, fmt.Sprintf("k%d", i), 1, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range ps {
+		want = append(want, "c1/"+p.Addr)
+	}
+	slices.Sort(want)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		got := slices.Clone(met)
+		mu.Unlock()
+		slices.Sort(got)
+		got = slices.Compact(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("told of %s, want the primaries %s", strings.Join(got, " "), strings.Join(want, " "))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

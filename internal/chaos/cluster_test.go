@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +48,11 @@ func clusterInstance(t *testing.T, cl *redistest.Cluster, tweak func(*instance.C
 func TestClusterFailover(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3, 1, redistest.Options{AOF: true, Fsync: "always", NodeTimeout: time.Second})
-	in := clusterInstance(t, cl, nil)
+	var logs lines
+	in := clusterInstance(t, cl, func(c *instance.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.ClusterWatch = 200 * time.Millisecond
+	})
 	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 3_000_000, Count: 300_000})
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +135,41 @@ func TestClusterFailover(t *testing.T) {
 	if rep, err := in.Catalog.Audit(ctx, "fo"); err != nil || !rep.OK {
 		t.Fatalf("audit after the failover = %+v, %v", rep, err)
 	}
+	// The change is logged: the dead primary out, its replica in (one line
+	// or two: the watch may read the cluster between the two).
+	defer func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.buf.String())
+		}
+	}()
+	waittest.Until(t, 10*time.Second, "a log line naming the failover", func() bool {
+		out := logs.has(func(l string) bool {
+			return strings.Contains(l, "the primaries of a cluster shard changed") && strings.Contains(l, "removed=["+victim.Addr+"]")
+		})
+		back := logs.has(func(l string) bool {
+			return strings.Contains(l, "the primaries of a cluster shard changed") && !strings.Contains(l, "added=[]") && strings.Contains(l, "primaries=3")
+		})
+		return out && back
+	})
+}
+
+// lines is a log sink tests can read while it is written.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// has reports whether a line satisfies ok.
+func (l *lines) has(ok func(string) bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.ContainsFunc(strings.Split(l.buf.String(), "\n"), ok)
 }
 
 // TestClusterPoolLife: a pool's whole life on a cluster shard: grants

@@ -57,6 +57,9 @@ type Config struct {
 	// ReaperRetry is how long an instance waits between two tries at the
 	// reaper's lock (jittered). Default 4s.
 	ReaperRetry time.Duration
+	// ClusterWatch is how often the primaries of each cluster shard are
+	// read to notice a change (one CLUSTER SHARDS); 10s when zero.
+	ClusterWatch time.Duration
 	// Reaper tunes the reaper; its Logger is the instance's.
 	Reaper reaper.Config
 	// Books, when set, is the system of record closes reconcile with and
@@ -89,11 +92,13 @@ type Instance struct {
 	API      *api.Server
 	Settler  *settle.Worker // nil without Config.Settle
 
-	log           *slog.Logger
-	weakPrimaries atomic.Int64       // cluster primaries met while running that could lose grants
-	stopBg        context.CancelFunc // ends the background work; nil before Start
-	bg            sync.WaitGroup
-	closeOnce     sync.Once
+	log            *slog.Logger
+	weakPrimaries  atomic.Int64       // cluster primaries met while running that could lose grants
+	clusterChanges atomic.Int64       // changes seen in the primaries of cluster shards
+	clusterWatch   time.Duration      // how often they are read
+	stopBg         context.CancelFunc // ends the background work; nil before Start
+	bg             sync.WaitGroup
+	closeOnce      sync.Once
 }
 
 // New builds an instance. It does no I/O but what its components do when
@@ -111,7 +116,10 @@ func New(cfg Config) (*Instance, error) {
 	if cfg.ReaperRetry <= 0 {
 		cfg.ReaperRetry = 4 * time.Second
 	}
-	in := &Instance{log: cfg.Logger}
+	if cfg.ClusterWatch <= 0 {
+		cfg.ClusterWatch = 10 * time.Second
+	}
+	in := &Instance{log: cfg.Logger, clusterWatch: cfg.ClusterWatch}
 	opts := cfg.ShardOptions
 	// A cluster primary met while running (added, or a replica promoted)
 	// is checked as the shards were at start: logged and counted when it
@@ -145,6 +153,8 @@ func (in *Instance) build(cfg Config) error {
 	set := in.Shards
 	in.Metrics = metrics.New(cfg.Build)
 	in.Metrics.Durability(cfg.Relaxed)
+	in.Metrics.Counter("rain_shard_cluster_changes_total", "Changes seen in the list of a cluster shard's primaries (a primary added or removed, a replica promoted).",
+		func() float64 { return float64(in.clusterChanges.Load()) })
 	in.Metrics.Counter("rain_shard_weak_primaries_total", "Cluster primaries met while running (added, or a replica promoted) whose persistence could lose acknowledged grants.",
 		func() float64 { return float64(in.weakPrimaries.Load()) })
 	// Serials come from the serial shard, with watermark copies on the others.
@@ -209,6 +219,17 @@ func (in *Instance) Start() {
 	if in.Settler != nil {
 		in.bg.Go(func() { in.Settler.Run(ctx) })
 	}
+	in.bg.Go(func() { in.Shards.WatchClusters(ctx, in.clusterWatch, in.clusterChanged) })
+}
+
+// clusterChanged logs a change in a cluster shard's primaries and counts
+// it (rain_shard_cluster_changes_total): a primary added or removed by the
+// operator, or a replica promoted in a failover. Sub-pools follow their
+// slots by themselves; the line says what happened.
+func (in *Instance) clusterChanged(c shard.ClusterChange) {
+	in.clusterChanges.Add(1)
+	in.log.Warn("the primaries of a cluster shard changed", "shard", c.Shard,
+		"added", c.Added, "removed", c.Removed, "primaries", c.Primaries)
 }
 
 // Close stops the instance; call it once the HTTP server has shut down (no

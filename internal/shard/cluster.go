@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -389,3 +390,67 @@ func (s *Set) CheckClusters(ctx context.Context) error {
 // ErrNotACluster is returned by CheckClusters for a cluster shard that is
 // no cluster, or one whose slots are not all covered.
 var ErrNotACluster = errors.New("not a whole Redis Cluster")
+
+// ClusterChange is a change in the primaries of a cluster shard, as
+// WatchClusters sees it.
+type ClusterChange struct {
+	Shard          string
+	Added, Removed []string // primaries' addresses
+	Primaries      int      // how many it has now
+}
+
+// WatchClusters reads the primaries of every cluster shard every interval
+// until ctx ends, and tells changed of each change in their list (a
+// primary added, removed, or a replica promoted in a failover). The first
+// read is the baseline: it is not a change. A read that fails is skipped.
+func (s *Set) WatchClusters(ctx context.Context, every time.Duration, changed func(ClusterChange)) {
+	var names []string
+	for _, name := range s.names {
+		if s.clusters[name] != nil {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	known := map[string][]string{}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		for _, name := range names {
+			rctx, cancel := context.WithTimeout(ctx, 5*s.Timeout())
+			ps, err := s.clusters[name].primaries(rctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			var now []string
+			for _, p := range ps {
+				now = append(now, p.Addr)
+			}
+			slices.Sort(now)
+			before, seen := known[name]
+			known[name] = now
+			if !seen || slices.Equal(before, now) {
+				continue
+			}
+			c := ClusterChange{Shard: name, Primaries: len(now)}
+			for _, a := range now {
+				if !slices.Contains(before, a) {
+					c.Added = append(c.Added, a)
+				}
+			}
+			for _, a := range before {
+				if !slices.Contains(now, a) {
+					c.Removed = append(c.Removed, a)
+				}
+			}
+			changed(c)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

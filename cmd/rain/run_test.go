@@ -24,7 +24,9 @@ import (
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanup{m}, goleak.IgnoreCurrent()) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(cleanup{m}, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+}
 
 // cleanup removes what the tests left for the whole run (the rain binary
 // rainBinary built) once they are done.

@@ -31,7 +31,9 @@ import (
 )
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent()) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+}
 
 const token = "test-token"
 

@@ -21,7 +21,7 @@ import (
 	"rain/internal/split"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
 
 // env is a catalogue on real redis-server shards s1, s2, ... (s1 the serial
 // shard), reached at addrs: the servers' own, or proxies in front of them.

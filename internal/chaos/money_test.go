@@ -25,11 +25,7 @@ import (
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(),
-		// go-redis probes a node whose pool failed every dial once a
-		// second until the pool is closed: a killed node's outlives the
-		// test by up to that second.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
 }
 
 // stack is n shards, each behind a proxy; instances reach them only

@@ -16,7 +16,7 @@ import (
 	"rain/internal/wait/waittest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
 
 // env is a Service on real redis-server shards, with the catalogue and the
 // reaper of the same instance.

@@ -18,7 +18,7 @@ import (
 	"rain/internal/wait/waittest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
 
 const key = "rain:idgen:test"
 

@@ -16,12 +16,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// After PoolSize failed dials to a downed shard, go-redis probes it
-		// from a goroutine that sleeps a second between probes and returns at
-		// the first probe after Client.Close. It is go-redis's, not ours, and
-		// outlives the fault tests by up to a second.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	goleak.VerifyTestMain(m, redistest.IgnoreProbe())
 }
 
 const (

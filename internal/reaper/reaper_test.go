@@ -21,7 +21,7 @@ import (
 	"rain/internal/wait/waittest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
 
 type env struct {
 	servers []*redistest.Server

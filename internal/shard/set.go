@@ -263,7 +263,7 @@ func (s *Set) PingShard(ctx context.Context, name string) error {
 	}
 	return cl.c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		if err := c.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("primary %s: %w", c.Options().Addr, err)
+			return fmt.Errorf("primary %s/%s: %w", name, c.Options().Addr, err)
 		}
 		return nil
 	})

@@ -12,6 +12,9 @@
 #                               on and --pool=off side by side (see bench_pool)
 #   scripts/bench.sh soldout    answers/s on a sold-out pool vs a handler that only
 #                               decodes and answers a fixed JSON (see bench_soldout)
+#   scripts/bench.sh cluster    rain on a 3-primary Redis Cluster beside rain on 3 named
+#                               shards, and what a slot move costs the grabs on it
+#                               (see bench_cluster)
 #   scripts/bench.sh durability grab throughput with the shards on appendfsync always
 #                               (what rain requires) beside everysec (see bench_durability)
 #   scripts/bench.sh memory     what a pool leaves on its shards from its preload to its close
@@ -83,7 +86,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab durability settle memory driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab cluster durability settle memory driver pool soldout)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -222,7 +225,7 @@ user_auth_none() {
 }
 rain_seq=0
 start_rain() {
-  local shards="" i p rp pid durability=() dir redis=""
+  local shards="" i p dir redis=""
   rain_seq=$((rain_seq + 1))
   dir="$tmp/rain$rain_seq"
   for i in 1 2 3 4; do
@@ -230,11 +233,19 @@ start_rain() {
     redis+="${redis:+ }$redis_pid"
     shards+="${shards:+,}s$i=1@127.0.0.1:$p"
   done
+  start_rain_on "$1" "$dir" "$shards" "$redis" "${@:2}"
+}
+
+# start_rain_on VAR DIR SHARDS PIDS [FLAG...]: rain serve on the shards SHARDS
+# (a --redis value) whose redis-server processes are PIDS (for the CPU they
+# cost), logging into DIR; otherwise as start_rain.
+start_rain_on() {
+  local dir=$2 shards=$3 redis=$4 rp pid i durability=()
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   user_auth_none "${rain_bin:-$bin/rain}"
   free_port rp
   "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
-    "${durability[@]}" "${no_user_auth[@]}" "${@:2}" \
+    "${durability[@]}" "${no_user_auth[@]}" "${@:5}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!
   started+=("$pid")
@@ -490,6 +501,130 @@ bench_grab() {
     local last=$((${#report_runs[@]} - 1))
     report_runs=("${report_runs[$last]}" "${report_runs[@]:0:$last}")
   fi
+  cleanup
+}
+
+# start_cluster VAR DIR N: a Redis Cluster of N primaries (no replicas), each
+# on an AOF with appendfsync $rain_fsync, made with redis-cli --cluster create;
+# its seeds (host:port+host:port+...) into VAR, its PIDs into cluster_pids.
+start_cluster() {
+  local dir=$2 n=$3 i np nb addrs=() sd="" a
+  cluster_pids=""
+  for ((i = 1; i <= n; i++)); do
+    free_port np
+    free_port nb
+    mkdir -p "$dir/c$i"
+    redis-server --bind 127.0.0.1 --port "$np" --dir "$dir/c$i" --save "" --appendonly yes \
+      --appendfsync "$rain_fsync" --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-port "$nb" --cluster-node-timeout 5000 --daemonize no --logfile "" \
+      >"$dir/c$i/redis.log" 2>&1 &
+    started+=($!)
+    cluster_pids+="${cluster_pids:+ }$!"
+    wait_port $! "$np" "redis-server $dir/c$i" "$dir/c$i/redis.log"
+    addrs+=("127.0.0.1:$np")
+    sd+="${sd:++}127.0.0.1:$np"
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-yes >"$dir/create.log" 2>&1 || {
+    cat "$dir/create.log" >&2
+    return 1
+  }
+  for a in "${addrs[@]}"; do
+    for ((i = 0; i < 200; i++)); do
+      redis-cli -p "${a#*:}" cluster info | grep -q '^cluster_state:ok' && break
+      sleep 0.1
+    done
+  done
+  printf -v "$1" %s "$sd"
+}
+
+# slot_owner PORT SLOT prints the node id and port of the primary that owns
+# SLOT, as the node at PORT sees the cluster.
+slot_owner() {
+  redis-cli -p "$1" cluster nodes | awk -v s="$2" '$3 ~ /master/ {
+    for (i = 9; i <= NF; i++) { n = split($i, r, "-"); if (n == 1) r[2] = r[1]
+      if (s + 0 >= r[1] + 0 && s + 0 <= r[2] + 0) { split($2, a, "[:@]"); print $1, a[2]; exit } } }'
+}
+
+# move_slot SEEDPORT SLOT: moves SLOT to another primary as redis-cli
+# --cluster reshard does (IMPORTING/MIGRATING, MIGRATE 100 keys at a time,
+# SETSLOT NODE on every primary), while rain serves it.
+move_slot() {
+  local seed=$1 slot=$2 src sport dst dport keys p
+  read -r src sport < <(slot_owner "$seed" "$slot")
+  read -r dst dport < <(redis-cli -p "$seed" cluster nodes | awk -v s="$src" '$3 ~ /master/ && $1 != s { split($2, a, "[:@]"); print $1, a[2]; exit }')
+  redis-cli -p "$dport" cluster setslot "$slot" importing "$src" >/dev/null
+  redis-cli -p "$sport" cluster setslot "$slot" migrating "$dst" >/dev/null
+  while :; do
+    mapfile -t keys < <(redis-cli -p "$sport" cluster getkeysinslot "$slot" 100)
+    [ ${#keys[@]} -gt 0 ] && [ -n "${keys[0]}" ] || break
+    redis-cli -p "$sport" migrate 127.0.0.1 "$dport" "" 0 10000 keys "${keys[@]}" >/dev/null
+  done
+  for p in $(redis-cli -p "$seed" cluster nodes | awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }'); do
+    redis-cli -p "$p" cluster setslot "$slot" node "$dst" >/dev/null
+  done
+}
+
+# bench_cluster: rain on a Redis Cluster of 3 primaries beside rain on 3 named
+# shards (every server on appendfsync always), saturated, rounds alternating
+# which goes first: grabs/s and CPU per answer of each, the cluster's primaries
+# counted as its Redis. Then what a slot move costs: rain on the cluster at
+# LOAD x its saturated goodput, one run as is and one during which the slot of
+# one sub-pool moves to another primary (its keys migrated 100 at a time, as
+# redis-cli --cluster reshard does): latencies and errors of both, and how
+# long the move took.
+bench_cluster() {
+  need_tools redis-server redis-cli curl
+  local section=cluster rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  build_tools
+  local nport cport seeds named="" pids="" i p dir
+  dir="$tmp/named"
+  for i in 1 2 3; do
+    start_redis p "$dir/s$i" "$rain_fsync"
+    pids+="${pids:+ }$redis_pid"
+    named+="${named:+,}s$i=1@127.0.0.1:$p"
+  done
+  start_rain_on nport "$dir" "$named" "$pids"
+  mkdir -p "$tmp/cluster"
+  start_cluster seeds "$tmp/cluster" 3
+  start_rain_on cport "$tmp/cluster" "c1=1@cluster/$seeds" "$cluster_pids"
+  local r n order
+  for ((r = 1; r <= rounds; r++)); do
+    order="named cluster"
+    ((r % 2)) || order="cluster named"
+    for n in $order; do
+      local port=$nport
+      [ "$n" = cluster ] && port=$cport
+      saturate "$n" "$port" "$r" -admin-token "$token"
+    done
+  done
+  local eq seed=${seeds%%+*}
+  seed=${seed#*:}
+  eq=$(awk -v g="$(med cluster sat goodput_rps)" -v s="$share" 'BEGIN { printf "%d\n", g * s }')
+  warm still "$cport" -pool still -admin-token "$token" -preload "$packets:$total" -rate "$eq" -conns "$conns" -user-prefix w
+  load still eq 1 "$cport" -pool still -rate "$eq" -duration "$duration" -conns "$conns" -user-prefix e -repeat "$repeat"
+  warm moving "$cport" -pool moving -admin-token "$token" -preload "$packets:$total" -rate "$eq" -conns "$conns" -user-prefix w
+  local key slot began took
+  key=$(for p in $(redis-cli -p "$seed" cluster nodes | awk '$3 ~ /master/ { split($2, a, "[:@]"); print a[2] }'); do
+    redis-cli -p "$p" --scan --pattern 'rain:{moving:0*:meta'; done | head -1)
+  slot=$(redis-cli -p "$seed" cluster keyslot "$key")
+  load moving eq 1 "$cport" -pool moving -rate "$eq" -duration "$duration" -conns "$conns" -user-prefix e -repeat "$repeat" &
+  local loader=$!
+  sleep "$(awk -v d="${duration%s}" 'BEGIN { print d / 3 }')"
+  began=$(date +%s%N)
+  move_slot "$seed" "$slot"
+  took=$((($(date +%s%N) - began) / 1000000))
+  wait "$loader"
+  echo "== cluster: $rounds round(s) of $duration, medians over rounds (errors: sums)"
+  print_row "cluster: saturated" named sat
+  print_row "cluster: saturated" cluster sat
+  figure "$(awk -v c="$(med cluster sat goodput_rps)" -v n="$(med named sat goodput_rps)" \
+    -v ca="$(med cluster sat app_us)" -v na="$(med named sat app_us)" \
+    -v cr="$(med cluster sat redis_us)" -v nr="$(med named sat redis_us)" 'BEGIN {
+    printf "cluster: 3 primaries serve %.2fx the grabs/s of 3 named shards; CPU per answer %.2fx (process) and %.2fx (redis)\n", c / n, ca / na, cr / nr }')"
+  print_row "$(printf 'cluster: at %6.0f/s' "$eq")" still eq
+  print_row "$(printf 'cluster: at %6.0f/s' "$eq")" moving eq
+  figure "cluster: the slot of sub-pool 0 ($key, slot $slot) moved to another primary in $took ms during the 'moving' run"
   cleanup
 }
 
@@ -894,11 +1029,12 @@ for s in "${sections[@]}"; do
     driver) bench_driver ;;
     pool) bench_pool ;;
     soldout) bench_soldout ;;
+    cluster) bench_cluster ;;
     durability) bench_durability ;;
     settle) bench_settle ;;
     memory) bench_memory ;;
     versus) bench_versus ;;
-    *) echo "bench.sh: unknown section $s (have: idgen preload grab durability settle memory driver pool soldout versus)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab cluster durability settle memory driver pool soldout versus)" >&2; exit 2 ;;
   esac
 done
 write_report

@@ -448,6 +448,50 @@ func TestIdleChatter(t *testing.T) {
 	}
 }
 
+// TestIdleSeason: a season preloaded ahead of its rains costs nothing while
+// it waits. Four shards behind counting proxies, two rain serve instances,
+// 400 pools of four sub-pools each: 200 whose window starts tomorrow, 200
+// open with nothing held. Idle, each instance costs each shard at most 2
+// calls a second, as one idle pool does (docs/benchmarks.md#background-calls):
+// background work follows what there is to do, not the pools that exist.
+func TestIdleSeason(t *testing.T) {
+	servers := redistest.StartN(t, 4, durable)
+	var proxies []*redisproxy.Proxy
+	var specs []string
+	for i, s := range servers {
+		p := redisproxy.Start(t, s.Addr)
+		proxies = append(proxies, p)
+		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, p.Addr))
+	}
+	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": longToken}
+	a, _ := startServe(t, nil, environ)
+	startServe(t, nil, environ)
+	tomorrow := time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)
+	for i := range 400 {
+		body := fmt.Sprintf(`{"pool_id":"p%d","total_cents":10000,"count":100,"sub_pools":4}`, i)
+		if i%2 == 0 {
+			body = fmt.Sprintf(`{"pool_id":"p%d","total_cents":10000,"count":100,"sub_pools":4,"starts_at":%q}`, i, tomorrow)
+		}
+		if code, resp := post(t, "http://"+a+"/admin/pools", longToken, body); code != 201 {
+			t.Fatalf("preload p%d = %d %v", i, code, resp)
+		}
+	}
+	time.Sleep(10 * time.Second) // the first sweeps, lock attempts and listings
+	for _, p := range proxies {
+		p.ResetStats()
+	}
+	const window = 10 * time.Second
+	time.Sleep(window)
+	for i, p := range proxies {
+		st := p.Stats()
+		perInstance := float64(st.Calls()) / 2 / window.Seconds()
+		t.Logf("shard s%d: %.2f calls/s per instance: %v", i+1, perInstance, st.Commands)
+		if perInstance > 2 {
+			t.Errorf("shard s%d: %.2f calls/s per idle instance with 400 idle pools, want at most 2 (%v)", i+1, perInstance, st.Commands)
+		}
+	}
+}
+
 // TestConnectionCap: a flood of idle keep-alive connections past
 // --max-conns does not starve new clients: the idle ones are closed, a grab
 // and the readiness probe on new connections are answered at once.

@@ -409,9 +409,10 @@ func TestDurability(t *testing.T) {
 // of four sub-pools with grants held: every call each makes to each shard
 // is counted at a proxy in front of it. Idle, an instance costs a shard at
 // most 2 calls a second (docs/benchmarks.md#background-calls), and the count does
-// not grow with the shards: the registry is read from the serial shard
-// alone, the reaper sweeps a sub-pool only when something there can be due,
-// and a waiting instance tries the reaper's lock every few seconds.
+// not grow with the shards: the registries are read one shard in turn, the
+// reaper sweeps a sub-pool only when its shard's due index says something
+// there can be due, and a waiting instance tries the reaper's lock every
+// few seconds.
 func TestIdleChatter(t *testing.T) {
 	servers := redistest.StartN(t, 4, durable)
 	var proxies []*redisproxy.Proxy

@@ -94,6 +94,8 @@ type Catalog struct {
 	mu      sync.RWMutex          // guards records, lives and onOpen
 	records map[string]*Pool      // records of open and closed pools, read once: see Pool
 	lives   map[string]string     // each shard's life counter as List last saw it
+	regs    map[string][]string   // each shard's registry as last read (List, ListInTurn)
+	turn    int                   // the shard ListInTurn reads next
 	onOpen  []func(poolID string) // see OnOpen
 
 	listed atomic.Pointer[listing] // the registry as List last read it
@@ -117,7 +119,7 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 		cfg.SealLease = time.Minute
 	}
 	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]*Pool{}, lives: map[string]string{}}
+		records: map[string]*Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
 
 // Shards is the set the catalog works on.

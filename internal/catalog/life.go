@@ -330,6 +330,14 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 			// Its account is recorded, yet it can move: never freed.
 			return fmt.Errorf("%w: pool %s sub-pool %d is %s, not sealed: its keys are kept; the account recorded may not hold",
 				ErrNotNow, p.ID(), j, state)
+		default:
+			// Out of its shard's due index too (best effort: the reaper
+			// drops a closed pool's sub-pool at its next look anyway).
+			meta := p.SubPool(j).Keys().Meta
+			pipe := c.client(p, j).Pipeline()
+			pipe.ZRem(ctx, lua.DueAt, meta)
+			pipe.HDel(ctx, lua.DueGen, meta)
+			_, _ = pipe.Exec(ctx)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -195,19 +195,17 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
-		wg.Go(func() {
-			pipe := c.shards.Client(name).Pipeline()
-			members := pipe.SMembers(ctx, registryKey)
-			life := pipe.Get(ctx, lifeKey)
-			_, _ = pipe.Exec(ctx)
-			lives[i], _ = life.Result() // none yet: ""
-			if lists[i], errs[i] = members.Result(); errs[i] != nil {
-				errs[i] = fmt.Errorf("shard %s: %w", name, errs[i])
-			}
-		})
+		wg.Go(func() { lists[i], lives[i], errs[i] = c.readRegistry(ctx, name) })
 	}
 	wg.Wait()
 	c.sawLives(names, lives, errs)
+	c.mu.Lock()
+	for i, name := range names {
+		if errs[i] == nil {
+			c.regs[name] = lists[i]
+		}
+	}
+	c.mu.Unlock()
 	seen := map[string]bool{}
 	var ids []string
 	var atSerial map[string]bool

@@ -97,6 +97,10 @@ type batcher struct {
 	// whether a node has replicas.
 	cluster string
 	shards  *shard.Set
+
+	// mark marks a sub-pool (its meta key) that may now hold a grant in
+	// the shard's due index (see due.go).
+	mark func(meta string)
 }
 
 // enqueue queues a claim for the shard's lane; its answer comes through the
@@ -411,6 +415,7 @@ func (b *batcher) read(ctx context.Context, g *group, valid int64) (failed bool)
 	}
 	var rerr redis.Error
 	failed = g.err != nil && !errors.As(g.err, &rerr)
+	held := g.err != nil // may have granted: unknown
 	for k, r := range g.reqs {
 		switch {
 		case g.err != nil:
@@ -420,6 +425,10 @@ func (b *batcher) read(ctx context.Context, g *group, valid int64) (failed bool)
 		default:
 			r.res, r.err = g.res[k], g.errs[k]
 		}
+		held = held || g.errs == nil || g.errs[k] != nil || g.res[k].Outcome == lua.Granted
+	}
+	if held && b.mark != nil {
+		b.mark(g.keys.Meta) // a grant now held there: the reaper's (see due.go)
 	}
 	return failed
 }

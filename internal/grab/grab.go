@@ -102,7 +102,8 @@ type Service struct {
 	mu    sync.RWMutex         // guards pools
 	pools map[string]*poolView // open pools; an open pool's record never changes
 
-	local local // the answers given without Redis
+	local local   // the answers given without Redis
+	marks *marker // the due marks of sub-pools granted or spilled from
 
 	// Everything the service runs in the background (the lanes, breaker
 	// probes, readers of holders) starts through goBackground; Close ends
@@ -139,6 +140,8 @@ func New(cfg Config) *Service {
 		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.cfg = cfg
+	s.marks = newMarker(shards, cfg.Logger)
+	s.goBackground(func() { s.marks.run(s.stopCtx.Done()) })
 	cfg.Catalog.OnOpen(s.local.known.Add)
 	s.nodes = map[string]*nodeLanes{}
 	for _, name := range shards.Names() {
@@ -166,6 +169,11 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
 		budget: shards.Timeout(), replicated: replicated, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
 		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
+	placed := name
+	if cluster != "" {
+		placed = cluster
+	}
+	b.mark = func(meta string) { s.marks.mark(placed, meta) }
 	if s.cfg.Places != nil {
 		shard := name
 		if cluster != "" {

@@ -115,6 +115,9 @@ func (s *Service) take(ctx context.Context, p *poolView, j, h int, token, userID
 	if err != nil {
 		return 0, 0, err
 	}
+	// A transfer may now be in flight at j, whatever the answer: the
+	// reaper's until the spill settles it (see due.go).
+	defer s.marks.mark(p.rec.Placement[j], p.keys[j].Meta)
 	return lua.Take(ctx, c, &p.keys[j], token, h, userID, wait)
 }
 
@@ -123,6 +126,7 @@ func (s *Service) adopt(ctx context.Context, p *poolView, h, j int, token, userI
 	if err != nil {
 		return lua.Claim{}, false, err
 	}
+	defer s.marks.mark(p.rec.Placement[h], p.keys[h].Meta) // a grant may now be held at h
 	return lua.Adopt(ctx, c, &p.keys[h], userID, token, serial, amount, j, s.valid.Milliseconds(), wait)
 }
 

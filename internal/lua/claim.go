@@ -261,6 +261,8 @@ type Released struct {
 	More bool
 	// NextMS is how long until a grant of the sub-pool can next fall due.
 	NextMS int64
+	// Held is how many grants are still held there.
+	Held int64
 }
 
 // ReleaseExpired releases up to limit grants of the sub-pool that are still
@@ -273,7 +275,7 @@ func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released
 		return Released{}, err
 	}
 	return Released{Count: integer(res, 0), Cents: integer(res, 1), OldestOverdueMS: integer(res, 2), More: integer(res, 3) == 1,
-		NextMS: integer(res, 4)}, nil
+		NextMS: integer(res, 4), Held: integer(res, 5)}, nil
 }
 
 // Group is what EnsureGroup found of an outbox's consumer group.

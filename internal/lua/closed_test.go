@@ -93,8 +93,8 @@ func TestNothingWritesToAClosedSubPool(t *testing.T) {
 			return r.Count, err
 		}, "0"},
 		{"transfers", func() (any, error) {
-			s, _, err := StaleTransfers(ctx, c, &h, 1, 0)
-			return len(s), err
+			f, err := StaleTransfers(ctx, c, &h, 1, 0)
+			return len(f.Stale), err
 		}, "0"},
 		{"group", func() (any, error) { return EnsureGroup(ctx, c, &h, "settle") }, fmt.Sprint(GroupGone)},
 		{"acknowledge", func() (any, error) { return nil, Acknowledge(ctx, c, h.Outbox, "settle", []string{"1-1"}) }, "<nil>"},

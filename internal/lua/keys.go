@@ -71,11 +71,17 @@ func (k Keys) All() []string {
 // ParseOutbox is the sub-pool whose outbox key is key (as Keys builds it);
 // ok is false for any other key.
 func ParseOutbox(key string) (sp SubPool, ok bool) {
+	return parseKey(key, "}:outbox", func(k Keys) string { return k.Outbox })
+}
+
+// parseKey returns the sub-pool whose key (the one that key of Keys picks,
+// ending in suffix) is key.
+func parseKey(key, suffix string, of func(Keys) string) (sp SubPool, ok bool) {
 	tag, found := strings.CutPrefix(key, "rain:{")
 	if !found {
 		return sp, false
 	}
-	if tag, found = strings.CutSuffix(tag, "}:outbox"); !found {
+	if tag, found = strings.CutSuffix(tag, suffix); !found {
 		return sp, false
 	}
 	tag, salt, _ := strings.Cut(tag, "~")
@@ -88,5 +94,5 @@ func ParseOutbox(key string) (sp SubPool, ok bool) {
 		return sp, false
 	}
 	sp = SubPool{Pool: tag[:i], Index: j, Salt: salt}
-	return sp, sp.Keys().Outbox == key
+	return sp, of(sp.Keys()) == key
 }

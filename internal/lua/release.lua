@@ -11,12 +11,14 @@
 -- if it is still held and past its deadline, checked here, atomically: a
 -- stale or concurrent reaper can never release a grant twice, nor one that
 -- was confirmed. A released user may grab again.
--- Returns {released, released_cents, oldest_overdue_ms, more, next_ms}:
+-- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
 -- oldest_overdue_ms is how long past its deadline the oldest overdue grant
 -- was (0 if none); more is 1 when the batch was full and more may be due;
 -- next_ms is how long until a grant can next fall due: the earliest
 -- deadline left, and at most the hold (a grant made later falls due no
--- sooner), so the reaper need not look before.
+-- sooner), so the reaper need not look before; held is how many grants are
+-- still held here (0: the reaper has nothing to do here until a grab marks
+-- the sub-pool again).
 local meta, stock, grants, deadlines, outbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local limit = tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -64,4 +66,4 @@ local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
 if #first > 0 then
   nextms = math.min(nextms, math.max(0, tonumber(first[2]) - now))
 end
-return {n, cents, oldest, more, nextms}
+return {n, cents, oldest, more, nextms, redis.call('ZCARD', deadlines)}

@@ -86,8 +86,21 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		}, true},
 		{"open", func() error { _, _, _, err := OpenSubPool(ctx, c, SubPool{Pool: "r", Index: 0}); return err }, true},
 		{"audit", func() error { _, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 1}); return err }, true},
-		{"transfers", func() error { _, _, err := StaleTransfers(ctx, c, &j, valid, 0); return err }, true},
+		{"transfers", func() error { _, err := StaleTransfers(ctx, c, &j, valid, 0); return err }, true},
 		{"serial", func() error { _, err := ReserveSerials(ctx, c, "rain:serial", 100, 0); return err }, false},
+		// A mark sent twice counts twice: only a change in the count matters.
+		{"due_mark", func() error { return MarkDue(ctx, c, time.UnixMilli(1000), []string{h.Meta, j.Meta}) }, true},
+		{"due_read", func() error { _, _, err := ReadDue(ctx, c, time.UnixMilli(2000), 10); return err }, true},
+		// done drops j the first time and finds its count gone the second
+		// (answering "kept", which changes nothing).
+		{"due_done", func() error {
+			due, _, err := ReadDue(ctx, c, time.UnixMilli(2000), 10)
+			if err != nil || len(due) != 2 {
+				return fmt.Errorf("due = %v, %v", due, err)
+			}
+			_, err = DoneDue(ctx, c, due[1], time.Time{})
+			return err
+		}, false},
 		{"load", func() error {
 			sp := SubPool{Pool: "r", Index: 2}
 			if _, _, err := Setup(ctx, c, sp, 2, 3, Window{HoldMS: 1}); err != nil {

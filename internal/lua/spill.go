@@ -232,22 +232,30 @@ type StaleTransfer struct {
 	Amount int64
 }
 
+// InFlight is what StaleTransfers found of a sub-pool's transfers out.
+type InFlight struct {
+	Stale []StaleTransfer // in flight for longer than the age
+	// NextMS is how long until one can next be; Count how many are in
+	// flight, stale or not.
+	NextMS, Count int64
+}
+
 // StaleTransfers drops the sub-pool's reservations older than validityMS and
-// lists its transfers in flight for more than ageMS; nextMS is how long
-// until one can next be.
-func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (stale []StaleTransfer, nextMS int64, err error) {
+// lists its transfers in flight for more than ageMS.
+func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (InFlight, error) {
 	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, ageMS).Slice()
 	if err != nil {
-		return nil, 0, err
+		return InFlight{}, err
 	}
-	for i := 2; i+3 < len(res); i += 4 {
+	f := InFlight{NextMS: integer(res, 1), Count: integer(res, 2)}
+	for i := 3; i+3 < len(res); i += 4 {
 		home, err := strconv.Atoi(str(res, i+1))
 		if err != nil {
-			return nil, 0, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
+			return InFlight{}, fmt.Errorf("transfers: home %q: %w", str(res, i+1), err)
 		}
-		stale = append(stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2), Amount: integer(res, i+3)})
+		f.Stale = append(f.Stale, StaleTransfer{Token: str(res, i), Home: home, User: str(res, i+2), Amount: integer(res, i+3)})
 	}
-	return stale, integer(res, 1), nil
+	return f, nil
 }
 
 // TransferRecord is one spill out of a sub-pool, parsed from its record.

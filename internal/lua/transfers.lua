@@ -9,10 +9,10 @@
 --
 -- Why dropping and resolving these is safe whatever the clocks say:
 -- docs/architecture.md#the-spill-protocol.
--- Returns {dropped_reservations, next_ms, token1, home1, user1, amount1,
--- token2, ...}: next_ms is how long until a transfer in flight here can next
--- reach the age (the age itself when none is in flight: one taken later
--- reaches it no sooner).
+-- Returns {dropped_reservations, next_ms, in_flight, token1, home1, user1,
+-- amount1, token2, ...}: next_ms is how long until a transfer in flight here
+-- can next reach the age (the age itself when none is in flight: one taken
+-- later reaches it no sooner), in_flight how many are in flight here.
 local reserve, transfers = KEYS[1], KEYS[2]
 local validity, age = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tm = redis.call('TIME')
@@ -26,8 +26,8 @@ for i = 1, #rs, 2 do
     dropped = dropped + 1
   end
 end
-local out = {dropped, age}
 local ts = redis.call('HGETALL', transfers)
+local out = {dropped, age, #ts / 2}
 for i = 1, #ts, 2 do
   local amount, home, at, user = string.match(ts[i + 1], '^(%d+):(%d+):(%d+):(.*)$')
   if at and now - tonumber(at) >= age then

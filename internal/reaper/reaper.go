@@ -29,8 +29,16 @@ type Locker interface {
 
 // Config tunes a Reaper. Zero fields take the documented defaults.
 type Config struct {
-	// Interval between two sweeps. Default 1s.
+	// Interval is the shortest time between two passes over the shards' due
+	// indexes (the sub-pools with work). Default 1s.
 	Interval time.Duration
+	// IdlePoll is the longest: when no sub-pool is due sooner, the indexes
+	// are read again after this, for sub-pools marked meanwhile. Default 5s.
+	IdlePoll time.Duration
+	// FullSweep is how often the leader also sweeps every sub-pool of every
+	// live pool, for a mark a crash lost (and once when it starts leading).
+	// Default 10m.
+	FullSweep time.Duration
 	// LockName is the lock every instance competes for. Default "rain:reaper".
 	LockName string
 	// SpillValidity is a spill reservation's validity (T), as the grab path
@@ -64,6 +72,12 @@ func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
+	if cfg.IdlePoll < cfg.Interval {
+		cfg.IdlePoll = max(5*time.Second, cfg.Interval)
+	}
+	if cfg.FullSweep <= 0 {
+		cfg.FullSweep = 10 * time.Minute
+	}
 	if cfg.LockName == "" {
 		cfg.LockName = "rain:reaper"
 	}
@@ -76,16 +90,19 @@ func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
 	if cfg.SpillAge <= 0 {
 		cfg.SpillAge = 8 * time.Second
 	}
-	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, due: map[lua.SubPool]time.Time{}}
+	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger}
 	return &Reaper{sweeper: w, locker: l, cfg: cfg}
 }
 
-// Sweep makes one pass now (see Run, which makes one every Interval while
-// it holds the lock): every grant held past its deadline released, every
+// Sweep makes one whole pass now, over every sub-pool of every live pool
+// (see Run, which follows the shards' due indexes and makes such a pass
+// every FullSweep): every grant held past its deadline released, every
 // spill a crash left half done finished. Safe without the lock, and beside
 // another pass (see the package's comment).
 func (r *Reaper) Sweep(ctx context.Context) (Sweep, error) {
-	return r.sweeper.sweep(ctx)
+	sw, err := r.sweeper.sweepAll(ctx)
+	due, _, derr := r.sweeper.sweepDue(ctx)
+	return sw.add(due), errors.Join(err, derr)
 }
 
 // Run competes for the lock and sweeps every Interval while it holds it,
@@ -116,22 +133,31 @@ func (r *Reaper) Run(ctx context.Context) {
 	}
 }
 
-// lead sweeps every Interval until ctx (the lease's) ends.
+// lead sweeps until ctx (the lease's) ends: a whole pass at once and every
+// FullSweep, and between them the shards' due indexes, as soon as the
+// earliest sub-pool there is due (within [Interval, IdlePoll]).
 func (r *Reaper) lead(ctx context.Context) {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
+	var full time.Time
 	for {
-		r.sweep(ctx)
-		select {
-		case <-ctx.Done():
+		if time.Since(full) >= r.cfg.FullSweep {
+			full = time.Now()
+			sw, err := r.sweeper.sweepAll(ctx)
+			r.record(ctx, sw, err)
+		}
+		sw, next, err := r.sweeper.sweepDue(ctx)
+		r.record(ctx, sw, err)
+		pause := r.cfg.IdlePoll
+		if !next.IsZero() {
+			pause = min(pause, time.Until(next))
+		}
+		if wait.For(ctx, max(pause, r.cfg.Interval)) != nil {
 			return
-		case <-t.C:
 		}
 	}
 }
 
-func (r *Reaper) sweep(ctx context.Context) {
-	sw, err := r.Sweep(ctx)
+// record counts a pass and logs what it did.
+func (r *Reaper) record(ctx context.Context, sw Sweep, err error) {
 	r.sweeps.Add(1)
 	r.released.Add(sw.Released)
 	r.releasedCts.Add(sw.ReleasedCents)

@@ -1,13 +1,14 @@
 package reaper
 
-// This file is one pass of the reaper over every sub-pool: the grants held
-// past their deadline released, the spills a crash left half done finished.
+// This file is the reaper's passes: over the sub-pools its shards' due
+// indexes name (the work as it comes), and now and then over every sub-pool
+// of every live pool (what a lost mark left): the grants held past their
+// deadline released, the spills a crash left half done finished.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,15 +29,17 @@ type Sweep struct {
 	OldestOverdue time.Duration
 }
 
-// sweeper makes the passes. Its due times are its own: a pass skips a
-// sub-pool until the shard said something there can be due.
+// add is both passes' work.
+func (s Sweep) add(o Sweep) Sweep {
+	return Sweep{Released: s.Released + o.Released, ReleasedCents: s.ReleasedCents + o.ReleasedCents,
+		OldestOverdue: max(s.OldestOverdue, o.OldestOverdue)}
+}
+
+// sweeper makes the passes.
 type sweeper struct {
 	cat        *catalog.Catalog
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
-
-	mu  sync.Mutex                // guards due
-	due map[lua.SubPool]time.Time // when each sub-pool next needs a sweep
 }
 
 // logger is what the sweeper logs with (*slog.Logger).
@@ -44,25 +47,100 @@ type logger interface {
 	Error(msg string, args ...any)
 }
 
-// sweep makes one pass over the sub-pools of every pool that may have
-// work, and releases the grants still held past their deadline, in
-// batches, and resolves spills in flight for too long. It stops at once,
-// with ctx's error, when ctx ends; sub-pools it cannot reach are skipped and
+// dueBatch is the most sub-pools one read of a shard's due index returns.
+const dueBatch = 1000
+
+// startMargin is how long before a pool's window starts, by this
+// instance's clock, the slow pass sweeps it (the shards' clocks decide).
+const startMargin = time.Minute
+
+// sweepDue sweeps the sub-pools whose time has come in every shard's due
+// index (lua.MarkDue: the grabs mark the sub-pools they grant or take
+// from), and tells each index when to look again, or drops a sub-pool with
+// nothing left to do. It returns the earliest time a sub-pool not due yet
+// is (zero: none), so the reaper can sleep until then. An idle season
+// costs each shard one read per pass.
+func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
+	var sw Sweep
+	var errs []error
+	var next time.Time
+	for _, name := range w.cat.Shards().Names() {
+		c := w.cat.Shards().Client(name)
+		for {
+			if err := ctx.Err(); err != nil {
+				return sw, next, err
+			}
+			due, later, err := lua.ReadDue(ctx, c, time.Now(), dueBatch)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", catalog.ErrUnavailable, name, err))
+				break
+			}
+			if !later.IsZero() && (next.IsZero() || later.Before(next)) {
+				next = later
+			}
+			for _, d := range due {
+				at, err := w.due(ctx, name, d, &sw)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+					next = at
+				}
+			}
+			if len(due) < dueBatch {
+				break
+			}
+		}
+	}
+	return sw, next, errors.Join(errs...)
+}
+
+// due sweeps the sub-pool d of shard name's due index and tells the index
+// when it next needs a look (returned; zero: it has nothing left to do, or
+// is no longer a live sub-pool of that shard, and leaves the index).
+func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (time.Time, error) {
+	c := w.cat.Shards().Client(name)
+	var at time.Time
+	sp, ok := lua.ParseMeta(d.Meta)
+	if ok {
+		p, err := w.cat.Pool(ctx, sp.Pool)
+		switch {
+		case errors.Is(err, catalog.ErrNotFound):
+		case err != nil:
+			return time.Time{}, err // a shard down: the next pass retries
+		case p.State.Over(), sp.Index >= p.SubPools(), p.SubPool(sp.Index) != sp, p.Placement[sp.Index] != name:
+			// closing or closed: nothing held; or not this shard's
+		default:
+			next, active, err := w.subPool(ctx, p, sp.Index, sw)
+			if err != nil {
+				return time.Time{}, err // due still: swept again next pass
+			}
+			if active {
+				at = time.Now().Add(next)
+			}
+		}
+	}
+	if _, err := lua.DoneDue(ctx, c, d, at); err != nil {
+		return at, fmt.Errorf("%w: update the due index of shard %s: %w", catalog.ErrUnavailable, name, err)
+	}
+	return at, nil
+}
+
+// sweepAll makes one slow pass over every sub-pool of every pool that may
+// hold something (neither closing nor closed, its window started or about
+// to): grants held past their deadline released, spills a crash left half
+// done finished, and a sub-pool with work left put in its shard's due
+// index. The index does the work as it comes; this pass makes up for a
+// mark lost to a crash between a grant and its mark. It stops at once, with
+// ctx's error, when ctx ends; sub-pools it cannot reach are skipped and
 // their errors returned, joined, with what it did. Each release is checked
-// inside its script (still held, past the deadline by the shard's clock), so
-// two passes at once, or a stale one, never release a grant twice.
-//
-// A pass skips a sub-pool until it may have work: each sweep learns from the
-// shard how long until a grant there can next fall due (its earliest
-// deadline, and at most the pool's hold, as a grant made later falls due no
-// sooner) and until a spill in flight can next need resolving (at most the
-// age). So an idle pool costs its shards two calls per sub-pool every age,
-// not every pass.
-func (w *sweeper) sweep(ctx context.Context) (Sweep, error) {
+// inside its script (still held, past the deadline by the shard's clock),
+// so two passes at once, or a stale one, never release a grant twice.
+func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 	var sw Sweep
 	ids, err := w.cat.Listed(ctx)
 	errs := []error{err}
-	now := time.Now()
 	for _, id := range ids {
 		p, err := w.cat.Pool(ctx, id)
 		if errors.Is(err, catalog.ErrNotFound) {
@@ -72,50 +150,61 @@ func (w *sweeper) sweep(ctx context.Context) (Sweep, error) {
 			errs = append(errs, err) // a shard down: the next pass retries
 			continue
 		}
-		if p.State.Over() {
-			continue // closing or closed: nothing held
+		if p.State.Over() || p.Spec.StartsAt != nil && time.Until(*p.Spec.StartsAt) > startMargin {
+			continue // nothing held: closing or closed, or not started
 		}
 		for j := range p.SubPools() {
 			if err := ctx.Err(); err != nil {
 				return sw, err
 			}
-			sp := p.SubPool(j)
-			if w.cat.Shards().Client(p.Placement[j]) == nil {
+			name := p.Placement[j]
+			c := w.cat.Shards().Client(name)
+			if c == nil {
 				errs = append(errs, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here",
-					catalog.ErrUnavailable, p.ID(), j, p.Placement[j]))
+					catalog.ErrUnavailable, p.ID(), j, name))
 				continue
 			}
-			if due, ok := w.dueAt(sp); ok && now.Before(due) {
-				continue
+			_, active, err := w.subPool(ctx, p, j, &sw)
+			if err == nil && active {
+				err = lua.MarkDue(ctx, c, time.Now(), []string{p.SubPool(j).Keys().Meta})
 			}
-			next, err := w.subPool(ctx, p, j, &sw)
 			if err != nil {
 				errs = append(errs, err) // swept again next pass
-				continue
 			}
-			w.setDue(sp, now.Add(next))
 		}
 	}
 	return sw, errors.Join(errs...)
 }
 
 // subPool sweeps sub-pool j of p: its spills first, then its releases. It
-// returns how long until the sub-pool can next have work.
-func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep) (time.Duration, error) {
+// returns how long until the sub-pool can next have work, and whether it
+// has any left (a grant held, a transfer in flight).
+func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
 	c := w.cat.Shards().Client(p.Placement[j])
 	k := p.SubPool(j).Keys()
-	next := w.age
+	// next is the sooner of what is held and what is in flight; a sub-pool
+	// whose spills could not be read is looked at again after the age.
+	next, active := time.Duration(0), false
+	soon := func(d time.Duration) {
+		if !active || d < next {
+			next = d
+		}
+		active = true
+	}
 	var errs []error
 	if p.SubPools() > 1 {
-		n, err := w.recoverSpills(ctx, p, j)
-		if err != nil {
+		f, err := w.recoverSpills(ctx, p, j)
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", catalog.ErrUnavailable, p.ID(), j, err))
+			soon(w.age)
+		case f.Count > 0:
+			soon(time.Duration(f.NextMS) * time.Millisecond)
 		}
-		next = min(next, n) // its releases go on
 	}
 	for more := true; more; {
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		r, err := lua.ReleaseExpired(ctx, c, &k, releaseBatch)
 		if err != nil {
@@ -126,24 +215,11 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 		sw.ReleasedCents += r.Cents
 		sw.OldestOverdue = max(sw.OldestOverdue, time.Duration(r.OldestOverdueMS)*time.Millisecond)
 		more = r.More
-		next = min(next, time.Duration(r.NextMS)*time.Millisecond)
+		if r.Held > 0 {
+			soon(time.Duration(r.NextMS) * time.Millisecond)
+		}
 	}
-	return next, errors.Join(errs...)
-}
-
-// dueAt is when sub-pool sp next needs a sweep; ok is false when it was
-// never swept (by this reaper).
-func (w *sweeper) dueAt(sp lua.SubPool) (time.Time, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	t, ok := w.due[sp]
-	return t, ok
-}
-
-func (w *sweeper) setDue(sp lua.SubPool, t time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.due[sp] = t
+	return next, active, errors.Join(errs...)
 }
 
 // recoverSpills drops expired reservations of sub-pool j and resolves its
@@ -152,16 +228,16 @@ func (w *sweeper) setDue(sp lua.SubPool, t time.Time) {
 // with this amount, untake otherwise (the protocol:
 // docs/architecture.md#the-spill-protocol).
 //
-// It returns how long until a transfer of j can next need resolving.
-func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (time.Duration, error) {
+// It returns what it found in flight there.
+func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (lua.InFlight, error) {
 	client := func(i int) redis.UniversalClient { return w.cat.Shards().Client(p.Placement[i]) }
 	k := p.SubPool(j).Keys()
-	stale, nextMS, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())
+	f, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())
 	if err != nil {
-		return 0, err
+		return f, err
 	}
 	var errs []error
-	for _, t := range stale {
+	for _, t := range f.Stale {
 		if t.Home < 0 || t.Home >= p.SubPools() || t.Home == j {
 			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d names home %d of %d sub-pools", t.Token, j, t.Home, p.SubPools()))
 			continue
@@ -205,5 +281,5 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (ti
 			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was settled the other way", t.Token, j))
 		}
 	}
-	return time.Duration(nextMS) * time.Millisecond, errors.Join(errs...)
+	return f, errors.Join(errs...)
 }

@@ -1,0 +1,121 @@
+package grab
+
+// This file marks, in each shard's due index (lua.MarkDue), the sub-pools
+// this instance granted or spilled from, so that the reaper sweeps the
+// sub-pools with work rather than every sub-pool of every pool: a season
+// preloaded ahead of its rains costs nothing while it waits.
+//
+// Marks leave in the background, gathered per shard (one script call for
+// every sub-pool marked meanwhile), so no grab waits for one. A sub-pool is
+// marked at most once per markEvery by this instance: the index makes a
+// sub-pool's first look at least twice that after its mark, so a grant
+// this instance made in between (not marked) has landed before the reaper
+// looks (it is held, or confirmed: nothing is left behind; see
+// due_done.lua for a mark made while the reaper looks). A mark lost to a
+// crash is made up by the reaper's slow pass over every live pool.
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"rain/internal/lua"
+	"rain/internal/shard"
+)
+
+// markEvery is how often this instance marks one sub-pool at most. Holds
+// are whole seconds, so it is far below any hold.
+const markEvery = 250 * time.Millisecond
+
+// marker gathers and sends the marks.
+type marker struct {
+	shards *shard.Set
+	log    *slog.Logger
+	kick   chan struct{}
+	failed atomic.Int64 // mark calls that failed, ever
+
+	mu      sync.Mutex
+	last    map[string]time.Time // by meta key: when this instance last marked it
+	pending map[string][]string  // by shard name: meta keys to mark
+	pruned  time.Time            // when last was last cleared of old marks
+}
+
+func newMarker(shards *shard.Set, log *slog.Logger) *marker {
+	return &marker{shards: shards, log: log, kick: make(chan struct{}, 1),
+		last: map[string]time.Time{}, pending: map[string][]string{}}
+}
+
+// mark marks the sub-pool whose meta key is meta, on the named shard,
+// unless this instance did within markEvery.
+func (m *marker) mark(shardName, meta string) {
+	now := time.Now()
+	m.mu.Lock()
+	if t, ok := m.last[meta]; ok && now.Sub(t) < markEvery {
+		m.mu.Unlock()
+		return
+	}
+	m.last[meta] = now
+	m.pending[shardName] = append(m.pending[shardName], meta)
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run sends the marks as they come until stop is closed, then sends what
+// is left (for up to the call budget).
+func (m *marker) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-m.kick:
+			ctx, cancel := context.WithTimeout(context.Background(), m.shards.Timeout())
+			m.flush(ctx)
+			cancel()
+		case <-stop:
+			ctx, cancel := context.WithTimeout(context.Background(), m.shards.Timeout())
+			m.flush(ctx)
+			cancel()
+			return
+		}
+	}
+}
+
+// flush sends every shard's pending marks, one call per shard. A shard that
+// fails keeps its marks for a flush a second later.
+func (m *marker) flush(ctx context.Context) {
+	m.mu.Lock()
+	pending := m.pending
+	m.pending = map[string][]string{}
+	now := time.Now()
+	if now.Sub(m.pruned) > time.Minute {
+		for k, t := range m.last {
+			if now.Sub(t) >= markEvery {
+				delete(m.last, k)
+			}
+		}
+		m.pruned = now
+	}
+	m.mu.Unlock()
+	for name, metas := range pending {
+		c := m.shards.Client(name)
+		if c == nil {
+			continue
+		}
+		if err := lua.MarkDue(ctx, c, time.Now().Add(2*markEvery), metas); err != nil {
+			m.failed.Add(1)
+			m.log.Debug("due marks not sent; sent again in a second", "shard", name, "sub_pools", len(metas), "err", err)
+			m.mu.Lock()
+			m.pending[name] = append(m.pending[name], metas...)
+			m.mu.Unlock()
+			time.AfterFunc(time.Second, func() {
+				select {
+				case m.kick <- struct{}{}:
+				default:
+				}
+			})
+		}
+	}
+}

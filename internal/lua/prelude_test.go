@@ -1,17 +1,24 @@
 package lua
 
 // The money rules are told once, in prelude.lua: these tests read every
-// script for a move written outside it.
+// script for a move written outside it, and walk every move on real
+// sub-pools checking conservation after each.
 
 import (
+	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"maps"
+	"math/rand/v2"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // moves is, for every script that moves money, the prelude functions it
@@ -316,4 +323,319 @@ func redisCalls(code string) [][]string {
 		calls = append(calls, args)
 	}
 	return calls
+}
+
+// TestEveryMoveConserves: a random walk over every script that moves
+// money (claims in batches, releases, confirms one by one and in batches,
+// and the spill's take, adopt, ack, untake, decide and abort, some of its
+// steps left for the recovery) on three sub-pools of a real redis-server,
+// with holds that run out at once and holds of a minute. After every step
+// each sub-pool keeps count + received - sent = stock + held + confirmed +
+// inflight, in count and in cents, its counters agree with its records,
+// and every preloaded amount is in exactly one place across the pool: the
+// stock, a held or confirmed grant, or a transfer in flight that its home
+// has not adopted. Once every spill is resolved nothing is in flight and
+// what was received is what was sent.
+func TestEveryMoveConserves(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	rng := rand.New(rand.NewPCG(5, 31))
+	const K = 3
+	for round, hold := range []int64{0, 60_000} {
+		keys := make([]Keys, K)
+		var preloaded []int64
+		for j := range keys {
+			amounts := make([]int64, 2+rng.IntN(12))
+			for i := range amounts {
+				amounts[i] = 1 + rng.Int64N(900)
+			}
+			preloaded = append(preloaded, amounts...)
+			keys[j] = openSubPool(t, c, K*round+j, hold, amounts...)
+		}
+		slices.Sort(preloaded)
+		w := &walk{t: t, c: c, keys: keys, preloaded: preloaded}
+		serial := int64(1000 * (round + 1))
+		for step := range 400 {
+			j := rng.IntN(K)
+			k := &keys[j]
+			valid := []int64{0, 60_000, 60_000}[rng.IntN(3)] // 0: every reservation has lapsed
+			var what string
+			switch rng.IntN(8) {
+			case 0, 1, 2:
+				var batch []ClaimArg
+				for range 1 + rng.IntN(5) {
+					serial++
+					user := "u" + strconv.Itoa(rng.IntN(20))
+					if len(batch) > 0 && rng.IntN(4) == 0 {
+						user = batch[len(batch)-1].User // twice in a batch: the second finds the first's grant
+					}
+					batch = append(batch, ClaimArg{User: user, Serial: serial, Token: strconv.FormatInt(serial, 10)})
+				}
+				res, errs, err := ClaimMany(ctx, c, k, valid, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				what = fmt.Sprintf("claim_many at %d: %v %v", j, res, errs)
+				for i, cl := range res {
+					if cl.Outcome == Reserved && rng.IntN(4) > 0 {
+						what += "; " + w.spill(rng, j, batch[i], valid)
+					}
+				}
+			case 3:
+				r, err := ReleaseExpired(ctx, c, k, 1+rng.IntN(4))
+				if err != nil {
+					t.Fatal(err)
+				}
+				what = fmt.Sprintf("release at %d: %+v", j, r)
+			case 4:
+				user, serial, _, ok := w.held(rng, j)
+				if !ok {
+					continue
+				}
+				r, err := Confirm(ctx, c, k, user, serial)
+				if err != nil {
+					t.Fatal(err)
+				}
+				what = fmt.Sprintf("confirm %s %d at %d: %v", user, serial, j, r)
+			case 5:
+				var batch []ConfirmArg
+				for range 1 + rng.IntN(4) {
+					if user, serial, amount, ok := w.held(rng, j); ok {
+						if rng.IntN(6) == 0 {
+							amount++ // refused: not the grant's amount
+						}
+						batch = append(batch, ConfirmArg{User: user, Serial: serial, Amount: amount})
+					}
+				}
+				if len(batch) == 0 {
+					continue
+				}
+				r, errs, err := ConfirmMany(ctx, c, k, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				what = fmt.Sprintf("confirm_many at %d: %v %v", j, r, errs)
+			case 6:
+				what = fmt.Sprintf("recover at %d: %s", j, w.recoverSpills(j, valid, rng.IntN(2) == 0))
+			case 7:
+				if r, err := c.HGetAll(ctx, k.Reserve).Result(); err == nil {
+					for user, rec := range r {
+						token, _, _ := strings.Cut(rec, ":")
+						adopted, err := Abort(ctx, c, k, user, token, rng.IntN(2) == 0)
+						if err != nil {
+							t.Fatal(err)
+						}
+						what = fmt.Sprintf("abort %s %s at %d: adopted %v", user, token, j, adopted)
+						break
+					}
+				}
+			}
+			w.check(fmt.Sprintf("round %d step %d: %s", round, step, what))
+		}
+		for j := range keys {
+			w.recoverSpills(j, 60_000, true)
+		}
+		w.check(fmt.Sprintf("round %d: every spill resolved", round))
+		var received, sent, inflight int64
+		for _, k := range keys {
+			m, err := c.HMGet(ctx, k.Meta, "received_cents", "sent_cents", "inflight_count").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			received, sent, inflight = received+num(m[0]), sent+num(m[1]), inflight+num(m[2])
+		}
+		if inflight != 0 || received != sent {
+			t.Fatalf("round %d, every spill resolved: %d transfers in flight, %d cents received, %d sent; want none, and as many received as sent",
+				round, inflight, received, sent)
+		}
+	}
+}
+
+func num(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+// walk is the state of TestEveryMoveConserves.
+type walk struct {
+	t         *testing.T
+	c         *redis.Client
+	keys      []Keys
+	preloaded []int64 // every amount preloaded into the pool, sorted
+}
+
+// held picks a grant of sub-pool j, held or not.
+func (w *walk) held(rng *rand.Rand, j int) (user string, serial, amount int64, ok bool) {
+	g, err := w.c.HGetAll(context.Background(), w.keys[j].Grants).Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	users := slices.Sorted(maps.Keys(g))
+	if len(users) == 0 {
+		return "", 0, 0, false
+	}
+	user = users[rng.IntN(len(users))]
+	f := strings.Split(g[user], ":")
+	amount, _ = strconv.ParseInt(f[1], 10, 64)
+	serial, _ = strconv.ParseInt(f[2], 10, 64)
+	return user, serial, amount, true
+}
+
+// spill runs the spill of claim cl, reserved at home h, from a sibling;
+// some of its steps are left undone, for the recovery.
+func (w *walk) spill(rng *rand.Rand, h int, cl ClaimArg, valid int64) string {
+	ctx := context.Background()
+	j := (h + 1 + rng.IntN(len(w.keys)-1)) % len(w.keys)
+	for s := range w.keys { // as the grab does, skip siblings known to be empty
+		if n, err := w.c.LLen(ctx, w.keys[s].Stock).Result(); err == nil && n > 0 && s != h && rng.IntN(4) > 0 {
+			j = s
+		}
+	}
+	taken, amount, err := Take(ctx, w.c, &w.keys[j], cl.Token, h, cl.User, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if taken != TakenAmount {
+		if _, err := Abort(ctx, w.c, &w.keys[h], cl.User, cl.Token, false); err != nil {
+			w.t.Fatal(err)
+		}
+		return fmt.Sprintf("take at %d: %v, aborted", j, taken)
+	}
+	if rng.IntN(5) == 0 {
+		return fmt.Sprintf("took %d at %d, left in flight", amount, j)
+	}
+	_, ok, err := Adopt(ctx, w.c, &w.keys[h], cl.User, cl.Token, cl.Serial, amount, j, valid, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if rng.IntN(5) == 0 {
+		return fmt.Sprintf("took %d at %d, adopt %v, left unresolved", amount, j, ok)
+	}
+	resolve := Untake
+	if ok {
+		resolve = Ack
+	}
+	r, err := resolve(ctx, w.c, &w.keys[j], cl.Token)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return fmt.Sprintf("took %d at %d, adopt %v, %v", amount, j, ok, r)
+}
+
+// recoverSpills resolves the transfers in flight out of sub-pool j by their
+// homes' verdicts, as the reaper does; without all, only one of them.
+func (w *walk) recoverSpills(j int, valid int64, all bool) string {
+	ctx := context.Background()
+	stale, _, err := StaleTransfers(ctx, w.c, &w.keys[j], valid, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var done []string
+	for _, tr := range stale {
+		v, err := Decide(ctx, w.c, &w.keys[tr.Home], tr.Token, tr.User, 0)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		resolve := Untake
+		if v.Adopted && v.Origin == j && v.Amount == tr.Amount {
+			resolve = Ack
+		}
+		r, err := resolve(ctx, w.c, &w.keys[j], tr.Token)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		done = append(done, fmt.Sprintf("%s %+v: %v", tr.Token, v, r))
+		if !all {
+			break
+		}
+	}
+	return strings.Join(done, ", ")
+}
+
+// check holds the walk's invariants after a step.
+func (w *walk) check(after string) {
+	w.t.Helper()
+	ctx := context.Background()
+	var amounts []int64
+	verdicts := make([]map[string]string, len(w.keys))
+	for h, k := range w.keys {
+		v, err := w.c.HGetAll(ctx, k.Verdicts).Result()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		verdicts[h] = v
+	}
+	for j, k := range w.keys {
+		a, err := AuditSubPool(ctx, w.c, SubPool{Pool: "r", Index: subIndex(k)})
+		if err != nil || !a.Recounted {
+			w.t.Fatalf("after %s: audit of sub-pool %d: %+v, %v", after, j, a, err)
+		}
+		for _, eq := range []struct {
+			what        string
+			left, right int64
+		}{
+			{"count + received - sent = stock + held + confirmed + inflight",
+				a.Count + a.ReceivedCount - a.SentCount, a.StockCount + a.HeldCount + a.ConfirmedCount + a.InflightCount},
+			{"cents + received - sent = stock + held + confirmed + inflight",
+				a.Cents + a.ReceivedCents - a.SentCents, a.StockCents + a.HeldCents + a.ConfirmedCents + a.InflightCents},
+			{"stock_count = the stock list's length", a.StockCount, a.ListLen},
+			{"stock_cents = the stock list's sum", a.StockCents, a.ListSum},
+			{"held_count = grants held", a.HeldCount, a.GrantsHeld},
+			{"held_cents = grants held", a.HeldCents, a.GrantsHeldCents},
+			{"held_count = deadline entries", a.HeldCount, a.DeadlineEntries},
+			{"confirmed_count = grants confirmed", a.ConfirmedCount, a.GrantsConfirmed},
+			{"confirmed_cents = grants confirmed", a.ConfirmedCents, a.GrantsConfirmedCents},
+			{"inflight_count = transfers in flight", a.InflightCount, a.Transfers},
+			{"inflight_cents = transfers in flight", a.InflightCents, a.TransfersCents},
+			{"sent_count = acked transfers", a.SentCount, a.Acked},
+			{"sent_cents = acked transfers", a.SentCents, a.AckedCents},
+			{"received_count = adopted verdicts", a.ReceivedCount, a.Adopted},
+			{"received_cents = adopted verdicts", a.ReceivedCents, a.AdoptedCents},
+			{"bad records", a.BadRecords, 0},
+			{"duplicate serials", a.DuplicateSerials, 0},
+		} {
+			if eq.left != eq.right {
+				w.t.Fatalf("after %s: sub-pool %d: %s: %d != %d\n%+v", after, j, eq.what, eq.left, eq.right, a)
+			}
+		}
+		stock, err := w.c.LRange(ctx, k.Stock, 0, -1).Result()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for _, s := range stock {
+			amounts = append(amounts, num(s))
+		}
+		grants, err := w.c.HGetAll(ctx, k.Grants).Result()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for _, g := range grants {
+			if f := strings.Split(g, ":"); f[0] == "h" || f[0] == "c" {
+				amounts = append(amounts, num(f[1]))
+			}
+		}
+		for token, rec := range a.TransferRecords {
+			tr, err := ParseTransfer(rec, false)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			if v, err := ParseVerdict(verdicts[tr.Home][token]); err != nil || !v.Adopted || v.Origin != j {
+				amounts = append(amounts, tr.Amount) // in flight, not granted at its home
+			}
+		}
+	}
+	slices.Sort(amounts)
+	if !slices.Equal(amounts, w.preloaded) {
+		w.t.Fatalf("after %s: the amounts in stock, held, confirmed and in flight are %v, want the preloaded %v", after, amounts, w.preloaded)
+	}
+}
+
+// subIndex is the index of the sub-pool whose keys k are.
+func subIndex(k Keys) int {
+	for i := 0; ; i++ {
+		if (SubPool{Pool: "r", Index: i}).Keys() == k {
+			return i
+		}
+	}
 }

@@ -68,8 +68,8 @@ func TestMoneyMovesOnlyInThePrelude(t *testing.T) {
 	}
 	slices.Sort(rules)
 	var used []string
-	for _, fs := range moves {
-		used = append(used, fs...)
+	for _, fns := range moves {
+		used = append(used, fns...)
 	}
 	if used = slices.Compact(slices.Sorted(slices.Values(used))); !slices.Equal(rules, used) {
 		t.Errorf("the prelude's moves %v, the scripts use %v: each rule of the prelude is used, and only those", rules, used)
@@ -83,7 +83,7 @@ func TestMoneyMovesOnlyInThePrelude(t *testing.T) {
 		}
 		code := stripComments(body)
 		var calls []string
-		for _, f := range append(rules, preludeHelpers...) {
+		for _, f := range slices.Concat(rules, preludeHelpers) {
 			if regexp.MustCompile(`\b` + f + `\(`).MatchString(code) {
 				calls = append(calls, f)
 			}
@@ -388,7 +388,7 @@ func TestEveryMoveConserves(t *testing.T) {
 				}
 				what = fmt.Sprintf("release at %d: %+v", j, r)
 			case 4:
-				user, serial, _, ok := w.held(rng, j)
+				user, serial, _, ok := w.grant(rng, j)
 				if !ok {
 					continue
 				}
@@ -400,7 +400,7 @@ func TestEveryMoveConserves(t *testing.T) {
 			case 5:
 				var batch []ConfirmArg
 				for range 1 + rng.IntN(4) {
-					if user, serial, amount, ok := w.held(rng, j); ok {
+					if user, serial, amount, ok := w.grant(rng, j); ok {
 						if rng.IntN(6) == 0 {
 							amount++ // refused: not the grant's amount
 						}
@@ -465,8 +465,8 @@ type walk struct {
 	preloaded []int64 // every amount preloaded into the pool, sorted
 }
 
-// held picks a grant of sub-pool j, held or not.
-func (w *walk) held(rng *rand.Rand, j int) (user string, serial, amount int64, ok bool) {
+// grant picks a grant of sub-pool j, in whatever state.
+func (w *walk) grant(rng *rand.Rand, j int) (user string, serial, amount int64, ok bool) {
 	g, err := w.c.HGetAll(context.Background(), w.keys[j].Grants).Result()
 	if err != nil {
 		w.t.Fatal(err)

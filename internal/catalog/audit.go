@@ -192,7 +192,7 @@ func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAud
 
 // spillSide is what one sub-pool says of one spill token.
 type spillSide struct {
-	transfer *lua.TransferRecord // at the sibling: in flight or settled; nil if none
+	transfer *lua.TransferRecord // at the sibling: in flight or resolved; nil if none
 	verdict  *lua.Verdict        // at the home; nil if undecided
 }
 
@@ -240,7 +240,7 @@ func spillSuspects(subs []lua.SubPoolAudit) []spillKey {
 		}
 	}
 	for j, a := range subs {
-		for _, m := range []map[string]string{a.TransferRecords, a.SettledRecords} {
+		for _, m := range []map[string]string{a.TransferRecords, a.ResolvedRecords} {
 			for token := range m {
 				t := readTransfer(subs, j, token)
 				if t == nil {
@@ -265,7 +265,7 @@ func spillSuspects(subs []lua.SubPoolAudit) []spillKey {
 }
 
 // readTransfer is token's transfer out of sub-pool j as the audit read it,
-// in flight or settled; nil if none (or unreadable).
+// in flight or resolved; nil if none (or unreadable).
 func readTransfer(subs []lua.SubPoolAudit, j int, token string) *lua.TransferRecord {
 	if j < 0 || j >= len(subs) {
 		return nil
@@ -275,7 +275,7 @@ func readTransfer(subs []lua.SubPoolAudit, j int, token string) *lua.TransferRec
 			return &t
 		}
 	}
-	if v, ok := subs[j].SettledRecords[token]; ok {
+	if v, ok := subs[j].ResolvedRecords[token]; ok {
 		if t, err := lua.ParseTransfer(v, true); err == nil {
 			return &t
 		}
@@ -332,7 +332,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		if side.transfer == nil {
-			if v, err := client.HGet(ctx, k.Settled, token).Result(); err == nil {
+			if v, err := client.HGet(ctx, k.Resolved, token).Result(); err == nil {
 				if t, err := lua.ParseTransfer(v, true); err == nil {
 					side.transfer = &t
 				}

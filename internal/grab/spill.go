@@ -49,10 +49,10 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// was taken, nothing is granted.
 			s.abort(ctx, p, userID, h, token, false)
 			return lua.Claim{Outcome: lua.Ended}, nil
-		case lua.TakeSettled, lua.TakeConflict:
+		case lua.TakeResolved, lua.TakeConflict:
 			// A token this request has not used before: a serial handed out
 			// twice, or a shard that lost writes. Take nothing under it.
-			s.log.Error("spill token already used at a sibling", "pool_id", id, "sub_pool", j, "token", token, "user_id", userID, "settled", taken == lua.TakeSettled)
+			s.log.Error("spill token already used at a sibling", "pool_id", id, "sub_pool", j, "token", token, "user_id", userID, "resolved", taken == lua.TakeResolved)
 			s.abort(ctx, p, userID, h, token, true)
 			return lua.Claim{}, fmt.Errorf("%w: spill token %s of %s is already used at sub-pool %d", ErrUnavailable, token, id, j)
 		}
@@ -70,7 +70,7 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrOutcomeUnknown, id, h, errors.Join(err, derr))
 			}
 			if !v.Adopted || v.Origin != j || v.Amount != amount {
-				s.settle(ctx, p, j, token, false)
+				s.resolve(ctx, p, j, token, false)
 				return lua.Claim{}, fmt.Errorf("%w: adopt at %s sub-pool %d: %w", ErrUnavailable, id, h, err)
 			}
 			c, ok = lua.Claim{Outcome: lua.Granted, Amount: v.Amount, Serial: serial, DeadlineMS: v.DeadlineMS}, true
@@ -79,7 +79,7 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 			// Refused: the window ended, the reservation is older than T, or
 			// the user holds a grant. The amount goes back; if that fails
 			// the reaper does it.
-			s.settle(ctx, p, j, token, false)
+			s.resolve(ctx, p, j, token, false)
 			if c.Outcome == lua.Ended {
 				return c, nil
 			}
@@ -87,7 +87,7 @@ func (s *Service) spill(ctx context.Context, p *poolView, userID string, h int, 
 		}
 		// The grant stands. A failed ack leaves the transfer to the reaper,
 		// which reads the home's verdict and acks it.
-		s.settle(ctx, p, j, token, true)
+		s.resolve(ctx, p, j, token, true)
 		return c, nil
 	}
 	// No sibling had stock: nothing was taken, so nothing can be granted
@@ -153,10 +153,10 @@ func (s *Service) abort(ctx context.Context, p *poolView, userID string, h int, 
 	}
 }
 
-// settle acks (the home adopted) or untakes (it refused) the transfer of
-// token at sibling j. A failure is left to the reaper, which follows the
-// home's verdict.
-func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, adopted bool) {
+// resolve, the spill's last step, acks (the home adopted) or untakes (it
+// refused) the transfer of token at sibling j. A failure is left to the
+// reaper, which follows the home's verdict.
+func (s *Service) resolve(ctx context.Context, p *poolView, j int, token string, adopted bool) {
 	op, f := "untake", lua.Untake
 	if adopted {
 		op, f = "ack", lua.Ack
@@ -167,7 +167,7 @@ func (s *Service) settle(ctx context.Context, p *poolView, j int, token string, 
 	switch {
 	case err != nil:
 		s.log.Debug("spill "+op+" failed; the reaper finishes it", "pool_id", p.rec.ID(), "sub_pool", j, "token", token, "err", err)
-	case res == lua.SettleConflict || res == lua.NoTransfer:
-		s.log.Error("spill "+op+" found the transfer settled the other way, or gone", "pool_id", p.rec.ID(), "sub_pool", j, "token", token)
+	case res == lua.ResolveConflict || res == lua.NoTransfer:
+		s.log.Error("spill "+op+" found the transfer resolved the other way, or gone", "pool_id", p.rec.ID(), "sub_pool", j, "token", token)
 	}
 }

@@ -18,15 +18,17 @@
 -- is a grant here) or "r:user" (refused: the sibling must put the amount
 -- back). The protocol: docs/architecture.md#the-spill-protocol.
 --
--- Adopt grants only if the home is open (not sealed by a close) and its
--- window has not ended, the user's reservation still carries this token and
--- is younger than T by this shard's clock, and the user holds no grant;
--- otherwise it records a refusal. A home that is closed (its tombstone,
--- retire.lua) or was never set up refuses and writes nothing. Re-sent, it
--- answers as the first run did: the same grant, or a refusal.
+-- Adopt grants (adopt_to_held, prelude.lua) only if the home is open (not
+-- sealed by a close) and its window has not ended, the user's reservation
+-- still carries this token and is younger than T by this shard's clock,
+-- and the user holds no grant; otherwise it records a refusal. A home that
+-- is closed (its tombstone, retire.lua) or was never set up refuses and
+-- writes nothing. Re-sent, it answers as the first run did: the same
+-- grant, or a refusal.
 -- Returns {"granted", amount, serial, deadline_ms} | {"stale"} | {"ended"}
 --   (refused, and the window has ended: the grab answers ended)
-local meta, grants, deadlines, outbox, reserve, verdicts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, grants, reserve, verdicts = KEYS[1], KEYS[2], KEYS[5], KEYS[6]
+local k = {meta = meta, grants = grants, deadlines = KEYS[3], outbox = KEYS[4]}
 local user, token, serial, amount, origin = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local validity = tonumber(ARGV[6])
 local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'pool', 'index', 'ends_ms', 'ended')
@@ -77,17 +79,11 @@ if g and string.sub(g, 1, 1) ~= 'r' then
   return refuse() -- the user holds a grant already: the caller puts the amount back
 end
 local deadline = string.format('%d', now + tonumber(m[2]))
-redis.call('HSET', grants, user, 'h:' .. amount .. ':' .. serial .. ':' .. deadline)
+k.pool, k.index = m[3], m[4]
+adopt_to_held(k, user, amount, serial, deadline, origin)
 redis.call('HSET', verdicts, token, 'a:' .. origin .. ':' .. amount .. ':' .. deadline .. ':' .. user)
-redis.call('ZADD', deadlines, deadline, user)
-redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[3], 'sub', m[4], 'user', user,
-  'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
-redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-redis.call('HINCRBY', meta, 'held_count', 1)
-redis.call('HINCRBY', meta, 'held_cents', amount)
-redis.call('HINCRBY', meta, 'received_count', 1)
-redis.call('HINCRBY', meta, 'received_cents', amount)
 redis.call('HDEL', reserve, user)
+write_books(k)
 -- A new holder: instances that read this pool's holders drop them (events).
 redis.call('PUBLISH', 'rain:events', 'stock ' .. m[3] .. ' ' .. m[4])
 return {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}

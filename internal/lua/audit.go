@@ -27,7 +27,7 @@ type SubPoolAudit struct {
 	ReleasedCount, ReleasedCents   int64
 	ReceivedCount, ReceivedCents   int64 // granted here, taken from siblings
 	SentCount, SentCents           int64 // taken from here, acked by their homes
-	InflightCount, InflightCents   int64 // taken from here, not settled yet
+	InflightCount, InflightCents   int64 // taken from here, not resolved yet
 	ListLen                        int64 // LLEN of the stock, read with the counters
 	DeadlineEntries                int64 // entries in the deadline index, read with the counters
 	Transfers, TransfersCents      int64 // recount of transfers in flight, read with the counters
@@ -43,12 +43,12 @@ type SubPoolAudit struct {
 	GrantsConfirmed, GrantsConfirmedCents int64
 	GrantsReleased, GrantsReleasedCents   int64
 	DuplicateSerials                      int64
-	Acked, AckedCents                     int64 // recount of settled transfers
+	Acked, AckedCents                     int64 // recount of resolved transfers
 	Untaken, UntakenCents                 int64
 	Adopted, AdoptedCents                 int64 // recount of adopted verdicts
 
 	// The spill records, for matching across sub-pools (token -> record).
-	TransferRecords, SettledRecords, VerdictRecords map[string]string
+	TransferRecords, ResolvedRecords, VerdictRecords map[string]string
 }
 
 func (a *SubPoolAudit) numbers() map[string]*int64 {
@@ -140,7 +140,7 @@ func auditCounters(ctx context.Context, c redis.Cmdable, sp SubPool, k *Keys) (S
 	return a, nil
 }
 
-// recount reads the stock list and the grants, settled and verdicts hashes
+// recount reads the stock list and the grants, resolved and verdicts hashes
 // page by page into a's recount fields.
 func recount(ctx context.Context, c redis.Cmdable, k *Keys, a *SubPoolAudit) error {
 	for off := int64(0); ; off += AuditListPage {
@@ -185,9 +185,9 @@ func recount(ctx context.Context, c redis.Cmdable, k *Keys, a *SubPoolAudit) err
 	if err != nil {
 		return err
 	}
-	a.SettledRecords = map[string]string{}
-	if err := scanHash(ctx, c, k.Settled, func(token, rec string) {
-		a.SettledRecords[token] = rec
+	a.ResolvedRecords = map[string]string{}
+	if err := scanHash(ctx, c, k.Resolved, func(token, rec string) {
+		a.ResolvedRecords[token] = rec
 		t, err := ParseTransfer(rec, true)
 		switch {
 		case err != nil:

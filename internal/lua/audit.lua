@@ -3,10 +3,11 @@
 --
 -- KEYS[1] meta  KEYS[2] stock  KEYS[3] deadlines  KEYS[4] transfers
 --
--- The recounts of the stock list and of the grants, settled and verdicts
--- hashes are read after this, in bounded pages (AuditSubPool), so an audit
--- never blocks a shard for long; they are trusted only when the meta
--- version, which every money move bumps, is the same before and after them.
+-- The recounts of the stock list and of the grants, resolved transfers and
+-- verdicts hashes are read after this, in bounded pages (AuditSubPool), so
+-- an audit never blocks a shard for long; they are trusted only when the
+-- meta version, which every money move bumps, is the same before and after
+-- them.
 --
 -- Returns field/value pairs (a flat array), {"found", 0} when the sub-pool
 -- does not exist: the state, the meta counters and version under their own

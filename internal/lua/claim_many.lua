@@ -1,7 +1,8 @@
 -- claim_many: a batch of grabs on one sub-pool, in one atomic script. Each
 -- claim is decided as if it came alone, one after another in the order
 -- given; the script's setup (the window, the clock), the stock pops and the
--- counter updates happen once for the whole batch.
+-- counter updates happen once for the whole batch. Its money moves are
+-- pop_to_held and release_held (prelude.lua).
 --
 -- KEYS[1] meta       rain:{P:j}:meta       (hash: state, window, counters)
 -- KEYS[2] stock      rain:{P:j}:stock      (list of amounts in cents)
@@ -25,7 +26,7 @@
 -- than T.
 --
 -- A held grant past its deadline is released here, as the reaper would
--- release it (release.lua: its amount back to the stock, the record marked
+-- release it (release_held: its amount back to the stock, the record marked
 -- released, a release entry in the outbox), before any claim of the batch is
 -- decided: no answer shows a hold that has run out, the user may grab again,
 -- and the amount released is stock for every claim of the batch (no false
@@ -49,7 +50,8 @@
 --   {"granted", amount, serial, deadline_ms} | {"already", amount, serial, deadline_ms}
 --   | {"empty"} | {"reserved"} | {"busy"} | {"not_started", ms_left} | {"ended"} | {"closed"}
 -- or a bad grant record's error as {"error", message}.
-local meta, stock, grants, deadlines, outbox, reserve = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, grants, reserve = KEYS[1], KEYS[3], KEYS[6]
+local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5]}
 local validity = tonumber(ARGV[1])
 local fence = ARGV[2] == '1'
 local n = (#ARGV - 2) / 3
@@ -58,6 +60,7 @@ local out = {}
 local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+k.pool, k.index = m[5], m[6]
 local shut -- the answer of every claim without a grant when the sub-pool does not grant now
 if m[1] == 'closing' then
   shut = {'ended'} -- sealed by a close (seal.lua): it has ended
@@ -87,28 +90,7 @@ end
 local held = redis.call('HMGET', grants, unpack(users))
 local made = {} -- user -> grant record made in this batch
 local deadline = string.format('%d', now + (tonumber(m[2]) or 0))
-local grantedUsers, grantedRecords, zargs = {}, {}, {}
-local popped, need = nil, 0
 local earlier = false -- a claim was answered with a grant made before this run (see the fence)
-local stockCount, stockCents = 0, 0
-local released = 0
-
--- release returns an expired held grant's amount to the stock, as
--- release.lua does.
-local function release(user, amount, ser, dl)
-  redis.call('RPUSH', stock, amount)
-  redis.call('HSET', grants, user, 'r:' .. amount .. ':' .. ser .. ':' .. dl)
-  redis.call('ZREM', deadlines, user)
-  redis.call('HINCRBY', meta, 'held_count', -1)
-  redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
-  redis.call('HINCRBY', meta, 'stock_count', 1)
-  redis.call('HINCRBY', meta, 'stock_cents', amount)
-  redis.call('HINCRBY', meta, 'released_count', 1)
-  redis.call('HINCRBY', meta, 'released_cents', amount)
-  redis.call('XADD', outbox, '*', 'type', 'release', 'pool', m[5], 'sub', m[6], 'user', user,
-    'amount', amount, 'serial', ser, 'deadline_ms', dl)
-  released = released + 1
-end
 
 -- Expired holds first: each user's first claim in the batch releases the
 -- user's hold that ran out (not the claim that made it, sent again), before
@@ -119,24 +101,11 @@ local expiredAt = {} -- user -> the claim whose user's hold ran out: released he
 for i = 1, n do
   local user = users[i]
   if held[i] and expiredAt[user] == nil then
-    local st, amount, ser, dl = string.match(held[i], '^(%a):(%d+):(%d+):(%d+)$')
-    if st == 'h' and ser ~= ARGV[3 * i + 1] and tonumber(dl) <= now then
-      release(user, amount, ser, dl)
+    local ser = string.match(held[i], '^%a:%d+:(%d+):%d+$')
+    if ser and ser ~= ARGV[3 * i + 1] and release_held(k, user, held[i], now) then
       expiredAt[user] = i
     end
   end
-end
-
--- take returns the next amount of the stock, popping what the rest of the
--- batch may need in one call the first time.
-local function take(from)
-  if popped == nil then
-    need = n - from + 1
-    popped = redis.call('LPOP', stock, need) or {}
-    need = 0
-  end
-  need = need + 1
-  return popped[need]
 end
 
 for i = 1, n do
@@ -177,7 +146,9 @@ for i = 1, n do
     end
   end
   if answer == nil then
-    local amount = take(i)
+    -- The first claim to need stock pops what the rest of the batch may
+    -- take in one call; write_books puts back what no claim took, in order.
+    local amount, rec = pop_to_held(k, user, serial, deadline, n - i + 1)
     if amount == nil then
       if token == '' then
         answer = {'empty'}
@@ -186,52 +157,15 @@ for i = 1, n do
         answer = {'reserved'}
       end
     else
-      local rec = 'h:' .. amount .. ':' .. serial .. ':' .. deadline
       made[user] = rec
-      table.insert(grantedUsers, user)
-      table.insert(grantedRecords, rec)
-      table.insert(zargs, deadline)
-      table.insert(zargs, user)
-      redis.call('XADD', outbox, '*', 'type', 'grant', 'pool', m[5], 'sub', m[6], 'user', user,
-        'amount', amount, 'serial', serial, 'deadline_ms', deadline)
-      stockCount = stockCount + 1
-      stockCents = stockCents + tonumber(amount)
       answer = {'granted', tonumber(amount), tonumber(serial), tonumber(deadline)}
     end
   end
   out[i] = answer
 end
 
--- Amounts popped for claims that did not take them go back, in order.
-if popped ~= nil and need < #popped then
-  local back = {}
-  for k = #popped, need + 1, -1 do
-    table.insert(back, popped[k])
-  end
-  redis.call('LPUSH', stock, unpack(back))
-end
-if stockCount > 0 then
-  local hset = {}
-  for k = 1, #grantedUsers do
-    table.insert(hset, grantedUsers[k])
-    table.insert(hset, grantedRecords[k])
-  end
-  redis.call('HSET', grants, unpack(hset))
-  redis.call('ZADD', deadlines, unpack(zargs))
-  local cents = string.format('%d', stockCents)
-  redis.call('HINCRBY', meta, 'stock_count', -stockCount)
-  redis.call('HINCRBY', meta, 'stock_cents', '-' .. cents)
-  redis.call('HINCRBY', meta, 'held_count', stockCount)
-  redis.call('HINCRBY', meta, 'held_cents', cents)
-end
-if stockCount > 0 or released > 0 then
-  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-end
 if fence and earlier then
   redis.call('HINCRBY', meta, 'resent', 1)
 end
-if released > 0 then
-  -- Every instance hears it (internal/events): this sub-pool is no longer empty.
-  redis.call('PUBLISH', 'rain:events', 'stock ' .. m[5] .. ' ' .. m[6])
-end
+write_books(k)
 return out

@@ -7,10 +7,12 @@
 --
 -- Confirms only a held grant with that serial, whatever its deadline: a grant
 -- still held has not been released, so confirming it is safe (the reaper
--- releases only what is still held). Confirming again is a no-op.
+-- releases only what is still held). Confirming again is a no-op. The move:
+-- confirm_held (prelude.lua).
 -- Returns {"confirmed", amount} | {"already", amount} | {"released"} |
 --         {"mismatch"} (another serial) | {"unknown"} (no grant for the user)
-local meta, grants, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local grants = KEYS[2]
+local k = {meta = KEYS[1], grants = grants, deadlines = KEYS[3]}
 local user, serial = ARGV[1], ARGV[2]
 local g = redis.call('HGET', grants, user)
 if not g then
@@ -29,11 +31,6 @@ end
 if st == 'r' then
   return {'released'}
 end
-redis.call('HSET', grants, user, 'c' .. string.sub(g, 2))
-redis.call('ZREM', deadlines, user)
-redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-redis.call('HINCRBY', meta, 'held_count', -1)
-redis.call('HINCRBY', meta, 'held_cents', '-' .. amount)
-redis.call('HINCRBY', meta, 'confirmed_count', 1)
-redis.call('HINCRBY', meta, 'confirmed_cents', amount)
+confirm_held(k, user, g)
+write_books(k)
 return {'confirmed', tonumber(amount)}

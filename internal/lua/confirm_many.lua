@@ -17,12 +17,14 @@
 -- entry's amount: an entry whose amount is not the grant's is refused
 -- ("amount", nothing changes), so that nothing is paid but what was granted.
 -- Sent again after a lost reply, every answer is "already" where the first
--- run said "confirmed": the same effect.
+-- run said "confirmed": the same effect. The move: confirm_held
+-- (prelude.lua), the counters written once for the batch.
 -- Returns one reply per grant: {"confirmed", amount} | {"already", amount}
 --   | {"released"} | {"mismatch"} (another serial) | {"unknown"} (no grant)
 --   | {"amount", amount} (the grant's amount is another)
 --   | {"error", message} (a bad grant record)
-local meta, grants, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local meta, grants = KEYS[1], KEYS[2]
+local k = {meta = meta, grants = grants, deadlines = KEYS[3]}
 local n = (#ARGV - 1) / 3
 local users = {}
 for i = 1, n do
@@ -31,7 +33,6 @@ end
 local earlier = false -- a grant answered "already": confirmed before this run
 local recs = redis.call('HMGET', grants, unpack(users))
 local out = {}
-local count, cents = 0, 0
 local done = {} -- user -> serial confirmed in this batch
 for i = 1, n do
   local user, serial, want = users[i], ARGV[3 * i], ARGV[3 * i + 1]
@@ -55,11 +56,8 @@ for i = 1, n do
     elseif st == 'r' then
       out[i] = {'released'}
     else
-      redis.call('HSET', grants, user, 'c' .. string.sub(g, 2))
-      redis.call('ZREM', deadlines, user)
+      confirm_held(k, user, g)
       done[user] = string.sub(g, 3)
-      count = count + 1
-      cents = cents + tonumber(amount)
       out[i] = {'confirmed', tonumber(amount)}
     end
   end
@@ -67,12 +65,5 @@ end
 if ARGV[1] == '1' and earlier then
   redis.call('HINCRBY', meta, 'resent', 1)
 end
-if count > 0 then
-  local c = string.format('%d', cents)
-  redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-  redis.call('HINCRBY', meta, 'held_count', -count)
-  redis.call('HINCRBY', meta, 'held_cents', '-' .. c)
-  redis.call('HINCRBY', meta, 'confirmed_count', count)
-  redis.call('HINCRBY', meta, 'confirmed_cents', c)
-end
+write_books(k)
 return out

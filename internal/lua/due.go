@@ -12,11 +12,8 @@ package lua
 
 import (
 	"context"
-	_ "embed"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The index's keys, on each shard (one hash tag: one slot of a cluster).
@@ -26,16 +23,9 @@ const (
 )
 
 var (
-	//go:embed due_mark.lua
-	dueMarkSrc string
-	//go:embed due_read.lua
-	dueReadSrc string
-	//go:embed due_done.lua
-	dueDoneSrc string
-
-	dueMarkScript = redis.NewScript(dueMarkSrc)
-	dueReadScript = redis.NewScript(dueReadSrc)
-	dueDoneScript = redis.NewScript(dueDoneSrc)
+	dueMarkScript = script("due_mark")
+	dueReadScript = script("due_read")
+	dueDoneScript = script("due_done")
 )
 
 func init() {

@@ -21,10 +21,15 @@ type SubPool struct {
 // only what settlement has not acknowledged (it deletes what it settles);
 // the records below that only grow are kept on purpose until the close:
 // Grants is each user's one grant (the dedup: a user who grabs again must
-// meet it, and the audit counts it); Settled and Verdicts are each spill's
+// meet it, and the audit counts it); Resolved and Verdicts are each spill's
 // outcome, which the audit matches token by token across sub-pools and a
 // re-sent take, ack or adopt must find to answer as its first run did;
 // Stock shrinks, and holds the unclaimed money the account reports.
+//
+// Resolved, the transfers a spill's last step resolved (acked or untaken),
+// is stored under the suffix ":settled", the name earlier versions gave it:
+// a key's name is data, and a new one would strand the transfers a live
+// pool holds when rain is upgraded under it.
 type Keys struct {
 	Meta      string // hash: spec, state, counters
 	Stock     string // list: pre-split amounts
@@ -33,7 +38,7 @@ type Keys struct {
 	Outbox    string // stream: grants for settlement
 	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
 	Transfers string // hash: token -> "amount:home:ms:user", spills out in flight (as a sibling)
-	Settled   string // hash: token -> "a|u:amount:home:ms:user", spills out acked or untaken
+	Resolved  string // hash: token -> "a|u:amount:home:ms:user", spills out acked or untaken
 	Verdicts  string // hash: token -> "a:origin:amount:deadline_ms:user" | "r:user" (as a home)
 }
 
@@ -58,14 +63,14 @@ func (s SubPool) Keys() Keys {
 		Outbox:    p + "outbox",
 		Reserve:   p + "reserve",
 		Transfers: p + "transfers",
-		Settled:   p + "settled",
+		Resolved:  p + "settled", // its earlier name, kept: see Keys
 		Verdicts:  p + "verdicts",
 	}
 }
 
 // All lists every key of the sub-pool.
 func (k Keys) All() []string {
-	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Settled, k.Verdicts}
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Resolved, k.Verdicts}
 }
 
 // ParseOutbox is the sub-pool whose outbox key is key (as Keys builds it);

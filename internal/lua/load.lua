@@ -7,10 +7,11 @@
 -- Batches are applied in order and exactly once: a batch whose number is not
 -- the sub-pool's next_batch is skipped, so a preload that died midway can be
 -- run again from the start and resumes where the stock stopped.
--- Sums stay exact: Lua numbers are doubles, and rain caps a pool at 1e15 cents.
+-- The amounts go to the stock by load_stock (prelude.lua).
 -- Returns {result, next_batch} with result "loaded", "skipped", "open" (loaded
 -- already), or "closed" (its pool closed: nothing is appended, ever).
-local meta, stock = KEYS[1], KEYS[2]
+local meta = KEYS[1]
+local k = {meta = meta, stock = KEYS[2]}
 local v = redis.call('HMGET', meta, 'state', 'next_batch')
 if v[1] == false then
   return redis.error_reply('RAINSTATE sub-pool has no meta record')
@@ -25,13 +26,7 @@ end
 if tonumber(ARGV[1]) ~= next_batch then
   return {'skipped', next_batch}
 end
-local n, sum = #ARGV - 1, 0
-for i = 2, #ARGV do
-  sum = sum + tonumber(ARGV[i])
-end
-redis.call('RPUSH', stock, unpack(ARGV, 2))
-redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-redis.call('HINCRBY', meta, 'stock_count', n)
-redis.call('HINCRBY', meta, 'stock_cents', string.format('%d', sum))
+load_stock(k, ARGV, 2)
 redis.call('HSET', meta, 'next_batch', next_batch + 1)
+write_books(k)
 return {'loaded', next_batch + 1}

@@ -1,6 +1,11 @@
 // Package lua owns rain's Redis scripts (the *.lua files beside this one,
 // embedded) and their typed Go wrappers. Nothing else in rain talks Lua.
 //
+// Every script is loaded with prelude.lua in front of it: the moves of a
+// sub-pool's money (its counters, its stock, its grants' states, its
+// transfers), each told once there, with the conservation they keep, and
+// called by the scripts that move money; no script moves money on its own.
+//
 // Most scripts work on one sub-pool and take all its keys in KEYS; the keys
 // of sub-pool j of pool P are built by SubPool.Keys alone and all carry the
 // hash tag {P:j}, so they would also share a Redis Cluster slot. The others
@@ -13,89 +18,51 @@
 // Every count is an integer and every amount integer cents. Lua numbers are
 // doubles, exact to 2^53; rain caps a pool at 1e15 cents so sums stay exact.
 //
-// The files: lua.go the embedded scripts and shared helpers, keys.go the
-// key schema, pool.go setting up and loading a sub-pool and the pool
-// record, claim.go the claim, confirm and release of grants, spill.go the
-// spill protocol's steps, audit.go the audit's reads, serial.go the serial
-// scripts.
+// The files: prelude.lua the money moves, lua.go the embedded scripts and
+// shared helpers, keys.go the key schema, pool.go setting up and loading a
+// sub-pool and the pool record, claim.go the claim, confirm and release of
+// grants, spill.go the spill protocol's steps, audit.go the audit's reads,
+// serial.go the serial scripts.
 package lua
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed setup.lua
-	setupSrc string
-	//go:embed load.lua
-	loadSrc string
-	//go:embed open.lua
-	openSrc string
-	//go:embed claim_many.lua
-	claimManySrc string
-	//go:embed audit.lua
-	auditSrc string
-	//go:embed confirm.lua
-	confirmSrc string
-	//go:embed release.lua
-	releaseSrc string
-	//go:embed take.lua
-	takeSrc string
-	//go:embed adopt.lua
-	adoptSrc string
-	//go:embed ack.lua
-	ackSrc string
-	//go:embed abort.lua
-	abortSrc string
-	//go:embed decide.lua
-	decideSrc string
-	//go:embed transfers.lua
-	transfersSrc string
-	//go:embed record.lua
-	recordSrc string
-	//go:embed serial.lua
-	serialSrc string
-	//go:embed watermark.lua
-	watermarkSrc string
-	//go:embed confirm_many.lua
-	confirmManySrc string
-	//go:embed end.lua
-	endSrc string
-	//go:embed seal.lua
-	sealSrc string
-	//go:embed retire.lua
-	retireSrc string
-	//go:embed group.lua
-	groupSrc string
-	//go:embed acknowledge.lua
-	acknowledgeSrc string
+// prelude is prelude.lua, every money move of a sub-pool told once; every
+// script is loaded with it in front (see script).
+var prelude = source("prelude")
 
-	setupScript       = redis.NewScript(setupSrc)
-	loadScript        = redis.NewScript(loadSrc)
-	openScript        = redis.NewScript(openSrc)
-	claimManyScript   = redis.NewScript(claimManySrc)
-	auditScript       = redis.NewScript(auditSrc)
-	confirmScript     = redis.NewScript(confirmSrc)
-	releaseScript     = redis.NewScript(releaseSrc)
-	takeScript        = redis.NewScript(takeSrc)
-	adoptScript       = redis.NewScript(adoptSrc)
-	ackScript         = redis.NewScript(ackSrc)
-	abortScript       = redis.NewScript(abortSrc)
-	decideScript      = redis.NewScript(decideSrc)
-	transfersScript   = redis.NewScript(transfersSrc)
-	recordScript      = redis.NewScript(recordSrc)
-	serialScript      = redis.NewScript(serialSrc)
-	watermarkScript   = redis.NewScript(watermarkSrc)
-	confirmManyScript = redis.NewScript(confirmManySrc)
-	endScript         = redis.NewScript(endSrc)
-	sealScript        = redis.NewScript(sealSrc)
-	retireScript      = redis.NewScript(retireSrc)
-	groupScript       = redis.NewScript(groupSrc)
-	acknowledgeScript = redis.NewScript(acknowledgeSrc)
+//go:embed *.lua
+var sources embed.FS
+
+var (
+	setupScript       = script("setup")
+	loadScript        = script("load")
+	openScript        = script("open")
+	claimManyScript   = script("claim_many")
+	auditScript       = script("audit")
+	confirmScript     = script("confirm")
+	releaseScript     = script("release")
+	takeScript        = script("take")
+	adoptScript       = script("adopt")
+	ackScript         = script("ack")
+	abortScript       = script("abort")
+	decideScript      = script("decide")
+	transfersScript   = script("transfers")
+	recordScript      = script("record")
+	serialScript      = script("serial")
+	watermarkScript   = script("watermark")
+	confirmManyScript = script("confirm_many")
+	endScript         = script("end")
+	sealScript        = script("seal")
+	retireScript      = script("retire")
+	groupScript       = script("group")
+	acknowledgeScript = script("acknowledge")
 
 	// scripts is every script, for LoadScripts and SHA.
 	scripts = map[string]*redis.Script{
@@ -109,8 +76,26 @@ var (
 	}
 )
 
-// SHA is the SHA1 of the named script (the file name without .lua), as
-// EVALSHA sends it; "" for no such script. Fault tests match commands by it.
+// source is the embedded file name.lua.
+func source(name string) string {
+	b, err := sources.ReadFile(name + ".lua")
+	if err != nil {
+		panic("lua: " + err.Error()) // a script named here that is not embedded: a bug of this file
+	}
+	return string(b)
+}
+
+// script is the script name.lua as rain runs it: the prelude, then the
+// script's own text. Its SHA1, the one EVALSHA sends, is that of the
+// whole. Line numbers in a script's runtime errors count the prelude's
+// lines too.
+func script(name string) *redis.Script {
+	return redis.NewScript(prelude + source(name))
+}
+
+// SHA is the SHA1 of the named script (the file name without .lua) with
+// the prelude in front, as EVALSHA sends it; "" for no such script. Fault
+// tests match commands by it.
 func SHA(name string) string {
 	if s := scripts[name]; s != nil {
 		return s.Hash()

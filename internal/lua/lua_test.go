@@ -38,6 +38,29 @@ func TestKeysShareOneTag(t *testing.T) {
 	}
 }
 
+// TestKeyNamesAreData: a key's name is what a running pool's data is
+// stored under, so renaming a Go field must not rename its key: a rain
+// upgraded under a live pool would not find what the older one wrote. The
+// resolved transfers keep the name "settled" on purpose.
+func TestKeyNamesAreData(t *testing.T) {
+	k := SubPool{Pool: "p", Index: 3}.Keys()
+	for _, tc := range []struct{ got, want string }{
+		{k.Meta, "rain:{p:3}:meta"},
+		{k.Stock, "rain:{p:3}:stock"},
+		{k.Grants, "rain:{p:3}:grants"},
+		{k.Deadlines, "rain:{p:3}:deadlines"},
+		{k.Outbox, "rain:{p:3}:outbox"},
+		{k.Reserve, "rain:{p:3}:reserve"},
+		{k.Transfers, "rain:{p:3}:transfers"},
+		{k.Resolved, "rain:{p:3}:settled"},
+		{k.Verdicts, "rain:{p:3}:verdicts"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("key %q, want %q (the name earlier versions wrote)", tc.got, tc.want)
+		}
+	}
+}
+
 func newClient(t *testing.T) *redis.Client {
 	t.Helper()
 	srv := redistest.Start(t, redistest.Options{})

@@ -233,10 +233,10 @@ func TestTakeRefusesAReusedToken(t *testing.T) {
 	if _, err := Ack(ctx, c, &j, "7"); err != nil {
 		t.Fatal(err)
 	}
-	if r, _, err := Take(ctx, c, &j, "7", 0, "alice", 0); err != nil || r != TakeSettled {
-		t.Fatalf("take of a settled token = %v, %v; want settled, nothing taken", r, err)
+	if r, _, err := Take(ctx, c, &j, "7", 0, "alice", 0); err != nil || r != TakeResolved {
+		t.Fatalf("take of a resolved token = %v, %v; want resolved, nothing taken", r, err)
 	}
-	if r, err := Untake(ctx, c, &j, "7"); err != nil || r != SettleConflict {
+	if r, err := Untake(ctx, c, &j, "7"); err != nil || r != ResolveConflict {
 		t.Fatalf("untake of an acked transfer = %v, %v; want a conflict, nothing returned", r, err)
 	}
 }

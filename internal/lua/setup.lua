@@ -8,7 +8,8 @@
 -- Returns {state, next_batch}: the existing state when the record is there with
 -- the same count and cents; {"closed", 0} for a sub-pool whose pool closed (its
 -- tombstone, retire.lua: a preload that stalled past the close creates
--- nothing); an error when it is there with different ones.
+-- nothing); an error when it is there with different ones. Its counters
+-- start at zero (zero_books, prelude.lua).
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
   local v = redis.call('HMGET', meta, 'count', 'cents', 'state', 'next_batch')
@@ -25,8 +26,5 @@ redis.call('HSET', meta,
   'pool', ARGV[1], 'index', ARGV[2], 'count', ARGV[3], 'cents', ARGV[4],
   'hold_ms', ARGV[5], 'starts_ms', ARGV[6], 'ends_ms', ARGV[7],
   'state', 'loading', 'next_batch', 0,
-  'stock_count', 0, 'stock_cents', 0,
-  'held_count', 0, 'held_cents', 0,
-  'confirmed_count', 0, 'confirmed_cents', 0,
-  'released_count', 0, 'released_cents', 0)
+  unpack(zero_books()))
 return {'loading', 0}

@@ -1,7 +1,8 @@
 package lua
 
-// This file is the spill protocol's steps: take, adopt, decide, ack,
-// untake, abort, and the reaper's view of transfers in flight. The protocol
+// This file is the spill protocol's steps: take, adopt, decide, abort, and
+// the last one, at the sibling, that resolves a transfer by the home's
+// verdict (ack or untake); and the reaper's view of transfers in flight. The protocol
 // is told in docs/architecture.md#the-spill-protocol.
 
 import (
@@ -27,7 +28,7 @@ type Taken uint8
 const (
 	TakenAmount  Taken = iota + 1 // the amount is in flight under the token
 	TakeEmpty                     // the sub-pool has no stock
-	TakeSettled                   // the token's transfer was acked or untaken already
+	TakeResolved                  // the token's transfer was resolved (acked or untaken) already
 	TakeConflict                  // the token is stored for another user or home
 	TakeEnded                     // the sub-pool's window has ended, or its pool's close sealed it: nothing is taken
 )
@@ -94,7 +95,7 @@ func fenceFlag(on bool) string {
 // with replicas) a replica must have the take within wait, else
 // ErrNotReplicated (the take may be in flight: refuse the token at home).
 func Take(ctx context.Context, c Pipeliner, k *Keys, token string, home int, user string, wait time.Duration) (Taken, int64, error) {
-	res, err := runWait(ctx, c, takeScript, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, wait, token, home, user, fenceArg(wait))
+	res, err := runWait(ctx, c, takeScript, []string{k.Meta, k.Stock, k.Transfers, k.Resolved}, wait, token, home, user, fenceArg(wait))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -106,7 +107,7 @@ func Take(ctx context.Context, c Pipeliner, k *Keys, token string, home int, use
 	case "ended", "closed": // closed: sealed or retired by its pool's close, which ended it
 		return TakeEnded, 0, nil
 	case "settled":
-		return TakeSettled, 0, nil
+		return TakeResolved, 0, nil
 	case "conflict":
 		return TakeConflict, 0, nil
 	}
@@ -165,31 +166,33 @@ func Decide(ctx context.Context, c Pipeliner, k *Keys, token, user string, wait 
 	return Verdict{}, fmt.Errorf("decide: unexpected reply %v", res)
 }
 
-// Settlement is what an ack or an untake did.
-type Settlement uint8
+// Resolution is what an ack or an untake did: the last step of a spill,
+// at the sibling, resolves its transfer by the home's verdict.
+type Resolution uint8
 
 // Ack and Untake results.
 const (
-	Acked          Settlement = iota + 1 // the transfer is sent (granted at its home)
-	Returned                             // the amount is back in the stock
-	NoTransfer                           // no transfer under the token
-	SettleConflict                       // settled the other way already
+	Acked           Resolution = iota + 1 // the transfer is sent (granted at its home)
+	Returned                              // the amount is back in the stock
+	NoTransfer                            // no transfer under the token
+	ResolveConflict                       // resolved the other way already
 )
 
 // Ack marks a transfer the home adopted as sent; Untake puts one the home
-// refused back in the stock. Both are idempotent: sent again, each answers
-// as the first run did.
-func Ack(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
-	return settleTransfer(ctx, c, k, token, "ack")
+// refused back in the stock. Either resolves the transfer: it moves from
+// the transfers in flight to the resolved ones (Keys.Resolved). Both are
+// idempotent: sent again, each answers as the first run did.
+func Ack(ctx context.Context, c Client, k *Keys, token string) (Resolution, error) {
+	return resolveTransfer(ctx, c, k, token, "ack")
 }
 
 // Untake: see Ack.
-func Untake(ctx context.Context, c Client, k *Keys, token string) (Settlement, error) {
-	return settleTransfer(ctx, c, k, token, "untake")
+func Untake(ctx context.Context, c Client, k *Keys, token string) (Resolution, error) {
+	return resolveTransfer(ctx, c, k, token, "untake")
 }
 
-func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (Settlement, error) {
-	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Settled}, token, op).Slice()
+func resolveTransfer(ctx context.Context, c Client, k *Keys, token, op string) (Resolution, error) {
+	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Resolved}, token, op).Slice()
 	if err != nil {
 		return 0, err
 	}
@@ -201,7 +204,7 @@ func settleTransfer(ctx context.Context, c Client, k *Keys, token, op string) (S
 	case "gone":
 		return NoTransfer, nil
 	case "conflict":
-		return SettleConflict, nil
+		return ResolveConflict, nil
 	}
 	return 0, fmt.Errorf("%s: unexpected reply %v", op, res)
 }
@@ -266,13 +269,14 @@ type TransferRecord struct {
 	User   string
 }
 
-// ParseTransfer reads a transfer record (state 't') or a settled one.
-func ParseTransfer(rec string, settled bool) (TransferRecord, error) {
+// ParseTransfer reads a transfer record in flight (state 't') or a resolved
+// one ('a' or 'u').
+func ParseTransfer(rec string, resolved bool) (TransferRecord, error) {
 	var t TransferRecord
 	t.State = 't'
-	if settled {
+	if resolved {
 		if len(rec) < 2 || rec[1] != ':' || (rec[0] != 'a' && rec[0] != 'u') {
-			return t, fmt.Errorf("settled transfer %q: bad state", rec)
+			return t, fmt.Errorf("resolved transfer %q: bad state", rec)
 		}
 		t.State, rec = rec[0], rec[2:]
 	}

@@ -4,28 +4,31 @@
 -- KEYS[1] meta       rain:{P:j}:meta
 -- KEYS[2] stock      rain:{P:j}:stock
 -- KEYS[3] transfers  rain:{P:j}:transfers  (hash: token -> "amount:home:ms:user", in flight)
--- KEYS[4] settled    rain:{P:j}:settled    (hash: token -> "a|u:amount:home:ms:user")
+-- KEYS[4] resolved   rain:{P:j}:settled    (hash: token -> "a|u:amount:home:ms:user";
+--                                            the key keeps its earlier name)
 -- ARGV[1] token   ARGV[2] home sub-pool index   ARGV[3] user id
 -- ARGV[4] "1": fence (a take answered from an earlier run moves the meta's
 --         resent counter, so a WAIT after it covers that take: see
 --         claim_many.lua); "0": none
 --
--- A transfer is in flight until ack.lua settles it by the home's verdict
+-- A transfer is in flight until ack.lua resolves it by the home's verdict
 -- (the protocol: docs/architecture.md#the-spill-protocol).
 --
--- The amount stays counted here (inflight) until it is settled. Taking again
--- with the same token returns the same transfer; a token already settled, or
--- stored for another user or home, takes nothing. Nothing is taken once the
--- sub-pool's window has ended (by this shard's clock): a spill that began
--- before the end and comes here after it answers "ended".
--- Returns {"taken", amount} | {"empty"} | {"closed"} | {"ended"} | {"settled"}
---   | {"conflict"}
-local meta, stock, transfers, settled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- The amount stays counted here (inflight) until it is resolved (the move:
+-- pop_to_transfer, prelude.lua). Taking again with the same token returns
+-- the same transfer; a token already resolved, or stored for another user
+-- or home, takes nothing. Nothing is taken once the sub-pool's window has
+-- ended (by this shard's clock): a spill that began before the end and
+-- comes here after it answers "ended".
+-- Returns {"taken", amount} | {"empty"} | {"closed"} | {"ended"}
+--   | {"settled"} (the token's transfer is resolved already) | {"conflict"}
+local meta, transfers, resolved = KEYS[1], KEYS[3], KEYS[4]
+local k = {meta = meta, stock = KEYS[2], transfers = transfers}
 local token, home, user = ARGV[1], ARGV[2], ARGV[3]
 local st = ''
 local t = redis.call('HGET', transfers, token)
 if not t then
-  t = redis.call('HGET', settled, token)
+  t = redis.call('HGET', resolved, token)
   if t then
     st, t = string.match(t, '^(%a):(.*)$')
   end
@@ -53,14 +56,9 @@ local ends = tonumber(m[2]) or 0
 if m[3] == '1' or (ends > 0 and now >= ends) then
   return {'ended'}
 end
-local amount = redis.call('LPOP', stock)
+local amount = pop_to_transfer(k, token, home, user, now)
 if not amount then
   return {'empty'}
 end
-redis.call('HSET', transfers, token, amount .. ':' .. home .. ':' .. now .. ':' .. user)
-redis.call('HINCRBY', meta, 'version', 1) -- every money move: see audit
-redis.call('HINCRBY', meta, 'stock_count', -1)
-redis.call('HINCRBY', meta, 'stock_cents', '-' .. amount)
-redis.call('HINCRBY', meta, 'inflight_count', 1)
-redis.call('HINCRBY', meta, 'inflight_cents', amount)
+write_books(k)
 return {'taken', tonumber(amount)}

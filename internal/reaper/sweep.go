@@ -268,17 +268,17 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (lu
 				"pool_id", p.ID(), "sub_pool", j, "home", t.Home, "token", t.Token,
 				"verdict_origin", v.Origin, "verdict_amount", v.Amount, "transfer_amount", t.Amount)
 		}
-		settle := lua.Untake
+		resolve := lua.Untake
 		if adopted {
-			settle = lua.Ack
+			resolve = lua.Ack
 		}
-		res, err := settle(ctx, client(j), &k, t.Token)
+		res, err := resolve(ctx, client(j), &k, t.Token)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if res == lua.SettleConflict {
-			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was settled the other way", t.Token, j))
+		if res == lua.ResolveConflict {
+			errs = append(errs, fmt.Errorf("transfer %s of sub-pool %d was resolved the other way", t.Token, j))
 		}
 	}
 	return f, errors.Join(errs...)

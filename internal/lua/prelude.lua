@@ -1,0 +1,267 @@
+-- prelude: every move of a sub-pool's money, told once. lua.go puts this
+-- file before every script when it loads them, so a script moves money only
+-- by calling the functions below: no script writes a money counter, the
+-- stock list, a grant, the deadline index, a transfer or the outbox itself
+-- (TestMoneyMovesOnlyInThePrelude reads every script for it).
+--
+-- Where the money of a sub-pool is. Each place has two counters in the
+-- meta hash, <place>_count and <place>_cents:
+--   stock      the amounts in the stock list, not granted
+--   held       grants held (grant record "h:amount:serial:deadline_ms")
+--   confirmed  grants settlement confirmed ("c:..."): for good
+--   inflight   amounts a spill took from here for another home, its
+--              verdict not yet followed (the transfers hash)
+-- and three tallies count what crossed a line:
+--   released   held grants released at their deadline ("r:..."), their
+--              amount back in the stock
+--   received   grants made here of an amount taken from a sibling
+--   sent       amounts taken from here and granted at their home
+-- count and cents are what setup.lua says the sub-pool holds once loaded;
+-- nothing moves them.
+--
+-- Conservation: once the sub-pool is open, after every script, in count
+-- and in cents,
+--
+--     count + received - sent = stock + held + confirmed + inflight
+--
+-- because each move takes from one side what it gives to the other:
+--
+--   load_stock       preload    -> stock      load.lua (open.lua opens at
+--                                             stock = count)
+--   pop_to_held      stock      -> held       a claim: claim_many.lua
+--   release_held     held       -> stock      + released, at the deadline:
+--                                             release.lua, claim_many.lua
+--   confirm_held     held       -> confirmed  confirm.lua, confirm_many.lua
+--   pop_to_transfer  stock      -> inflight   a spill's take: take.lua
+--   adopt_to_held    + received -> held       a spill's adopt: adopt.lua
+--   send_transfer    inflight   -> + sent     the home adopted it: ack.lua
+--   return_transfer  inflight   -> stock      the home refused it: ack.lua
+--
+-- Across a pool, each token's sent at its sibling is a received at its
+-- home; the audit matches them (docs/architecture.md#the-audit).
+--
+-- The moves change the counters in this script's memory. write_books, the
+-- last call of a script that moved money, writes them: one HINCRBY per
+-- counter and one bump of the version however many moves the script made
+-- (a batch of claims costs the counters of one), with the records that wait
+-- for it (the grants made, and the stock popped for claims that did not
+-- take it). Until then a script does not read its own grants back.
+--
+-- A move takes the sub-pool's keys in a table k (meta, stock, grants,
+-- deadlines, outbox, transfers, resolved: those it needs), all of one
+-- sub-pool and so of one hash tag, and for outbox entries and notices the
+-- pool id and sub-pool index (k.pool, k.index; write_books reads them from
+-- the meta when they are not given).
+--
+-- Amounts are strings of digits as Redis and the callers give them; sums
+-- are Lua numbers, exact to 2^53 (rain caps a pool at 1e15 cents), written
+-- with %d: a number passed to redis.call as it is would be sent as %.14g.
+
+local books = {}  -- counter -> what this script's moves changed it by
+local booked = {} -- those counters, in the order first changed
+local popped, used = nil, 0 -- the stock pop_to_held popped, and how much of it it used
+local grants_made, deadlines_made = {}, {} -- HSET and ZADD arguments of the grants made
+local restocked = false -- an amount came back to the stock
+
+-- change adds by to counter in this script's books.
+local function change(counter, by)
+  if books[counter] == nil then
+    books[counter] = 0
+    booked[#booked + 1] = counter
+  end
+  books[counter] = books[counter] + by
+end
+
+-- move books one amount from place from to place to (nil: from or to
+-- outside the sub-pool's places).
+local function move(from, to, amount)
+  local cents = tonumber(amount)
+  if from then
+    change(from .. '_count', -1)
+    change(from .. '_cents', -cents)
+  end
+  if to then
+    change(to .. '_count', 1)
+    change(to .. '_cents', cents)
+  end
+end
+
+-- tally counts one amount across a line (released, received, sent).
+local function tally(name, amount)
+  change(name .. '_count', 1)
+  change(name .. '_cents', tonumber(amount))
+end
+
+-- hold records a new held grant: its record and deadline (written by
+-- write_books) and its outbox entry, for settlement. origin: the sibling
+-- its amount came from, nil when it came from this stock.
+local function hold(k, user, amount, serial, deadline, origin)
+  local rec = 'h:' .. amount .. ':' .. serial .. ':' .. deadline
+  grants_made[#grants_made + 1] = user
+  grants_made[#grants_made + 1] = rec
+  deadlines_made[#deadlines_made + 1] = deadline
+  deadlines_made[#deadlines_made + 1] = user
+  if origin then
+    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
+      'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
+  else
+    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
+      'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+  end
+  return rec
+end
+
+-- The moves, and what scripts call.
+
+-- zero_books: the counters a new sub-pool starts with, as HSET arguments
+-- (setup.lua). The spill's (inflight, received, sent) start missing, which
+-- every reader takes for 0.
+local function zero_books()
+  return {'stock_count', 0, 'stock_cents', 0, 'held_count', 0, 'held_cents', 0,
+    'confirmed_count', 0, 'confirmed_cents', 0, 'released_count', 0, 'released_cents', 0}
+end
+
+-- load_stock: preload -> stock. Appends amounts[from..] to the stock.
+local function load_stock(k, amounts, from)
+  local sum = 0
+  for i = from, #amounts do
+    sum = sum + tonumber(amounts[i])
+  end
+  redis.call('RPUSH', k.stock, unpack(amounts, from))
+  change('stock_count', #amounts - from + 1)
+  change('stock_cents', sum)
+end
+
+-- pop_to_held: stock -> held. The next amount of the stock becomes user's
+-- held grant with serial and deadline_ms, and its outbox entry. The first
+-- call pops upto amounts at once (what the script's claims may still
+-- take); write_books puts back those no claim took. Returns the amount and
+-- the grant record, or nil when the stock is empty.
+local function pop_to_held(k, user, serial, deadline, upto)
+  if popped == nil then
+    popped = redis.call('LPOP', k.stock, upto) or {}
+  end
+  used = used + 1
+  local amount = popped[used]
+  if amount == nil then
+    return nil
+  end
+  local rec = hold(k, user, amount, serial, deadline, nil)
+  move('stock', 'held', amount)
+  return amount, rec
+end
+
+-- release_held: held -> stock, + released. user's grant record rec is
+-- released only if it is still held and past its deadline (now, the
+-- shard's clock), so no grant is released twice, nor one confirmed: the
+-- amount goes back to the stock, the record is marked released, its
+-- deadline leaves the index and a release entry goes to the outbox.
+-- Returns the amount released, or nil.
+local function release_held(k, user, rec, now)
+  local st, amount, serial, deadline = string.match(rec, '^(%a):(%d+):(%d+):(%d+)')
+  if st ~= 'h' or tonumber(deadline) > now then
+    return nil
+  end
+  redis.call('RPUSH', k.stock, amount)
+  redis.call('HSET', k.grants, user, 'r' .. string.sub(rec, 2))
+  redis.call('ZREM', k.deadlines, user)
+  redis.call('XADD', k.outbox, '*', 'type', 'release', 'pool', k.pool, 'sub', k.index, 'user', user,
+    'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+  move('held', 'stock', amount)
+  tally('released', amount)
+  restocked = true
+  return amount
+end
+
+-- confirm_held: held -> confirmed, for good: a confirmed grant is never
+-- released. rec is user's grant record, neither confirmed nor released
+-- (the caller answers those). Returns its amount.
+local function confirm_held(k, user, rec)
+  local amount = string.match(rec, '^%a:(%d+):')
+  redis.call('HSET', k.grants, user, 'c' .. string.sub(rec, 2))
+  redis.call('ZREM', k.deadlines, user)
+  move('held', 'confirmed', amount)
+  return amount
+end
+
+-- pop_to_transfer: stock -> inflight. The next amount of the stock becomes
+-- a transfer in flight under token, for user at home, taken at now.
+-- Returns the amount, or nil when the stock is empty.
+local function pop_to_transfer(k, token, home, user, now)
+  local amount = redis.call('LPOP', k.stock)
+  if not amount then
+    return nil
+  end
+  redis.call('HSET', k.transfers, token, amount .. ':' .. home .. ':' .. now .. ':' .. user)
+  move('stock', 'inflight', amount)
+  return amount
+end
+
+-- adopt_to_held: + received -> held. An amount taken from sibling origin
+-- becomes user's held grant here, with its outbox entry. Returns the grant
+-- record.
+local function adopt_to_held(k, user, amount, serial, deadline, origin)
+  local rec = hold(k, user, amount, serial, deadline, origin)
+  tally('received', amount)
+  move(nil, 'held', amount)
+  return rec
+end
+
+-- send_transfer: inflight -> + sent. The transfer rec under token, which
+-- its home adopted, is resolved as sent (marked a).
+local function send_transfer(k, token, rec)
+  local amount = string.match(rec, '^(%d+):')
+  redis.call('HDEL', k.transfers, token)
+  redis.call('HSET', k.resolved, token, 'a:' .. rec)
+  move('inflight', nil, amount)
+  tally('sent', amount)
+end
+
+-- return_transfer: inflight -> stock. The transfer rec under token, which
+-- its home refused, is resolved as untaken (marked u), its amount back in
+-- the stock.
+local function return_transfer(k, token, rec)
+  local amount = string.match(rec, '^(%d+):')
+  redis.call('HDEL', k.transfers, token)
+  redis.call('HSET', k.resolved, token, 'u:' .. rec)
+  redis.call('RPUSH', k.stock, amount)
+  move('inflight', 'stock', amount)
+  restocked = true
+end
+
+-- write_books writes what this script's moves wait for: the stock popped
+-- for claims that did not take it, back in order; the grants made; the
+-- counters, and the version, which every money move bumps (the audit
+-- trusts a recount only while the version holds); and, when an amount came
+-- back to the stock, a notice to every instance (internal/events: this
+-- sub-pool is no longer empty). Every script that moved money calls it
+-- last; it writes nothing when nothing moved.
+local function write_books(k)
+  if popped ~= nil and used < #popped then
+    local back = {}
+    for i = #popped, used + 1, -1 do
+      back[#back + 1] = popped[i]
+    end
+    redis.call('LPUSH', k.stock, unpack(back))
+  end
+  if #grants_made > 0 then
+    redis.call('HSET', k.grants, unpack(grants_made))
+    redis.call('ZADD', k.deadlines, unpack(deadlines_made))
+  end
+  if #booked > 0 then
+    redis.call('HINCRBY', k.meta, 'version', 1)
+    for _, counter in ipairs(booked) do
+      redis.call('HINCRBY', k.meta, counter, string.format('%d', books[counter]))
+    end
+  end
+  if restocked then
+    local pool, index = k.pool, k.index
+    if pool == nil then
+      local m = redis.call('HMGET', k.meta, 'pool', 'index')
+      pool, index = m[1], m[2]
+    end
+    redis.call('PUBLISH', 'rain:events', 'stock ' .. pool .. ' ' .. index)
+  end
+end
+
+-- (the script follows)

@@ -133,7 +133,8 @@ func post(t *testing.T, url, token, body string) (int, map[string]any) {
 }
 
 func TestServeEmbedded(t *testing.T) {
-	for _, args := range [][]string{nil, {"--pool", "off"}} {
+	// The old name of --workers (--pool) is warned of after the first line.
+	for _, args := range [][]string{nil, {"--workers", "off"}, {"--pool", "off"}} {
 		t.Run(fmt.Sprint(args), func(t *testing.T) { testServeEmbedded(t, args) })
 	}
 }

@@ -67,9 +67,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
-	for _, d := range f.deprecations() {
-		log.Warn(d)
-	}
+	c.deprecated = f.deprecations()
 	c.secretArgs = f.secretArgs([]string{"admin-token"}, "redis", "postgres")
 	if c.Workers != "on" && c.Workers != "off" {
 		return usagef("--workers %q: want on or off", c.Workers)
@@ -126,7 +124,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err := s.checkTokens(); err != nil { // the first log line
 		return instance.Config{}, err
 	}
-	for _, w := range c.secretArgs {
+	for _, w := range append(c.deprecated, c.secretArgs...) {
 		log.Warn(w)
 	}
 	admins, err := auth.NewAdmins(c.AdminToken, c.AdminTokenFile)

@@ -48,6 +48,7 @@ type serveConfig struct {
 	RateLimitKeys   int
 	Postgres        string   // the system of record closes reconcile with; "" = none
 	secretArgs      []string // warnings of secrets given on the command line
+	deprecated      []string // warnings of old flag names given (flags.deprecations)
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {

@@ -38,14 +38,14 @@ func (f *flags) bindEnv(name, env string) {
 	fl.Usage += " [" + env + "]"
 }
 
-// rename keeps old, the name flag to had before a release renamed it,
+// rename keeps old, the name that flag to had before a release renamed it,
 // working for that release: old sets the same value, reads its old
 // variable oldEnv (none when ""), is left out of the help but for one line
 // that names it, and each use of it is warned of (deprecations). Giving
 // both names at the same level, both on the command line or both in the
 // environment, is a usage error; otherwise the command line wins over the
 // environment as for any flag (an old flag over a new variable, a new flag
-// over an old variable). Call it after flag's bindEnv.
+// over an old variable). Call it after to's bindEnv.
 func (f *flags) rename(old, oldEnv, to string) {
 	f.Var(f.Lookup(to).Value, old, "the old name of --"+to)
 	if oldEnv != "" {

@@ -111,7 +111,7 @@ func TestHelpListsNewWorkersFlags(t *testing.T) {
 			t.Errorf("help's line of old names %q lacks %q", line, want)
 		}
 	}
-	// The flags that are no renamed worker flags are all still there.
+	// Every flag but the 4 old names is listed.
 	n := len(regexp.MustCompile(`(?m)^\s+-[a-z]`).FindAllString(help, -1))
 	all := 0
 	f.VisitAll(func(*flag.Flag) { all++ })

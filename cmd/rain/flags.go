@@ -196,8 +196,9 @@ func (f *flags) warnSecretArgs(stderr io.Writer) {
 }
 
 // credentialsRE finds credentials in a URL, a shard spec or a connection
-// string: "user:password@" after a scheme or sentinel/, or "password=".
-var credentialsRE = regexp.MustCompile(`(?i)(://|sentinel/)[^@/,]*:[^@,]*@|\bpassword=`)
+// string: "user:password@" after a scheme, sentinel/, cluster/ (or their
+// +tls/ forms), or "password=".
+var credentialsRE = regexp.MustCompile(`(?i)(://|(sentinel|cluster)(\+tls)?/)[^@/,]*:[^@,]*@|\bpassword=`)
 
 // holdsSecret says whether a flag's value holds credentials (credentialsRE).
 func holdsSecret(v string) bool { return credentialsRE.MatchString(v) }

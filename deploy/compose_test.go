@@ -11,11 +11,16 @@ package deploy_test
 //     places pools by name and weight), and waits for those shards' health;
 //   - each Redis shard runs with AOF, appendfsync always (rain serve refuses
 //     less), a named volume and a health check;
+//   - the services of a profile (docker compose --profile NAME up) use only
+//     that profile's shards, and nothing of the default stack uses theirs:
+//     the cluster profile's own checks are in compose_cluster_test.go;
 //   - the Dockerfile builds with the Go of go.mod, statically, and runs
 //     /rain as a non-root user on an image that has the wget the health check
 //     calls.
 //
 // The file is read with go.yaml.in/yaml/v3 into a small ordered mapping type.
+// Compose interpolates ${VAR:-default} and $VAR, and reads $$ as a $: the
+// tests see the file as compose would with nothing set in the environment.
 
 import (
 	"fmt"
@@ -38,7 +43,8 @@ import (
 // ------------------------------------------------------------ YAML subset
 
 // ymap is a YAML block mapping, its keys in file order. A value is a string,
-// a []string (block or flow list of scalars), a *ymap, or nil (no value).
+// a []string (block or flow list of scalars), a []*ymap (a list of
+// mappings), a *ymap, or nil (no value).
 type ymap struct {
 	keys []string
 	vals map[string]any
@@ -66,9 +72,15 @@ func (m *ymap) sub(key string) *ymap {
 	return s
 }
 
+func (m *ymap) maps(key string) []*ymap {
+	l, _ := m.get(key).([]*ymap)
+	return l
+}
+
 // toYmap turns a YAML node into the values above: mappings into *ymap (keys
 // in file order, merge keys and aliases resolved by the YAML library),
-// sequences of scalars into []string, scalars into strings, null into nil.
+// sequences of scalars into []string, sequences of mappings into []*ymap,
+// scalars into strings, null into nil.
 func toYmap(n *yaml.Node) (any, error) {
 	switch n.Kind {
 	case yaml.DocumentNode:
@@ -81,6 +93,18 @@ func toYmap(n *yaml.Node) (any, error) {
 		}
 		return n.Value, nil
 	case yaml.SequenceNode:
+		if len(n.Content) > 0 && n.Content[0].Kind == yaml.MappingNode {
+			out := make([]*ymap, 0, len(n.Content))
+			for _, c := range n.Content {
+				v, err := toYmap(c)
+				m, ok := v.(*ymap)
+				if err != nil || !ok {
+					return nil, fmt.Errorf("line %d: a list of mappings holds %v (%v)", c.Line, v, err)
+				}
+				out = append(out, m)
+			}
+			return out, nil
+		}
 		out := make([]string, 0, len(n.Content))
 		for _, c := range n.Content {
 			v, err := toYmap(c)
@@ -116,10 +140,13 @@ func toYmap(n *yaml.Node) (any, error) {
 // interpolate resolves compose's ${VAR:-default}, ${VAR-default}, ${VAR} and
 // $VAR to their defaults (or ""), as with nothing set in the environment: the
 // file must work as written. ${VAR:?message}, a variable compose refuses to
-// start without, becomes required(VAR).
+// start without, becomes required(VAR). $$ is compose's escape of a $.
 func interpolate(s string) string {
-	re := regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*)|:?\?([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
+	re := regexp.MustCompile(`\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*)|:?\?([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)`)
 	return re.ReplaceAllStringFunc(s, func(m string) string {
+		if m == "$$" {
+			return "$"
+		}
 		sub := re.FindStringSubmatch(m)
 		if strings.HasPrefix(m, "${"+sub[1]+":?") || strings.HasPrefix(m, "${"+sub[1]+"?") {
 			return required(sub[1])
@@ -151,10 +178,22 @@ func readCompose(t *testing.T) *ymap {
 	return m
 }
 
-// isShard says whether a service is a Redis shard; isRain whether it runs
-// the rain image built from this repository.
-func isShard(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "redis:") }
-func isRain(svc *ymap) bool  { return strings.HasPrefix(svc.str("image"), "rain:") }
+// isShard says whether a service is a Redis server (a shard, or a node of
+// a cluster shard); isRedisJob whether it runs the Redis image for a tool
+// (redis-cli: the cluster profile's redis-cluster-create); isRain whether it
+// runs the rain image built from this repository.
+func isShard(svc *ymap) bool {
+	cmd := svc.list("command")
+	return strings.HasPrefix(svc.str("image"), "redis:") && len(cmd) > 0 && cmd[0] == "redis-server"
+}
+func isRedisJob(svc *ymap) bool {
+	return strings.HasPrefix(svc.str("image"), "redis:") && !isShard(svc)
+}
+func isRain(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "rain:") }
+
+// profile names the compose profiles a service is in, "" for none: the
+// default stack, which docker compose up starts, and --profile NAME adds to.
+func profile(svc *ymap) string { return strings.Join(svc.list("profiles"), ",") }
 
 // isDatabase says whether a service is the PostgreSQL of the file.
 func isDatabase(svc *ymap) bool { return strings.HasPrefix(svc.str("image"), "postgres:") }
@@ -182,9 +221,9 @@ func TestComposeMatchesRain(t *testing.T) {
 	helps := map[string]rainHelp{}
 
 	type instance struct {
-		name   string
-		specs  []shard.Spec
-		serial string
+		name, profile string
+		specs         []shard.Spec
+		serial        string
 	}
 	var serves []instance
 	usedShards := map[string]bool{}
@@ -192,7 +231,7 @@ func TestComposeMatchesRain(t *testing.T) {
 	for _, name := range services.keys {
 		svc := services.sub(name)
 		switch {
-		case isShard(svc), svc == nil, isObservability(svc), isDatabase(svc):
+		case svc == nil, isShard(svc), isRedisJob(svc), isObservability(svc), isDatabase(svc):
 			continue
 		case !isRain(svc):
 			t.Errorf("service %s is neither a Redis shard (image redis:...) nor rain (image rain:...): teach deploy/compose_test.go about it", name)
@@ -236,19 +275,32 @@ func TestComposeMatchesRain(t *testing.T) {
 			}
 			deps := svc.sub("depends_on")
 			for _, sp := range specs {
-				host, port, _ := net.SplitHostPort(sp.Addr)
-				target := services.sub(host)
-				switch {
-				case target == nil:
-					t.Errorf("RAIN_REDIS shard %s points at %s: no service %q in the file", sp.Name, sp.Addr, host)
-				case !isShard(target):
-					t.Errorf("RAIN_REDIS shard %s points at %s, which is not a Redis service", sp.Name, host)
-				case port != "6379":
-					t.Errorf("RAIN_REDIS shard %s: port %s, but the Redis services listen on 6379", sp.Name, port)
+				addrs := []string{sp.Addr}
+				if cl, ok := sp.Cluster(); ok {
+					addrs = cl.Seeds // each a node of the cluster
 				}
-				usedShards[host] = true
-				if deps.sub(host).str("condition") != "service_healthy" {
-					t.Errorf("depends_on: want %s with condition service_healthy (rain serves only when every shard answers)", host)
+				for _, addr := range addrs {
+					host, port, _ := net.SplitHostPort(addr)
+					target := services.sub(host)
+					switch {
+					case target == nil:
+						t.Errorf("RAIN_REDIS shard %s points at %s: no service %q in the file", sp.Name, addr, host)
+					case !isShard(target):
+						t.Errorf("RAIN_REDIS shard %s points at %s, which is not a Redis service", sp.Name, host)
+					case port != "6379":
+						t.Errorf("RAIN_REDIS shard %s: port %s, but the Redis services listen on 6379", sp.Name, port)
+					case profile(target) != profile(svc):
+						t.Errorf("RAIN_REDIS shard %s points at %s, of profile %q, from a service of profile %q: a profile's rain uses its own shards", sp.Name, host, profile(target), profile(svc))
+					}
+					usedShards[host] = true
+					if deps.sub(host).str("condition") != "service_healthy" {
+						t.Errorf("depends_on: want %s with condition service_healthy (rain serves only when every shard answers)", host)
+					}
+				}
+			}
+			for _, dep := range deps.keys {
+				if d := services.sub(dep); d != nil && profile(d) != "" && profile(d) != profile(svc) {
+					t.Errorf("depends_on %s, of profile %q, from a service of profile %q", dep, profile(d), profile(svc))
 				}
 			}
 			if v := env["RAIN_POSTGRES"]; v != "" {
@@ -277,30 +329,40 @@ func TestComposeMatchesRain(t *testing.T) {
 			if sub != "serve" {
 				return
 			}
-			serves = append(serves, instance{name, specs, serial})
+			serves = append(serves, instance{name, profile(svc), specs, serial})
 			checkServe(t, svc, env)
 		})
 	}
 
-	// Every instance must place pools the same way and draw serials from the
-	// same counter: same shard names and weights (addresses may differ), same
-	// serial shard.
-	for _, in := range serves[min(1, len(serves)):] {
-		ring := func(ss []shard.Spec) []string {
-			var r []string
-			for _, s := range ss {
-				r = append(r, fmt.Sprintf("%s=%d", s.Name, s.Weight))
-			}
-			slices.Sort(r)
-			return r
+	// Every instance of one stack (the default one, or a profile's) must
+	// place pools the same way and draw serials from the same counter: same
+	// shard names and weights (addresses may differ), same serial shard.
+	ring := func(ss []shard.Spec) []string {
+		var r []string
+		for _, s := range ss {
+			r = append(r, fmt.Sprintf("%s=%d", s.Name, s.Weight))
 		}
-		if a, b := ring(serves[0].specs), ring(in.specs); !slices.Equal(a, b) || serves[0].serial != in.serial {
+		slices.Sort(r)
+		return r
+	}
+	first := map[string]instance{}
+	defaults := 0
+	for _, in := range serves {
+		if in.profile == "" {
+			defaults++
+		}
+		f, ok := first[in.profile]
+		if !ok {
+			first[in.profile] = in
+			continue
+		}
+		if a, b := ring(f.specs), ring(in.specs); !slices.Equal(a, b) || f.serial != in.serial {
 			t.Errorf("%s and %s disagree: shards %v vs %v, serial shard %s vs %s",
-				serves[0].name, in.name, a, b, serves[0].serial, in.serial)
+				f.name, in.name, a, b, f.serial, in.serial)
 		}
 	}
-	if len(serves) < 2 {
-		t.Errorf("%d rain serve instances, want at least 2", len(serves))
+	if defaults < 2 {
+		t.Errorf("%d rain serve instances in the default stack, want at least 2", defaults)
 	}
 	for _, name := range services.keys {
 		if isShard(services.sub(name)) && !usedShards[name] {

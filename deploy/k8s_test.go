@@ -6,13 +6,20 @@ package deploy_test
 // and the shutdown, the pods run as non-root on a read-only filesystem with
 // resources set and their secrets from files no other user reads, rain
 // serve checks user tokens (https key set, audience) and holds client
-// addresses to a rate, and the Service, the PodDisruptionBudget and the
+// addresses to a rate, the shards of RAIN_REDIS parse with rain's own
+// parser, and the Service, the PodDisruptionBudget and the
 // HorizontalPodAutoscaler select the serving pods the Deployment makes.
+//
+// k8s-cluster/ is an overlay of k8s/ for a Redis Cluster: rendered as
+// kubectl kustomize renders it, it passes the same checks, its one shard a
+// cluster, and nothing but that shard differs from k8s/.
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +29,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"rain/docs"
+	"rain/internal/shard"
 )
 
 // k8sObject is the part of a Kubernetes object the test reads.
@@ -171,22 +179,138 @@ func readK8s(t *testing.T) []k8sObject {
 	return out
 }
 
+// readOverlay renders the overlay in dir (resources: [../k8s] and
+// patches: [- path: FILE], each FILE a strategic merge patch of a
+// ConfigMap's data) over base, the objects of k8s/, as kubectl kustomize
+// does: a data key patched to a value is set, one patched to null removed.
+// Anything else in the overlay fails the test, to be taught here first.
+func readOverlay(t *testing.T, dir string, base []k8sObject) []k8sObject {
+	t.Helper()
+	var kust map[string]any
+	readYAML(t, filepath.Join(dir, "kustomization.yaml"), &kust)
+	for k := range kust {
+		if !slices.Contains([]string{"apiVersion", "kind", "resources", "patches"}, k) {
+			t.Fatalf("deploy/%s/kustomization.yaml: %s: readOverlay renders resources and patches only; teach it %s", dir, k, k)
+		}
+	}
+	var ov struct {
+		Resources []string         `yaml:"resources"`
+		Patches   []map[string]any `yaml:"patches"`
+	}
+	readYAML(t, filepath.Join(dir, "kustomization.yaml"), &ov)
+	if !slices.Equal(ov.Resources, []string{"../k8s"}) {
+		t.Fatalf("deploy/%s: resources %v, want [../k8s]", dir, ov.Resources)
+	}
+	objs := slices.Clone(base)
+	used := []string{"kustomization.yaml"}
+	for _, p := range ov.Patches {
+		path, ok := p["path"].(string)
+		if !ok || len(p) != 1 {
+			t.Fatalf("deploy/%s: patch %v: readOverlay renders - path: FILE only", dir, p)
+		}
+		used = append(used, path)
+		var fields map[string]any
+		readYAML(t, filepath.Join(dir, path), &fields)
+		for k := range fields {
+			if !slices.Contains([]string{"apiVersion", "kind", "metadata", "data"}, k) {
+				t.Fatalf("deploy/%s/%s: %s: readOverlay patches a ConfigMap's data only", dir, path, k)
+			}
+		}
+		var patch struct {
+			Kind     string `yaml:"kind"`
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+			Data map[string]*string `yaml:"data"`
+		}
+		readYAML(t, filepath.Join(dir, path), &patch)
+		i := slices.IndexFunc(objs, func(o k8sObject) bool { return o.Kind == patch.Kind && o.Metadata.Name == patch.Metadata.Name })
+		if patch.Kind != "ConfigMap" || i < 0 {
+			t.Fatalf("deploy/%s/%s patches %s %s: want a ConfigMap of ../k8s", dir, path, patch.Kind, patch.Metadata.Name)
+		}
+		data := maps.Clone(objs[i].Data)
+		for k, v := range patch.Data {
+			if v == nil {
+				delete(data, k)
+			} else {
+				data[k] = *v
+			}
+		}
+		objs[i].Data = data
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	for _, f := range files {
+		if !slices.Contains(used, filepath.Base(f)) {
+			t.Errorf("deploy/%s/%s is not in the kustomization", dir, filepath.Base(f))
+		}
+	}
+	return objs
+}
+
 func TestKubernetes(t *testing.T) {
-	objs := readK8s(t)
-	bin := buildRain(t)
+	checkKubernetes(t, readK8s(t), buildRain(t))
+}
+
+func TestKubernetesCluster(t *testing.T) {
+	base := readK8s(t)
+	objs := readOverlay(t, "k8s-cluster", base)
+	checkKubernetes(t, objs, buildRain(t))
+
+	// The one shard is a whole cluster, and the serial counter is on it.
+	config := configMaps(objs)["rain"]
+	specs, err := shard.ParseSpecs(config["RAIN_REDIS"])
+	if err != nil {
+		t.Fatalf("RAIN_REDIS: %v", err)
+	}
+	if _, ok := specs[0].Cluster(); len(specs) != 1 || !ok {
+		t.Errorf("RAIN_REDIS=%q: want one shard of the cluster/ (or cluster+tls/) form", config["RAIN_REDIS"])
+	}
+	if s := config["RAIN_SERIAL_SHARD"]; s != "" && s != specs[0].Name {
+		t.Errorf("RAIN_SERIAL_SHARD=%s, want the cluster's shard %s", s, specs[0].Name)
+	}
+	// Nothing else changed: user auth, rates, probes and all are those of k8s/.
+	for i, o := range objs {
+		if o.Kind == "ConfigMap" && o.Metadata.Name == "rain" {
+			was, now := maps.Clone(base[i].Data), maps.Clone(o.Data)
+			for _, k := range []string{"RAIN_REDIS", "RAIN_SERIAL_SHARD"} {
+				delete(was, k)
+				delete(now, k)
+			}
+			if !maps.Equal(was, now) {
+				t.Errorf("ConfigMap rain: %v, want %v as in deploy/k8s but for the shards", now, was)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(o, base[i]) {
+			t.Errorf("%s %s differs from deploy/k8s's: the overlay changes the shards only", o.Kind, o.Metadata.Name)
+		}
+	}
+}
+
+// configMaps is the data of each ConfigMap of objs, by name.
+func configMaps(objs []k8sObject) map[string]map[string]string {
+	config := map[string]map[string]string{}
+	for _, o := range objs {
+		if o.Kind == "ConfigMap" {
+			config[o.Metadata.Name] = o.Data
+		}
+	}
+	return config
+}
+
+// checkKubernetes checks the objects of a kustomization as rendered.
+func checkKubernetes(t *testing.T, objs []k8sObject, bin string) {
+	t.Helper()
 	var contract struct {
 		Paths map[string]any `json:"paths"`
 	}
 	if err := json.Unmarshal(docs.OpenAPI, &contract); err != nil {
 		t.Fatal(err)
 	}
-	config := map[string]map[string]string{}
+	config := configMaps(objs)
 	byKind := map[string][]k8sObject{}
 	for _, o := range objs {
 		byKind[o.Kind] = append(byKind[o.Kind], o)
-		if o.Kind == "ConfigMap" {
-			config[o.Metadata.Name] = o.Data
-		}
 	}
 	deployments := map[string]k8sObject{}
 	for _, d := range byKind["Deployment"] {
@@ -276,6 +400,13 @@ func checkDeployment(t *testing.T, bin string, d k8sObject, config map[string]ma
 	}
 	if _, ok := env["RAIN_ADMIN_TOKEN"]; ok {
 		t.Error("RAIN_ADMIN_TOKEN in the environment: give it as a file (RAIN_ADMIN_TOKEN_FILE on a secret volume)")
+	}
+	specs, err := shard.ParseSpecs(env["RAIN_REDIS"])
+	if err != nil {
+		t.Errorf("RAIN_REDIS=%q: %v", env["RAIN_REDIS"], err)
+	}
+	if s := env["RAIN_SERIAL_SHARD"]; s != "" && !slices.ContainsFunc(specs, func(sp shard.Spec) bool { return sp.Name == s }) {
+		t.Errorf("RAIN_SERIAL_SHARD=%s is not one of RAIN_REDIS's shards", s)
 	}
 	if f := env["RAIN_ADMIN_TOKEN_FILE"]; f != "" && !mountedSecret(pod, c, f) {
 		t.Errorf("RAIN_ADMIN_TOKEN_FILE=%s is on no secret volume", f)

@@ -48,8 +48,9 @@ func TestComposeObservability(t *testing.T) {
 		}
 	}
 
-	// Prometheus scrapes every rain serve and settle of the file, on the
-	// port each listens on.
+	// Prometheus scrapes every rain serve and settle of the default stack,
+	// on the port each listens on, and none of a profile's (down unless its
+	// profile is up: an instance down, a page).
 	var prom struct {
 		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
@@ -84,7 +85,11 @@ func TestComposeObservability(t *testing.T) {
 			t.Errorf("%s listens on %q: %v", name, listen, err)
 			continue
 		}
-		if !slices.Contains(targets, name+":"+port) {
+		scraped := slices.ContainsFunc(targets, func(tg string) bool { return strings.HasPrefix(tg, name+":") })
+		switch {
+		case profile(svc) != "" && scraped:
+			t.Errorf("Prometheus scrapes %s, of profile %q: it is down whenever that profile is not up", name, profile(svc))
+		case profile(svc) == "" && !slices.Contains(targets, name+":"+port):
 			t.Errorf("Prometheus does not scrape %s:%s (its targets: %v)", name, port, targets)
 		}
 	}

@@ -9,7 +9,7 @@
 #   scripts/bench.sh driver     the load driver's own ceiling (against `rainload fixed`)
 #                               beside the rate rain sustains, in the same run
 #   scripts/bench.sh pool       overload: 2x and 4x rain's peak, open-loop, worker pool
-#                               on and --pool=off side by side (see bench_pool)
+#                               on and --workers=off side by side (see bench_pool)
 #   scripts/bench.sh soldout    answers/s on a sold-out pool vs a handler that only
 #                               decodes and answers a fixed JSON (see bench_soldout)
 #   scripts/bench.sh cluster    rain on a 3-primary Redis Cluster beside rain on 3 named
@@ -481,7 +481,7 @@ bench_grab() {
     # The rain: twice what rain serves saturated, from a drizzle, on a pool that
     # holds about 6 s of rain's goodput. Each of SPIKE_CONNS requests in flight
     # has a connection of its own, as phones do; more than rain's worker pool
-    # runs and queues (--pool-max + --pool-queue, 2048 by default), so that
+    # runs and queues (--workers-max + --workers-queue, 2048 by default), so that
     # what rain sheds shows.
     local peak low stock spike_conns=${SPIKE_CONNS:-4000}
     peak=$(awk -v g="$(med rain sat goodput_rps)" 'BEGIN { printf "%d\n", 2 * g }')
@@ -810,7 +810,7 @@ bench_versus() {
 }
 
 # bench_pool: issue 5's overload test. rain with its worker pool on, then with
-# --pool=off, each fresh on 4 shards: first its peak (saturated goodput with the
+# --workers=off, each fresh on 4 shards: first its peak (saturated goodput with the
 # pool on), then open-loop constant arrival rates of 2x and 4x that peak for
 # POOL_DURATION (20s) each, every request on a connection of its own up to
 # POOL_CONNS (3000), so the overload reaches rain instead of queueing in the
@@ -829,7 +829,7 @@ bench_pool() {
   peak=$(awk -v g="$(result_of "$tmp/peak.sat.1.out" goodput_rps)" 'BEGIN { printf "%d\n", g }')
   cleanup
   for mode in on off; do
-    start_rain port --pool "$mode"
+    start_rain port --workers "$mode"
     warm "pool-$mode" "$port" -pool over -admin-token "$token" -preload "$((peak * 200)):$((peak * 20000))" \
       -rate "$((peak / 2))" -conns 64 -user-prefix w -repeat "$repeat"
     for m in 2 4; do

@@ -8,7 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"regexp"
+	"slices"
+	"strings"
 )
 
 // flags is a FlagSet whose flags also read an environment variable.
@@ -16,12 +19,16 @@ type flags struct {
 	*flag.FlagSet
 	env      map[string]string // flag name -> env var
 	fromArgs map[string]bool   // flags the command line set (after parse)
+	renamed  map[string]string // old flag name -> the flag it was renamed to (see rename)
+	oldUsed  []string          // the old names the command line or the environment gave (after parse)
 }
 
 func newFlags(name string, stderr io.Writer) *flags {
 	fs := flag.NewFlagSet("rain "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	return &flags{FlagSet: fs, env: map[string]string{}}
+	f := &flags{FlagSet: fs, env: map[string]string{}, renamed: map[string]string{}}
+	fs.Usage = f.usage
+	return f
 }
 
 // bindEnv notes that flag name also reads env var; help says so.
@@ -29,6 +36,36 @@ func (f *flags) bindEnv(name, env string) {
 	f.env[name] = env
 	fl := f.Lookup(name)
 	fl.Usage += " [" + env + "]"
+}
+
+// rename keeps old, the name that flag to had before a release renamed it,
+// working for that release: old sets the same value, reads its old
+// variable oldEnv (none when ""), is left out of the help but for one line
+// that names it, and each use of it is warned of (deprecations). Giving
+// both names at the same level, both on the command line or both in the
+// environment, is a usage error; otherwise the command line wins over the
+// environment as for any flag (an old flag over a new variable, a new flag
+// over an old variable). Call it after to's bindEnv.
+func (f *flags) rename(old, oldEnv, to string) {
+	f.Var(f.Lookup(to).Value, old, "the old name of --"+to)
+	if oldEnv != "" {
+		f.bindEnv(old, oldEnv)
+	}
+	f.renamed[old] = to
+}
+
+// other is the other name of a renamed flag (its old name for the new one,
+// its new name for the old one), or "".
+func (f *flags) other(name string) string {
+	if n, ok := f.renamed[name]; ok {
+		return n
+	}
+	for old, n := range f.renamed {
+		if n == name {
+			return old
+		}
+	}
+	return ""
 }
 
 // parse sets flags from args, then from the environment those args left
@@ -42,14 +79,87 @@ func (f *flags) parse(args []string, getenv func(string) string) error {
 	}
 	f.fromArgs = map[string]bool{}
 	f.Visit(func(fl *flag.Flag) { f.fromArgs[fl.Name] = true })
+	if err := f.checkRenamed(getenv); err != nil {
+		return err
+	}
 	for name, env := range f.env {
-		if v := getenv(env); v != "" && !f.fromArgs[name] {
+		if v := getenv(env); v != "" && !f.fromArgs[name] && !f.fromArgs[f.other(name)] {
 			if err := f.Set(name, v); err != nil {
 				return usagef("%s=%q: %w", env, v, err)
 			}
 		}
 	}
 	return nil
+}
+
+// checkRenamed refuses a renamed flag given by both its names at one
+// level, and notes the old names given (oldUsed), in the order of the help.
+func (f *flags) checkRenamed(getenv func(string) string) error {
+	f.oldUsed = nil
+	for _, old := range slices.Sorted(maps.Keys(f.renamed)) {
+		to := f.renamed[old]
+		if f.fromArgs[old] && f.fromArgs[to] {
+			return usagef("--%s and --%s both given: --%s is the old name of --%s; give --%s only", old, to, old, to, to)
+		}
+		oldEnv, newEnv := f.env[old], f.env[to]
+		oldSet := oldEnv != "" && getenv(oldEnv) != ""
+		if oldSet && newEnv != "" && getenv(newEnv) != "" {
+			return usagef("%s and %s both set: %s is the old name of %s; set %s only", oldEnv, newEnv, oldEnv, newEnv, newEnv)
+		}
+		if f.fromArgs[old] {
+			f.oldUsed = append(f.oldUsed, "--"+old)
+		}
+		if oldSet {
+			f.oldUsed = append(f.oldUsed, oldEnv)
+		}
+	}
+	return nil
+}
+
+// deprecations says, one line each, which old names the command was given
+// and what replaces them: the command logs them once, at start.
+func (f *flags) deprecations() []string {
+	var out []string
+	for _, used := range f.oldUsed {
+		if name, ok := strings.CutPrefix(used, "--"); ok {
+			out = append(out, fmt.Sprintf("--%s is deprecated and goes in the next release: use --%s", name, f.renamed[name]))
+			continue
+		}
+		for old, env := range f.env {
+			if env == used {
+				out = append(out, fmt.Sprintf("%s is deprecated and goes in the next release: use %s", env, f.env[f.renamed[old]]))
+			}
+		}
+	}
+	return out
+}
+
+// usage prints the flags as flag.PrintDefaults does, less the old names of
+// renamed flags, which one line at the end names.
+func (f *flags) usage() {
+	out := f.Output()
+	fmt.Fprintf(out, "Usage of %s:\n", f.Name())
+	shown := flag.NewFlagSet(f.Name(), flag.ContinueOnError)
+	shown.SetOutput(out)
+	f.VisitAll(func(fl *flag.Flag) {
+		if _, old := f.renamed[fl.Name]; !old {
+			shown.Var(fl.Value, fl.Name, fl.Usage)
+			shown.Lookup(fl.Name).DefValue = fl.DefValue
+		}
+	})
+	shown.PrintDefaults()
+	if len(f.renamed) == 0 {
+		return
+	}
+	var olds []string
+	for _, old := range slices.Sorted(maps.Keys(f.renamed)) {
+		o := "-" + old + " (now -" + f.renamed[old]
+		if env := f.env[old]; env != "" {
+			o += ", " + env + " now " + f.env[f.renamed[old]]
+		}
+		olds = append(olds, o+")")
+	}
+	fmt.Fprintf(out, "Old names still taken for this release, each with a warning: %s\n", strings.Join(olds, ", "))
 }
 
 // secretArgs says which of the flags named carry a secret on the command
@@ -86,8 +196,9 @@ func (f *flags) warnSecretArgs(stderr io.Writer) {
 }
 
 // credentialsRE finds credentials in a URL, a shard spec or a connection
-// string: "user:password@" after a scheme or sentinel/, or "password=".
-var credentialsRE = regexp.MustCompile(`(?i)(://|sentinel/)[^@/,]*:[^@,]*@|\bpassword=`)
+// string: "user:password@" after a scheme, sentinel/, cluster/ (or their
+// +tls/ forms), or "password=".
+var credentialsRE = regexp.MustCompile(`(?i)(://|(sentinel|cluster)(\+tls)?/)[^@/,]*:[^@,]*@|\bpassword=`)
 
 // holdsSecret says whether a flag's value holds credentials (credentialsRE).
 func holdsSecret(v string) bool { return credentialsRE.MatchString(v) }

@@ -133,7 +133,8 @@ func post(t *testing.T, url, token, body string) (int, map[string]any) {
 }
 
 func TestServeEmbedded(t *testing.T) {
-	for _, args := range [][]string{nil, {"--pool", "off"}} {
+	// The old name of --workers (--pool) is warned of after the first line.
+	for _, args := range [][]string{nil, {"--workers", "off"}, {"--pool", "off"}} {
 		t.Run(fmt.Sprint(args), func(t *testing.T) { testServeEmbedded(t, args) })
 	}
 }
@@ -272,9 +273,11 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "http://wallet.example/credit"}, nil, "--webhook-allow-http"},
 		{[]string{"serve"}, map[string]string{"RAIN_SHUTDOWN_TIMEOUT": "soon"}, "RAIN_SHUTDOWN_TIMEOUT"},
 		{[]string{"serve", "extra"}, nil, "unexpected arguments"},
-		{[]string{"serve", "--pool", "maybe"}, nil, "--pool"},
-		{[]string{"serve", "--pool-min", "50", "--pool-max", "10"}, nil, "--pool-min 50 and --pool-max 10"},
-		{[]string{"serve"}, map[string]string{"RAIN_POOL_QUEUE": "lots"}, "RAIN_POOL_QUEUE"},
+		{[]string{"serve", "--workers", "maybe"}, nil, "--workers"},
+		{[]string{"serve", "--pool", "maybe"}, nil, "--workers"}, // its old name
+		{[]string{"serve", "--workers-min", "50", "--workers-max", "10"}, nil, "--workers-min 50 and --workers-max 10"},
+		{[]string{"serve"}, map[string]string{"RAIN_WORKERS_QUEUE": "lots"}, "RAIN_WORKERS_QUEUE"},
+		{[]string{"serve"}, map[string]string{"RAIN_POOL_QUEUE": "lots"}, "RAIN_POOL_QUEUE"}, // its old name
 		{[]string{"preload", "--pool", "p"}, nil, "--redis"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1"}, nil, "exactly one"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--ledger", "x", "--webhook", "http://127.0.0.1:1"}, nil, "exactly one"},

@@ -175,6 +175,9 @@ func TestSecretFlagsWarned(t *testing.T) {
 	}{
 		{[]string{"audit", "--redis", "s1=1@redis://:hunter2@127.0.0.1:1", "--pool", "p"}, "--redis"},
 		{[]string{"end", "--redis", "s1=1@sentinel/rain:hunter2@m/127.0.0.1:1", "--pool", "p"}, "--redis"},
+		{[]string{"end", "--redis", "s1=1@sentinel+tls/:hunter2@m/127.0.0.1:1", "--pool", "p"}, "--redis"},
+		{[]string{"end", "--redis", "c1=1@cluster/rain:hunter2@127.0.0.1:1+127.0.0.1:2", "--pool", "p"}, "--redis"},
+		{[]string{"audit", "--redis", "s1=1@127.0.0.1:3,c1=1@cluster+tls/:hunter2@127.0.0.1:1", "--pool", "p"}, "--redis"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--postgres", "postgres://rain:hunter2@127.0.0.1:1/rain?sslmode=verify-full"}, "--postgres"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "https://rain:hunter2@wallet.example/credit"}, "--webhook"},
 	} {

@@ -67,9 +67,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	c.deprecated = f.deprecations()
 	c.secretArgs = f.secretArgs([]string{"admin-token"}, "redis", "postgres")
-	if c.Pool != "on" && c.Pool != "off" {
-		return usagef("--pool %q: want on or off", c.Pool)
+	if c.Workers != "on" && c.Workers != "off" {
+		return usagef("--workers %q: want on or off", c.Workers)
 	}
 	if getenv("GOGC") == "" {
 		// The grab path allocates little that lives long; collecting less
@@ -123,7 +124,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err := s.checkTokens(); err != nil { // the first log line
 		return instance.Config{}, err
 	}
-	for _, w := range c.secretArgs {
+	for _, w := range append(c.deprecated, c.secretArgs...) {
 		log.Warn(w)
 	}
 	admins, err := auth.NewAdmins(c.AdminToken, c.AdminTokenFile)
@@ -163,11 +164,11 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err := s.books(ctx, &icfg); err != nil {
 		return instance.Config{}, err
 	}
-	if c.Pool == "on" {
-		if c.PoolMin < 1 || c.PoolMin > c.PoolMax {
-			return instance.Config{}, usagef("--pool-min %d and --pool-max %d: want 1 ≤ min ≤ max", c.PoolMin, c.PoolMax)
+	if c.Workers == "on" {
+		if c.WorkersMin < 1 || c.WorkersMin > c.WorkersMax {
+			return instance.Config{}, usagef("--workers-min %d and --workers-max %d: want 1 ≤ min ≤ max", c.WorkersMin, c.WorkersMax)
 		}
-		icfg.Pool = &pool.Config{Min: c.PoolMin, Max: c.PoolMax, Queue: c.PoolQueue}
+		icfg.Pool = &pool.Config{Min: c.WorkersMin, Max: c.WorkersMax, Queue: c.WorkersQueue}
 	} else {
 		log.Warn("worker pool off: grabs run on handler goroutines, unbounded (for comparison only)")
 	}

@@ -18,10 +18,10 @@ type serveConfig struct {
 	SerialShard     string
 	ShutdownTimeout time.Duration
 	Log             *logOptions
-	Pool            string // "on" or "off"
-	PoolMin         int
-	PoolMax         int
-	PoolQueue       int
+	Workers         string // "on" or "off": the worker pool grabs run on
+	WorkersMin      int
+	WorkersMax      int
+	WorkersQueue    int
 	DebugListen     string // pprof; "" = off
 	MetricsListen   string // /metrics apart from the API; "" = on the API's listener
 	AdminListen     string // the operator API apart from the clients'; "" = on the API's listener
@@ -48,6 +48,7 @@ type serveConfig struct {
 	RateLimitKeys   int
 	Postgres        string   // the system of record closes reconcile with; "" = none
 	secretArgs      []string // warnings of secrets given on the command line
+	deprecated      []string // warnings of old flag names given (flags.deprecations)
 }
 
 func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
@@ -59,10 +60,10 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.SerialShard, "serial-shard", "", "shard that holds the grant serial counter (default: the first in --redis); keep it when the shard list changes")
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 	c.Log = f.logFlags()
-	f.StringVar(&c.Pool, "pool", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
-	f.IntVar(&c.PoolMin, "pool-min", 32, "fewest workers of the grab pool (more than a stalled shard can hold while its breaker trips)")
-	f.IntVar(&c.PoolMax, "pool-max", 1024, "most workers of the grab pool")
-	f.IntVar(&c.PoolQueue, "pool-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
+	f.StringVar(&c.Workers, "workers", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
+	f.IntVar(&c.WorkersMin, "workers-min", 32, "fewest workers grabs run on (more than a stalled shard can hold while its breaker trips)")
+	f.IntVar(&c.WorkersMax, "workers-max", 1024, "most workers grabs run on")
+	f.IntVar(&c.WorkersQueue, "workers-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)
 	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
 	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")
@@ -93,10 +94,17 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.bindEnv("admin-token", "RAIN_ADMIN_TOKEN")
 	f.bindEnv("serial-shard", "RAIN_SERIAL_SHARD")
 	f.bindEnv("shutdown-timeout", "RAIN_SHUTDOWN_TIMEOUT")
-	f.bindEnv("pool", "RAIN_POOL")
-	f.bindEnv("pool-min", "RAIN_POOL_MIN")
-	f.bindEnv("pool-max", "RAIN_POOL_MAX")
-	f.bindEnv("pool-queue", "RAIN_POOL_QUEUE")
+	f.bindEnv("workers", "RAIN_WORKERS")
+	f.bindEnv("workers-min", "RAIN_WORKERS_MIN")
+	f.bindEnv("workers-max", "RAIN_WORKERS_MAX")
+	f.bindEnv("workers-queue", "RAIN_WORKERS_QUEUE")
+	// The worker pool's flags were --pool... until --pool came to mean a
+	// red-packet pool everywhere (rain preload --pool ID): the old names
+	// work for one more release, with a warning.
+	f.rename("pool", "RAIN_POOL", "workers")
+	f.rename("pool-min", "RAIN_POOL_MIN", "workers-min")
+	f.rename("pool-max", "RAIN_POOL_MAX", "workers-max")
+	f.rename("pool-queue", "RAIN_POOL_QUEUE", "workers-queue")
 	f.bindEnv("debug-listen", "RAIN_DEBUG_LISTEN")
 	f.bindEnv("metrics-listen", "RAIN_METRICS_LISTEN")
 	f.bindEnv("admin-listen", "RAIN_ADMIN_LISTEN")

@@ -66,7 +66,7 @@ type Config struct {
 	// shards do).
 	Ready func(ctx context.Context) grab.Readiness
 	// Runner runs every grab; nil runs grabs on the handler goroutine
-	// (rain serve --pool=off, for comparison only).
+	// (rain serve --workers=off, for comparison only).
 	Runner Runner
 	// Metrics is the process's registry: the server adds the grab series
 	// to it and serves it on GET /metrics. Nil: a registry of its own.

@@ -43,7 +43,7 @@ type Config struct {
 	// arbitrates pool records. Default: the first of Shards.
 	SerialShard string
 	// Pool bounds the worker pool grabs run on. Nil runs grabs on the
-	// handler's goroutine, unbounded (rain serve --pool=off).
+	// handler's goroutine, unbounded (rain serve --workers=off).
 	Pool *pool.Config
 	// API is the HTTP layer's configuration (admin tokens, user auth, rate
 	// limits, access log); the instance fills in what it builds: Grabber,

@@ -41,19 +41,23 @@ func StartCluster(tb testing.TB, primaries, replicas int, opts Options) *Cluster
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	c.cli(args...)
 	c.WaitOK()
-	c.waitReplicas()
+	c.waitReplicas(primaries * replicas)
 	return c
 }
 
 // waitReplicas waits (up to 30s) until every replica's link to its
-// primary is up: one that never synced cannot take over in a failover.
-func (c *Cluster) waitReplicas() {
+// primary is up (one that never synced cannot take over in a failover) and
+// every node knows all n replicas (the cluster's gossip spreads them).
+func (c *Cluster) waitReplicas(n int) {
 	c.tb.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for _, s := range c.Nodes {
 		for {
-			info, err := c.client(s).Info(context.Background(), "replication").Result()
-			if err == nil && (strings.Contains(info, "role:master") || strings.Contains(info, "master_link_status:up")) {
+			ctx := context.Background()
+			info, err := c.client(s).Info(ctx, "replication").Result()
+			nodes, nerr := c.client(s).ClusterNodes(ctx).Result()
+			if err == nil && nerr == nil && strings.Count(nodes, " slave ")+strings.Count(nodes, ",slave ") == n &&
+				(strings.Contains(info, "role:master") || strings.Contains(info, "master_link_status:up")) {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -27,7 +27,7 @@ type Primary struct {
 	ID       string     // its node id
 	Addr     string     // host:port, as the cluster announces it
 	Slots    [][2]int64 // the slot ranges it owns, inclusive
-	Replicas int        // its replicas that are online
+	Replicas int        // its replicas the cluster has not marked failed
 }
 
 // Owns reports whether the primary owns slot.
@@ -49,7 +49,7 @@ type cluster struct {
 
 	mu       sync.Mutex               // guards nodes and replicas
 	nodes    map[string]*redis.Client // rain's own client of each node, by address
-	replicas map[string]int           // online replicas of each primary, by address (Primaries)
+	replicas map[string]int           // replicas of each primary not marked failed, by address (Primaries)
 }
 
 // newCluster opens the client of a cluster shard (no I/O).
@@ -177,7 +177,7 @@ func (cl *cluster) node(addr string) *redis.Client {
 }
 
 // primaries reads the cluster's primaries (CLUSTER SHARDS), sorted by node
-// id, and keeps how many replicas each has online.
+// id, and keeps how many replicas each has (not marked failed).
 func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 	shards, err := cl.c.ClusterShards(ctx).Result()
 	if err != nil {
@@ -189,8 +189,11 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 		for _, n := range sh.Nodes {
 			switch {
 			case n.Role == "master" && n.Health == "online":
-				p.ID, p.Addr = n.ID, net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
-			case n.Role == "replica" && n.Health == "online":
+				p.ID, p.Addr = n.ID, cl.endpoint(n)
+			case n.Role == "replica" && n.Health != "failed":
+				// online, or loading (syncing; or no write replicated
+				// yet, as a new cluster's replicas say): writes wait
+				// for it, as they would with Sentinel.
 				p.Replicas++
 			}
 		}
@@ -213,6 +216,22 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 	}
 	cl.mu.Unlock()
 	return out, nil
+}
+
+// endpoint is the address the cluster's slot map gives node n, which the
+// cluster client (and so Owner) names it by: its preferred endpoint (a
+// hostname when the cluster announces hostnames), else its IP; its TLS
+// port on a cluster+tls/ shard.
+func (cl *cluster) endpoint(n redis.Node) string {
+	host := n.Endpoint
+	if host == "" || host == "?" {
+		host = n.IP
+	}
+	port := n.Port
+	if cl.spec.TLS && n.TLSPort > 0 || port == 0 {
+		port = n.TLSPort
+	}
+	return net.JoinHostPort(host, strconv.FormatInt(port, 10))
 }
 
 func cmpString(a, b string) int {
@@ -277,7 +296,7 @@ func (s *Set) Node(name, addr string) *redis.Client {
 }
 
 // NodeReplicated reports whether the primary at addr of the named cluster
-// shard had a replica online when Primaries last read the cluster: writes
+// shard had a replica (not marked failed) when Primaries last read the cluster: writes
 // acknowledged there wait for one (WAIT).
 func (s *Set) NodeReplicated(name, addr string) bool {
 	cl := s.clusters[name]

@@ -111,3 +111,51 @@ func TestOnNodeIsToldOfEveryPrimary(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestClusterAnnouncingHostnames: a cluster whose nodes announce hostnames
+// (cluster-preferred-endpoint-type hostname, as managed services do): its
+// primaries are named as its slot map names them, so rain's per-primary
+// work finds them, and a primary with a replica is known to have one (its
+// writes wait for it).
+func TestClusterAnnouncingHostnames(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 1, redistest.Options{Args: []string{
+		"--cluster-announce-hostname", "localhost", "--cluster-preferred-endpoint-type", "hostname"}})
+	specs, err := ParseSpecs("c1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := Open(specs, 0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	ps, err := set.Primaries(ctx, "c1")
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("Primaries = %v, %v", ps, err)
+	}
+	for _, p := range ps {
+		if !strings.HasPrefix(p.Addr, "localhost:") || p.Replicas != 1 {
+			t.Errorf("primary %+v: want it named by its hostname, with its replica", p)
+		}
+	}
+	for i := range 50 {
+		key := fmt.Sprintf("k%d", i)
+		owner, err := set.Owner(ctx, "c1", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p *Primary
+		for i := range ps {
+			if ps[i].Owns(Slot(key)) {
+				p = &ps[i]
+			}
+		}
+		if p == nil || p.Addr != owner {
+			t.Fatalf("the slot map names %s the owner of %s; Primaries says %+v", owner, key, p)
+		}
+		if _, replicated, err := set.Writer(ctx, "c1", key); err != nil || !replicated {
+			t.Fatalf("Writer(%s) replicated = %v, %v; want a wait for the replica", key, replicated, err)
+		}
+	}
+}

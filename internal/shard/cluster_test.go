@@ -10,19 +10,47 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"rain/internal/redistest"
+	"rain/internal/wait/waittest"
 )
 
 // TestCheckClusters: a cluster shard is checked at start as rain needs it.
 // A whole cluster passes; a standalone server given as cluster/ is no
-// cluster (ErrNotACluster, which rain serve reports as a usage error), and
-// seeds nobody answers are unreachable, not "no cluster".
+// cluster, nor is one with a slot no primary serves (ErrNotACluster, which
+// rain serve reports as a usage error), and seeds nobody answers are
+// unreachable, not "no cluster".
 func TestCheckClusters(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3, 0, redistest.Options{})
 	alone := redistest.Start(t, redistest.Options{})
 	dead := redistest.Start(t, redistest.Options{})
 	dead.Kill()
+	// A cluster one of whose slots no primary serves (its owner forgot it).
+	holed := redistest.StartCluster(t, 3, 0, redistest.Options{})
+	owner := holed.Owner(100)
+	oc := redis.NewClient(&redis.Options{Addr: owner.Addr})
+	defer oc.Close()
+	if err := oc.ClusterDelSlots(ctx, 100).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range holed.Nodes { // every node has heard (the check asks any)
+		nc := redis.NewClient(&redis.Options{Addr: n.Addr})
+		waittest.Until(t, 10*time.Second, "node "+n.Addr+" to know slot 100 has no owner", func() bool {
+			slots, err := nc.ClusterSlots(ctx).Result()
+			if err != nil {
+				return false
+			}
+			for _, r := range slots {
+				if r.Start <= 100 && 100 <= r.End {
+					return false
+				}
+			}
+			return true
+		})
+		nc.Close()
+	}
 	for _, tc := range []struct {
 		spec    string
 		want    error // nil: passes
@@ -31,6 +59,7 @@ func TestCheckClusters(t *testing.T) {
 		{spec: "c1=1@cluster/" + cl.Seeds()},
 		{spec: "c1=1@cluster/" + alone.Addr, want: ErrNotACluster},
 		{spec: "c1=1@cluster/" + dead.Addr, wantAny: true},
+		{spec: "c1=1@cluster/" + holed.Seeds(), want: ErrNotACluster},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			specs, err := ParseSpecs(tc.spec)

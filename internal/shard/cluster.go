@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,8 @@ type cluster struct {
 	spec ClusterShard
 	opts Options
 	c    *redis.ClusterClient
+
+	refreshing atomic.Bool // a background read of the primaries is under way (refresh)
 
 	mu       sync.Mutex               // guards nodes and replicas
 	nodes    map[string]*redis.Client // rain's own client of each node, by address
@@ -183,7 +186,7 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: CLUSTER SHARDS: %w", cl.name, err)
 	}
-	var out []Primary
+	var out, all []Primary // with slots; all, those without too
 	for _, sh := range shards {
 		var p Primary
 		for _, n := range sh.Nodes {
@@ -197,8 +200,12 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 				p.Replicas++
 			}
 		}
-		if p.ID == "" || len(sh.Slots) == 0 {
-			continue // no primary online, or one without slots
+		if p.ID == "" {
+			continue // no primary online
+		}
+		all = append(all, p)
+		if len(sh.Slots) == 0 {
+			continue // a primary without slots (yet): no unit of placement
 		}
 		for _, r := range sh.Slots {
 			p.Slots = append(p.Slots, [2]int64{r.Start, r.End})
@@ -211,7 +218,7 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 	slices.SortFunc(out, func(a, b Primary) int { return cmpString(a.ID, b.ID) })
 	cl.mu.Lock()
 	clear(cl.replicas)
-	for _, p := range out {
+	for _, p := range all {
 		cl.replicas[p.Addr] = p.Replicas
 	}
 	cl.mu.Unlock()
@@ -295,17 +302,40 @@ func (s *Set) Node(name, addr string) *redis.Client {
 	return cl.node(addr)
 }
 
-// NodeReplicated reports whether the primary at addr of the named cluster
-// shard had a replica (not marked failed) when Primaries last read the cluster: writes
-// acknowledged there wait for one (WAIT).
+// NodeReplicated reports whether writes to the primary at addr of the
+// named cluster shard wait for a replica: it had one (not marked failed)
+// when the cluster's primaries were last read (Primaries, and rain serve's
+// and settle's watch every 10 s). A primary not met in that read (a replica
+// promoted since, a primary added) is taken to have one, and the primaries
+// are read again in the background: a write there waits, and fails if no
+// replica has it, until the read says the primary has none.
 func (s *Set) NodeReplicated(name, addr string) bool {
 	cl := s.clusters[name]
 	if cl == nil {
 		return false
 	}
 	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	return cl.replicas[addr] > 0
+	n, known := cl.replicas[addr]
+	cl.mu.Unlock()
+	if !known {
+		cl.refresh()
+		return true
+	}
+	return n > 0
+}
+
+// refresh reads the cluster's primaries in the background, one read at a
+// time.
+func (cl *cluster) refresh() {
+	if !cl.refreshing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer cl.refreshing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*cl.opts.Timeout)
+		defer cancel()
+		_, _ = cl.primaries(ctx)
+	}()
 }
 
 // Reload has the named cluster shard's client read the slot map again, in

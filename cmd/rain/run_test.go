@@ -280,6 +280,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--ledger", "x", "--webhook", "http://127.0.0.1:1"}, nil, "exactly one"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "ftp://x"}, nil, "--webhook"},
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
+		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--serial-shard", "zz"}, nil, `--serial-shard "zz"`},
 		{[]string{"close", "--redis", "s1=1@127.0.0.1:1"}, nil, "--pool"},
 		{[]string{"end", "--pool", "p"}, nil, "--redis"},
 	} {

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
-	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -150,11 +149,11 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err != nil {
 		return instance.Config{}, err
 	}
-	if c.SerialShard != "" && !slices.ContainsFunc(specs, func(sp shard.Spec) bool { return sp.Name == c.SerialShard }) {
-		return instance.Config{}, usagef("--serial-shard %q is not one of the shards", c.SerialShard)
+	if _, err := shard.SerialOf(specs, c.SerialShard); err != nil {
+		return instance.Config{}, serialShardUsage(c.SerialShard)
 	}
-	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg},
-		SerialShard: c.SerialShard, API: acfg, Build: buildInfo(), ReaperRetry: reaperRetry, Logger: log}
+	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
+		API: acfg, Build: buildInfo(), ReaperRetry: reaperRetry, Logger: log}
 	if c.Redis != "" {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err

@@ -7,7 +7,7 @@
 // A pool's record is stored under rain:{P}:pool on every shard, and its id in
 // the registry rain:pools of every shard, so a later change of the ring
 // never strands it: the placement is read back, never recomputed. The serial
-// shard (Config.SerialShard) arbitrates: a preload writes the record there
+// shard (the set's, shard.Options.Serial) arbitrates: a preload writes the record there
 // first, atomically, and what is stored there wins. Sub-pool j lives on the
 // shard its placement names, under keys tagged {P:j} (internal/lua).
 //
@@ -62,12 +62,6 @@ var (
 
 // Config wires a Catalog. Zero fields take the documented defaults.
 type Config struct {
-	// SerialShard names the shard whose pool records decide (rain serve's
-	// serial shard, which also holds the grant serial counter): a preload
-	// writes a pool's record there first, and what is stored there wins.
-	// Every instance and tool must name the same one, even with different
-	// shard lists. Default: the first shard by name.
-	SerialShard string
 	// Books, when set, is the system of record a close reconciles with
 	// (the grants it holds, per sub-pool) and writes the final account to.
 	// Nil: closes check the shards alone.
@@ -86,7 +80,7 @@ type Config struct {
 // safe for concurrent use and owns no goroutine.
 type Catalog struct {
 	shards *shard.Set
-	serial string        // Config.SerialShard
+	serial string        // the shards' serial shard: its records decide
 	books  Books         // Config.Books
 	lease  time.Duration // Config.SealLease
 	log    *slog.Logger
@@ -105,18 +99,21 @@ type listing struct {
 	at  time.Time
 }
 
-// New returns a catalog over shards.
+func (c *Config) init() {
+	if c.SealLease <= 0 {
+		c.SealLease = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// New returns a catalog over shards. The shards' serial shard
+// (shard.Options.Serial) arbitrates: a preload writes a pool's record there
+// first, and what is stored there wins.
 func New(shards *shard.Set, cfg Config) *Catalog {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.SerialShard == "" || shards.Client(cfg.SerialShard) == nil {
-		cfg.SerialShard = shards.Names()[0]
-	}
-	if cfg.SealLease <= 0 {
-		cfg.SealLease = time.Minute
-	}
-	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
+	cfg.init()
+	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
 		records: map[string]*Pool{}, lives: map[string]string{}}
 }
 

@@ -30,12 +30,7 @@ func clusterInstance(t *testing.T, cl *redistest.Cluster, tweak func(*instance.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, _ := startInstance(t, specs, func(c *instance.Config) {
-		c.SerialShard = "c1"
-		if tweak != nil {
-			tweak(c)
-		}
-	})
+	in, _ := startInstance(t, specs, tweak)
 	return in
 }
 

@@ -112,7 +112,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	}
 	defer l.Close()
 	settleSet := st.shards(t)
-	w := settle.New(settleSet, catalog.New(settleSet, catalog.Config{SerialShard: "s1"}), l, settle.Config{
+	w := settle.New(settleSet, catalog.New(settleSet, catalog.Config{}), l, settle.Config{
 		Consumer: "chaos", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 500 * time.Millisecond, RetryDelay: 20 * time.Millisecond})
 	settleCtx, stopSettle := context.WithCancel(ctx)

@@ -70,17 +70,16 @@ func openShards(t testing.TB, addrs []string) *shard.Set {
 }
 
 // service is one rain instance's grab path on set, as instance.New wires
-// it: its own serial generator on s1 with watermark copies on the others,
-// a catalogue with s1 as the serial shard, and the service.
+// it: its own serial generator on the set's serial shard with watermark
+// copies on the others, a catalogue, and the service.
 func (e *env) service(t testing.TB, set *shard.Set) (*Service, *catalog.Catalog) {
 	t.Helper()
-	serial := set.Names()[0]
-	gen, err := idgen.ForShards(context.Background(), set, serial, idgen.Config{})
+	gen, err := idgen.ForShards(context.Background(), set, idgen.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gen.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: serial})
+	cat := catalog.New(set, catalog.Config{})
 	svc := New(Config{Serials: gen, Catalog: cat, SpillValidity: e.valid})
 	t.Cleanup(svc.Close)
 	return svc, cat
@@ -225,16 +224,16 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		ids = append(ids, id)
 	}
 	extra := redistest.Start(t, redistest.Options{})
-	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // sorts first; the arbiter stays s1
+	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // listed first; the arbiter stays s1
 	for i, s := range e.servers {
 		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
 	}
-	set, err := shard.Open(specs, 0, shard.Options{})
+	set, err := shard.Open(specs, 0, shard.Options{Serial: "s1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
+	cat := catalog.New(set, catalog.Config{})
 	svc := New(Config{Serials: e.svc.serials, Catalog: cat})
 	t.Cleanup(svc.Close)
 	for _, id := range ids {
@@ -244,7 +243,7 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		if _, created, err := cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
 			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
 		}
-		fresh := New(Config{Serials: e.svc.serials, Catalog: catalog.New(set, catalog.Config{SerialShard: "s1"})}) // an instance with nothing cached
+		fresh := New(Config{Serials: e.svc.serials, Catalog: catalog.New(set, catalog.Config{})}) // an instance with nothing cached
 		r, err := fresh.Grab(ctx, id, "v")
 		fresh.Close()
 		if err != nil || r.Outcome != Granted {

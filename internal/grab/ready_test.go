@@ -26,7 +26,7 @@ func TestReadyOutOfDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	svc := New(Config{Catalog: catalog.New(set, catalog.Config{SerialShard: "s1"})})
+	svc := New(Config{Catalog: catalog.New(set, catalog.Config{})})
 	t.Cleanup(svc.Close)
 
 	var orig syscall.Rlimit

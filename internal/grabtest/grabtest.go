@@ -60,18 +60,18 @@ func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	return e
 }
 
-// Service is a serial generator on s1 (watermark copies on the others), a
-// catalogue with s1 as its serial shard and a grab service with cfg (its
-// Serials and Catalog filled in) on set: one more instance's grab path on
-// the same shards.
+// Service is a serial generator on set's serial shard (watermark copies on
+// the others), a catalogue and a grab service with cfg (its Serials and
+// Catalog filled in) on set: one more instance's grab path on the same
+// shards.
 func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, *catalog.Catalog, *grab.Service) {
 	tb.Helper()
-	gen, err := idgen.ForShards(context.Background(), set, "s1", idgen.Config{})
+	gen, err := idgen.ForShards(context.Background(), set, idgen.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { gen.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
+	cat := catalog.New(set, catalog.Config{})
 	cfg.Serials, cfg.Catalog = gen, cat
 	svc := grab.New(cfg)
 	tb.Cleanup(svc.Close)

@@ -20,6 +20,7 @@ import (
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -33,29 +34,25 @@ func TestMain(m *testing.M) {
 type stack struct {
 	servers []*redistest.Server
 	proxies []*redisproxy.Proxy
+	addrs   []string // the proxies'
 	specs   []shard.Spec
 }
 
 func newStack(t *testing.T, n int, opts redistest.Options) *stack {
 	t.Helper()
 	s := &stack{servers: redistest.StartN(t, n, opts)}
-	for i, srv := range s.servers {
+	for _, srv := range s.servers {
 		p := redisproxy.Start(t, srv.Addr)
-		s.proxies = append(s.proxies, p)
-		s.specs = append(s.specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: p.Addr})
+		s.proxies, s.addrs = append(s.proxies, p), append(s.addrs, p.Addr)
 	}
+	s.specs = shardtest.Specs(s.addrs)
 	return s
 }
 
 // shards opens one process's clients on the stack, with rain serve's options.
 func (s *stack) shards(t *testing.T) *shard.Set {
 	t.Helper()
-	set, err := shard.Open(s.specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	return set
+	return shardtest.Open(t, s.addrs, shard.Options{})
 }
 
 // instance is one rain serve on the stack, reaching the shards only

@@ -7,7 +7,6 @@ package grabtest
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +16,7 @@ import (
 	"rain/internal/idgen"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 )
 
 // Env is a grab service on n shards named s1..sn, weight 1 each; s1 is the
@@ -43,15 +43,7 @@ func Start(tb testing.TB, n int, opts redistest.Options) *Env {
 // included.
 func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	tb.Helper()
-	specs := make([]shard.Spec, len(addrs))
-	for i, a := range addrs {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
-	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { set.Close() })
+	set := shardtest.Open(tb, addrs, shard.Options{})
 	e := &Env{Servers: servers, Shards: set}
 	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{})
 	for _, name := range set.Names() {

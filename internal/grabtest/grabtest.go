@@ -1,8 +1,9 @@
 // Package grabtest starts rain's grab path on real redis-server shards, for
-// the tests of the packages a rain instance is built from (api, settle,
-// reaper), which cannot import internal/instance (it imports them): the
-// serial generator, the catalogue and the grab service, wired as
-// instance.New wires them. rain's tests never mock Redis.
+// the tests of the packages a rain instance is built from (grab's own, api,
+// settle, reaper), which cannot import internal/instance (it imports them):
+// the serial generator, the catalogue and the grab service, wired as
+// instance.New wires them, and by this package alone in tests (Service).
+// rain's tests never mock Redis.
 package grabtest
 
 import (

@@ -153,7 +153,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, serialShardUsage(c.SerialShard)
 	}
 	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
-		API: acfg, Build: buildInfo(), ReaperRetry: reaperRetry, Logger: log}
+		API: acfg, Build: buildInfo(), Logger: log}
 	if c.Redis != "" {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
@@ -173,10 +173,6 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	icfg.API.Warnings = s.warnings // all there are by now
 	return icfg, nil
 }
-
-// reaperRetry is how long an instance waits between two tries at the
-// reaper's lock (jittered to 0.5-1.5 times).
-const reaperRetry = 4 * time.Second
 
 // embeddedWarning is the first log line of a run on embedded shards;
 // warnEmbeddedExposed follows it when such a run listens beyond this host.

@@ -53,7 +53,7 @@ type Config struct {
 	// Build is the version the metrics report.
 	Build metrics.Build
 	// ReaperRetry is how long an instance waits between two tries at the
-	// reaper's lock (jittered). Default 4s.
+	// reaper's lock (jittered to 0.5-1.5 times). Default 4s.
 	ReaperRetry time.Duration
 	// ClusterWatch is how often the primaries of each cluster shard are
 	// read to notice a change (one CLUSTER SHARDS); 10s when zero.
@@ -99,20 +99,24 @@ type Instance struct {
 	closeOnce      sync.Once
 }
 
+func (c *Config) init() {
+	if c.ReaperRetry <= 0 {
+		c.ReaperRetry = 4 * time.Second
+	}
+	if c.ClusterWatch <= 0 {
+		c.ClusterWatch = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
 // New builds an instance. It does no I/O but what its components do when
 // built: the serial generator reserves its first segment.
 func New(cfg Config) (*Instance, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.init()
 	if len(cfg.Shards) == 0 {
 		return nil, errors.New("instance: no shards")
-	}
-	if cfg.ReaperRetry <= 0 {
-		cfg.ReaperRetry = 4 * time.Second
-	}
-	if cfg.ClusterWatch <= 0 {
-		cfg.ClusterWatch = 10 * time.Second
 	}
 	in := &Instance{log: cfg.Logger, clusterWatch: cfg.ClusterWatch}
 	opts := cfg.ShardOptions

@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 
 	"rain/internal/instance"
+	"rain/internal/ledger"
 	"rain/internal/postgres"
-	"rain/internal/settle"
 )
 
 // books opens --postgres as the system of record closes reconcile with,
@@ -43,7 +43,7 @@ func (s *server) books(ctx context.Context, icfg *instance.Config) error {
 			return err
 		}
 		path := filepath.Join(dir, "ledger.jsonl")
-		l, err := settle.OpenLedger(path)
+		l, err := ledger.Open(path)
 		if err != nil {
 			return err
 		}

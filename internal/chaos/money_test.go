@@ -16,6 +16,7 @@ import (
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
+	"rain/internal/ledger"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
@@ -102,8 +103,8 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	// 600s).
 	var bg sync.WaitGroup
 	// Settlement, into a ledger, through its own connections.
-	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l, err := settle.OpenLedger(ledger)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	// Settlement pays every grant once.
 	var lines map[int64]settle.Grant
 	waittest.Until(t, 30*time.Second, "the ledger holding every grant", func() bool {
-		lines = readLedger(t, ledger)
+		lines = readLedger(t, path)
 		s, _ := ia.Catalog.Status(ctx, "chaos")
 		return int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0
 	})
@@ -253,7 +254,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 // readLedger reads the ledger's grants by serial (one line per serial).
 func readLedger(t *testing.T, path string) map[int64]settle.Grant {
 	t.Helper()
-	grants, err := settle.ReadLedger(path)
+	grants, err := ledger.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}

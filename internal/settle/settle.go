@@ -8,8 +8,9 @@
 //  1. confirms its grants (one confirm_many script): from then on the
 //     reaper can never release them. A grant the reaper released first is
 //     not paid.
-//  2. delivers them to the Sink (PostgreSQL, a ledger file, a wallet
-//     webhook) in one call, which dedupes by serial.
+//  2. delivers them to the Sink (internal/postgres, internal/ledger's
+//     file, internal/webhook's wallet) in one call, which dedupes by
+//     serial.
 //  3. acknowledges the entries settled and deletes them from the stream
 //     (XACK and XDEL, one round trip), so an outbox holds only what is
 //     unsettled.
@@ -68,6 +69,13 @@ func (g Grant) Same(o Grant) bool {
 func (g Grant) String() string {
 	return fmt.Sprintf("pool %s sub-pool %d user %s %d cents", g.PoolID, g.SubPool, g.UserID, g.AmountCents)
 }
+
+// ErrSerialConflict is returned by a Sink when a grant's serial was paid
+// before for another pool, sub-pool, user or amount: serials are unique, so
+// one of the two is wrong (a serial handed out twice, a shard that lost
+// writes). It is an alarm, never a silent skip: the worker leaves the entry
+// pending and counts it.
+var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
 
 // Sink receives confirmed grants, in batches. Deliver returns one error per
 // grant of gs (nil: delivered, now or before). It may see a grant more than

@@ -19,16 +19,16 @@ import (
 )
 
 // File is a settle.Sink that appends one JSON line per grant to a file and
-// fsyncs it before Deliver returns. It holds exactly one line per serial, across
-// redeliveries and crashes: it reads the serials already in the file when it
-// opens, and cuts off a torn last line a crash may have left (that grant is
-// then delivered again and written whole). A serial already in the file
-// with other contents is settle.ErrSerialConflict.
+// fsyncs it before Deliver returns. It holds exactly one line per serial,
+// across redeliveries and crashes: it reads the serials already in the file
+// when it opens, and cuts off a torn last line a crash may have left (that
+// grant is then delivered again and written whole). A serial already in the
+// file with other contents is settle.ErrSerialConflict.
 //
 // A ledger file dedupes only what it holds: two settle workers with two
-// ledgers would each pay a grant one of them took over from the other.
-// Run one worker per ledger file, or use a sink that dedupes across workers
-// (the wallet webhook, keyed by serial).
+// ledgers would each pay a grant one of them took over from the other. Run
+// one worker per ledger file, or use a sink that dedupes across workers (the
+// wallet webhook, keyed by serial).
 type File struct {
 	mu     sync.Mutex             // guards f, seen and broken
 	f      *os.File               // opened for append

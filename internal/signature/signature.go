@@ -58,18 +58,18 @@ func Sign(secret []byte, now time.Time, body []byte) string {
 // signature time may be, unless the wallet says otherwise.
 const DefaultTolerance = 5 * time.Minute
 
-// Verify checks a webhook delivery as a wallet receives it (its headers
-// and its raw body) at now, against each of the wallet's secrets (two
-// while a secret is being rotated), and returns the grant to pay.
+// Verify checks a webhook delivery as a wallet receives it (its headers and
+// its raw body) at now, against each of the wallet's secrets (two while a
+// secret is being rotated), and returns the grant to pay.
 //
 // The signature (Rain-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of
 // "<t>.<body>">) must be one of the secrets' over this very body, and t
 // within tolerance of now (0: DefaultTolerance). The signature covers the
-// body, not the headers: the wallet pays each grant once by its Serial,
-// read from the signed body, and never by Idempotency-Key, which rain sends
-// equal to the serial for wallets that dedupe on it; a delivery whose key
-// differs from the body's serial is refused. A serial already paid with the
-// same grant (settle.Grant.Same) is answered 2xx again, without paying; one paid
+// body, not the headers: the wallet pays each grant once by its Serial, read
+// from the signed body, and never by Idempotency-Key, which rain sends equal
+// to the serial for wallets that dedupe on it; a delivery whose key differs
+// from the body's serial is refused. A serial already paid with the same
+// grant (settle.Grant.Same) is answered 2xx again, without paying; one paid
 // with another grant is answered 409 Conflict.
 func Verify(header http.Header, body []byte, now time.Time, tolerance time.Duration, secrets ...[]byte) (settle.Grant, error) {
 	if tolerance <= 0 {

@@ -22,22 +22,21 @@ import (
 	"rain/internal/wait"
 )
 
-// Wallet is a settle.Sink that POSTs each grant as JSON to a wallet URL:
-// the wallet pays each serial once, across every settle worker, reading
-// the serial from the signed body (signature.Verify is how; the Idempotency-Key header
-// carries the same serial, unsigned, and a wallet must not pay on it
+// Wallet is a settle.Sink that POSTs each grant as JSON to a wallet URL: the
+// wallet pays each serial once, across every settle worker, reading the
+// serial from the signed body (signature.Verify is how; the Idempotency-Key
+// header carries the same serial, unsigned, and a wallet must not pay on it
 // alone), and compares a repeated serial's grant with the first: the same
 // grant is answered 2xx again (already paid), another grant under the same
-// serial 409 Conflict, which Deliver returns as settle.ErrSerialConflict without
-// retrying. A redirect is not followed (it would carry the body, its
-// signature and its key to wherever Location says): it is an answer that
-// is not 2xx. Any other answer but 2xx is retried,
-// Tries times in all, after a backoff that doubles from Backoff up to
-// MaxBackoff, each wait drawn at random between half and all of it (so
-// that workers retrying at once spread out); a 429 or 503 with Retry-After
-// waits what the wallet asks instead, up to maxRetryAfter (asked for more,
-// Deliver gives up on this grant for now). Then Deliver fails and the
-// worker delivers the grant again later.
+// serial 409 Conflict, which Deliver returns as settle.ErrSerialConflict
+// without retrying. A redirect is not followed (it would carry the body, its
+// signature and its key to wherever Location says): it is an answer that is
+// not 2xx. Any other answer but 2xx is retried, Tries times in all, after a
+// backoff that doubles from Backoff up to MaxBackoff, each wait drawn at
+// random between half and all of it (so that workers retrying at once spread
+// out); a 429 or 503 with Retry-After waits what the wallet asks instead, up
+// to maxRetryAfter (asked for more, Deliver gives up on this grant for now).
+// Then Deliver fails and the worker delivers the grant again later.
 type Wallet struct {
 	URL  string
 	HTTP *http.Client // default: a client with a 10s timeout
@@ -57,7 +56,7 @@ type Wallet struct {
 // that asks for more is tried again on the worker's next pass.
 const maxRetryAfter = 30 * time.Second
 
-var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
+var defaultHTTP = &http.Client{Timeout: 10 * time.Second}
 
 // noRedirects is the webhook client's CheckRedirect: the redirect is the
 // answer.
@@ -87,7 +86,7 @@ func (w *Wallet) Deliver(ctx context.Context, gs []settle.Grant) []error {
 func (w *Wallet) deliver(ctx context.Context, g settle.Grant) error {
 	client, tries, backoff, most := w.HTTP, w.Tries, w.Backoff, w.MaxBackoff
 	if client == nil {
-		client = defaultWebhookClient
+		client = defaultHTTP
 	}
 	c := *client // the caller's client, with redirects refused
 	c.CheckRedirect = noRedirects

@@ -37,10 +37,39 @@ const (
 	nStatus
 )
 
-var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not_found",
-	"not_started", "ended", "overloaded", "invalid", "unauthorized", "rate_limited", "error"}
+// statuses are what each status answers: its name in "status" (and in
+// the metrics) and its HTTP status code, as docs/api.md gives them.
+var statuses = [nStatus]struct {
+	name string
+	code int
+}{
+	stGranted:        {"granted", http.StatusOK},
+	stAlreadyGranted: {"already_granted", http.StatusOK},
+	stSoldOut:        {"sold_out", http.StatusGone},
+	stNotFound:       {"not_found", http.StatusNotFound},
+	stNotStarted:     {"not_started", http.StatusTooEarly},
+	stEnded:          {"ended", http.StatusGone},
+	stOverloaded:     {"overloaded", http.StatusServiceUnavailable},
+	stInvalid:        {"invalid", http.StatusBadRequest},
+	stUnauthorized:   {"unauthorized", http.StatusUnauthorized},
+	stRateLimited:    {"rate_limited", http.StatusTooManyRequests},
+	stError:          {"error", http.StatusInternalServerError},
+}
 
-var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 401, 429, 500}
+func (st status) String() string { return statuses[st].name }
+
+// code is the HTTP status code st is answered with.
+func (st status) code() int { return statuses[st].code }
+
+// statusNames are the statuses' names, in status order (the metrics'
+// labels).
+func statusNames() []string {
+	names := make([]string, nStatus)
+	for st := range nStatus {
+		names[st] = st.String()
+	}
+	return names
+}
 
 // Reasons a grab is answered overloaded (503), each counted apart; the
 // answer's "error" says which, and whether anything may have been granted.
@@ -56,15 +85,32 @@ const (
 	nReason
 )
 
-var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone", "stopping"}
+// reasons are what each reason answers: its name in the metrics and its
+// text in the answer's "error", as docs/api.md gives them.
+var reasons = [nReason]struct {
+	name, text string
+}{
+	rsShed:        {"shed", "overloaded: the request was shed; nothing was granted"},
+	rsUnavailable: {"shard_unavailable", "a shard is unavailable; nothing was granted"},
+	rsUnknown:     {"outcome_unknown", "the outcome is not known yet: the grab may have been granted, and a retry returns it"},
+	rsBusy:        {"busy", "a grab of this user is in flight; retry shortly"},
+	rsClientGone:  {"client_gone", "the request was cancelled; the grab may have been granted, and a retry returns it"},
+	rsStopping:    {"stopping", "this instance is shutting down; nothing was granted"},
+}
 
-var reasonTexts = [nReason]string{
-	"overloaded: the request was shed; nothing was granted",
-	"a shard is unavailable; nothing was granted",
-	"the outcome is not known yet: the grab may have been granted, and a retry returns it",
-	"a grab of this user is in flight; retry shortly",
-	"the request was cancelled; the grab may have been granted, and a retry returns it",
-	"this instance is shutting down; nothing was granted",
+func (rs reason) String() string { return reasons[rs].name }
+
+// text is what the answer's "error" says of rs.
+func (rs reason) text() string { return reasons[rs].text }
+
+// reasonNames are the reasons' names, in reason order (the metrics'
+// labels).
+func reasonNames() []string {
+	names := make([]string, nReason)
+	for rs := range nReason {
+		names[rs] = rs.String()
+	}
+	return names
 }
 
 // errStopping is the error of a grab that arrived after Stop.
@@ -225,8 +271,8 @@ func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req g
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))
 	}
 	s.grabs.Answered(int(st), time.Since(start))
-	writeJSON(w, statusCodes[st], map[string]string{
-		"status": statusNames[st], "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
+	writeJSON(w, st.code(), map[string]string{
+		"status": st.String(), "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
 }
 
 // clientIP is the client's key for the per-IP limit: the address in the
@@ -301,7 +347,7 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		res.RetryAfter = time.Second
 		s.grabs.Overloaded(int(rs))
 		if rs != rsShed && rs != rsStopping {
-			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
+			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", rs.String(), "err", err)
 		}
 	}
 	s.grabs.Answered(int(st), time.Since(start))
@@ -315,11 +361,11 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(statusCodes[st])
+	w.WriteHeader(st.code())
 	b := appendGrab(make([]byte, 0, 192), st, req, res)
 	if rs >= 0 {
 		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
-		b = append(b, reasonTexts[rs]...)
+		b = append(b, rs.text()...)
 		b = append(b, "\"}\n"...)
 	}
 	_, _ = w.Write(b)
@@ -347,7 +393,7 @@ func outcomeStatus(o grab.Outcome) status {
 // JSON escaping, so this is exact and cheaper than encoding/json.
 func appendGrab(b []byte, st status, req grabRequest, res grab.Result) []byte {
 	b = append(b, `{"status":"`...)
-	b = append(b, statusNames[st]...)
+	b = append(b, st.String()...)
 	b = append(b, `","pool_id":"`...)
 	b = append(b, req.PoolID...)
 	b = append(b, `","user_id":"`...)

@@ -29,35 +29,36 @@ import (
 )
 
 // Errors callers match; the HTTP layer turns them into status codes. Each
-// reads "catalog: ..."; clients are answered the text after that prefix.
+// reads "catalog: ..."; a client is told the text after that prefix, with
+// the reason of the Error that carries it (ClientText).
 var (
 	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
-	ErrInvalid = errors.New("catalog: invalid")
+	ErrInvalid error = &code{"invalid"}
 	// ErrConflict is returned when a pool id exists with a different spec.
-	ErrConflict = errors.New("catalog: pool exists with a different spec")
+	ErrConflict error = &code{"pool exists with a different spec"}
 	// ErrNotFound is returned for a pool that does not exist.
-	ErrNotFound = errors.New("catalog: no such pool")
+	ErrNotFound error = &code{"no such pool"}
 	// ErrUnavailable is returned when a shard does not answer: nothing the
 	// call would have written was written, or what was is finished by
 	// running the same call again.
-	ErrUnavailable = errors.New("catalog: unavailable")
+	ErrUnavailable error = &code{"unavailable"}
 	// ErrGrantReleased is returned by Confirm when the grant was released at
 	// its deadline before it was confirmed: its amount is back in the stock.
-	ErrGrantReleased = errors.New("catalog: grant was released")
+	ErrGrantReleased error = &code{"grant was released"}
 	// ErrSerialMismatch is returned by Confirm when the user's grant has
 	// another serial.
-	ErrSerialMismatch = errors.New("catalog: serial does not match the user's grant")
+	ErrSerialMismatch error = &code{"serial does not match the user's grant"}
 	// ErrNoGrant is returned by Confirm when the user holds no grant in the
 	// pool.
-	ErrNoGrant = errors.New("catalog: no such grant")
+	ErrNoGrant error = &code{"no such grant"}
 	// ErrNotNow wraps why a pool cannot do what was asked in the state it
 	// is in: a close before the pool has ended, while grants are held or
 	// unsettled, with the audit's or the books' differences; an end before
 	// it has loaded. Nothing was changed (HTTP 409).
-	ErrNotNow = errors.New("catalog: not now")
+	ErrNotNow error = &code{"not now"}
 	// ErrPartial is returned by List with the ids it read when some shards
 	// did not answer: those the others hold.
-	ErrPartial = errors.New("catalog: some shards did not answer")
+	ErrPartial error = &code{"some shards did not answer"}
 )
 
 // Config wires a Catalog. Zero fields take the documented defaults.

@@ -30,11 +30,11 @@ func (s *server) books(ctx context.Context, icfg *instance.Config) error {
 		s.release = append(s.release, db.Close)
 		icfg.Books = db
 		log.Info("system of record", "postgres", redactURL(c.Postgres))
-		if c.Redis == "" {
+		if c.tryIt() {
 			icfg.Settle = db
 		}
 	}
-	if c.Redis != "" {
+	if !c.tryIt() {
 		return nil
 	}
 	if icfg.Settle == nil {

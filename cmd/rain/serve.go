@@ -91,7 +91,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 			s.undo()
 		}
 	}()
-	specs, stopEmbedded, err := shardSpecs(c.Redis)
+	specs, stopEmbedded, err := shardSpecs(c)
 	if err != nil {
 		return nil, asUsage(err)
 	}
@@ -114,7 +114,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 // rate limits, the worker pool.
 func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instance.Config, error) {
 	c, log := s.cfg, s.log
-	if c.Redis != "" {
+	if !c.tryIt() {
 		c.drainDelay = c.DrainDelay.or(defaultDrainDelay)
 	} else {
 		c.drainDelay = c.DrainDelay.or(0)
@@ -154,7 +154,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	}
 	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
 		API: acfg, Build: buildInfo(), Logger: log}
-	if c.Redis != "" {
+	if !c.tryIt() {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
@@ -186,7 +186,7 @@ const (
 // long enough with --redis.
 func (s *server) checkTokens() error {
 	c, log := s.cfg, s.log
-	if c.Redis == "" {
+	if c.tryIt() {
 		log.Warn(embeddedWarning, versionAttrs()...)
 		s.warnings = append(s.warnings, embeddedWarning)
 		if host, _, err := net.SplitHostPort(c.Listen); err == nil && !loopbackHost(host) {

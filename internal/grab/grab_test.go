@@ -203,9 +203,7 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 	}
 	extra := redistest.Start(t, redistest.Options{})
 	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // listed first; the arbiter stays s1
-	for i, s := range e.servers {
-		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
-	}
+	specs = append(specs, shardtest.Specs(redistest.Addrs(e.servers))...)
 	set, err := shard.Open(specs, 0, shard.Options{Serial: "s1"})
 	if err != nil {
 		t.Fatal(err)

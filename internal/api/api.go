@@ -152,7 +152,7 @@ func (c *Config) init() {
 func New(cfg Config) *Server {
 	cfg.init()
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
-		grabs: cfg.Metrics.Grabs(statusNames(), reasonNames()), ids: newRequestIDs(),
+		grabs: cfg.Metrics.Grabs(names(nStatus), names(nReason)), ids: newRequestIDs(),
 		access:     accessSampler{perSecond: int64(cfg.AccessLog)},
 		adminFails: limit.New(limit.Config{Rate: adminFailRate, Burst: adminFailBurst, MaxKeys: adminFailKeys})}
 	cfg.Metrics.CounterVec("rain_admin_auth_failures_total",

@@ -604,7 +604,7 @@ func TestDashboardColoursEveryStatus(t *testing.T) {
 	if block == nil {
 		t.Fatal("app.js has no COLORS table")
 	}
-	for _, name := range statusNames() {
+	for _, name := range names(nStatus) {
 		if !regexp.MustCompile(`\b` + name + `:\s*"#[0-9a-f]{3,6}"`).Match(block[1]) {
 			t.Errorf("the dashboard has no colour for status %q", name)
 		}

@@ -47,14 +47,17 @@ func (st status) String() string { return statuses[st].name }
 // code is the HTTP status code st is answered with.
 func (st status) code() int { return statuses[st].code }
 
-// statusNames are the statuses' names, in status order (the metrics'
-// labels).
-func statusNames() []string {
-	names := make([]string, nStatus)
-	for st := range nStatus {
-		names[st] = st.String()
+// names are the names of the values 0..n-1 of a status or reason, in
+// order: the metrics' labels.
+func names[T interface {
+	~int
+	String() string
+}](n T) []string {
+	out := make([]string, n)
+	for v := range n {
+		out[v] = v.String()
 	}
-	return names
+	return out
 }
 
 // Reasons a grab is answered overloaded (503), each counted apart; the
@@ -88,13 +91,3 @@ func (rs reason) String() string { return reasons[rs].name }
 
 // text is what the answer's "error" says of rs.
 func (rs reason) text() string { return reasons[rs].text }
-
-// reasonNames are the reasons' names, in reason order (the metrics'
-// labels).
-func reasonNames() []string {
-	names := make([]string, nReason)
-	for rs := range nReason {
-		names[rs] = rs.String()
-	}
-	return names
-}

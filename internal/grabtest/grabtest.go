@@ -2,7 +2,7 @@
 // the tests of the packages a rain instance is built from (grab's own, api,
 // settle, reaper), which cannot import internal/instance (it imports them):
 // the serial generator, the catalogue and the grab service, wired as
-// instance.New wires them, and by this package alone in tests (Service).
+// instance.New wires them. Service is the one place the tests wire them.
 // rain's tests never mock Redis.
 package grabtest
 

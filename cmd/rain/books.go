@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 
 	"rain/internal/instance"
+	"rain/internal/ledger"
 	"rain/internal/postgres"
-	"rain/internal/settle"
 )
 
 // books opens --postgres as the system of record closes reconcile with,
@@ -30,11 +30,11 @@ func (s *server) books(ctx context.Context, icfg *instance.Config) error {
 		s.release = append(s.release, db.Close)
 		icfg.Books = db
 		log.Info("system of record", "postgres", redactURL(c.Postgres))
-		if c.Redis == "" {
+		if c.tryIt() {
 			icfg.Settle = db
 		}
 	}
-	if c.Redis != "" {
+	if !c.tryIt() {
 		return nil
 	}
 	if icfg.Settle == nil {
@@ -43,7 +43,7 @@ func (s *server) books(ctx context.Context, icfg *instance.Config) error {
 			return err
 		}
 		path := filepath.Join(dir, "ledger.jsonl")
-		l, err := settle.OpenLedger(path)
+		l, err := ledger.Open(path)
 		if err != nil {
 			return err
 		}

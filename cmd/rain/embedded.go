@@ -1,6 +1,7 @@
 package main
 
-// This file runs embedded in-memory shards, for trying rain out.
+// This file is the try-it mode of rain serve: with no --redis, embedded
+// in-memory shards, for trying rain out.
 
 import (
 	"fmt"
@@ -10,11 +11,18 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// shardSpecs parses --redis, or starts 4 embedded in-memory shards when it
-// is empty. stop closes what was started.
-func shardSpecs(redis string) (specs []shard.Spec, stop func(), err error) {
-	if redis != "" {
-		specs, err = shard.ParseSpecs(redis)
+// tryIt reports whether rain serve runs in the try-it mode, which no
+// --redis asks for: on 4 embedded in-memory shards (miniredis), with a
+// generated admin token, no user auth, settlement in process into a
+// ledger file, no drain delay and no durability check. Everything is lost
+// on exit: never for production. Every difference of the mode asks this.
+func (c *serveConfig) tryIt() bool { return c.Redis == "" }
+
+// shardSpecs parses --redis, or starts 4 embedded in-memory shards in the
+// try-it mode. stop closes what was started.
+func shardSpecs(c *serveConfig) (specs []shard.Spec, stop func(), err error) {
+	if !c.tryIt() {
+		specs, err = shard.ParseSpecs(c.Redis)
 		return specs, func() {}, err
 	}
 	var mrs []*miniredis.Miniredis

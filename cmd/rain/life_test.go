@@ -14,6 +14,7 @@ import (
 
 	"rain/internal/pgtest"
 	"rain/internal/redistest"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -27,7 +28,7 @@ func TestCloseCommand(t *testing.T) {
 	pg := pgtest.Start(t, pgtest.Options{})
 	url := pg.NewDB(t)
 	environ := map[string]string{
-		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
+		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(servers)),
 		"RAIN_ADMIN_TOKEN": longToken,
 	}
 	addr, _ := startServe(t, []string{"--postgres", url}, environ)

@@ -15,6 +15,7 @@ import (
 
 	"rain/internal/metrics"
 	"rain/internal/redistest"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -370,7 +371,7 @@ func TestDrainOnStop(t *testing.T) {
 // as a line every tenth, from 0% to 100%, with the counts.
 func TestPreloadProgress(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
-	environ := map[string]string{"RAIN_REDIS": fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr)}
+	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(redistest.Addrs(servers))}
 	var out, errOut bytes.Buffer
 	if err := run(context.Background(), []string{"preload", "--pool", "big", "--total-cents", "400000", "--count", "200000"},
 		env(environ), &out, &errOut); err != nil {
@@ -471,7 +472,7 @@ func TestJSONErrorConnHalfCloses(t *testing.T) {
 // here): the frozen shard's stock is left out of the scrape instead.
 func TestMetricsWithAFrozenShard(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
-	environ := map[string]string{"RAIN_REDIS": fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr), "RAIN_ADMIN_TOKEN": longToken}
+	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(redistest.Addrs(servers)), "RAIN_ADMIN_TOKEN": longToken}
 	addr, _ := startServe(t, []string{"--shard-timeout", "3s"}, environ)
 	base := "http://" + addr
 	if code, body := post(t, base+"/admin/pools", longToken, `{"pool_id":"frz","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {

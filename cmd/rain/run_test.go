@@ -20,6 +20,7 @@ import (
 
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -283,6 +284,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--ledger", "x", "--webhook", "http://127.0.0.1:1"}, nil, "exactly one"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "ftp://x"}, nil, "--webhook"},
 		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "bad id"}, nil, "--pool"},
+		{[]string{"audit", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--serial-shard", "zz"}, nil, `--serial-shard "zz"`},
 		{[]string{"close", "--redis", "s1=1@127.0.0.1:1"}, nil, "--pool"},
 		{[]string{"end", "--pool", "p"}, nil, "--redis"},
 	} {
@@ -299,7 +301,7 @@ func TestFlagErrors(t *testing.T) {
 func TestSettleCommand(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
 	environ := map[string]string{
-		"RAIN_REDIS":       fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr),
+		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(servers)),
 		"RAIN_ADMIN_TOKEN": longToken,
 	}
 	addr, _ := startServe(t, nil, environ)
@@ -419,13 +421,12 @@ func TestDurability(t *testing.T) {
 func TestIdleChatter(t *testing.T) {
 	servers := redistest.StartN(t, 4, durable)
 	var proxies []*redisproxy.Proxy
-	var specs []string
-	for i, s := range servers {
+	var addrs []string
+	for _, s := range servers {
 		p := redisproxy.Start(t, s.Addr)
-		proxies = append(proxies, p)
-		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, p.Addr))
+		proxies, addrs = append(proxies, p), append(addrs, p.Addr)
 	}
-	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": longToken}
+	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(addrs), "RAIN_ADMIN_TOKEN": longToken}
 	a, _ := startServe(t, nil, environ)
 	startServe(t, nil, environ)
 	if code, body := post(t, "http://"+a+"/admin/pools", longToken, `{"pool_id":"idle","total_cents":10000,"count":100,"sub_pools":4}`); code != 201 {

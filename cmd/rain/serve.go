@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
-	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -93,7 +92,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 			s.undo()
 		}
 	}()
-	specs, stopEmbedded, err := shardSpecs(c.Redis)
+	specs, stopEmbedded, err := shardSpecs(c)
 	if err != nil {
 		return nil, asUsage(err)
 	}
@@ -116,7 +115,7 @@ func newServer(ctx context.Context, c *serveConfig, log *slog.Logger) (_ *server
 // rate limits, the worker pool.
 func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instance.Config, error) {
 	c, log := s.cfg, s.log
-	if c.Redis != "" {
+	if !c.tryIt() {
 		c.drainDelay = c.DrainDelay.or(defaultDrainDelay)
 	} else {
 		c.drainDelay = c.DrainDelay.or(0)
@@ -151,12 +150,12 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	if err != nil {
 		return instance.Config{}, err
 	}
-	if c.SerialShard != "" && !slices.ContainsFunc(specs, func(sp shard.Spec) bool { return sp.Name == c.SerialShard }) {
-		return instance.Config{}, usagef("--serial-shard %q is not one of the shards", c.SerialShard)
+	if _, err := shard.SerialOf(specs, c.SerialShard); err != nil {
+		return instance.Config{}, serialShardUsage(c.SerialShard)
 	}
-	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg},
-		SerialShard: c.SerialShard, API: acfg, Build: buildInfo(), ReaperRetry: reaperRetry, Logger: log}
-	if c.Redis != "" {
+	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
+		API: acfg, Build: buildInfo(), Logger: log}
+	if !c.tryIt() {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
@@ -176,10 +175,6 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	return icfg, nil
 }
 
-// reaperRetry is how long an instance waits between two tries at the
-// reaper's lock (jittered to 0.5-1.5 times).
-const reaperRetry = 4 * time.Second
-
 // embeddedWarning is the first log line of a run on embedded shards;
 // warnEmbeddedExposed follows it when such a run listens beyond this host.
 const (
@@ -192,7 +187,7 @@ const (
 // long enough with --redis.
 func (s *server) checkTokens() error {
 	c, log := s.cfg, s.log
-	if c.Redis == "" {
+	if c.tryIt() {
 		log.Warn(embeddedWarning, versionAttrs()...)
 		s.warnings = append(s.warnings, embeddedWarning)
 		if host, _, err := net.SplitHostPort(c.Listen); err == nil && !loopbackHost(host) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"rain/internal/pool"
 	"rain/internal/shard"
 )
 
@@ -61,9 +62,9 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 	c.Log = f.logFlags()
 	f.StringVar(&c.Workers, "workers", "on", `"on" runs grabs on the worker pool that resizes with the load and sheds overload; "off" runs them on the handler goroutine (for comparison only)`)
-	f.IntVar(&c.WorkersMin, "workers-min", 32, "fewest workers grabs run on (more than a stalled shard can hold while its breaker trips)")
-	f.IntVar(&c.WorkersMax, "workers-max", 1024, "most workers grabs run on")
-	f.IntVar(&c.WorkersQueue, "workers-queue", 1024, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
+	f.IntVar(&c.WorkersMin, "workers-min", pool.DefaultMin, "fewest workers grabs run on (more than a stalled shard can hold while its breaker trips)")
+	f.IntVar(&c.WorkersMax, "workers-max", pool.DefaultMax, "most workers grabs run on")
+	f.IntVar(&c.WorkersQueue, "workers-queue", pool.DefaultQueue, "grabs that may wait for a worker before more are shed with 503 overloaded (negative: none wait)")
 	durabilityFlag(f, &c.Durability)
 	f.DurationVar(&c.ShardTimeout, "shard-timeout", shard.DefaultTimeout, "budget of one call to a shard (reads, writes, waiting for a connection; dialing a quarter of it): a shard that takes longer is answered 503 and its breaker opens")
 	f.IntVar(&c.MaxConns, "max-conns", 0, "most client connections open at once; past it the connection idle the longest is closed (0: the file descriptor limit less 256)")

@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"rain/internal/auth"
+	"rain/internal/ledger"
 	"rain/internal/metrics"
 	"rain/internal/postgres"
 	"rain/internal/settle"
+	"rain/internal/webhook"
 )
 
 func settleCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -99,9 +101,9 @@ type sinkFlags struct {
 // settleSink is the sink --postgres, --ledger or --webhook names (exactly
 // one of them); closeSink closes it.
 func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settle.Sink, closeSink func(), err error) {
-	ledger, webhook, secretFile := sf.ledger, sf.webhook, sf.secretFile
+	ledgerPath, webhookURL, secretFile := sf.ledger, sf.webhook, sf.secretFile
 	given := 0
-	for _, v := range []string{sf.postgres, ledger, webhook} {
+	for _, v := range []string{sf.postgres, ledgerPath, webhookURL} {
 		if v != "" {
 			given++
 		}
@@ -118,23 +120,23 @@ func settleSink(ctx context.Context, sf sinkFlags, log *slog.Logger) (sink settl
 			return nil, nil, fmt.Errorf("--postgres: %w", err)
 		}
 		return db, db.Close, nil
-	case ledger != "":
-		l, err := settle.OpenLedger(ledger)
+	case ledgerPath != "":
+		l, err := ledger.Open(ledgerPath)
 		if err != nil {
 			return nil, nil, err
 		}
 		return l, func() { l.Close() }, nil
 	}
-	u, err := url.Parse(webhook)
+	u, err := url.Parse(webhookURL)
 	switch {
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-		return nil, nil, usagef("--webhook %s: want an https:// URL", redactURL(webhook))
+		return nil, nil, usagef("--webhook %s: want an https:// URL", redactURL(webhookURL))
 	case u.Scheme == "http" && !sf.webhookHTTP:
-		return nil, nil, usagef("--webhook %s: an http:// URL sends every grant and its signature in clear, and lets anyone on the path answer for the wallet: want https://, or --webhook-allow-http", redactURL(webhook))
+		return nil, nil, usagef("--webhook %s: an http:// URL sends every grant and its signature in clear, and lets anyone on the path answer for the wallet: want https://, or --webhook-allow-http", redactURL(webhookURL))
 	case u.Scheme == "http":
-		log.Warn("webhook over plain http (--webhook-allow-http): grants and the wallet's answers in clear on the network", "webhook", redactURL(webhook))
+		log.Warn("webhook over plain http (--webhook-allow-http): grants and the wallet's answers in clear on the network", "webhook", redactURL(webhookURL))
 	}
-	wh := &settle.Webhook{URL: webhook}
+	wh := &webhook.Wallet{URL: webhookURL}
 	if secretFile == "" {
 		log.Warn("webhook deliveries are not signed: give --webhook-secret-file so the wallet can tell rain's deliveries from forged ones")
 		return wh, func() {}, nil

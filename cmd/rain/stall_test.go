@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"rain/internal/redistest"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -53,7 +54,7 @@ func TestStalledPreloadCannotReopen(t *testing.T) {
 	bin := rainBinary(t)
 	servers := redistest.StartN(t, 2, durable)
 	clients := redistest.Clients(t, servers)
-	shards := fmt.Sprintf("a=1@%s,b=1@%s", servers[0].Addr, servers[1].Addr)
+	shards := shardtest.Flag(redistest.Addrs(servers))
 	environ := map[string]string{"RAIN_REDIS": shards, "RAIN_ADMIN_TOKEN": longToken}
 	spec := []string{"preload", "--pool", "big", "--total-cents", "200000000", "--count", "2000000", "--sub-pools", "2"}
 	ctx := context.Background()

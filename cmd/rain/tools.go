@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -47,22 +48,24 @@ func openTool(tc *toolConfig, books catalog.Books) (*shard.Set, *catalog.Catalog
 	if err != nil {
 		return nil, nil, asUsage(err)
 	}
-	if serialShard == "" {
-		serialShard = specs[0].Name
-	}
 	tlsCfg, err := redisTLS(tc.RedisCA)
 	if err != nil {
 		return nil, nil, asUsage(err)
 	}
-	set, err := shard.Open(specs, 0, shard.Options{TLS: tlsCfg})
+	set, err := shard.Open(specs, 0, shard.Options{TLS: tlsCfg, Serial: serialShard})
+	if errors.Is(err, shard.ErrUnknownSerial) {
+		return nil, nil, serialShardUsage(serialShard)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if set.Client(serialShard) == nil {
-		set.Close()
-		return nil, nil, usagef("--serial-shard %q is not one of the shards", serialShard)
-	}
-	return set, catalog.New(set, catalog.Config{SerialShard: serialShard, Books: books}), nil
+	return set, catalog.New(set, catalog.Config{Books: books}), nil
+}
+
+// serialShardUsage refuses a --serial-shard that names none of the shards
+// (shard.ErrUnknownSerial).
+func serialShardUsage(name string) error {
+	return usagef("--serial-shard %q is not one of the shards", name)
 }
 
 func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

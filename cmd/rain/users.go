@@ -32,10 +32,10 @@ const (
 func (s *server) userAuth(acfg *api.Config) ([]reloader, error) {
 	c := s.cfg
 	switch {
-	case c.UserAuth == "" && c.Redis != "":
+	case c.UserAuth == "" && !c.tryIt():
 		return nil, usagef(errUserAuthNeeds)
 	case c.UserAuth == "" || c.UserAuth == userAuthNone:
-		if c.Redis != "" {
+		if !c.tryIt() {
 			s.warn(warnUserAuthOff)
 		}
 		return nil, nil

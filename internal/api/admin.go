@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"rain/internal/auth"
@@ -301,6 +300,9 @@ func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	case errors.Is(err, catalog.ErrNotFound):
 		writeDomainError(w, http.StatusNotFound, err)
 	case errors.Is(err, catalog.ErrUnavailable):
+		// The answer names the shard; its error, with the address, is the
+		// operator's, in the log.
+		s.cfg.Logger.Warn(op+": a shard did not answer", "pool_id", pool, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeDomainError(w, http.StatusServiceUnavailable, err)
 	default:
@@ -309,14 +311,8 @@ func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	}
 }
 
-// writeDomainError answers a domain error: its text after the package's
-// prefix ("catalog: "), which is for logs; what follows is what clients
-// read in "error".
+// writeDomainError answers a catalog error with what a client may read of
+// it (catalog.ClientText): its code and reason, never its cause.
 func writeDomainError(w http.ResponseWriter, code int, err error) {
-	msg := err.Error()
-	if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "catalog: ") {
-		msg = rest
-	}
-	msg = strings.TrimPrefix(msg, "not now: ") // the reason says why not
-	writeJSON(w, code, map[string]string{"error": msg})
+	writeJSON(w, code, map[string]string{"error": catalog.ClientText(err)})
 }

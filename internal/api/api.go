@@ -136,19 +136,23 @@ const (
 	dashPattern = "GET " + dashPrefix
 )
 
+func (c *Config) init() {
+	if c.GrabBodyTimeout <= 0 {
+		c.GrabBodyTimeout = DefaultGrabBodyTimeout
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New(metrics.Build{Version: "devel"})
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
 // New returns the API server.
 func New(cfg Config) *Server {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.New(metrics.Build{Version: "devel"})
-	}
-	if cfg.GrabBodyTimeout <= 0 {
-		cfg.GrabBodyTimeout = DefaultGrabBodyTimeout
-	}
+	cfg.init()
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
-		grabs: cfg.Metrics.Grabs(statusNames[:], reasonNames[:]), ids: newRequestIDs(),
+		grabs: cfg.Metrics.Grabs(names(nStatus), names(nReason)), ids: newRequestIDs(),
 		access:     accessSampler{perSecond: int64(cfg.AccessLog)},
 		adminFails: limit.New(limit.Config{Rate: adminFailRate, Burst: adminFailBurst, MaxKeys: adminFailKeys})}
 	cfg.Metrics.CounterVec("rain_admin_auth_failures_total",

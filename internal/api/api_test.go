@@ -286,8 +286,8 @@ func TestEveryStatus(t *testing.T) {
 	}
 	// The error says why, and whether anything may have been granted
 	// (which of the two depends on the step that met the dead shard).
-	if e, _ := r.Body["error"].(string); e != reasonTexts[rsUnavailable] && e != reasonTexts[rsUnknown] {
-		t.Fatalf("overloaded with the shards down says %q, want %q or %q", e, reasonTexts[rsUnavailable], reasonTexts[rsUnknown])
+	if e, _ := r.Body["error"].(string); e != rsUnavailable.text() && e != rsUnknown.text() {
+		t.Fatalf("overloaded with the shards down says %q, want %q or %q", e, rsUnavailable.text(), rsUnknown.text())
 	}
 	if r := s.do(t, "GET", "/readyz", "", ""); r.Code != 503 {
 		t.Fatalf("/readyz with shards down = %d, want 503", r.Code)
@@ -604,7 +604,7 @@ func TestDashboardColoursEveryStatus(t *testing.T) {
 	if block == nil {
 		t.Fatal("app.js has no COLORS table")
 	}
-	for _, name := range statusNames {
+	for _, name := range names(nStatus) {
 		if !regexp.MustCompile(`\b` + name + `:\s*"#[0-9a-f]{3,6}"`).Match(block[1]) {
 			t.Errorf("the dashboard has no colour for status %q", name)
 		}

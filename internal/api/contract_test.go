@@ -25,9 +25,9 @@ func TestContractDocument(t *testing.T) {
 		documented[m[1]] = code
 	}
 	for st := range stError { // every status of the contract; stError is not one
-		t.Run(statusNames[st], func(t *testing.T) {
-			if code, ok := documented[statusNames[st]]; !ok || code != statusCodes[st] {
-				t.Errorf("docs/api.md documents %s as %d (%v), the server answers %d", statusNames[st], code, ok, statusCodes[st])
+		t.Run(st.String(), func(t *testing.T) {
+			if code, ok := documented[st.String()]; !ok || code != st.code() {
+				t.Errorf("docs/api.md documents %s as %d (%v), the server answers %d", st, code, ok, st.code())
 			}
 		})
 	}
@@ -35,8 +35,8 @@ func TestContractDocument(t *testing.T) {
 		t.Errorf("docs/api.md's status table has %d rows, the server %d statuses", len(documented), stError)
 	}
 	flat := strings.Join(strings.Fields(doc), " ")
-	for _, text := range reasonTexts {
-		if !strings.Contains(flat, text) {
+	for rs := range nReason {
+		if text := rs.text(); !strings.Contains(flat, text) {
 			t.Errorf("docs/api.md does not give the 503 reason %q", text)
 		}
 	}

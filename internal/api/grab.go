@@ -1,6 +1,7 @@
 package api
 
-// This file is POST /grab: statuses, the reasons of a 503, the answer.
+// This file is POST /grab: admission, the run, the answer (its statuses
+// and the reasons of a 503 are in status.go).
 
 import (
 	"context"
@@ -18,54 +19,6 @@ import (
 	"rain/internal/grab"
 	"rain/internal/pool"
 )
-
-// Grab statuses of docs/api.md, indexed for the metrics.
-type status int
-
-const (
-	stGranted status = iota
-	stAlreadyGranted
-	stSoldOut
-	stNotFound
-	stNotStarted
-	stEnded
-	stOverloaded
-	stInvalid
-	stUnauthorized // only with user auth on
-	stRateLimited  // only with rate limits on
-	stError        // not an API status: a 500, counted apart
-	nStatus
-)
-
-var statusNames = [nStatus]string{"granted", "already_granted", "sold_out", "not_found",
-	"not_started", "ended", "overloaded", "invalid", "unauthorized", "rate_limited", "error"}
-
-var statusCodes = [nStatus]int{200, 200, 410, 404, 425, 410, 503, 400, 401, 429, 500}
-
-// Reasons a grab is answered overloaded (503), each counted apart; the
-// answer's "error" says which, and whether anything may have been granted.
-type reason int
-
-const (
-	rsShed        reason = iota // the worker pool is full: refused before any work
-	rsUnavailable               // a shard or the serial generator is down: nothing granted
-	rsUnknown                   // a step that may grant lost its answer: a retry returns it
-	rsBusy                      // the user's own spill is in flight
-	rsClientGone                // the client left; the grab may still have run
-	rsStopping                  // the instance is shutting down: refused before any work
-	nReason
-)
-
-var reasonNames = [nReason]string{"shed", "shard_unavailable", "outcome_unknown", "busy", "client_gone", "stopping"}
-
-var reasonTexts = [nReason]string{
-	"overloaded: the request was shed; nothing was granted",
-	"a shard is unavailable; nothing was granted",
-	"the outcome is not known yet: the grab may have been granted, and a retry returns it",
-	"a grab of this user is in flight; retry shortly",
-	"the request was cancelled; the grab may have been granted, and a retry returns it",
-	"this instance is shutting down; nothing was granted",
-}
 
 // errStopping is the error of a grab that arrived after Stop.
 var errStopping = errors.New("api: stopping")
@@ -225,8 +178,8 @@ func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req g
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))
 	}
 	s.grabs.Answered(int(st), time.Since(start))
-	writeJSON(w, statusCodes[st], map[string]string{
-		"status": statusNames[st], "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
+	writeJSON(w, st.code(), map[string]string{
+		"status": st.String(), "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
 }
 
 // clientIP is the client's key for the per-IP limit: the address in the
@@ -301,7 +254,7 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		res.RetryAfter = time.Second
 		s.grabs.Overloaded(int(rs))
 		if rs != rsShed && rs != rsStopping {
-			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", reasonNames[rs], "err", err)
+			s.cfg.Logger.Debug("grab overloaded", "pool_id", req.PoolID, "reason", rs.String(), "err", err)
 		}
 	}
 	s.grabs.Answered(int(st), time.Since(start))
@@ -315,11 +268,11 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(statusCodes[st])
+	w.WriteHeader(st.code())
 	b := appendGrab(make([]byte, 0, 192), st, req, res)
 	if rs >= 0 {
 		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
-		b = append(b, reasonTexts[rs]...)
+		b = append(b, rs.text()...)
 		b = append(b, "\"}\n"...)
 	}
 	_, _ = w.Write(b)
@@ -347,7 +300,7 @@ func outcomeStatus(o grab.Outcome) status {
 // JSON escaping, so this is exact and cheaper than encoding/json.
 func appendGrab(b []byte, st status, req grabRequest, res grab.Result) []byte {
 	b = append(b, `{"status":"`...)
-	b = append(b, statusNames[st]...)
+	b = append(b, st.String()...)
 	b = append(b, `","pool_id":"`...)
 	b = append(b, req.PoolID...)
 	b = append(b, `","user_id":"`...)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/ledger"
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/wait/waittest"
@@ -20,7 +21,7 @@ import (
 // ledger file until the test ends.
 func (s *stack) settleInBackground(t *testing.T) {
 	t.Helper()
-	l, err := settle.OpenLedger(filepath.Join(t.TempDir(), "ledger.jsonl"))
+	l, err := ledger.Open(filepath.Join(t.TempDir(), "ledger.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,10 +82,10 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	for j, name := range p.Placement {
 		client := c.shards.Client(name)
 		if client == nil {
-			return nil, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
+			return nil, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 		}
 		if subs[j], err = lua.AuditSubPool(ctx, client, p.SubPool(j)); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return nil, errorf(ErrUnavailable, err, "audit %s sub-pool %d: shard %s did not answer", id, j, name)
 		}
 	}
 	var count, cents int64
@@ -329,7 +329,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.transfer = &t
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 		}
 		if side.transfer == nil {
 			if v, err := client.HGet(ctx, k.Resolved, token).Result(); err == nil {
@@ -337,7 +337,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 					side.transfer = &t
 				}
 			} else if !errors.Is(err, redis.Nil) {
-				return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+				return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 			}
 		}
 	}
@@ -348,7 +348,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.verdict = &vd
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, home)
 		}
 	}
 	return side, nil

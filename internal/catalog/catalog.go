@@ -7,7 +7,7 @@
 // A pool's record is stored under rain:{P}:pool on every shard, and its id in
 // the registry rain:pools of every shard, so a later change of the ring
 // never strands it: the placement is read back, never recomputed. The serial
-// shard (Config.SerialShard) arbitrates: a preload writes the record there
+// shard (the set's, shard.Options.Serial) arbitrates: a preload writes the record there
 // first, atomically, and what is stored there wins. Sub-pool j lives on the
 // shard its placement names, under keys tagged {P:j} (internal/lua).
 //
@@ -29,45 +29,40 @@ import (
 )
 
 // Errors callers match; the HTTP layer turns them into status codes. Each
-// reads "catalog: ..."; clients are answered the text after that prefix.
+// reads "catalog: ..."; a client is told the text after that prefix, with
+// the reason of the Error that carries it (ClientText).
 var (
 	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
-	ErrInvalid = errors.New("catalog: invalid")
+	ErrInvalid error = &code{"invalid"}
 	// ErrConflict is returned when a pool id exists with a different spec.
-	ErrConflict = errors.New("catalog: pool exists with a different spec")
+	ErrConflict error = &code{"pool exists with a different spec"}
 	// ErrNotFound is returned for a pool that does not exist.
-	ErrNotFound = errors.New("catalog: no such pool")
+	ErrNotFound error = &code{"no such pool"}
 	// ErrUnavailable is returned when a shard does not answer: nothing the
 	// call would have written was written, or what was is finished by
 	// running the same call again.
-	ErrUnavailable = errors.New("catalog: unavailable")
+	ErrUnavailable error = &code{"unavailable"}
 	// ErrGrantReleased is returned by Confirm when the grant was released at
 	// its deadline before it was confirmed: its amount is back in the stock.
-	ErrGrantReleased = errors.New("catalog: grant was released")
+	ErrGrantReleased error = &code{"grant was released"}
 	// ErrSerialMismatch is returned by Confirm when the user's grant has
 	// another serial.
-	ErrSerialMismatch = errors.New("catalog: serial does not match the user's grant")
+	ErrSerialMismatch error = &code{"serial does not match the user's grant"}
 	// ErrNoGrant is returned by Confirm when the user holds no grant in the
 	// pool.
-	ErrNoGrant = errors.New("catalog: no such grant")
+	ErrNoGrant error = &code{"no such grant"}
 	// ErrNotNow wraps why a pool cannot do what was asked in the state it
 	// is in: a close before the pool has ended, while grants are held or
 	// unsettled, with the audit's or the books' differences; an end before
 	// it has loaded. Nothing was changed (HTTP 409).
-	ErrNotNow = errors.New("catalog: not now")
+	ErrNotNow error = &code{"not now"}
 	// ErrPartial is returned by List with the ids it read when some shards
 	// did not answer: those the others hold.
-	ErrPartial = errors.New("catalog: some shards did not answer")
+	ErrPartial error = &code{"some shards did not answer"}
 )
 
 // Config wires a Catalog. Zero fields take the documented defaults.
 type Config struct {
-	// SerialShard names the shard whose pool records decide (rain serve's
-	// serial shard, which also holds the grant serial counter): a preload
-	// writes a pool's record there first, and what is stored there wins.
-	// Every instance and tool must name the same one, even with different
-	// shard lists. Default: the first shard by name.
-	SerialShard string
 	// Books, when set, is the system of record a close reconciles with
 	// (the grants it holds, per sub-pool) and writes the final account to.
 	// Nil: closes check the shards alone.
@@ -86,7 +81,7 @@ type Config struct {
 // safe for concurrent use and owns no goroutine.
 type Catalog struct {
 	shards *shard.Set
-	serial string        // Config.SerialShard
+	serial string        // the shards' serial shard: its records decide
 	books  Books         // Config.Books
 	lease  time.Duration // Config.SealLease
 	log    *slog.Logger
@@ -107,18 +102,21 @@ type listing struct {
 	at  time.Time
 }
 
-// New returns a catalog over shards.
+func (c *Config) init() {
+	if c.SealLease <= 0 {
+		c.SealLease = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// New returns a catalog over shards. The shards' serial shard
+// (shard.Options.Serial) arbitrates: a preload writes a pool's record there
+// first, and what is stored there wins.
 func New(shards *shard.Set, cfg Config) *Catalog {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.SerialShard == "" || shards.Client(cfg.SerialShard) == nil {
-		cfg.SerialShard = shards.Names()[0]
-	}
-	if cfg.SealLease <= 0 {
-		cfg.SealLease = time.Minute
-	}
-	return &Catalog{shards: shards, serial: cfg.SerialShard, books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
+	cfg.init()
+	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
 		records: map[string]*Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
 

@@ -18,6 +18,7 @@ import (
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/split"
 )
 
@@ -39,18 +40,9 @@ func newEnv(t testing.TB, n int, opts redistest.Options) *env {
 
 func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
 	t.Helper()
-	specs := make([]shard.Spec, len(addrs))
-	for i, a := range addrs {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
-	}
-	// The options of rain serve, go-redis's retries included.
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
+	set := shardtest.Open(t, addrs, shard.Options{}) // rain serve's options
 	// A short seal lease: a close that died holding seals is taken over soon.
-	return &env{servers: servers, shards: set, cat: New(set, Config{SerialShard: "s1", SealLease: 500 * time.Millisecond})}
+	return &env{servers: servers, shards: set, cat: New(set, Config{SealLease: 500 * time.Millisecond})}
 }
 
 func (e *env) preload(t testing.TB, spec Spec) *Status {
@@ -268,12 +260,12 @@ func TestPreloadArbitration(t *testing.T) {
 		for _, i := range idx {
 			specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i), Weight: 1, Addr: servers[i].Addr})
 		}
-		set, err := shard.Open(specs, 0, shard.Options{})
+		set, err := shard.Open(specs, 0, shard.Options{Serial: "s1"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { set.Close() })
-		return New(set, Config{SerialShard: "s1"})
+		return New(set, Config{})
 	}
 	for round := range 20 {
 		a, b := open(1, 2, 3), open(0, 1, 4)

@@ -80,12 +80,12 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 	}
 	switch p.State {
 	case Loading:
-		return nil, fmt.Errorf("%w: pool %s is still loading: finish its preload first", ErrNotNow, id)
+		return nil, errorf(ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
 	case Open:
 		for j := range p.SubPools() {
 			k := p.SubPool(j).Keys()
 			if _, err := lua.End(ctx, c.client(p, j), &k); err != nil {
-				return nil, fmt.Errorf("%w: end %s sub-pool %d: %w", ErrUnavailable, id, j, err)
+				return nil, errorf(ErrUnavailable, err, "end %s sub-pool %d: shard %s did not answer", id, j, p.Placement[j])
 			}
 		}
 		c.notify(ctx, id)
@@ -103,7 +103,7 @@ func (c *Catalog) placed(p *Pool) error {
 	}
 	for j, name := range p.Placement {
 		if c.shards.Client(name) == nil {
-			return fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here", ErrUnavailable, p.ID(), j, name)
+			return errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured here", p.ID(), j, name)
 		}
 	}
 	return nil
@@ -141,7 +141,7 @@ func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
 	case Closed:
 		return p.Account, nil
 	case Loading:
-		return nil, fmt.Errorf("%w: pool %s is still loading", ErrNotNow, id)
+		return nil, errorf(ErrNotNow, nil, "pool %s is still loading", id)
 	case Open:
 		if p, err = c.seal(ctx, p); err != nil {
 			return nil, err
@@ -181,7 +181,7 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 			// owner's seal is opened).
 			seals[j].OK = true
 			c.unseal(ctx, p, owner, seals)
-			return nil, fmt.Errorf("%w: seal %s sub-pool %d: %w", ErrUnavailable, p.ID(), j, err)
+			return nil, errorf(ErrUnavailable, err, "seal %s sub-pool %d: shard %s did not answer", p.ID(), j, p.Placement[j])
 		}
 		seals[j] = s
 		if !s.OK {
@@ -196,13 +196,13 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 	}
 	if len(reasons) > 0 {
 		c.unseal(ctx, p, owner, seals)
-		return nil, fmt.Errorf("%w: pool %s cannot close: %s", ErrNotNow, p.ID(), strings.Join(reasons, "; "))
+		return nil, errorf(ErrNotNow, nil, "pool %s cannot close: %s", p.ID(), strings.Join(reasons, "; "))
 	}
 	a := account(p, seals)
 	if c.books != nil {
 		if err := c.books.Record(ctx, a); err != nil {
 			c.unseal(ctx, p, owner, seals)
-			return nil, fmt.Errorf("%w: record the account of %s in the books: %w", ErrUnavailable, p.ID(), err)
+			return nil, errorf(ErrUnavailable, err, "record the account of %s in the books", p.ID())
 		}
 	}
 	closing := *p
@@ -308,7 +308,7 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 			continue
 		}
 		if _, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f); err != nil {
-			return fmt.Errorf("%w: shard %s: write the record of %s: %w", ErrUnavailable, name, p.ID(), err)
+			return errorf(ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
 		}
 	}
 	return nil
@@ -341,7 +341,7 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w: free the keys of %s (run the close again): %w", ErrUnavailable, p.ID(), err)
+		return errorf(ErrUnavailable, err, "free the keys of %s (run the close again)", p.ID())
 	}
 	return nil
 }

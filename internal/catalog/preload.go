@@ -96,11 +96,11 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		return nil, closedErr(spec.PoolID, existing.State)
 	}
 	if existing.specJSON != spec.canonical() {
-		return nil, fmt.Errorf("%w: pool %s exists as %s", ErrConflict, spec.PoolID, existing.specJSON)
+		return nil, errorf(ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
 	}
 	for j, name := range existing.Placement {
 		if c.shards.Client(name) == nil {
-			return nil, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured", ErrUnavailable, spec.PoolID, j, name)
+			return nil, errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured", spec.PoolID, j, name)
 		}
 	}
 	// Copy the record to every shard that lacks it, and list the pool.
@@ -111,7 +111,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 			return nil, err
 		}
 		if err := client.SAdd(ctx, registryKey, spec.PoolID).Err(); err != nil {
-			return nil, fmt.Errorf("shard %s: %w: %w", name, ErrUnavailable, err)
+			return nil, errorf(ErrUnavailable, err, "shard %s: list pool %s", name, spec.PoolID)
 		}
 	}
 	return existing, nil
@@ -138,7 +138,7 @@ func (c *Catalog) units(ctx context.Context) (map[string]unit, error) {
 		}
 		ps, err := c.shards.Primaries(ctx, name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return nil, errorf(ErrUnavailable, err, "the primaries of cluster shard %s", name)
 		}
 		for i := range ps {
 			out[unitName(name, i)] = unit{shard: name, primary: &ps[i]}
@@ -190,7 +190,7 @@ func saltFor(pool string, j int, p shard.Primary) (string, error) {
 			return salt, nil
 		}
 	}
-	return "", fmt.Errorf("%w: no hash tag of pool %s sub-pool %d falls on primary %s", ErrUnavailable, pool, j, p.Addr)
+	return "", errorf(ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
@@ -199,7 +199,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return readable(ErrInvalid, err)
 	}
 	counts := subPoolCounts(spec.Count, len(p.Placement))
 	var mu sync.Mutex
@@ -232,7 +232,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 			return loadErr(spec.PoolID, err)
 		}
 		if !opened {
-			return fmt.Errorf("sub-pool %d holds %d packets, %d cents after loading: %w", j, n, cents, ErrUnavailable)
+			return errorf(ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
 		}
 	}
 	// The record opens only from loading (lua.PutRecord moves a record on,
@@ -277,7 +277,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 		return nil
 	}
 	if err := lua.LoadScripts(ctx, client); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return errorf(ErrUnavailable, err, "load %s", sp.Tag())
 	}
 	batches := (int64(len(amounts)) + batchSize - 1) / batchSize
 	done := min(next*batchSize, int64(len(amounts))) // packets loaded before
@@ -290,12 +290,12 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 			cmds = append(cmds, lua.LoadCmd(ctx, pipe, sp, b, amounts[lo:hi]))
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return fmt.Errorf("%w: load %s: %w", ErrUnavailable, sp.Tag(), err)
+			return errorf(ErrUnavailable, err, "load %s", sp.Tag())
 		}
 		for _, cmd := range cmds {
 			res, n, err := lua.ParseLoad(cmd)
 			if err != nil {
-				return fmt.Errorf("%w: load %s: %w", ErrUnavailable, sp.Tag(), err)
+				return errorf(ErrUnavailable, err, "load %s", sp.Tag())
 			}
 			switch res {
 			case lua.AlreadyOpen:
@@ -321,15 +321,15 @@ func loadErr(id string, err error) error {
 	case errors.Is(err, lua.ErrClosed):
 		return closedErr(id, Closed)
 	case errors.Is(err, lua.ErrSpecMismatch):
-		return fmt.Errorf("%w: %w", ErrConflict, err)
+		return readable(ErrConflict, err)
 	}
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return errorf(ErrUnavailable, err, "preload %s", id)
 }
 
 // closedErr says that a preload met its pool closed (or closing): nothing
 // was written, and the id cannot be loaded again.
 func closedErr(id string, s State) error {
-	return fmt.Errorf("%w: pool %s is %s: its id cannot be loaded again", ErrConflict, id, s)
+	return errorf(ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
 }
 
 // client is the shard client of the pool's sub-pool j.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -129,9 +130,9 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 		}
 		switch {
 		case some:
-			return nil, fmt.Errorf("%w: pool %s: no shard holds a whole copy of its record", ErrUnavailable, id)
+			return nil, errorf(ErrUnavailable, nil, "pool %s: no shard holds a whole copy of its record", id)
 		case len(down) > 0:
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, errors.Join(down...))
+			return nil, errorf(ErrUnavailable, errors.Join(down...), "pool %s: %s", id, downShards(copies))
 		}
 		return nil, ErrNotFound
 	}
@@ -145,6 +146,20 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 		}
 	}
 	return best, nil
+}
+
+// downShards says which shards of copies did not answer.
+func downShards(copies []copyOf) string {
+	var names []string
+	for _, cp := range copies {
+		if cp.err != nil {
+			names = append(names, cp.shard)
+		}
+	}
+	if len(names) == 1 {
+		return "shard " + names[0] + " did not answer"
+	}
+	return "shards " + strings.Join(names, ", ") + " did not answer"
 }
 
 // furthest is the record Find returns of the copies: the serial shard's
@@ -175,7 +190,7 @@ func furthest(copies []copyOf, serial string) *Pool {
 func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*Pool, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
-		return nil, fmt.Errorf("%w: write pool record: %w", ErrUnavailable, err)
+		return nil, errorf(ErrUnavailable, err, "write pool record")
 	}
 	return parseRecord(m)
 }
@@ -230,7 +245,7 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	}
 	joined := errors.Join(errs...)
 	if answered == 0 {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, joined)
+		return nil, errorf(ErrUnavailable, joined, "list the pools: no shard answered")
 	}
 	slices.Sort(ids)
 	if atSerial != nil {

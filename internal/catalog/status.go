@@ -6,7 +6,6 @@ package catalog
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 
 	"rain/internal/lua"
@@ -127,17 +126,17 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters
 	name := p.Placement[j]
 	client := c.shards.Client(name)
 	if client == nil {
-		return counters{}, fmt.Errorf("%w: sub-pool %d is on shard %s, which is not configured", ErrUnavailable, j, name)
+		return counters{}, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 	}
 	pipe := client.Pipeline()
 	meta := pipe.HMGet(ctx, p.SubPool(j).Keys().Meta, statusFields...)
 	clock := pipe.Time(ctx)
 	var n counters
 	if _, err := pipe.Exec(ctx); err != nil {
-		return n, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
+		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	if err := meta.Scan(&n.subPoolCounters); err != nil {
-		return n, fmt.Errorf("%w: shard %s: %w", ErrUnavailable, name, err)
+		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	n.now = clock.Val().UnixMilli()
 	if n.State == "" {
@@ -201,7 +200,7 @@ func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int
 	k := p.SubPool(j).Keys()
 	res, err := lua.Confirm(ctx, c.client(p, j), &k, userID, serial)
 	if err != nil {
-		return fmt.Errorf("%w: confirm %s sub-pool %d: %w", ErrUnavailable, poolID, j, err)
+		return errorf(ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
 	}
 	return confirmErr(res)
 }

@@ -15,6 +15,7 @@ import (
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
+	"rain/internal/ledger"
 	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/settle"
@@ -30,12 +31,7 @@ func clusterInstance(t *testing.T, cl *redistest.Cluster, tweak func(*instance.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, _ := startInstance(t, specs, func(c *instance.Config) {
-		c.SerialShard = "c1"
-		if tweak != nil {
-			tweak(c)
-		}
-	})
+	in, _ := startInstance(t, specs, tweak)
 	return in
 }
 
@@ -196,12 +192,12 @@ func TestClusterPoolLife(t *testing.T) {
 		return err == nil && st.ReleasedCount == 30 && st.HeldCount == 0
 	})
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	ledger, err := settle.OpenLedger(path)
+	books, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ledger.Close()
-	w := settle.New(in.Shards, in.Catalog, ledger, settle.Config{Consumer: "c", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond})
+	defer books.Close()
+	w := settle.New(in.Shards, in.Catalog, books, settle.Config{Consumer: "c", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond})
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(wctx) }()

@@ -15,7 +15,7 @@ import (
 
 	"rain/internal/catalog"
 	"rain/internal/redistest"
-	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 )
 
 // TestBusyDiskRefusesNothing: four healthy shards on appendfsync always,
@@ -31,10 +31,7 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	}
 	ctx := context.Background()
 	servers := redistest.StartN(t, 4, durable)
-	var specs []shard.Spec
-	for i, s := range servers {
-		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
-	}
+	specs := shardtest.Specs(redistest.Addrs(servers))
 	in, ts := startInstance(t, specs, nil)
 	if _, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
 		t.Fatal(err)

@@ -66,7 +66,7 @@ func TestSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, _ := startInstance(t, specs, func(c *instance.Config) { c.SerialShard = "p1" })
+	in, _ := startInstance(t, specs, func(c *instance.Config) { c.ShardOptions.Serial = "p1" })
 	set, svc := in.Shards, in.Grabs
 	const subPools = 4 // one per shard
 	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})

@@ -19,6 +19,7 @@ import (
 	"rain/internal/instance"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -50,10 +51,7 @@ func TestOneBadShard(t *testing.T) {
 	const rate = 1500
 	ctx := context.Background()
 	servers := redistest.StartN(t, 4, durable)
-	var specs []shard.Spec
-	for i, s := range servers {
-		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
-	}
+	specs := shardtest.Specs(redistest.Addrs(servers))
 	var urls []string
 	var instances []*instance.Instance
 	for range 2 {

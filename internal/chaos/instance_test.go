@@ -18,9 +18,9 @@ const adminToken = "chaos-admin-token"
 
 // startInstance is one rain serve on specs, built by instance.New as rain
 // serve builds it (the worker pool at its defaults, the shards with rain
-// serve's client options, go-redis's retries included, serial shard s1),
-// its background work running (local answers, reaper, timeline), and its
-// API on an HTTP test server. tweak, when not nil, changes the config
+// serve's client options, go-redis's retries included, the first shard
+// listed the serial shard), its background work running (local answers,
+// reaper, timeline), and its API on an HTTP test server. tweak, when not nil, changes the config
 // first. Everything stops when the test ends.
 func startInstance(t *testing.T, specs []shard.Spec, tweak func(*instance.Config)) (*instance.Instance, *httptest.Server) {
 	t.Helper()
@@ -28,7 +28,7 @@ func startInstance(t *testing.T, specs []shard.Spec, tweak func(*instance.Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := instance.Config{Shards: specs, SerialShard: "s1", Pool: &pool.Config{}, API: api.Config{Admins: admins},
+	cfg := instance.Config{Shards: specs, Pool: &pool.Config{}, API: api.Config{Admins: admins},
 		ReaperRetry: 200 * time.Millisecond, Reaper: reaper.Config{Interval: 100 * time.Millisecond}}
 	if tweak != nil {
 		tweak(&cfg)

@@ -16,10 +16,12 @@ import (
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
+	"rain/internal/ledger"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -33,29 +35,25 @@ func TestMain(m *testing.M) {
 type stack struct {
 	servers []*redistest.Server
 	proxies []*redisproxy.Proxy
+	addrs   []string // the proxies'
 	specs   []shard.Spec
 }
 
 func newStack(t *testing.T, n int, opts redistest.Options) *stack {
 	t.Helper()
 	s := &stack{servers: redistest.StartN(t, n, opts)}
-	for i, srv := range s.servers {
+	for _, srv := range s.servers {
 		p := redisproxy.Start(t, srv.Addr)
-		s.proxies = append(s.proxies, p)
-		s.specs = append(s.specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: p.Addr})
+		s.proxies, s.addrs = append(s.proxies, p), append(s.addrs, p.Addr)
 	}
+	s.specs = shardtest.Specs(s.addrs)
 	return s
 }
 
 // shards opens one process's clients on the stack, with rain serve's options.
 func (s *stack) shards(t *testing.T) *shard.Set {
 	t.Helper()
-	set, err := shard.Open(s.specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	return set
+	return shardtest.Open(t, s.addrs, shard.Options{})
 }
 
 // instance is one rain serve on the stack, reaching the shards only
@@ -105,14 +103,14 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	// 600s).
 	var bg sync.WaitGroup
 	// Settlement, into a ledger, through its own connections.
-	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l, err := settle.OpenLedger(ledger)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	settleSet := st.shards(t)
-	w := settle.New(settleSet, catalog.New(settleSet, catalog.Config{SerialShard: "s1"}), l, settle.Config{
+	w := settle.New(settleSet, catalog.New(settleSet, catalog.Config{}), l, settle.Config{
 		Consumer: "chaos", Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 500 * time.Millisecond, RetryDelay: 20 * time.Millisecond})
 	settleCtx, stopSettle := context.WithCancel(ctx)
@@ -212,7 +210,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	// Settlement pays every grant once.
 	var lines map[int64]settle.Grant
 	waittest.Until(t, 30*time.Second, "the ledger holding every grant", func() bool {
-		lines = readLedger(t, ledger)
+		lines = readLedger(t, path)
 		s, _ := ia.Catalog.Status(ctx, "chaos")
 		return int64(len(lines)) == s.HeldCount+s.ConfirmedCount && s.HeldCount == 0
 	})
@@ -256,7 +254,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 // readLedger reads the ledger's grants by serial (one line per serial).
 func readLedger(t *testing.T, path string) map[int64]settle.Grant {
 	t.Helper()
-	grants, err := settle.ReadLedger(path)
+	grants, err := ledger.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}

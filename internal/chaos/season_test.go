@@ -22,7 +22,7 @@ import (
 	"rain/internal/postgres"
 	"rain/internal/redistest"
 	"rain/internal/settle"
-	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -115,7 +115,7 @@ func startBooks(t *testing.T, opts redistest.Options, sc settle.Config) *books {
 	}
 	t.Cleanup(b.db.Close)
 	b.servers = redistest.StartN(t, 2, opts)
-	specs := []shard.Spec{{Name: "s1", Weight: 1, Addr: b.servers[0].Addr}, {Name: "s2", Weight: 1, Addr: b.servers[1].Addr}}
+	specs := shardtest.Specs(redistest.Addrs(b.servers))
 	sc.Consumer, sc.Block, sc.Refresh = "in-process", 50*time.Millisecond, 100*time.Millisecond
 	b.in, b.ts = startInstance(t, specs, func(c *instance.Config) {
 		c.Books, c.Settle, c.SettleConfig = b.db, b.db, sc

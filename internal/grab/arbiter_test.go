@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -33,11 +34,11 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 	e.preload(t, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
 	warm := e.svc
 	e.run(t, warm)
-	first := map[string]Result{}
+	first := map[string]grab.Result{}
 	for u := range 10 {
 		user := fmt.Sprintf("u%d", u)
 		r, err := warm.Grab(ctx, id, user)
-		if err != nil || r.Outcome != Granted {
+		if err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(%s) = %+v, %v; want granted", user, r, err)
 		}
 		first[user] = r
@@ -51,12 +52,12 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 	}
 	cold, _ := e.service(t, e.shards) // an instance started after the loss
 	e.run(t, cold)
-	grab := func(s *Service, user string) Result {
+	grabOf := func(s *grab.Service, user string) grab.Result {
 		t.Helper()
 		for {
 			r, err := s.Grab(ctx, id, user)
 			if err == nil {
-				if r.Outcome == NotFound {
+				if r.Outcome == grab.NotFound {
 					t.Fatalf("Grab(%s) of the live pool = not_found after the arbiter lost its data", user)
 				}
 				return r
@@ -66,14 +67,14 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	for _, s := range []*Service{warm, cold} {
+	for _, s := range []*grab.Service{warm, cold} {
 		for user, r := range first {
-			if again := grab(s, user); again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+			if again := grabOf(s, user); again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
 				t.Fatalf("re-grab of %s = %+v, want already_granted %+v", user, again, r)
 			}
 		}
 		for u := range 10 {
-			if r := grab(s, fmt.Sprintf("new%p-%d", s, u)); r.Outcome != Granted {
+			if r := grabOf(s, fmt.Sprintf("new%p-%d", s, u)); r.Outcome != grab.Granted {
 				t.Fatalf("grab of a new user = %+v, want granted", r)
 			}
 		}

@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"

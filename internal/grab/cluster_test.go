@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 )
@@ -63,11 +64,11 @@ func TestClusterPlacesOverPrimaries(t *testing.T) {
 		wg.Go(func() {
 			for u := range 40 {
 				r, err := e.svc.Grab(ctx, "cl", fmt.Sprintf("u%d-%d", g, u))
-				if err != nil && !errors.Is(err, ErrBusy) {
+				if err != nil && !errors.Is(err, grab.ErrBusy) {
 					t.Errorf("grab: %v", err)
 					return
 				}
-				if r.Outcome == Granted {
+				if r.Outcome == grab.Granted {
 					granted.Add(1)
 				}
 			}
@@ -106,7 +107,7 @@ func TestClusterReshardMidRain(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	grants := map[string]Result{}
+	grants := map[string]grab.Result{}
 	var other []error
 	var lastHome0 atomic.Int64 // unix ns of the last grant to a user of sub-pool 0
 	stop := make(chan struct{})
@@ -124,12 +125,12 @@ func TestClusterReshardMidRain(t *testing.T) {
 				r, err := e.svc.Grab(ctx, "move", user)
 				mu.Lock()
 				switch {
-				case err == nil && r.Outcome == Granted:
+				case err == nil && r.Outcome == grab.Granted:
 					grants[user] = r
 					if p.Home(user) == 0 {
 						lastHome0.Store(time.Now().UnixNano())
 					}
-				case err == nil, errors.Is(err, ErrUnavailable), errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrBusy):
+				case err == nil, errors.Is(err, grab.ErrUnavailable), errors.Is(err, grab.ErrOutcomeUnknown), errors.Is(err, grab.ErrBusy):
 				default:
 					other = append(other, err)
 				}
@@ -180,7 +181,7 @@ func TestClusterReshardMidRain(t *testing.T) {
 	}
 	for user, r := range grants {
 		again, err := e.svc.Grab(ctx, "move", user)
-		if err != nil || again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+		if err != nil || again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
 			t.Fatalf("re-grab of %s = %+v, %v; want already granted %+v", user, again, err, r)
 		}
 	}

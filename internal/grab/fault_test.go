@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 )
@@ -31,8 +32,8 @@ func TestShardKilledMidGrab(t *testing.T) {
 
 	var (
 		mu          sync.Mutex
-		answered    = map[string]Result{} // user -> first answer with a grant
-		beforeKill  = map[string]Result{}
+		answered    = map[string]grab.Result{} // user -> first answer with a grant
+		beforeKill  = map[string]grab.Result{}
 		granted     atomic.Int64
 		failures    atomic.Int64
 		killed      atomic.Bool
@@ -51,7 +52,7 @@ func TestShardKilledMidGrab(t *testing.T) {
 						time.Sleep(5 * time.Millisecond) // a client's retry
 						continue
 					}
-					if r.Outcome == Granted || r.Outcome == AlreadyGranted {
+					if r.Outcome == grab.Granted || r.Outcome == grab.AlreadyGranted {
 						mu.Lock()
 						if _, ok := answered[user]; !ok {
 							answered[user] = r
@@ -97,7 +98,7 @@ func TestShardKilledMidGrab(t *testing.T) {
 	serials := map[int64]string{}
 	for user, first := range answered {
 		r, err := e.svc.Grab(ctx, "kill", user)
-		if err != nil || r.Outcome != AlreadyGranted || r.Amount != first.Amount || r.Serial != first.Serial {
+		if err != nil || r.Outcome != grab.AlreadyGranted || r.Amount != first.Amount || r.Serial != first.Serial {
 			_, wasBefore := beforeKill[user]
 			t.Fatalf("after restart, Grab(%s) = %+v, %v; want already_granted %+v (answered before the kill: %v)", user, r, err, first, wasBefore)
 		}
@@ -136,7 +137,7 @@ func TestSlowShardWithinItsBudgetIsNeverRefused(t *testing.T) {
 			defer mu.Unlock()
 			if err != nil {
 				refused = append(refused, err)
-			} else if r.Outcome == Granted {
+			} else if r.Outcome == grab.Granted {
 				granted++
 			}
 		})

@@ -122,18 +122,22 @@ type poolView struct {
 	keys     []lua.Keys              // of sub-pool j
 }
 
+func (c *Config) init() {
+	if c.BreakerCooldown <= 0 {
+		c.BreakerCooldown = time.Second
+	}
+	if c.SpillValidity <= 0 {
+		c.SpillValidity = lua.SpillValidity
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
 // New returns a service over the catalog's shards. It starts the claim
 // lanes; Close stops them.
 func New(cfg Config) *Service {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.BreakerCooldown <= 0 {
-		cfg.BreakerCooldown = time.Second
-	}
-	if cfg.SpillValidity <= 0 {
-		cfg.SpillValidity = lua.SpillValidity
-	}
+	cfg.init()
 	shards := cfg.Catalog.Shards()
 	s := &Service{shards: shards, cat: cfg.Catalog, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{},

@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -9,25 +9,27 @@ import (
 	"go.uber.org/goleak"
 
 	"rain/internal/catalog"
-	"rain/internal/idgen"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
 	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
 
-// env is a Service on real redis-server shards, with the catalogue and the
-// reaper of the same instance.
+// env is a Service on real redis-server shards, wired as every test of
+// the packages rain serve is built from wires it (internal/grabtest), with
+// the catalogue and the reaper of the same instance.
 type env struct {
 	servers []*redistest.Server
 	shards  *shard.Set
 	cat     *catalog.Catalog
-	svc     *Service
+	svc     *grab.Service
 	sweeper *reaper.Reaper // passes on demand: sweep
 	valid   time.Duration  // spill reservations' validity (T); 0: the default
-	age     time.Duration  // a spill transfer's age before the reaper resolves it; 0: the default
 }
 
 func newEnv(t testing.TB, n int, opts redistest.Options) *env {
@@ -47,42 +49,17 @@ func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
 // (0: the defaults), which tests shorten.
 func envWith(t testing.TB, servers []*redistest.Server, addrs []string, valid, age time.Duration) *env {
 	t.Helper()
-	e := &env{servers: servers, shards: openShards(t, addrs), valid: valid, age: age}
-	e.svc, e.cat = e.service(t, e.shards)
+	e := &env{servers: servers, shards: shardtest.Open(t, addrs, shard.Options{}), valid: valid}
+	_, e.cat, e.svc = grabtest.Service(t, e.shards, grab.Config{SpillValidity: valid})
 	e.sweeper = reaper.New(e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
 	return e
 }
 
-// openShards opens shards s1, s2, ... at addrs with the options of rain
-// serve, go-redis's retries included.
-func openShards(t testing.TB, addrs []string) *shard.Set {
+// service is one more rain instance's grab path on set (grabtest.Service),
+// with env's spill validity.
+func (e *env) service(t testing.TB, set *shard.Set) (*grab.Service, *catalog.Catalog) {
 	t.Helper()
-	specs := make([]shard.Spec, len(addrs))
-	for i, a := range addrs {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
-	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	return set
-}
-
-// service is one rain instance's grab path on set, as instance.New wires
-// it: its own serial generator on s1 with watermark copies on the others,
-// a catalogue with s1 as the serial shard, and the service.
-func (e *env) service(t testing.TB, set *shard.Set) (*Service, *catalog.Catalog) {
-	t.Helper()
-	serial := set.Names()[0]
-	gen, err := idgen.ForShards(context.Background(), set, serial, idgen.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gen.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: serial})
-	svc := New(Config{Serials: gen, Catalog: cat, SpillValidity: e.valid})
-	t.Cleanup(svc.Close)
+	_, cat, svc := grabtest.Service(t, set, grab.Config{SpillValidity: e.valid})
 	return svc, cat
 }
 
@@ -138,11 +115,11 @@ func TestPreloadAndGrab(t *testing.T) {
 	}
 
 	var sum int64
-	first := map[string]Result{}
+	first := map[string]grab.Result{}
 	for i := range 10 {
 		user := fmt.Sprintf("u%d", i)
 		r, err := e.svc.Grab(ctx, "p1", user)
-		if err != nil || r.Outcome != Granted {
+		if err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(p1, %s) = %+v, %v; want granted", user, r, err)
 		}
 		if r.Amount < 1 || r.Serial <= 0 || time.Until(r.ExpiresAt) < 590*time.Second {
@@ -156,14 +133,14 @@ func TestPreloadAndGrab(t *testing.T) {
 	}
 	for user, want := range first {
 		r, err := e.svc.Grab(ctx, "p1", user)
-		if err != nil || r.Outcome != AlreadyGranted || r.Amount != want.Amount || r.Serial != want.Serial || !r.ExpiresAt.Equal(want.ExpiresAt) {
+		if err != nil || r.Outcome != grab.AlreadyGranted || r.Amount != want.Amount || r.Serial != want.Serial || !r.ExpiresAt.Equal(want.ExpiresAt) {
 			t.Fatalf("repeat Grab(p1, %s) = %+v, %v; want already_granted with %+v", user, r, err, want)
 		}
 	}
-	if r, err := e.svc.Grab(ctx, "p1", "late"); err != nil || r.Outcome != SoldOut {
+	if r, err := e.svc.Grab(ctx, "p1", "late"); err != nil || r.Outcome != grab.SoldOut {
 		t.Fatalf("Grab after sell-out = %+v, %v; want sold_out", r, err)
 	}
-	if r, err := e.svc.Grab(ctx, "nope", "u1"); err != nil || r.Outcome != NotFound {
+	if r, err := e.svc.Grab(ctx, "nope", "u1"); err != nil || r.Outcome != grab.NotFound {
 		t.Fatalf("Grab(unknown pool) = %+v, %v; want not_found", r, err)
 	}
 	st, err := e.cat.Status(ctx, "p1")
@@ -183,7 +160,7 @@ func TestScriptCacheFlushed(t *testing.T) {
 	if err := e.shards.Client("s1").ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := e.svc.Grab(ctx, "p", "u"); err != nil || r.Outcome != Granted {
+	if r, err := e.svc.Grab(ctx, "p", "u"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab after SCRIPT FLUSH = %+v, %v; want granted (EVAL fallback)", r, err)
 	}
 }
@@ -194,20 +171,20 @@ func TestWindow(t *testing.T) {
 	soon := time.Now().Add(time.Hour)
 	e.preload(t, catalog.Spec{PoolID: "later", TotalCents: 100, Count: 10, StartsAt: &soon})
 	r, err := e.svc.Grab(ctx, "later", "u")
-	if err != nil || r.Outcome != NotStarted || r.RetryAfter < 59*time.Minute || r.RetryAfter > time.Hour {
+	if err != nil || r.Outcome != grab.NotStarted || r.RetryAfter < 59*time.Minute || r.RetryAfter > time.Hour {
 		t.Fatalf("Grab before start = %+v, %v; want not_started, retry in ~1h", r, err)
 	}
 	past, end := time.Now().Add(-time.Hour), time.Now().Add(300*time.Millisecond)
 	e.preload(t, catalog.Spec{PoolID: "brief", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &end})
-	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != Granted {
+	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab within window = %+v, %v; want granted", r, err)
 	}
 	e.waitShardClock(t, end)
-	if r, err := e.svc.Grab(ctx, "brief", "u2"); err != nil || r.Outcome != Ended {
+	if r, err := e.svc.Grab(ctx, "brief", "u2"); err != nil || r.Outcome != grab.Ended {
 		t.Fatalf("Grab after end = %+v, %v; want ended", r, err)
 	}
 	// The user who holds a grant still gets it back.
-	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != AlreadyGranted {
+	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != grab.AlreadyGranted {
 		t.Fatalf("repeat Grab after end = %+v, %v; want already_granted", r, err)
 	}
 }
@@ -225,29 +202,25 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		ids = append(ids, id)
 	}
 	extra := redistest.Start(t, redistest.Options{})
-	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // sorts first; the arbiter stays s1
-	for i, s := range e.servers {
-		specs = append(specs, shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: s.Addr})
-	}
-	set, err := shard.Open(specs, 0, shard.Options{})
+	specs := []shard.Spec{{Name: "s0", Weight: 5, Addr: extra.Addr}} // listed first; the arbiter stays s1
+	specs = append(specs, shardtest.Specs(redistest.Addrs(e.servers))...)
+	set, err := shard.Open(specs, 0, shard.Options{Serial: "s1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { set.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
-	svc := New(Config{Serials: e.svc.serials, Catalog: cat})
-	t.Cleanup(svc.Close)
+	svc, cat := e.service(t, set)
 	for _, id := range ids {
-		if r, err := svc.Grab(ctx, id, "u"); err != nil || r.Outcome != Granted {
+		if r, err := svc.Grab(ctx, id, "u"); err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(%s) after the ring changed = %+v, %v; want granted", id, r, err)
 		}
 		if _, created, err := cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
 			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
 		}
-		fresh := New(Config{Serials: e.svc.serials, Catalog: catalog.New(set, catalog.Config{SerialShard: "s1"})}) // an instance with nothing cached
+		fresh, _ := e.service(t, set) // an instance with nothing cached
 		r, err := fresh.Grab(ctx, id, "v")
 		fresh.Close()
-		if err != nil || r.Outcome != Granted {
+		if err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(%s) after preloading it again on the new ring = %+v, %v; want granted", id, r, err)
 		}
 		rep, err := cat.Audit(ctx, id)

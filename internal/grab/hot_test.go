@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
 
 // instance is a second Service on env's shards, running its local caches.
-func (e *env) instance(t *testing.T) *Service {
+func (e *env) instance(t *testing.T) *grab.Service {
 	t.Helper()
 	s, _ := e.service(t, e.shards)
 	e.run(t, s)
@@ -22,14 +23,14 @@ func (e *env) instance(t *testing.T) *Service {
 }
 
 // run starts s.Run until the test ends and waits for its first registry read.
-func (e *env) run(t *testing.T, s *Service) {
+func (e *env) run(t *testing.T, s *grab.Service) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waittest.Until(t, 5*time.Second, "the known-pools filter built and warm", func() bool {
-		return s.local.warm.Load() && !s.local.known.MayContain("never-preloaded-anywhere")
+		return grab.Warm(s)
 	})
 }
 
@@ -39,7 +40,7 @@ func TestNewPoolKnownEverywhere(t *testing.T) {
 	e := newEnv(t, 2, redistest.Options{})
 	e.run(t, e.svc)
 	other := e.instance(t)
-	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != NotFound {
+	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != grab.NotFound {
 		t.Fatalf("Grab before the preload = %+v, %v; want not_found", r, err)
 	}
 	e.preload(t, catalog.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
@@ -48,7 +49,7 @@ func TestNewPoolKnownEverywhere(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.Outcome == Granted
+		return r.Outcome == grab.Granted
 	})
 	t.Logf("known on the other instance %v after the preload", took)
 }
@@ -83,22 +84,21 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	e.run(t, e.svc)
 	e.preload(t, catalog.Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
 	var holder string
-	var held Result
+	var held grab.Result
 	for u := 0; ; u++ {
 		r := grabRetrying(t, e.svc, "hot", fmt.Sprintf("h%d", u))
-		if r.Outcome == Granted {
+		if r.Outcome == grab.Granted {
 			holder, held = fmt.Sprintf("h%d", u), r
 		}
-		if r.Outcome == SoldOut {
+		if r.Outcome == grab.SoldOut {
 			break
 		}
 	}
 	// The sell-out starts the read of the holders; wait for it, then one
 	// grab at Redis marks the pool empty again for a second.
-	st := e.svc.local.holderState("hot")
 	waittest.Until(t, 5*time.Second, "holders of the sold-out pool read", func() bool {
 		grabRetrying(t, e.svc, "hot", "prime")
-		return st.set.Load() != nil
+		return grab.HoldersRead(e.svc, "hot")
 	})
 	grabRetrying(t, e.svc, "hot", "prime")
 
@@ -106,10 +106,10 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	before := e.commandCalls(t, cmds...)
 	start := time.Now()
 	for i := range 10_000 {
-		if r, err := e.svc.Grab(ctx, "hot", fmt.Sprintf("late%d", i)); err != nil || r.Outcome != SoldOut {
+		if r, err := e.svc.Grab(ctx, "hot", fmt.Sprintf("late%d", i)); err != nil || r.Outcome != grab.SoldOut {
 			t.Fatalf("grab after the sell-out = %+v, %v; want sold_out", r, err)
 		}
-		if r, err := e.svc.Grab(ctx, fmt.Sprintf("bogus%d", i), "u"); err != nil || r.Outcome != NotFound {
+		if r, err := e.svc.Grab(ctx, fmt.Sprintf("bogus%d", i), "u"); err != nil || r.Outcome != grab.NotFound {
 			t.Fatalf("grab of a bogus pool = %+v, %v; want not_found", r, err)
 		}
 	}
@@ -125,7 +125,7 @@ func TestFloodAnsweredLocally(t *testing.T) {
 		t.Fatalf("20,000 local answers took %v: too slow to check within the 1s memory", elapsed)
 	}
 	t.Logf("20,000 grabs answered locally in %v", elapsed)
-	if r := grabRetrying(t, e.svc, "hot", holder); r.Outcome != AlreadyGranted || r.Serial != held.Serial {
+	if r := grabRetrying(t, e.svc, "hot", holder); r.Outcome != grab.AlreadyGranted || r.Serial != held.Serial {
 		t.Fatalf("the holder's repeat grab after the sell-out = %+v, want already_granted %+v", r, held)
 	}
 }
@@ -141,20 +141,20 @@ func TestReleasedStockIsSeen(t *testing.T) {
 	var last time.Time
 	for u := range 3 {
 		r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u))
-		if r.Outcome != Granted {
+		if r.Outcome != grab.Granted {
 			t.Fatalf("grab %d = %+v", u, r)
 		}
 		last = r.ExpiresAt
 	}
 	e.waitShardClock(t, last) // the grants are past their deadline
-	if r := grabRetrying(t, other, "back", "late"); r.Outcome != SoldOut {
+	if r := grabRetrying(t, other, "back", "late"); r.Outcome != grab.SoldOut {
 		t.Fatalf("grab on the sold-out pool = %+v, want sold_out", r)
 	}
 	if sw, err := e.sweeper.Sweep(ctx); err != nil || sw.Released != 3 {
 		t.Fatalf("ReleaseExpired = %+v, %v", sw, err)
 	}
 	took := waittest.Until(t, 500*time.Millisecond, "the released stock granted through the other instance (the stock notice reaches it at once)", func() bool {
-		return grabRetrying(t, other, "back", "late").Outcome == Granted
+		return grabRetrying(t, other, "back", "late").Outcome == grab.Granted
 	})
 	t.Logf("released stock granted through the other instance %v after the release", took)
 }

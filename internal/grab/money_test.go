@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -55,20 +56,20 @@ func TestLostAdoptReply(t *testing.T) {
 	homeShard := map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]
 	users := usersWithHome("u", 0, 2, 3)
 	for _, u := range users[:2] { // sub-pool 0 holds 2 packets
-		if r, err := e.svc.Grab(ctx, "ad", u); err != nil || r.Outcome != Granted {
+		if r, err := e.svc.Grab(ctx, "ad", u); err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(%s) = %+v, %v; want granted from home", u, r, err)
 		}
 	}
 	proxies[homeShard].DropReplies(redisproxy.Script(lua.SHA("adopt")), 1)
 	r, err := e.svc.Grab(ctx, "ad", users[2]) // home empty: spills from sub-pool 1
-	if err != nil || r.Outcome != Granted {
+	if err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("spilled Grab(%s) with its adopt reply lost = %+v, %v; want granted", users[2], r, err)
 	}
 	if n := proxies[homeShard].Stats().RepliesSwallowed["EVALSHA"]; n != 1 {
 		t.Fatalf("%d script replies swallowed at the home, want the adopt's 1", n)
 	}
 	again, err := e.svc.Grab(ctx, "ad", users[2])
-	if err != nil || again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+	if err != nil || again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
 		t.Fatalf("re-grab = %+v, %v; want already_granted %+v", again, err, r)
 	}
 	e.assertAudit(t, "ad")
@@ -91,7 +92,7 @@ func TestLostClaimReply(t *testing.T) {
 	st := e.preload(t, catalog.Spec{PoolID: "one", TotalCents: 100, Count: 1})
 	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	p.DropReplies(claim, 1)
-	if r, err := e.svc.Grab(ctx, "one", "a"); err != nil || r.Outcome != Granted {
+	if r, err := e.svc.Grab(ctx, "one", "a"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab with the claim's reply lost = %+v, %v; want granted", r, err)
 	}
 
@@ -105,7 +106,7 @@ func TestLostClaimReply(t *testing.T) {
 	}
 	before := p.Stats().RepliesSwallowed["EVALSHA"]
 	p.DropReplies(claim, 1)
-	if r, err := e.svc.Grab(ctx, "two", users[2]); err != nil || r.Outcome != Granted {
+	if r, err := e.svc.Grab(ctx, "two", users[2]); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab whose reserving claim lost its reply = %+v, %v; want granted by a spill", r, err)
 	}
 	if p.Stats().RepliesSwallowed["EVALSHA"] != before+1 {
@@ -127,17 +128,17 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
 		}
 	}
-	granted := map[string]Result{}
+	granted := map[string]grab.Result{}
 	users := usersWithHome("w", 0, 2, 40)
 	for _, u := range users {
 		r, err := e.svc.Grab(ctx, "steps", u)
 		if err != nil {
-			if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrBusy) {
+			if errors.Is(err, grab.ErrOutcomeUnknown) || errors.Is(err, grab.ErrUnavailable) || errors.Is(err, grab.ErrBusy) {
 				continue
 			}
 			t.Fatalf("Grab(%s): %v", u, err)
 		}
-		if r.Outcome == Granted {
+		if r.Outcome == grab.Granted {
 			granted[u] = r
 		}
 	}
@@ -151,7 +152,7 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 	e.assertAudit(t, "steps")
 	for u, r := range granted {
 		again, err := e.svc.Grab(ctx, "steps", u)
-		if err != nil || again.Outcome != AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
+		if err != nil || again.Outcome != grab.AlreadyGranted || again.Serial != r.Serial || again.Amount != r.Amount {
 			t.Fatalf("re-grab of %s = %+v, %v; want already_granted %+v", u, again, err, r)
 		}
 	}
@@ -177,7 +178,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	type answer struct {
-		r   Result
+		r   grab.Result
 		err error
 	}
 	const users = 30
@@ -199,21 +200,22 @@ func TestStalledShardOutcomes(t *testing.T) {
 	victim.Resume()
 	<-done
 
-	p, err := e.svc.pool(ctx, "st")
+	p, err := e.cat.Find(ctx, "st")
 	if err != nil {
 		t.Fatal(err)
 	}
+	home, grants := e.shards.Client(p.Placement[0]), p.SubPool(0).Keys().Grants
 	var unknown, unknownGranted int
 	for u, a := range answers {
 		user := fmt.Sprintf("u%d", u)
-		rec, err := p.clients[0].HGet(ctx, p.keys[0].Grants, user).Result()
+		rec, err := home.HGet(ctx, grants, user).Result()
 		exists := err == nil
 		switch {
-		case a.err == nil && a.r.Outcome == Granted:
+		case a.err == nil && a.r.Outcome == grab.Granted:
 			if !exists || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", a.r.Amount, a.r.Serial)) {
 				t.Errorf("%s was answered granted %+v, but holds %q", user, a.r, rec)
 			}
-		case errors.Is(a.err, ErrOutcomeUnknown):
+		case errors.Is(a.err, grab.ErrOutcomeUnknown):
 			unknown++
 			if exists {
 				unknownGranted++
@@ -221,15 +223,15 @@ func TestStalledShardOutcomes(t *testing.T) {
 			// The user retries as a client honouring Retry-After does:
 			// while the shard's breaker is still open after the stall,
 			// the answer is unavailable, and the retry comes again.
-			var r Result
+			var r grab.Result
 			waittest.Until(t, 10*time.Second, "the retry of "+user+" is answered", func() bool {
 				r, err = e.svc.Grab(ctx, "st", user)
-				return !errors.Is(err, ErrUnavailable)
+				return !errors.Is(err, grab.ErrUnavailable)
 			})
 			if err != nil {
 				t.Fatalf("retry of %s: %v", user, err)
 			}
-			if exists && (r.Outcome != AlreadyGranted || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", r.Amount, r.Serial))) {
+			if exists && (r.Outcome != grab.AlreadyGranted || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", r.Amount, r.Serial))) {
 				t.Errorf("%s's retry after an unknown outcome = %+v, want the grant it holds: %q", user, r, rec)
 			}
 		case a.err != nil:
@@ -268,7 +270,7 @@ func TestSpillShardLosesWrites(t *testing.T) {
 	}
 	before := sibling.SnapshotAOF()
 	r, err := e.svc.Grab(ctx, "lost", users[2]) // spills from sub-pool 1
-	if err != nil || r.Outcome != Granted {
+	if err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("spilled grab = %+v, %v", r, err)
 	}
 	sibling.Kill()
@@ -330,7 +332,7 @@ func TestReadyUnderFaults(t *testing.T) {
 		t.Fatalf("Ready took %v with a frozen shard, want under a second", took)
 	}
 	for _, sh := range rd.Shards {
-		if sh.Name == used && (sh.State != ShardDown || !sh.InUse) {
+		if sh.Name == used && (sh.State != grab.ShardDown || !sh.InUse) {
 			t.Fatalf("frozen shard %s reported %+v, want down and in use", used, sh)
 		}
 	}
@@ -356,15 +358,15 @@ func TestBreakerHealsWithoutClaims(t *testing.T) {
 	if _, err := e.svc.Grab(ctx, "heal", "first"); err == nil {
 		t.Fatal("a grab on the frozen shard succeeded")
 	}
-	if b := e.svc.batchers[used].br.current(); b != breakerOpen {
-		t.Fatalf("breaker after the frozen grab: %v, want open", b)
+	if b := grab.Breaker(e.svc, used); b != "open" {
+		t.Fatalf("breaker after the frozen grab: %s, want open", b)
 	}
 	victim.Resume()
 	waittest.Until(t, 10*time.Second, "ready again with no grab coming", func() bool {
 		time.Sleep(100 * time.Millisecond) // a load balancer's probe interval
 		return e.svc.Ready(ctx).Ready
 	})
-	if r, err := e.svc.Grab(ctx, "heal", "after"); err != nil || r.Outcome != Granted {
+	if r, err := e.svc.Grab(ctx, "heal", "after"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("grab after the shard healed = %+v, %v; want granted", r, err)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"rain/internal/catalog"
 	"rain/internal/redistest"
-	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 )
 
 // TestReadyOutOfDescriptors: with the process out of file descriptors,
@@ -18,15 +18,8 @@ import (
 // not ready, Process "out of file descriptors", no shard "down". The
 // process's own limit is lowered for the test, and restored.
 func TestReadyOutOfDescriptors(t *testing.T) {
-	servers := redistest.StartN(t, 2, redistest.Options{})
-	specs := []shard.Spec{{Name: "s1", Weight: 1, Addr: servers[0].Addr}, {Name: "s2", Weight: 1, Addr: servers[1].Addr}}
-	// A set no call has used: its pings must dial.
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { set.Close() })
-	svc := New(Config{Catalog: catalog.New(set, catalog.Config{SerialShard: "s1"})})
+	_, set := shardtest.Start(t, 2, redistest.Options{}) // no call has used it: its pings must dial
+	svc := New(Config{Catalog: catalog.New(set, catalog.Config{})})
 	t.Cleanup(svc.Close)
 
 	var orig syscall.Rlimit

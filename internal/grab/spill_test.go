@@ -1,4 +1,4 @@
-package grab
+package grab_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rain/internal/catalog"
+	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -18,11 +19,11 @@ import (
 )
 
 // grabRetrying grabs, retrying while the user has a spill in flight.
-func grabRetrying(t *testing.T, s *Service, pool, user string) Result {
+func grabRetrying(t *testing.T, s *grab.Service, pool, user string) grab.Result {
 	t.Helper()
 	for try := 0; ; try++ {
 		r, err := s.Grab(context.Background(), pool, user)
-		if errors.Is(err, ErrBusy) && try < 200 {
+		if errors.Is(err, grab.ErrBusy) && try < 200 {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
@@ -41,7 +42,7 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 	var cents int64
 	for u := range 100 {
 		r := grabRetrying(t, e.svc, "spill", fmt.Sprintf("u%d", u))
-		if r.Outcome != Granted {
+		if r.Outcome != grab.Granted {
 			t.Fatalf("user %d of 100 got %+v, want granted: stock was left in a sibling", u, r)
 		}
 		cents += r.Amount
@@ -49,7 +50,7 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 	if cents != 10_000 {
 		t.Fatalf("granted %d cents, want 10000", cents)
 	}
-	if r := grabRetrying(t, e.svc, "spill", "late"); r.Outcome != SoldOut {
+	if r := grabRetrying(t, e.svc, "spill", "late"); r.Outcome != grab.SoldOut {
 		t.Fatalf("the 101st user got %+v, want sold_out", r)
 	}
 	st, _ := e.cat.Status(context.Background(), "spill")
@@ -65,14 +66,14 @@ func TestSpillRace(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
 	e.preload(t, catalog.Spec{PoolID: "race", TotalCents: 4_000, Count: 40, SubPools: 4})
 	var mu sync.Mutex
-	granted := map[string]Result{}
+	granted := map[string]grab.Result{}
 	var wg sync.WaitGroup
 	for u := range 200 {
 		wg.Go(func() {
 			user := fmt.Sprintf("u%d", u)
 			for range 2 { // each user twice, concurrently with everyone
 				r := grabRetrying(t, e.svc, "race", user)
-				if r.Outcome == Granted || r.Outcome == AlreadyGranted {
+				if r.Outcome == grab.Granted || r.Outcome == grab.AlreadyGranted {
 					mu.Lock()
 					if prev, ok := granted[user]; ok && prev.Serial != r.Serial {
 						t.Errorf("user %s got two grants: %+v and %+v", user, prev, r)
@@ -128,16 +129,16 @@ func crashingEnv(t *testing.T) (survivor, crashing *env, crash func(script strin
 // packets each) with users whose home it is, through e, and returns their
 // grants, a user of the same home, whose grab must spill, and the shard
 // (its index) of that home.
-func spillVictim(t *testing.T, e *env, pool string, k, n int) (drained map[string]Result, victim string, shardOfHome int) {
+func spillVictim(t *testing.T, e *env, pool string, k, n int) (drained map[string]grab.Result, victim string, shardOfHome int) {
 	t.Helper()
 	p, err := e.cat.Pool(context.Background(), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	drained = map[string]Result{}
+	drained = map[string]grab.Result{}
 	users := usersWithHome("h", 0, k, n+1)
 	for _, u := range users[:n] {
-		if drained[u] = grabRetrying(t, e.svc, pool, u); drained[u].Outcome != Granted {
+		if drained[u] = grabRetrying(t, e.svc, pool, u); drained[u].Outcome != grab.Granted {
 			t.Fatalf("grab of %s at its home = %+v, want granted", u, drained[u])
 		}
 	}
@@ -181,12 +182,12 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 			resolved(t, e, "crash", count)
 			e.assertAudit(t, "crash")
 			// The victim holds at most one grant, and the others get the rest.
-			if r := grabRetrying(t, e.svc, "crash", victim); r.Outcome == Granted || r.Outcome == AlreadyGranted {
+			if r := grabRetrying(t, e.svc, "crash", victim); r.Outcome == grab.Granted || r.Outcome == grab.AlreadyGranted {
 				granted[victim] = r
 			}
 			for u := 0; len(granted) < count && u < 3000; u++ {
 				user := fmt.Sprintf("u%d", u)
-				if r := grabRetrying(t, e.svc, "crash", user); r.Outcome == Granted {
+				if r := grabRetrying(t, e.svc, "crash", user); r.Outcome == grab.Granted {
 					granted[user] = r
 				}
 			}
@@ -229,7 +230,7 @@ func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 	e.preload(t, catalog.Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
 	_, victim, _ := spillVictim(t, e, "re", 2, 2)
 	crash("ack", 0, 1)
-	if r, err := crashing.svc.Grab(ctx, "re", victim); err != nil || r.Outcome != Granted {
+	if r, err := crashing.svc.Grab(ctx, "re", victim); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("the victim's grab, cut off before its ack = %+v, %v; want granted (the adopt ran)", r, err)
 	}
 	p, err := e.cat.Pool(ctx, "re")
@@ -245,7 +246,7 @@ func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 		g, err := home.HGet(ctx, k.Grants, victim).Result()
 		return err == nil && strings.HasPrefix(g, "r:")
 	})
-	if r := grabRetrying(t, e.svc, "re", victim); r.Outcome != Granted {
+	if r := grabRetrying(t, e.svc, "re", victim); r.Outcome != grab.Granted {
 		t.Fatalf("the victim's grab after the release = %+v, want a new grant", r)
 	}
 	resolved(t, e, "re", 4)
@@ -267,7 +268,7 @@ func TestSoldOutFloodLeavesNoRecord(t *testing.T) {
 	e := newEnv(t, 2, redistest.Options{})
 	e.preload(t, catalog.Spec{PoolID: "flood", TotalCents: 400, Count: 4, SubPools: 2})
 	for u := range 4 {
-		if r := grabRetrying(t, e.svc, "flood", fmt.Sprintf("u%d", u)); r.Outcome != Granted {
+		if r := grabRetrying(t, e.svc, "flood", fmt.Sprintf("u%d", u)); r.Outcome != grab.Granted {
 			t.Fatalf("user %d got %+v", u, r)
 		}
 	}
@@ -291,7 +292,7 @@ func TestSoldOutFloodLeavesNoRecord(t *testing.T) {
 	before := records()
 	for u := range 20 {
 		svc, _ := e.service(t, e.shards) // a new instance each time: no local marks
-		if r := grabRetrying(t, svc, "flood", fmt.Sprintf("late%d", u)); r.Outcome != SoldOut {
+		if r := grabRetrying(t, svc, "flood", fmt.Sprintf("late%d", u)); r.Outcome != grab.SoldOut {
 			t.Fatalf("late user %d got %+v, want sold_out", u, r)
 		}
 	}

@@ -1,13 +1,13 @@
 // Package grabtest starts rain's grab path on real redis-server shards, for
-// the tests of the packages a rain instance is built from (api, settle,
-// reaper), which cannot import internal/instance (it imports them): the
-// serial generator, the catalogue and the grab service, wired as
-// instance.New wires them. rain's tests never mock Redis.
+// the tests of the packages a rain instance is built from (grab's own, api,
+// settle, reaper), which cannot import internal/instance (it imports them):
+// the serial generator, the catalogue and the grab service, wired as
+// instance.New wires them. Service is the one place the tests wire them.
+// rain's tests never mock Redis.
 package grabtest
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +17,7 @@ import (
 	"rain/internal/idgen"
 	"rain/internal/redistest"
 	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 )
 
 // Env is a grab service on n shards named s1..sn, weight 1 each; s1 is the
@@ -43,15 +44,7 @@ func Start(tb testing.TB, n int, opts redistest.Options) *Env {
 // included.
 func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	tb.Helper()
-	specs := make([]shard.Spec, len(addrs))
-	for i, a := range addrs {
-		specs[i] = shard.Spec{Name: fmt.Sprintf("s%d", i+1), Weight: 1, Addr: a}
-	}
-	set, err := shard.Open(specs, 0, shard.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { set.Close() })
+	set := shardtest.Open(tb, addrs, shard.Options{})
 	e := &Env{Servers: servers, Shards: set}
 	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{})
 	for _, name := range set.Names() {
@@ -60,18 +53,18 @@ func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	return e
 }
 
-// Service is a serial generator on s1 (watermark copies on the others), a
-// catalogue with s1 as its serial shard and a grab service with cfg (its
-// Serials and Catalog filled in) on set: one more instance's grab path on
-// the same shards.
+// Service is a serial generator on set's serial shard (watermark copies on
+// the others), a catalogue and a grab service with cfg (its Serials and
+// Catalog filled in) on set: one more instance's grab path on the same
+// shards.
 func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, *catalog.Catalog, *grab.Service) {
 	tb.Helper()
-	gen, err := idgen.ForShards(context.Background(), set, "s1", idgen.Config{})
+	gen, err := idgen.ForShards(context.Background(), set, idgen.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { gen.Close() })
-	cat := catalog.New(set, catalog.Config{SerialShard: "s1"})
+	cat := catalog.New(set, catalog.Config{})
 	cfg.Serials, cfg.Catalog = gen, cat
 	svc := grab.New(cfg)
 	tb.Cleanup(svc.Close)

@@ -562,7 +562,7 @@ func TestUniqueOnAClusterAfterAPrimaryLosesWrites(t *testing.T) {
 				if !mirrored {
 					return newGen(t, NewRedisAllocatorMirrors(set.Client("c1"), Key, nil), Config{})
 				}
-				g, err := ForShards(ctx, set, "c1", Config{})
+				g, err := ForShards(ctx, set, Config{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,12 +11,13 @@ import (
 	"rain/internal/shard"
 )
 
-// ForShards returns a generator whose counter (Key) lives on the serial
-// shard, with watermark copies on every other shard and, when the serial
+// ForShards returns a generator whose counter (Key) lives on the set's
+// serial shard (shard.Options.Serial), with watermark copies on every other shard and, when the serial
 // shard is a Redis Cluster, on each of its other primaries too (keys whose
 // slots fall there): losing one primary's or shard's tail of writes can
 // never hand a serial out twice (see RedisAllocator).
-func ForShards(ctx context.Context, set *shard.Set, serial string, cfg Config) (*Generator, error) {
+func ForShards(ctx context.Context, set *shard.Set, cfg Config) (*Generator, error) {
+	serial := set.Serial()
 	var mirrors []Mirror
 	for _, c := range set.Except(serial) {
 		mirrors = append(mirrors, Mirror{C: c, Key: Key + ":watermark"})

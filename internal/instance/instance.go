@@ -12,7 +12,6 @@ package instance
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -36,12 +35,11 @@ import (
 // flags. Zero fields take the documented defaults.
 type Config struct {
 	// Shards, required, are opened with ShardOptions (rain serve's client
-	// options, go-redis's retries included, unless a test says otherwise).
+	// options, go-redis's retries included, unless a test says otherwise;
+	// its Serial names the serial shard, which holds the serial counter
+	// and arbitrates pool records: by default the first of Shards).
 	Shards       []shard.Spec
 	ShardOptions shard.Options
-	// SerialShard names the shard of the serial counter, which also
-	// arbitrates pool records. Default: the first of Shards.
-	SerialShard string
 	// Pool bounds the worker pool grabs run on. Nil runs grabs on the
 	// handler's goroutine, unbounded (rain serve --workers=off).
 	Pool *pool.Config
@@ -55,7 +53,7 @@ type Config struct {
 	// Build is the version the metrics report.
 	Build metrics.Build
 	// ReaperRetry is how long an instance waits between two tries at the
-	// reaper's lock (jittered). Default 4s.
+	// reaper's lock (jittered to 0.5-1.5 times). Default 4s.
 	ReaperRetry time.Duration
 	// ClusterWatch is how often the primaries of each cluster shard are
 	// read to notice a change (one CLUSTER SHARDS); 10s when zero.
@@ -101,23 +99,24 @@ type Instance struct {
 	closeOnce      sync.Once
 }
 
+func (c *Config) init() {
+	if c.ReaperRetry <= 0 {
+		c.ReaperRetry = 4 * time.Second
+	}
+	if c.ClusterWatch <= 0 {
+		c.ClusterWatch = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
 // New builds an instance. It does no I/O but what its components do when
 // built: the serial generator reserves its first segment.
 func New(cfg Config) (*Instance, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.init()
 	if len(cfg.Shards) == 0 {
 		return nil, errors.New("instance: no shards")
-	}
-	if cfg.SerialShard == "" {
-		cfg.SerialShard = cfg.Shards[0].Name
-	}
-	if cfg.ReaperRetry <= 0 {
-		cfg.ReaperRetry = 4 * time.Second
-	}
-	if cfg.ClusterWatch <= 0 {
-		cfg.ClusterWatch = 10 * time.Second
 	}
 	in := &Instance{log: cfg.Logger, clusterWatch: cfg.ClusterWatch}
 	opts := cfg.ShardOptions
@@ -137,10 +136,6 @@ func New(cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	in.Shards = set
-	if set.Client(cfg.SerialShard) == nil {
-		set.Close()
-		return nil, fmt.Errorf("serial shard %q is not one of the shards", cfg.SerialShard)
-	}
 	if err := in.build(cfg); err != nil {
 		in.closeParts()
 		return nil, err
@@ -159,14 +154,14 @@ func (in *Instance) build(cfg Config) error {
 		func() float64 { return float64(in.weakPrimaries.Load()) })
 	// Serials come from the serial shard, with watermark copies on the others.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*set.Timeout())
-	gen, err := idgen.ForShards(ctx, set, cfg.SerialShard, idgen.Config{})
+	gen, err := idgen.ForShards(ctx, set, idgen.Config{})
 	cancel()
 	if err != nil {
 		return err
 	}
 	in.Serials = gen
 	in.Metrics.Serials(gen.Stats)
-	in.Catalog = catalog.New(set, catalog.Config{SerialShard: cfg.SerialShard, Books: cfg.Books, Logger: cfg.Logger})
+	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Catalog: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
 		OnBatch: in.Metrics.Batches(set.Names())}
 	if cfg.Pool != nil {

@@ -48,14 +48,22 @@ var (
 	ErrClosed = errors.New("pool: closed")
 )
 
+// Defaults of Config's bounds, which rain serve's flags show.
+const (
+	DefaultMin   = 32
+	DefaultMax   = 1024
+	DefaultQueue = 1024
+)
+
 // Config tunes a Pool. Zero fields take the documented defaults.
 type Config struct {
-	// Min and Max bound the capacity (workers). Defaults 32 and 1024.
+	// Min and Max bound the capacity (workers). Defaults DefaultMin and
+	// DefaultMax.
 	Min, Max int
 	// Queue is how many more requests than workers may hold a place at
 	// once (waiting for a worker, or for their shard's answer after their
-	// task) before Admit sheds. Default 1024; negative means none (shed as
-	// soon as every worker's place is taken).
+	// task) before Admit sheds. Default DefaultQueue; negative means none
+	// (shed as soon as every worker's place is taken).
 	Queue int
 	// Interval between two resizing decisions. Default 500ms.
 	Interval time.Duration
@@ -76,13 +84,13 @@ type Config struct {
 
 func (c *Config) init() error {
 	if c.Min == 0 {
-		c.Min = 32
+		c.Min = DefaultMin
 	}
 	if c.Max == 0 {
-		c.Max = 1024
+		c.Max = DefaultMax
 	}
 	if c.Queue == 0 {
-		c.Queue = 1024
+		c.Queue = DefaultQueue
 	}
 	if c.Interval == 0 {
 		c.Interval = 500 * time.Millisecond

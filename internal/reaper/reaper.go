@@ -67,29 +67,33 @@ type Reaper struct {
 	acquisitions, lostLock atomic.Int64
 }
 
+func (c *Config) init() {
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.IdlePoll < c.Interval {
+		c.IdlePoll = max(5*time.Second, c.Interval)
+	}
+	if c.FullSweep <= 0 {
+		c.FullSweep = 10 * time.Minute
+	}
+	if c.LockName == "" {
+		c.LockName = "rain:reaper"
+	}
+	if c.SpillValidity <= 0 {
+		c.SpillValidity = lua.SpillValidity
+	}
+	if c.SpillAge <= 0 {
+		c.SpillAge = 8 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
 // New returns a reaper of the catalog's pools; Run starts it.
 func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
-	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
-	}
-	if cfg.IdlePoll < cfg.Interval {
-		cfg.IdlePoll = max(5*time.Second, cfg.Interval)
-	}
-	if cfg.FullSweep <= 0 {
-		cfg.FullSweep = 10 * time.Minute
-	}
-	if cfg.LockName == "" {
-		cfg.LockName = "rain:reaper"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.SpillValidity <= 0 {
-		cfg.SpillValidity = lua.SpillValidity
-	}
-	if cfg.SpillAge <= 0 {
-		cfg.SpillAge = 8 * time.Second
-	}
+	cfg.init()
 	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger}
 	return &Reaper{sweeper: w, locker: l, cfg: cfg}
 }

@@ -18,6 +18,7 @@ import (
 
 	"rain/internal/pgtest"
 	"rain/internal/redistest"
+	"rain/internal/shard/shardtest"
 )
 
 // topology is the compose file's, as processes on loopback.
@@ -44,11 +45,7 @@ func startTopology(t *testing.T) *topology {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	tp.token = hex.EncodeToString(b)
-	var specs []string
-	for i, s := range tp.shards {
-		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, s.Addr))
-	}
-	env := []string{"RAIN_REDIS=" + strings.Join(specs, ","), "RAIN_POSTGRES=" + tp.pgURL, "RAIN_ADMIN_TOKEN=" + tp.token,
+	env := []string{"RAIN_REDIS=" + shardtest.Flag(redistest.Addrs(tp.shards)), "RAIN_POSTGRES=" + tp.pgURL, "RAIN_ADMIN_TOKEN=" + tp.token,
 		"RAIN_USER_AUTH=none", // the users are made up, as in docker-compose.yml
 		"RAIN_LOG_LEVEL=info", "PATH=" + os.Getenv("PATH")}
 	for i := range 2 {

@@ -1,4 +1,4 @@
-package settle
+package settle_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"rain/internal/grabtest"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/settle"
 	"rain/internal/wait/waittest"
 )
 
@@ -49,7 +50,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 	}
 	other := grabtest.On(t, ge.Servers, redistest.Addrs(ge.Servers)) // rain settle's own process
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	w := New(other.Shards, other.Catalog, openLedger(t, path), fastConfig("settle"))
+	w := settle.New(other.Shards, other.Catalog, openLedger(t, path), fastConfig("settle"))
 	run(t, w)
 	grants := grabAll(t, svc, "a", "a", 20)
 	for s, r := range grabAll(t, svc, "b", "b", 20) {
@@ -109,7 +110,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 func TestSettlementThatCannotReadSaysSo(t *testing.T) {
 	e, _ := newEnv(t, 10, 0)
 	set, cat, proxies, _ := e.doomed(t)
-	w := New(set, cat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("a"))
+	w := settle.New(set, cat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("a"))
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant delivered", func() bool { return w.Stats().Delivered == 10 })
 	before := w.Stats().Failures
@@ -153,7 +154,7 @@ func TestConfirmWaitsForAReplica(t *testing.T) {
 	replica.Pause()
 	t.Cleanup(replica.Resume)
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	w := New(ge.Shards, ge.Catalog, openLedger(t, path), fastConfig("settle"))
+	w := settle.New(ge.Shards, ge.Catalog, openLedger(t, path), fastConfig("settle"))
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "confirms that no replica acknowledged counted as failures, or a payout", func() bool {
 		st := w.Stats()
@@ -182,10 +183,10 @@ func TestAcknowledgedMeansTrimmed(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
-	stop := run(t, New(set, cat, l, fastConfig("a")))
+	stop := run(t, settle.New(set, cat, l, fastConfig("a")))
 	waittest.Until(t, 20*time.Second, "every grant confirmed", func() bool { return e.confirmed(t) == 10 })
 	stop()
-	run(t, New(e.shards, e.cat, l, fastConfig("b"))) // the next worker, straight to the shards
+	run(t, settle.New(e.shards, e.cat, l, fastConfig("b"))) // the next worker, straight to the shards
 	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
 	if _, err := e.cat.End(ctx, "p"); err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestIdleWorkerCountsNoFailure(t *testing.T) {
 	cfg := fastConfig("settle")
 	cfg.Block = 200 * time.Millisecond
 	cfg.RetryDelay, cfg.MaxRetryDelay = 5*time.Second, 5*time.Second // a pass that failed would show in the wait below
-	w := New(ge.Shards, ge.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), cfg)
+	w := settle.New(ge.Shards, ge.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant delivered", func() bool { return w.Stats().Delivered == 20 })
 	before := w.Stats()
@@ -242,7 +243,7 @@ func TestWorkerWithoutAShardSaysSo(t *testing.T) {
 	}
 	grabAll(t, ge.Service, "p", "u", 30)
 	short := grabtest.On(t, ge.Servers[:2], redistest.Addrs(ge.Servers[:2])) // rain settle without s3
-	w := New(short.Shards, short.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
+	w := settle.New(short.Shards, short.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "the worker counts the shard it lacks as failures, and settles the others", func() bool {
 		st, err := ge.Catalog.Status(ctx, "p")

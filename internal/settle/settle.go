@@ -8,8 +8,9 @@
 //  1. confirms its grants (one confirm_many script): from then on the
 //     reaper can never release them. A grant the reaper released first is
 //     not paid.
-//  2. delivers them to the Sink (PostgreSQL, a ledger file, a wallet
-//     webhook) in one call, which dedupes by serial.
+//  2. delivers them to the Sink (internal/postgres, internal/ledger's
+//     file, internal/webhook's wallet) in one call, which dedupes by
+//     serial.
 //  3. acknowledges the entries settled and deletes them from the stream
 //     (XACK and XDEL, one round trip), so an outbox holds only what is
 //     unsettled.
@@ -44,41 +45,6 @@ import (
 	"rain/internal/shard"
 	"rain/internal/wait"
 )
-
-// Grant is one grant of an outbox, as a sink receives it.
-type Grant struct {
-	Serial      int64     `json:"serial"`
-	PoolID      string    `json:"pool_id"`
-	SubPool     int       `json:"sub_pool"`
-	UserID      string    `json:"user_id"`
-	AmountCents int64     `json:"amount_cents"`
-	DeadlineMS  int64     `json:"deadline_ms"`
-	GrantedAt   time.Time `json:"granted_at"` // when it was made, by its shard's clock
-}
-
-// Same reports whether g and o are one grant: the same serial for the same
-// pool, sub-pool, user and amount. (The deadline and the time are not
-// compared: they are the grant's, but a re-made grant after a lost write
-// has others.)
-func (g Grant) Same(o Grant) bool {
-	return g.Serial == o.Serial && g.PoolID == o.PoolID && g.SubPool == o.SubPool &&
-		g.UserID == o.UserID && g.AmountCents == o.AmountCents
-}
-
-func (g Grant) String() string {
-	return fmt.Sprintf("pool %s sub-pool %d user %s %d cents", g.PoolID, g.SubPool, g.UserID, g.AmountCents)
-}
-
-// Sink receives confirmed grants, in batches. Deliver returns one error per
-// grant of gs (nil: delivered, now or before). It may see a grant more than
-// once (after a crash, or from another worker that took the entry over)
-// and must pay it once: dedupe by Serial, across every worker that
-// delivers to it. A serial seen before with another grant (Grant.Same) is
-// not a repeat: its error is ErrSerialConflict and nothing is paid. Any
-// other error leaves the grant to be delivered again later.
-type Sink interface {
-	Deliver(ctx context.Context, gs []Grant) []error
-}
 
 // SubPools lists the sub-pools to settle (grab.Service does).
 type SubPools interface {

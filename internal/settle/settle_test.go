@@ -1,4 +1,4 @@
-package settle
+package settle_test
 
 import (
 	"bytes"
@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -22,12 +21,15 @@ import (
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
+	"rain/internal/ledger"
 	"rain/internal/lua"
 	"rain/internal/reaper"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/settle"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
+	"rain/internal/webhook"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.IgnoreProbe()) }
@@ -67,7 +69,7 @@ func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 
 // run starts a worker until the returned stop is called, which waits for
 // Run to return.
-func run(t *testing.T, w *Worker) (stop func()) {
+func run(t *testing.T, w *settle.Worker) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -96,9 +98,9 @@ func (e *env) assertAudit(t *testing.T) {
 }
 
 // readLedger reads the ledger's grants by serial (one line per serial).
-func readLedger(t *testing.T, path string) map[int64]Grant {
+func readLedger(t *testing.T, path string) map[int64]settle.Grant {
 	t.Helper()
-	grants, err := ReadLedger(path)
+	grants, err := ledger.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,9 +122,9 @@ func checkLedger(t *testing.T, path string, grants map[int64]grab.Result) {
 
 // openLedger opens the ledger at path, closed when the test ends (a test
 // may close it earlier, as a crash would, and open it again).
-func openLedger(t *testing.T, path string) *Ledger {
+func openLedger(t *testing.T, path string) *ledger.File {
 	t.Helper()
-	l, err := OpenLedger(path)
+	l, err := ledger.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,13 +155,13 @@ func (e *env) doomed(t *testing.T) (set *shard.Set, cat *catalog.Catalog, proxie
 // dying is a sink that calls die once it has delivered at least at grants:
 // the process dies after a payout, before its ack.
 type dying struct {
-	Sink
+	settle.Sink
 	n   atomic.Int32
 	at  int32
 	die func()
 }
 
-func (d *dying) Deliver(ctx context.Context, gs []Grant) []error {
+func (d *dying) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := d.Sink.Deliver(ctx, gs)
 	if n := d.n.Add(int32(len(gs))); n >= d.at && n-int32(len(gs)) < d.at {
 		d.die()
@@ -168,12 +170,12 @@ func (d *dying) Deliver(ctx context.Context, gs []Grant) []error {
 }
 
 // deliverOne delivers one grant to s.
-func deliverOne(ctx context.Context, s Sink, g Grant) error {
-	return s.Deliver(ctx, []Grant{g})[0]
+func deliverOne(ctx context.Context, s settle.Sink, g settle.Grant) error {
+	return s.Deliver(ctx, []settle.Grant{g})[0]
 }
 
-func fastConfig(consumer string) Config {
-	return Config{Consumer: consumer, Batch: 5, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
+func fastConfig(consumer string) settle.Config {
+	return settle.Config{Consumer: consumer, Batch: 5, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
 		ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond}
 }
 
@@ -181,7 +183,7 @@ func TestSettleToLedger(t *testing.T) {
 	e, grants := newEnv(t, 100, 0)
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
-	w := New(e.shards, e.cat, l, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 100 })
 	waittest.Until(t, 20*time.Second, "all delivered", func() bool { return w.Stats().Delivered == 100 })
@@ -231,7 +233,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "ledger.jsonl")
 			l := openLedger(t, path)
 			set, cat, proxies, die := e.doomed(t)
-			var sink Sink = l
+			var sink settle.Sink = l
 			if step == "confirmed" {
 				for _, p := range proxies {
 					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm_many")), 2, die)
@@ -239,7 +241,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			} else {
 				sink = &dying{Sink: l, at: 10, die: die}
 			}
-			first := New(set, cat, sink, fastConfig("first"))
+			first := settle.New(set, cat, sink, fastConfig("first"))
 			stopFirst := run(t, first)
 			waittest.Until(t, 20*time.Second, "the first worker cut off", func() bool { return proxies[0].Partitioned() })
 			stopFirst()
@@ -250,7 +252,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 
 			// The process restarts: the ledger is read again, another consumer takes over.
 			l2 := openLedger(t, path)
-			second := New(e.shards, e.cat, l2, fastConfig("second"))
+			second := settle.New(e.shards, e.cat, l2, fastConfig("second"))
 			stop := run(t, second)
 			waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
 			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
@@ -273,78 +275,6 @@ func pending(t *testing.T, e *env) int64 {
 	})
 }
 
-func TestLedgerTornTail(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l := openLedger(t, path)
-	ctx := context.Background()
-	for _, s := range []int64{1, 2, 2, 3} {
-		if err := deliverOne(ctx, l, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l.Close()
-	// A crash mid-write leaves half a line.
-	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	f.WriteString(`{"serial":4,"pool_`)
-	f.Close()
-	l, err := OpenLedger(path)
-	if err != nil {
-		t.Fatalf("OpenLedger after a torn write: %v", err)
-	}
-	for _, s := range []int64{3, 4} {
-		if err := deliverOne(ctx, l, Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l.Close()
-	if got := readLedger(t, path); len(got) != 4 {
-		t.Fatalf("ledger serials = %v, want 1-4 once each", got)
-	}
-	os.WriteFile(path, []byte("not json\n"), 0o644)
-	if _, err := OpenLedger(path); err == nil {
-		t.Fatal("OpenLedger of a corrupt ledger succeeded, want an error")
-	}
-}
-
-// TestLedgerFailedFsync: a delivery whose fsync fails is cut off the file
-// (the disk may hold it or not), so it is written once when delivered
-// again, and the ledger still opens: a failed fsync never leaves a serial
-// on two lines. A ledger file is its owner's alone.
-func TestLedgerFailedFsync(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l := openLedger(t, path)
-	g := func(s int64) Grant { return Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5} }
-	if err := deliverOne(ctx, l, g(1)); err != nil {
-		t.Fatal(err)
-	}
-	fail := true
-	l.sync = func(f *os.File) error {
-		if fail {
-			fail = false
-			return errors.New("input/output error") // as a disk that refused the fsync
-		}
-		return f.Sync()
-	}
-	if errs := l.Deliver(ctx, []Grant{g(2), g(3)}); errs[0] == nil || errs[1] == nil {
-		t.Fatalf("Deliver with a failed fsync = %v; want both failed (delivered again later)", errs)
-	}
-	if errs := l.Deliver(ctx, []Grant{g(2), g(3)}); errs[0] != nil || errs[1] != nil {
-		t.Fatalf("Deliver again = %v", errs)
-	}
-	l.Close()
-	if got := readLedger(t, path); len(got) != 3 {
-		t.Fatalf("ledger serials = %v, want 1-3 once each", got)
-	}
-	if _, err := OpenLedger(path); err != nil {
-		t.Fatalf("OpenLedger after a failed fsync: %v", err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("ledger mode %v, %v; want 0600 (it names every user paid)", fi.Mode().Perm(), err)
-	}
-}
-
 // TestWebhookRetriesAndDedupes: the wallet fails the first two tries of each
 // grant; settlement retries; the wallet sees every serial, and pays once.
 func TestWebhookRetriesAndDedupes(t *testing.T) {
@@ -354,7 +284,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 	paid := map[int64]int64{}
 	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
-		var g Grant
+		var g settle.Grant
 		if err := json.NewDecoder(r.Body).Decode(&g); err != nil || key != fmt.Sprint(g.Serial) {
 			http.Error(w, "bad request", 400)
 			return
@@ -370,7 +300,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 		}
 	}))
 	defer wallet.Close()
-	w := New(e.shards, e.cat, &Webhook{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, &webhook.Wallet{URL: wallet.URL, Backoff: time.Millisecond, Tries: 5}, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "all grants confirmed and paid", func() bool {
 		mu.Lock()
@@ -402,7 +332,7 @@ func TestReleasedGrantIsNotPaid(t *testing.T) {
 	})
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
-	w := New(e.shards, e.cat, l, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
 	stop()
@@ -426,11 +356,11 @@ func TestSerialConflictIsAnAlarm(t *testing.T) {
 		victim = serial
 		break
 	}
-	other := Grant{Serial: victim, PoolID: "elsewhere", UserID: "someone", AmountCents: 1}
+	other := settle.Grant{Serial: victim, PoolID: "elsewhere", UserID: "someone", AmountCents: 1}
 	if err := deliverOne(context.Background(), l, other); err != nil {
 		t.Fatal(err)
 	}
-	w := New(e.shards, e.cat, l, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, l, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "the other grants paid", func() bool { return w.Stats().Delivered == 9 && w.Stats().Conflicts == 1 })
 	time.Sleep(300 * time.Millisecond) // several passes over the pending entry
@@ -459,7 +389,7 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	paid := map[string][]byte{}
 	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		var g Grant
+		var g settle.Grant
 		if err := json.Unmarshal(body, &g); err != nil || r.Header.Get("Idempotency-Key") != fmt.Sprint(g.Serial) {
 			http.Error(w, "not a grant, or a key that is not its serial", http.StatusBadRequest)
 			return
@@ -477,14 +407,14 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 		paid[key] = body
 	}))
 	defer wallet.Close()
-	sink := &Webhook{URL: wallet.URL, Backoff: time.Millisecond}
+	sink := &webhook.Wallet{URL: wallet.URL, Backoff: time.Millisecond}
 
 	set, cat, proxies, die := e.doomed(t)
-	first := New(set, cat, &dying{Sink: sink, at: 5, die: die}, fastConfig("first"))
+	first := settle.New(set, cat, &dying{Sink: sink, at: 5, die: die}, fastConfig("first"))
 	stopFirst := run(t, first)
 	waittest.Until(t, 20*time.Second, "the first worker dead after a payout", func() bool { return proxies[0].Partitioned() })
 	stopFirst()
-	second := New(e.shards, e.cat, sink, fastConfig("second"))
+	second := settle.New(e.shards, e.cat, sink, fastConfig("second"))
 	stop := run(t, second)
 	waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.confirmed(t) == 40 && pending(t, e) == 0 })
 	stop()
@@ -494,7 +424,7 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	again := 0
 	for serial, r := range grants {
 		key := fmt.Sprint(serial)
-		var g Grant
+		var g settle.Grant
 		if err := json.Unmarshal(paid[key], &g); err != nil || g.AmountCents != r.Amount {
 			t.Fatalf("wallet paid %s for serial %d, want %d cents", paid[key], serial, r.Amount)
 		}
@@ -511,27 +441,6 @@ func TestTwoWebhookWorkersPayOnce(t *testing.T) {
 	t.Logf("%d grants delivered by both workers, each paid once", again)
 }
 
-// TestWebhookConflictIsNotRetried: a wallet that saw the serial with
-// another grant answers 409; Deliver returns ErrSerialConflict at once.
-func TestWebhookConflictIsNotRetried(t *testing.T) {
-	var mu sync.Mutex
-	tries := 0
-	wallet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		tries++
-		mu.Unlock()
-		http.Error(w, "key reused", http.StatusConflict)
-	}))
-	defer wallet.Close()
-	err := deliverOne(context.Background(), &Webhook{URL: wallet.URL, Backoff: time.Millisecond}, Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
-	if !errors.Is(err, ErrSerialConflict) {
-		t.Fatalf("Deliver to a wallet answering 409 = %v, want ErrSerialConflict", err)
-	}
-	if tries != 1 {
-		t.Fatalf("%d tries, want 1: a conflict is not retried", tries)
-	}
-}
-
 // failingSink fails the deliveries of sub-pool 0 while down is set.
 type failingSink struct {
 	down      atomic.Bool
@@ -539,7 +448,7 @@ type failingSink struct {
 	delivered map[int]int // by sub-pool
 }
 
-func (s *failingSink) Deliver(_ context.Context, gs []Grant) []error {
+func (s *failingSink) Deliver(_ context.Context, gs []settle.Grant) []error {
 	errs := make([]error, len(gs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -563,7 +472,7 @@ func TestLagFollowsTheOldestUnsettled(t *testing.T) {
 	written := time.Now() // every grant's outbox entry is older than this
 	sink := &failingSink{delivered: map[int]int{}}
 	sink.down.Store(true)
-	w := New(e.shards, e.cat, sink, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, sink, fastConfig("a"))
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "sub-pool 1 settled while sub-pool 0 fails", func() bool {
 		sink.mu.Lock()

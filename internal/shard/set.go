@@ -20,6 +20,7 @@ import (
 type Set struct {
 	ring     *Ring
 	names    []string // sorted
+	serial   string   // Options.Serial, one of names
 	clients  map[string]redis.UniversalClient
 	clusters map[string]*cluster // the shards that are clusters
 	specs    map[string]Spec
@@ -49,6 +50,13 @@ type Options struct {
 	// serve logs and counts one that could lose grants. It runs on a
 	// goroutine of its own.
 	OnNode func(Durability)
+	// Serial names the serial shard: it holds the grant serial counter
+	// (internal/idgen) and its copy of a pool's record decides
+	// (internal/catalog). Every instance and tool must name the same one,
+	// even with different shard lists. Open refuses a name that is not
+	// one of the shards (ErrUnknownSerial). Default: the first shard as
+	// listed (see SerialOf).
+	Serial string
 }
 
 // DefaultTimeout is Options.Timeout's default: a round trip to a healthy
@@ -154,6 +162,23 @@ func Unreachable(err error) bool {
 		errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded)
 }
 
+// ErrUnknownSerial is returned by Open and SerialOf when the serial shard
+// named is not one of the shards.
+var ErrUnknownSerial = errors.New("shard: the serial shard is not one of the shards")
+
+// SerialOf is the serial shard of specs (see Options.Serial): name when it
+// is one of them, the first of specs as listed when name is "", and
+// ErrUnknownSerial otherwise. It is the one rule; Open follows it.
+func SerialOf(specs []Spec, name string) (string, error) {
+	if name == "" && len(specs) > 0 {
+		return specs[0].Name, nil
+	}
+	if slices.ContainsFunc(specs, func(sp Spec) bool { return sp.Name == name }) {
+		return name, nil
+	}
+	return "", fmt.Errorf("%w: %q", ErrUnknownSerial, name)
+}
+
 // Open builds the ring over specs and a client per shard. It does no I/O:
 // clients connect on first use.
 func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
@@ -162,7 +187,10 @@ func Open(specs []Spec, vnodes int, opts Options) (*Set, error) {
 		return nil, err
 	}
 	opts.init()
-	s := &Set{ring: ring, clients: make(map[string]redis.UniversalClient, len(specs)), clusters: map[string]*cluster{},
+	if opts.Serial, err = SerialOf(specs, opts.Serial); err != nil {
+		return nil, err
+	}
+	s := &Set{ring: ring, serial: opts.Serial, clients: make(map[string]redis.UniversalClient, len(specs)), clusters: map[string]*cluster{},
 		specs: map[string]Spec{}, opts: opts}
 	for _, sp := range specs {
 		s.specs[sp.Name] = sp
@@ -204,6 +232,9 @@ func (s *Set) Replicated(name string) bool {
 	_, ok := s.specs[name].Sentinel()
 	return ok
 }
+
+// Serial is the serial shard's name (Options.Serial).
+func (s *Set) Serial() string { return s.serial }
 
 // Names are the shard names, sorted. The slice is shared: do not modify it.
 func (s *Set) Names() []string { return s.names }

@@ -1,4 +1,4 @@
-package settle
+package webhook
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"rain/internal/settle"
 )
 
 // scriptedWallet is a test wallet answering the deliveries with answers, in turn
@@ -47,11 +49,11 @@ func paid(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) }
 // backoff; one that asks for longer than a delivery waits is left for the
 // worker's next pass at once, after one try.
 func TestWebhookHonoursRetryAfter(t *testing.T) {
-	g := Grant{Serial: 7, PoolID: "p", UserID: "u", AmountCents: 5}
+	g := settle.Grant{Serial: 7, PoolID: "p", UserID: "u", AmountCents: 5}
 	for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
 		wl := &scriptedWallet{answers: []func(http.ResponseWriter){busy(code, "1"), paid}}
 		srv := httptest.NewServer(wl)
-		err := deliverOne(context.Background(), &Webhook{URL: srv.URL, Backoff: time.Millisecond}, g)
+		err := deliverOne(context.Background(), &Wallet{URL: srv.URL, Backoff: time.Millisecond}, g)
 		srv.Close()
 		at := wl.times()
 		if err != nil || len(at) != 2 {
@@ -64,7 +66,7 @@ func TestWebhookHonoursRetryAfter(t *testing.T) {
 	wl := &scriptedWallet{answers: []func(http.ResponseWriter){busy(http.StatusServiceUnavailable, "3600"), paid}}
 	srv := httptest.NewServer(wl)
 	defer srv.Close()
-	err := deliverOne(context.Background(), &Webhook{URL: srv.URL, Backoff: time.Millisecond}, g)
+	err := deliverOne(context.Background(), &Wallet{URL: srv.URL, Backoff: time.Millisecond}, g)
 	if err == nil || !strings.Contains(err.Error(), "Retry-After") || len(wl.times()) != 1 {
 		t.Fatalf("a wallet asking for an hour: Deliver = %v after %d tries; want an error naming Retry-After after one try", err, len(wl.times()))
 	}
@@ -85,8 +87,8 @@ func TestWebhookBackoffIsCappedAndJittered(t *testing.T) {
 	wl := &scriptedWallet{answers: []func(http.ResponseWriter){fail}}
 	srv := httptest.NewServer(wl)
 	defer srv.Close()
-	w := &Webhook{URL: srv.URL, Tries: 6, Backoff: 20 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
-	if err := deliverOne(context.Background(), w, Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 1}); err == nil {
+	w := &Wallet{URL: srv.URL, Tries: 6, Backoff: 20 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
+	if err := deliverOne(context.Background(), w, settle.Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 1}); err == nil {
 		t.Fatal("Deliver to a wallet answering 500 succeeded")
 	}
 	at := wl.times()

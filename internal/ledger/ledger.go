@@ -1,7 +1,7 @@
-package settle
-
-// This file is the ledger sink: settled grants appended to a JSON-lines
-// file, one line per serial, fsynced.
+// Package ledger is a settlement sink (settle.Sink) on a local file:
+// settled grants appended to a JSON-lines file, one line per serial,
+// fsynced.
+package ledger
 
 import (
 	"bufio"
@@ -14,24 +14,26 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"rain/internal/settle"
 )
 
-// Ledger is a Sink that appends one JSON line per grant to a file and fsyncs
-// it before Deliver returns. It holds exactly one line per serial, across
-// redeliveries and crashes: it reads the serials already in the file when it
-// opens, and cuts off a torn last line a crash may have left (that grant is
-// then delivered again and written whole). A serial already in the file
-// with other contents is ErrSerialConflict.
+// File is a settle.Sink that appends one JSON line per grant to a file and
+// fsyncs it before Deliver returns. It holds exactly one line per serial,
+// across redeliveries and crashes: it reads the serials already in the file
+// when it opens, and cuts off a torn last line a crash may have left (that
+// grant is then delivered again and written whole). A serial already in the
+// file with other contents is settle.ErrSerialConflict.
 //
 // A ledger file dedupes only what it holds: two settle workers with two
-// ledgers would each pay a grant one of them took over from the other.
-// Run one worker per ledger file, or use a sink that dedupes across workers
-// (the wallet webhook, keyed by serial).
-type Ledger struct {
-	mu     sync.Mutex      // guards f, seen and broken
-	f      *os.File        // opened for append
-	seen   map[int64]Grant // the grants in the file, by serial
-	broken error           // a failed write could not be cut off: Deliver refuses until the file is opened again
+// ledgers would each pay a grant one of them took over from the other. Run
+// one worker per ledger file, or use a sink that dedupes across workers (the
+// wallet webhook, keyed by serial).
+type File struct {
+	mu     sync.Mutex             // guards f, seen and broken
+	f      *os.File               // opened for append
+	seen   map[int64]settle.Grant // the grants in the file, by serial
+	broken error                  // a failed write could not be cut off: Deliver refuses until the file is opened again
 	// sync makes what was written durable: (*os.File).Sync; a test makes
 	// it fail to play a disk that refuses an fsync.
 	sync func(*os.File) error
@@ -39,18 +41,18 @@ type Ledger struct {
 
 // ledgerLine is one line of the ledger.
 type ledgerLine struct {
-	Grant
+	settle.Grant
 	SettledAt time.Time `json:"settled_at"`
 }
 
-// OpenLedger opens or creates the ledger at path; a file it creates can be
+// Open opens or creates the ledger at path; a file it creates can be
 // read and written by its owner alone (it lists every user paid).
-func OpenLedger(path string) (*Ledger, error) {
+func Open(path string) (*File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &Ledger{f: f, seen: map[int64]Grant{}, sync: (*os.File).Sync}
+	l := &File{f: f, seen: map[int64]settle.Grant{}, sync: (*os.File).Sync}
 	if err := l.load(); err != nil {
 		f.Close()
 		return nil, err
@@ -59,7 +61,7 @@ func OpenLedger(path string) (*Ledger, error) {
 }
 
 // load reads the serials in the file and truncates a torn tail.
-func (l *Ledger) load() error {
+func (l *File) load() error {
 	grants, good, err := readLines(l.f)
 	if err != nil {
 		return err
@@ -74,10 +76,10 @@ func (l *Ledger) load() error {
 	return nil
 }
 
-// ReadLedger reads the grants of the ledger at path by serial, ignoring a
+// Read reads the grants of the ledger at path by serial, ignoring a
 // torn last line. A serial on two lines is an error: the ledger holds one
 // line per serial.
-func ReadLedger(path string) (map[int64]Grant, error) {
+func Read(path string) (map[int64]settle.Grant, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
@@ -90,9 +92,9 @@ func ReadLedger(path string) (map[int64]Grant, error) {
 // readLines reads whole ledger lines from r and returns their grants by
 // serial and the bytes they take; a tail without a newline is torn and not
 // counted.
-func readLines(r io.Reader) (map[int64]Grant, int64, error) {
+func readLines(r io.Reader) (map[int64]settle.Grant, int64, error) {
 	br := bufio.NewReader(r)
-	grants := map[int64]Grant{}
+	grants := map[int64]settle.Grant{}
 	var good int64
 	for {
 		line, err := br.ReadBytes('\n')
@@ -116,8 +118,8 @@ func readLines(r io.Reader) (map[int64]Grant, int64, error) {
 
 // Deliver appends the grants of gs whose serials the ledger lacks, all in
 // one write and one fsync: a grant already there (or twice in gs) is a
-// repeat, another grant under a serial there ErrSerialConflict.
-func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
+// repeat, another grant under a serial there settle.ErrSerialConflict.
+func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	errs := make([]error, len(gs))
@@ -128,12 +130,12 @@ func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
 		return errs
 	}
 	var buf []byte
-	var added []Grant
+	var added []settle.Grant
 	now := time.Now().UTC()
 	for i, g := range gs {
 		if had, ok := l.seen[g.Serial]; ok {
 			if !had.Same(g) {
-				errs[i] = fmt.Errorf("%w: serial %d was paid for %s, now %s", ErrSerialConflict, g.Serial, had, g)
+				errs[i] = fmt.Errorf("%w: serial %d was paid for %s, now %s", settle.ErrSerialConflict, g.Serial, had, g)
 			}
 			continue
 		}
@@ -169,7 +171,7 @@ func (l *Ledger) Deliver(_ context.Context, gs []Grant) []error {
 // whole when delivered again, and never twice (a line the failed fsync left
 // in the file, written again, would put its serial on two lines: a ledger
 // that no longer opens). l.mu is held.
-func (l *Ledger) append(buf []byte) error {
+func (l *File) append(buf []byte) error {
 	end, err := l.f.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
@@ -198,7 +200,7 @@ func (l *Ledger) append(buf []byte) error {
 }
 
 // Close closes the file.
-func (l *Ledger) Close() error {
+func (l *File) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f.Close()

@@ -1,11 +1,12 @@
-package settle
+// Package webhook is a settlement sink (settle.Sink) on a wallet's HTTP
+// endpoint: each grant POSTed as JSON, signed (internal/signature),
+// retried with backoff, and paid once by the wallet, which dedupes by the
+// signed serial.
+package webhook
 
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,38 +17,32 @@ import (
 	"sync"
 	"time"
 
+	"rain/internal/settle"
+	"rain/internal/signature"
 	"rain/internal/wait"
 )
 
-// ErrSerialConflict is returned by a Sink when a grant's serial was paid
-// before for another pool, sub-pool, user or amount: serials are unique, so
-// one of the two is wrong (a serial handed out twice, a shard that lost
-// writes). It is an alarm, never a silent skip: the worker leaves the entry
-// pending and counts it.
-var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
-
-// Webhook is a Sink that POSTs each grant as JSON to a wallet URL: the
+// Wallet is a settle.Sink that POSTs each grant as JSON to a wallet URL: the
 // wallet pays each serial once, across every settle worker, reading the
-// serial from the signed body (Verify is how; the Idempotency-Key header
-// carries the same serial, unsigned, and a wallet must not pay on it
+// serial from the signed body (signature.Verify is how; the Idempotency-Key
+// header carries the same serial, unsigned, and a wallet must not pay on it
 // alone), and compares a repeated serial's grant with the first: the same
 // grant is answered 2xx again (already paid), another grant under the same
-// serial 409 Conflict, which Deliver returns as ErrSerialConflict without
-// retrying. A redirect is not followed (it would carry the body, its
-// signature and its key to wherever Location says): it is an answer that
-// is not 2xx. Any other answer but 2xx is retried,
-// Tries times in all, after a backoff that doubles from Backoff up to
-// MaxBackoff, each wait drawn at random between half and all of it (so
-// that workers retrying at once spread out); a 429 or 503 with Retry-After
-// waits what the wallet asks instead, up to maxRetryAfter (asked for more,
-// Deliver gives up on this grant for now). Then Deliver fails and the
-// worker delivers the grant again later.
-type Webhook struct {
-	URL    string
-	Client *http.Client // default: a client with a 10s timeout
+// serial 409 Conflict, which Deliver returns as settle.ErrSerialConflict
+// without retrying. A redirect is not followed (it would carry the body, its
+// signature and its key to wherever Location says): it is an answer that is
+// not 2xx. Any other answer but 2xx is retried, Tries times in all, after a
+// backoff that doubles from Backoff up to MaxBackoff, each wait drawn at
+// random between half and all of it (so that workers retrying at once spread
+// out); a 429 or 503 with Retry-After waits what the wallet asks instead, up
+// to maxRetryAfter (asked for more, Deliver gives up on this grant for now).
+// Then Deliver fails and the worker delivers the grant again later.
+type Wallet struct {
+	URL  string
+	HTTP *http.Client // default: a client with a 10s timeout
 	// Secret, when set, signs every delivery: the header
 	// Rain-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
-	// (see Sign). The wallet recomputes it and refuses a delivery whose
+	// (see signature.Sign). The wallet recomputes it and refuses a delivery whose
 	// signature differs or whose t is too old (a replay).
 	Secret []byte
 	// Tries per Deliver (default 5); Backoff before the first retry
@@ -61,7 +56,7 @@ type Webhook struct {
 // that asks for more is tried again on the worker's next pass.
 const maxRetryAfter = 30 * time.Second
 
-var defaultWebhookClient = &http.Client{Timeout: 10 * time.Second}
+var defaultHTTP = &http.Client{Timeout: 10 * time.Second}
 
 // noRedirects is the webhook client's CheckRedirect: the redirect is the
 // answer.
@@ -72,7 +67,7 @@ const webhookParallel = 8
 
 // Deliver posts every grant of gs, webhookParallel at once, each until the
 // wallet answers 2xx or its tries run out.
-func (w *Webhook) Deliver(ctx context.Context, gs []Grant) []error {
+func (w *Wallet) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := make([]error, len(gs))
 	sem := make(chan struct{}, webhookParallel)
 	var wg sync.WaitGroup
@@ -88,10 +83,10 @@ func (w *Webhook) Deliver(ctx context.Context, gs []Grant) []error {
 }
 
 // deliver posts g until the wallet answers 2xx or the tries run out.
-func (w *Webhook) deliver(ctx context.Context, g Grant) error {
-	client, tries, backoff, most := w.Client, w.Tries, w.Backoff, w.MaxBackoff
+func (w *Wallet) deliver(ctx context.Context, g settle.Grant) error {
+	client, tries, backoff, most := w.HTTP, w.Tries, w.Backoff, w.MaxBackoff
 	if client == nil {
-		client = defaultWebhookClient
+		client = defaultHTTP
 	}
 	c := *client // the caller's client, with redirects refused
 	c.CheckRedirect = noRedirects
@@ -127,7 +122,7 @@ func (w *Webhook) deliver(ctx context.Context, g Grant) error {
 			return err
 		}
 		last = w.post(ctx, client, body, g.Serial)
-		if last == nil || errors.Is(last, ErrSerialConflict) {
+		if last == nil || errors.Is(last, settle.ErrSerialConflict) {
 			return last
 		}
 	}
@@ -164,7 +159,7 @@ func retryAfter(v string, now time.Time) (d time.Duration, ok bool) {
 	return 0, false
 }
 
-func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, serial int64) error {
+func (w *Wallet) post(ctx context.Context, client *http.Client, body []byte, serial int64) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -172,7 +167,7 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", strconv.FormatInt(serial, 10))
 	if len(w.Secret) > 0 {
-		req.Header.Set(SignatureHeader, Sign(w.Secret, time.Now(), body))
+		req.Header.Set(signature.Header, signature.Sign(w.Secret, time.Now(), body))
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -182,7 +177,7 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	switch {
 	case resp.StatusCode == http.StatusConflict:
-		return fmt.Errorf("%w: serial %d: wallet answered %s", ErrSerialConflict, serial, resp.Status)
+		return fmt.Errorf("%w: serial %d: wallet answered %s", settle.ErrSerialConflict, serial, resp.Status)
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
 		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 			return &walletBusy{status: resp.Status, after: d}
@@ -194,20 +189,4 @@ func (w *Webhook) post(ctx context.Context, client *http.Client, body []byte, se
 		return fmt.Errorf("wallet answered %s", resp.Status)
 	}
 	return nil
-}
-
-// SignatureHeader carries a webhook delivery's signature.
-const SignatureHeader = "Rain-Signature"
-
-// Sign is the Rain-Signature value of body sent at now:
-// "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>". Each try is
-// signed afresh, so its t is the time it was sent. It covers the body (the
-// serial the wallet pays on is in it), not the headers.
-func Sign(secret []byte, now time.Time, body []byte) string {
-	t := strconv.FormatInt(now.Unix(), 10)
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(t))
-	mac.Write([]byte{'.'})
-	mac.Write(body)
-	return "t=" + t + ",v1=" + hex.EncodeToString(mac.Sum(nil))
 }

@@ -1,26 +1,25 @@
-package settle
+package webhook
 
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"rain/internal/settle"
+	"rain/internal/signature"
 )
 
 // wallet is the reference wallet of a signed webhook, as docs/security.md
-// tells a wallet to be: it verifies each delivery (Verify: the signature
+// tells a wallet to be: it verifies each delivery (signature.Verify: the signature
 // over the raw body with its secrets, the time within 5 minutes, the
 // Idempotency-Key equal to the signed serial), and pays each serial of the
 // signed body once: the same grant again is answered 200 without paying,
@@ -28,7 +27,7 @@ import (
 type wallet struct {
 	secrets [][]byte
 	mu      sync.Mutex
-	paid    map[int64]Grant
+	paid    map[int64]settle.Grant
 	payouts int // times money moved
 	bad     []string
 	raw     []captured // every delivery as it came in
@@ -40,14 +39,16 @@ type captured struct {
 	body   []byte
 }
 
-func newWallet(secrets ...[]byte) *wallet { return &wallet{secrets: secrets, paid: map[int64]Grant{}} }
+func newWallet(secrets ...[]byte) *wallet {
+	return &wallet{secrets: secrets, paid: map[int64]settle.Grant{}}
+}
 
 func (wl *wallet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	wl.raw = append(wl.raw, captured{r.Header.Clone(), body})
-	g, err := Verify(r.Header, body, time.Now(), 0, wl.secrets...)
+	g, err := signature.Verify(r.Header, body, time.Now(), 0, wl.secrets...)
 	if err != nil {
 		wl.bad = append(wl.bad, err.Error())
 		http.Error(w, err.Error(), http.StatusUnauthorized)
@@ -73,36 +74,36 @@ func TestWebhookSigned(t *testing.T) {
 	srv := httptest.NewServer(wl)
 	defer srv.Close()
 	ctx := context.Background()
-	g := Grant{Serial: 42, PoolID: "p", UserID: "u", AmountCents: 123}
-	if err := deliverOne(ctx, &Webhook{URL: srv.URL, Secret: secret}, g); err != nil {
+	g := settle.Grant{Serial: 42, PoolID: "p", UserID: "u", AmountCents: 123}
+	if err := deliverOne(ctx, &Wallet{URL: srv.URL, Secret: secret}, g); err != nil {
 		t.Fatalf("signed delivery: %v (wallet said %v)", err, wl.bad)
 	}
 	if wl.paid[42] != g {
 		t.Fatalf("wallet paid %+v, want %+v", wl.paid[42], g)
 	}
 
-	wrong := &Webhook{URL: srv.URL, Secret: []byte(strings.Repeat("x", 32)), Tries: 1}
-	if err := deliverOne(ctx, wrong, Grant{Serial: 43, AmountCents: 1}); err == nil {
+	wrong := &Wallet{URL: srv.URL, Secret: []byte(strings.Repeat("x", 32)), Tries: 1}
+	if err := deliverOne(ctx, wrong, settle.Grant{Serial: 43, AmountCents: 1}); err == nil {
 		t.Fatal("a delivery signed with another secret was accepted")
 	}
-	unsigned := &Webhook{URL: srv.URL, Tries: 1}
-	if err := deliverOne(ctx, unsigned, Grant{Serial: 44, AmountCents: 1}); err == nil {
+	unsigned := &Wallet{URL: srv.URL, Tries: 1}
+	if err := deliverOne(ctx, unsigned, settle.Grant{Serial: 44, AmountCents: 1}); err == nil {
 		t.Fatal("an unsigned delivery was accepted")
 	}
 	body, _ := json.Marshal(g)
 	at := func(sig string) http.Header {
-		return http.Header{SignatureHeader: {sig}, "Idempotency-Key": {"42"}}
+		return http.Header{signature.Header: {sig}, "Idempotency-Key": {"42"}}
 	}
-	old := Sign(secret, time.Now().Add(-10*time.Minute), body)
-	if _, err := Verify(at(old), body, time.Now(), 0, secret); !errors.Is(err, ErrStale) {
-		t.Fatalf("a 10-minute-old signature: %v, want ErrStale", err)
+	old := signature.Sign(secret, time.Now().Add(-10*time.Minute), body)
+	if _, err := signature.Verify(at(old), body, time.Now(), 0, secret); !errors.Is(err, signature.ErrStale) {
+		t.Fatalf("a 10-minute-old signature: %v, want signature.ErrStale", err)
 	}
-	fresh := Sign(secret, time.Now(), body)
-	if _, err := Verify(at(fresh), []byte(strings.Replace(string(body), "123", "999", 1)), time.Now(), 0, secret); !errors.Is(err, ErrBadSignature) {
-		t.Fatalf("a changed body: %v, want ErrBadSignature", err)
+	fresh := signature.Sign(secret, time.Now(), body)
+	if _, err := signature.Verify(at(fresh), []byte(strings.Replace(string(body), "123", "999", 1)), time.Now(), 0, secret); !errors.Is(err, signature.ErrForged) {
+		t.Fatalf("a changed body: %v, want signature.ErrForged", err)
 	}
 	// During a rotation the wallet holds both secrets: either verifies.
-	if got, err := Verify(at(fresh), body, time.Now(), 0, []byte(strings.Repeat("n", 32)), secret); err != nil || got != g {
+	if got, err := signature.Verify(at(fresh), body, time.Now(), 0, []byte(strings.Repeat("n", 32)), secret); err != nil || got != g {
 		t.Fatalf("verified with the old secret of two = %+v, %v", got, err)
 	}
 	if len(wl.paid) != 1 {
@@ -119,8 +120,8 @@ func TestReplayWithNewKeysPaysOnce(t *testing.T) {
 	wl := newWallet(secret)
 	srv := httptest.NewServer(wl)
 	defer srv.Close()
-	g := Grant{Serial: 7, PoolID: "p", UserID: "u", AmountCents: 500}
-	if err := deliverOne(context.Background(), &Webhook{URL: srv.URL, Secret: secret}, g); err != nil {
+	g := settle.Grant{Serial: 7, PoolID: "p", UserID: "u", AmountCents: 500}
+	if err := deliverOne(context.Background(), &Wallet{URL: srv.URL, Secret: secret}, g); err != nil {
 		t.Fatal(err)
 	}
 	wl.mu.Lock()
@@ -171,8 +172,8 @@ func TestWebhookRefusesRedirects(t *testing.T) {
 		redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, thief.URL+"/credit", code)
 		}))
-		w := &Webhook{URL: redirector.URL, Secret: []byte(strings.Repeat("k", 32)), Tries: 2, Backoff: time.Millisecond}
-		err := deliverOne(context.Background(), w, Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
+		w := &Wallet{URL: redirector.URL, Secret: []byte(strings.Repeat("k", 32)), Tries: 2, Backoff: time.Millisecond}
+		err := deliverOne(context.Background(), w, settle.Grant{Serial: 1, PoolID: "p", UserID: "u", AmountCents: 5})
 		redirector.Close()
 		if err == nil || !strings.Contains(err.Error(), "redirects are not followed") {
 			t.Errorf("a %d redirect: Deliver = %v, want an error saying redirects are not followed", code, err)
@@ -181,39 +182,4 @@ func TestWebhookRefusesRedirects(t *testing.T) {
 	if n := stolen.Load(); n != 0 {
 		t.Fatalf("the redirect's target got %d deliveries, want none", n)
 	}
-}
-
-// FuzzVerify: whatever the signature header, the key and the body, Verify
-// never panics, and what it accepts is signed by the secret over that body,
-// within the tolerance, with a key that is the body's serial (or none).
-func FuzzVerify(f *testing.F) {
-	secret := []byte(strings.Repeat("k", 32))
-	now := time.Unix(1_800_000_000, 0)
-	body := []byte(`{"serial":42,"pool_id":"p","sub_pool":0,"user_id":"u","amount_cents":1,"deadline_ms":0,"granted_at":"0001-01-01T00:00:00Z"}`)
-	f.Add(Sign(secret, now, body), "42", body)
-	f.Add(Sign(secret, now, body)+",v1=00", "", body)
-	f.Add("t=1800000000,t=1,v1=zz", "42", body)
-	f.Add("v1=,t=", "x", []byte(`{"serial":42}{}`))
-	f.Add(Sign(secret, now, []byte(`{"serial":-1}`)), "-1", []byte(`{"serial":-1}`))
-	f.Fuzz(func(t *testing.T, sig, key string, body []byte) {
-		h := http.Header{SignatureHeader: {sig}}
-		if key != "" {
-			h.Set("Idempotency-Key", key)
-		}
-		g, err := Verify(h, body, now, 0, secret)
-		if err != nil {
-			return
-		}
-		ts, sigs, _ := parseSignature(sig)
-		want, _ := hex.DecodeString(strings.TrimPrefix(Sign(secret, time.Unix(ts, 0), body), fmt.Sprintf("t=%d,v1=", ts)))
-		if !slices.ContainsFunc(sigs, func(s []byte) bool { return bytes.Equal(s, want) }) {
-			t.Fatalf("Verify(%q, %q) accepted a signature that is not the secret's over the body", sig, body)
-		}
-		if d := now.Sub(time.Unix(ts, 0)); d > DefaultTolerance || d < -DefaultTolerance {
-			t.Fatalf("Verify accepted t=%d, %v from now", ts, d)
-		}
-		if key != "" && key != strconv.FormatInt(g.Serial, 10) || g.Serial <= 0 {
-			t.Fatalf("Verify accepted serial %d with key %q", g.Serial, key)
-		}
-	})
 }

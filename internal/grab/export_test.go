@@ -1,0 +1,22 @@
+package grab
+
+// This file lets the package's external tests (package grab_test, which
+// build their services as every other package's tests do, with
+// internal/grabtest) look inside a Service. It is compiled into tests only.
+
+// Warm reports whether s's local answers are warm: the known-pools filter
+// built, so that it rules out a pool never preloaded.
+func Warm(s *Service) bool {
+	return s.local.warm.Load() && !s.local.known.MayContain("never-preloaded-anywhere")
+}
+
+// HoldersRead reports whether s has read the holders of the sold-out pool.
+func HoldersRead(s *Service, poolID string) bool {
+	return s.local.holderState(poolID).set.Load() != nil
+}
+
+// Breaker is the state of the claim breaker of the named shard (not a
+// cluster shard), as it stands: "closed", "open" or "half_open".
+func Breaker(s *Service, shard string) string {
+	return s.batchers[shard].br.current().String()
+}

@@ -1,0 +1,110 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"rain/internal/settle"
+)
+
+// openLedger opens the ledger at path, closed when the test ends (a test
+// may close it earlier, as a crash would, and open it again).
+func openLedger(t *testing.T, path string) *File {
+	t.Helper()
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// readLedger reads the ledger's grants by serial (one line per serial).
+func readLedger(t *testing.T, path string) map[int64]settle.Grant {
+	t.Helper()
+	grants, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grants
+}
+
+// deliverOne delivers one grant to l.
+func deliverOne(ctx context.Context, l *File, g settle.Grant) error {
+	return l.Deliver(ctx, []settle.Grant{g})[0]
+}
+
+func TestLedgerTornTail(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	ctx := context.Background()
+	for _, s := range []int64{1, 2, 2, 3} {
+		if err := deliverOne(ctx, l, settle.Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	// A crash mid-write leaves half a line.
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"serial":4,"pool_`)
+	f.Close()
+	l, err := Open(path)
+	if err != nil {
+		t.Fatalf("OpenLedger after a torn write: %v", err)
+	}
+	for _, s := range []int64{3, 4} {
+		if err := deliverOne(ctx, l, settle.Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	if got := readLedger(t, path); len(got) != 4 {
+		t.Fatalf("ledger serials = %v, want 1-4 once each", got)
+	}
+	os.WriteFile(path, []byte("not json\n"), 0o644)
+	if _, err := Open(path); err == nil {
+		t.Fatal("OpenLedger of a corrupt ledger succeeded, want an error")
+	}
+}
+
+// TestLedgerFailedFsync: a delivery whose fsync fails is cut off the file
+// (the disk may hold it or not), so it is written once when delivered
+// again, and the ledger still opens: a failed fsync never leaves a serial
+// on two lines. A ledger file is its owner's alone.
+func TestLedgerFailedFsync(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	g := func(s int64) settle.Grant { return settle.Grant{Serial: s, PoolID: "p", UserID: "u", AmountCents: 5} }
+	if err := deliverOne(ctx, l, g(1)); err != nil {
+		t.Fatal(err)
+	}
+	fail := true
+	l.sync = func(f *os.File) error {
+		if fail {
+			fail = false
+			return errors.New("input/output error") // as a disk that refused the fsync
+		}
+		return f.Sync()
+	}
+	if errs := l.Deliver(ctx, []settle.Grant{g(2), g(3)}); errs[0] == nil || errs[1] == nil {
+		t.Fatalf("Deliver with a failed fsync = %v; want both failed (delivered again later)", errs)
+	}
+	if errs := l.Deliver(ctx, []settle.Grant{g(2), g(3)}); errs[0] != nil || errs[1] != nil {
+		t.Fatalf("Deliver again = %v", errs)
+	}
+	l.Close()
+	if got := readLedger(t, path); len(got) != 3 {
+		t.Fatalf("ledger serials = %v, want 1-3 once each", got)
+	}
+	if _, err := Open(path); err != nil {
+		t.Fatalf("OpenLedger after a failed fsync: %v", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("ledger mode %v, %v; want 0600 (it names every user paid)", fi.Mode().Perm(), err)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"rain/internal/metrics"
 	"rain/internal/postgres"
 	"rain/internal/settle"
+	"rain/internal/shard"
 	"rain/internal/webhook"
 )
 
@@ -88,7 +89,19 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		defer stop()
 	}
+	// A cluster shard's primaries are read again every 10 s: a replica
+	// promoted or added is known, and confirms there wait for its replica.
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		set.WatchClusters(wctx, 10*time.Second, func(c shard.ClusterChange) {
+			log.Warn("the primaries of a cluster shard changed", "shard", c.Shard, "added", c.Added, "removed", c.Removed, "primaries", c.Primaries)
+		})
+	}()
 	w.Run(ctx)
+	stopWatch()
+	<-watched
 	return nil
 }
 

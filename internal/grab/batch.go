@@ -395,6 +395,11 @@ func (b *batcher) redirect(ctx context.Context, g *group, valid int64) {
 			}
 		}
 		b.send(ctx, c, []*group{g}, valid, asking)
+		if lua.IsNoScript(g.err) { // a node that never ran rain's scripts (a new primary): nothing ran
+			if g.err = lua.LoadScripts(ctx, c); g.err == nil {
+				b.send(ctx, c, []*group{g}, valid, asking)
+			}
+		}
 	}
 }
 

@@ -7,12 +7,14 @@ package grab
 //
 // Marks leave in the background, gathered per shard (one script call for
 // every sub-pool marked meanwhile), so no grab waits for one. A sub-pool is
-// marked at most once per markEvery by this instance: the index makes a
-// sub-pool's first look at least twice that after its mark, so a grant
-// this instance made in between (not marked) has landed before the reaper
-// looks (it is held, or confirmed: nothing is left behind; see
-// due_done.lua for a mark made while the reaper looks). A mark lost to a
-// crash is made up by the reaper's slow pass over every live pool.
+// marked at most once per markEvery by this instance; a grant it made in
+// between, unmarked, cannot be left out of the index: a sub-pool marked
+// within lua.DueQuiet (far more than markEvery) of a look that found
+// nothing there is looked at again, not dropped, and one marked after the
+// look's read stays due (see due_done.lua). A first mark asks for the
+// first look 2×markEvery later, so a rain of grants is not swept as it
+// comes. A mark lost to a crash is made up by the reaper's slow pass over
+// every live pool.
 
 import (
 	"context"
@@ -104,7 +106,7 @@ func (m *marker) flush(ctx context.Context) {
 		if c == nil {
 			continue
 		}
-		if err := lua.MarkDue(ctx, c, time.Now().Add(2*markEvery), metas); err != nil {
+		if err := lua.MarkDue(ctx, c, 2*markEvery, metas); err != nil {
 			m.failed.Add(1)
 			m.log.Debug("due marks not sent; sent again in a second", "shard", name, "sub_pools", len(metas), "err", err)
 			m.mu.Lock()

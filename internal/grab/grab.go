@@ -377,10 +377,26 @@ func (s *Service) forget(poolID string) {
 // go-redis's retries last saw).
 func claimOutcome(err error) error {
 	var rerr redis.Error
-	if errors.Is(err, errNotSent) || errors.As(err, &rerr) {
+	switch {
+	case errors.Is(err, errNotSent):
+		return ErrUnavailable
+	case errors.As(err, &rerr) && !retriedReply(err):
 		return ErrUnavailable
 	}
 	return ErrOutcomeUnknown
+}
+
+// retriedReply reports whether err is a server's answer go-redis retries
+// a call on (the server loading, read-only, its master down, the cluster
+// down, TRYAGAIN): this answer ran nothing, but an earlier try of the same
+// batch, whose reply was lost, may have.
+func retriedReply(err error) bool {
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // pool returns the pool's grab-path view, from memory once it is open. A

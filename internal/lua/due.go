@@ -34,11 +34,18 @@ func init() {
 	scripts["due_done"] = dueDoneScript
 }
 
+// DueQuiet is how long after its last mark a sub-pool with nothing to do
+// may leave the due index: longer than the interval a grab marks a
+// sub-pool at (at most every 250 ms), so that a grant made in between,
+// unmarked, is seen (see due_done.lua).
+const DueQuiet = 2 * time.Second
+
 // MarkDue marks the sub-pools (their meta keys) of one shard as having work
-// for the reaper: due at the time given unless already in the index.
-func MarkDue(ctx context.Context, c Client, at time.Time, metas []string) error {
+// for the reaper: due after the given time from now (by the shard's clock)
+// unless already in the index.
+func MarkDue(ctx context.Context, c Client, after time.Duration, metas []string) error {
 	args := make([]any, 0, len(metas)+1)
-	args = append(args, at.UnixMilli())
+	args = append(args, after.Milliseconds())
 	for _, m := range metas {
 		args = append(args, m)
 	}
@@ -51,16 +58,17 @@ type Due struct {
 	Gen  string // its marks when read (for DoneDue)
 }
 
-// ReadDue returns up to limit sub-pools of the shard that are due at now,
-// earliest first, and when the earliest of the others is (zero: none).
-func ReadDue(ctx context.Context, c Client, now time.Time, limit int) ([]Due, time.Time, error) {
-	res, err := dueReadScript.Run(ctx, c, []string{DueAt, DueGen}, now.UnixMilli(), limit).Slice()
+// ReadDue returns up to limit sub-pools of the shard that are due by its
+// clock, earliest first, after skipping skip of them, and how long until
+// the earliest of the others is (negative: none).
+func ReadDue(ctx context.Context, c Client, skip, limit int) ([]Due, time.Duration, error) {
+	res, err := dueReadScript.Run(ctx, c, []string{DueAt, DueGen}, skip, limit).Slice()
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, 0, err
 	}
-	var next time.Time
-	if ms := integer(res, 0); ms >= 0 {
-		next = time.UnixMilli(ms)
+	next := time.Duration(integer(res, 0)) * time.Millisecond
+	if integer(res, 0) < 0 {
+		next = -1
 	}
 	due := make([]Due, 0, (len(res)-1)/2)
 	for i := 1; i+1 < len(res); i += 2 {
@@ -69,16 +77,27 @@ func ReadDue(ctx context.Context, c Client, now time.Time, limit int) ([]Due, ti
 	return due, next, nil
 }
 
-// DoneDue tells the index the reaper swept d: look again at next, or, with
-// next zero, nothing is left to do there, and d leaves the index unless it
-// was marked since it was read. It reports whether d left.
-func DoneDue(ctx context.Context, c Client, d Due, next time.Time) (bool, error) {
+// DueDone is what DoneDue did.
+type DueDone uint8
+
+// DoneDue results.
+const (
+	DueStays DueDone = iota // still due: marked since it was read
+	DueLeft                 // out of the index: nothing to do there
+	DueMoved                // its next look is later
+)
+
+// DoneDue tells the index the reaper swept d (or could not): look again
+// after in, or, with in negative, nothing is left to do there, and d
+// leaves the index unless it was marked since it was read or within
+// DueQuiet (then it is looked at again once DueQuiet has passed).
+func DoneDue(ctx context.Context, c Client, d Due, in time.Duration) (DueDone, error) {
 	ms := int64(-1)
-	if !next.IsZero() {
-		ms = next.UnixMilli()
+	if in >= 0 {
+		ms = in.Milliseconds()
 	}
-	n, err := dueDoneScript.Run(ctx, c, []string{DueAt, DueGen}, d.Meta, d.Gen, strconv.FormatInt(ms, 10)).Int()
-	return n == 1, err
+	n, err := dueDoneScript.Run(ctx, c, []string{DueAt, DueGen}, d.Meta, d.Gen, strconv.FormatInt(ms, 10), DueQuiet.Milliseconds()).Int()
+	return DueDone(n), err
 }
 
 // ParseMeta returns the sub-pool whose meta key is key; ok is false for a

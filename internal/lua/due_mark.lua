@@ -3,18 +3,24 @@
 -- index.
 --
 -- KEYS[1] at   rain:{due}:at   sorted set: sub-pool (its meta key) -> when
---                               the reaper should look next (unix ms)
--- KEYS[2] gen  rain:{due}:gen  hash: sub-pool -> marks made so far
--- ARGV[1] when the reaper should first look, unix ms   ARGV[2..] the
--- sub-pools' meta keys
+--                               the reaper should look next (unix ms, the
+--                               shard's clock)
+-- KEYS[2] gen  rain:{due}:gen  hash: sub-pool -> "marks:last mark's unix ms"
+-- ARGV[1] how long after now the reaper should first look, in ms
+-- ARGV[2..] the sub-pools' meta keys
 --
 -- A sub-pool already in the index keeps its time (the reaper set it from
 -- what is held there, and a grant made now falls due no sooner); one not in
--- it is due at ARGV[1]. Every mark counts in gen, so a reaper that found nothing
--- to do there does not drop a sub-pool marked meanwhile (due_done.lua).
+-- it is due ARGV[1] from now. Every mark counts in gen, with its time, so a
+-- reaper that found nothing to do there does not drop a sub-pool marked
+-- since it read it, or marked a moment before (due_done.lua).
 local at, gen = KEYS[1], KEYS[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local first = now + tonumber(ARGV[1])
 for i = 2, #ARGV do
-  redis.call('ZADD', at, 'NX', ARGV[1], ARGV[i])
-  redis.call('HINCRBY', gen, ARGV[i], 1)
+  redis.call('ZADD', at, 'NX', first, ARGV[i])
+  local marks = tonumber(string.match(redis.call('HGET', gen, ARGV[i]) or '', '^(%d+)')) or 0
+  redis.call('HSET', gen, ARGV[i], (marks + 1) .. ':' .. now)
 end
 return #ARGV - 1

@@ -2,48 +2,72 @@ package lua
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// TestDueIndex: a marked sub-pool is due now; marking it again keeps the
-// time the reaper set; a reaper that found nothing to do drops it only if
-// nobody marked it since it read it.
+// TestDueIndex: a marked sub-pool is due once the time given has passed;
+// marking it again keeps the time the reaper set; a reaper that found
+// nothing to do drops it only if nobody marked it since it read it, nor
+// within DueQuiet before (then it is looked at again once that has
+// passed).
 func TestDueIndex(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	now := time.UnixMilli(1_800_000_000_000)
 	a, b := SubPool{Pool: "p", Index: 0}.Keys().Meta, SubPool{Pool: "p", Index: 1, Salt: "7"}.Keys().Meta
-	if err := MarkDue(ctx, c, now, []string{a, b}); err != nil {
+	if err := MarkDue(ctx, c, time.Hour, []string{a}); err != nil {
 		t.Fatal(err)
 	}
-	due, next, err := ReadDue(ctx, c, now, 10)
-	if err != nil || len(due) != 2 || !next.IsZero() {
-		t.Fatalf("ReadDue = %+v, %v, %v; want both due, nothing later", due, next, err)
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 59*time.Minute {
+		t.Fatalf("ReadDue = %+v, %v, %v; want nothing due, a in an hour", due, next, err)
 	}
-	// a has a grant falling due in a minute: look then.
-	later := now.Add(time.Minute)
-	if left, err := DoneDue(ctx, c, due[0], later); err != nil || left {
-		t.Fatalf("DoneDue(a, later) = %v, %v", left, err)
-	}
-	// b had nothing to do, but a grab marked it after the read: it stays.
-	if err := MarkDue(ctx, c, now, []string{b, a}); err != nil {
+	if err := MarkDue(ctx, c, 0, []string{b}); err != nil {
 		t.Fatal(err)
 	}
-	if left, err := DoneDue(ctx, c, due[1], time.Time{}); err != nil || left {
-		t.Fatalf("DoneDue(b) after a new mark = %v, %v; want it kept", left, err)
+	due, _, err := ReadDue(ctx, c, 0, 10)
+	if err != nil || len(due) != 1 || due[0].Meta != b {
+		t.Fatalf("ReadDue = %+v, %v; want b due", due, err)
 	}
-	due, next, err = ReadDue(ctx, c, now, 10)
-	if err != nil || len(due) != 1 || due[0].Meta != b || !next.Equal(later) {
-		t.Fatalf("ReadDue = %+v, %v, %v; want b due, a at %v (a mark keeps the reaper's time)", due, next, err, later)
+	// b had nothing to do, but it was marked a moment ago: it is looked at
+	// again once DueQuiet has passed.
+	if done, err := DoneDue(ctx, c, due[0], -1); err != nil || done != DueMoved {
+		t.Fatalf("DoneDue(b) just after its mark = %v, %v; want moved", done, err)
 	}
-	if left, err := DoneDue(ctx, c, due[0], time.Time{}); err != nil || !left {
-		t.Fatalf("DoneDue(b) with no mark since = %v, %v; want it dropped", left, err)
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next > DueQuiet {
+		t.Fatalf("ReadDue = %+v, %v, %v; want b again within %v", due, next, err, DueQuiet)
 	}
-	due, _, err = ReadDue(ctx, c, later, 10)
-	if err != nil || len(due) != 1 || due[0].Meta != a {
-		t.Fatalf("ReadDue at the minute = %+v, %v; want a", due, err)
+	// Once quiet: a mark made after the read keeps it, else it leaves.
+	if err := c.HSet(ctx, DueGen, b, "1:1000").Err(); err != nil { // its last mark long ago
+		t.Fatal(err)
+	}
+	c.ZAdd(ctx, DueAt, redis.Z{Score: 0, Member: b})
+	due, _, _ = ReadDue(ctx, c, 0, 10)
+	if err := MarkDue(ctx, c, 0, []string{b}); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := DoneDue(ctx, c, due[0], -1); err != nil || done != DueStays {
+		t.Fatalf("DoneDue(b) after a new mark = %v, %v; want it kept due", done, err)
+	}
+	c.HSet(ctx, DueGen, b, "2:1000")
+	due, _, _ = ReadDue(ctx, c, 0, 10)
+	if done, err := DoneDue(ctx, c, due[0], -1); err != nil || done != DueLeft {
+		t.Fatalf("DoneDue(b) quiet, unmarked since = %v, %v; want it dropped", done, err)
+	}
+	// A sub-pool with work is looked at again when it says.
+	c.ZAdd(ctx, DueAt, redis.Z{Score: 0, Member: a})
+	due, _, _ = ReadDue(ctx, c, 0, 10)
+	if done, err := DoneDue(ctx, c, due[0], time.Minute); err != nil || done != DueMoved {
+		t.Fatalf("DoneDue(a, a minute) = %v, %v", done, err)
+	}
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 59*time.Second || next > time.Minute {
+		t.Fatalf("ReadDue = %+v, %v, %v; want a in a minute", due, next, err)
+	}
+	// skip passes over due sub-pools a pass could not move.
+	c.ZAdd(ctx, DueAt, redis.Z{Score: 0, Member: a}, redis.Z{Score: 1, Member: b})
+	if due, _, err := ReadDue(ctx, c, 1, 10); err != nil || len(due) != 1 || due[0].Meta != b {
+		t.Fatalf("ReadDue skipping 1 = %+v, %v; want b", due, err)
 	}
 	if n, _ := c.HLen(ctx, DueGen).Result(); n != 1 {
 		t.Fatalf("%d marks counted, want a's only (b's went with it)", n)
@@ -53,9 +77,6 @@ func TestDueIndex(t *testing.T) {
 		if !ok || sp.Keys().Meta != m {
 			t.Fatalf("ParseMeta(%q) = %+v, %v", m, sp, ok)
 		}
-	}
-	if !slices.Contains(SubPool{Pool: "p", Index: 0}.Keys().All(), a) {
-		t.Fatal("the meta key is not a sub-pool key")
 	}
 }
 

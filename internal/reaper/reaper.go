@@ -94,7 +94,7 @@ func (c *Config) init() {
 // New returns a reaper of the catalog's pools; Run starts it.
 func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
 	cfg.init()
-	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger}
+	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, page: dueBatch}
 	return &Reaper{sweeper: w, locker: l, cfg: cfg}
 }
 

@@ -40,6 +40,7 @@ type sweeper struct {
 	cat        *catalog.Catalog
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
+	page       int // sub-pools per read of a due index: dueBatch
 }
 
 // logger is what the sweeper logs with (*slog.Logger).
@@ -47,7 +48,8 @@ type logger interface {
 	Error(msg string, args ...any)
 }
 
-// dueBatch is the most sub-pools one read of a shard's due index returns.
+// dueBatch is the most sub-pools one read of a shard's due index returns
+// (sweeper.page, but in tests).
 const dueBatch = 1000
 
 // startMargin is how long before a pool's window starts, by this
@@ -64,31 +66,38 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 	var sw Sweep
 	var errs []error
 	var next time.Time
+	sooner := func(at time.Time) {
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+	}
 	for _, name := range w.cat.Shards().Names() {
 		c := w.cat.Shards().Client(name)
-		for {
+		// skip: the due sub-pools this pass met and could not move on (the
+		// next read starts past them, so each read makes progress).
+		for skip := 0; ; {
 			if err := ctx.Err(); err != nil {
 				return sw, next, err
 			}
-			due, later, err := lua.ReadDue(ctx, c, time.Now(), dueBatch)
+			due, later, err := lua.ReadDue(ctx, c, skip, w.page)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", catalog.ErrUnavailable, name, err))
 				break
 			}
-			if !later.IsZero() && (next.IsZero() || later.Before(next)) {
-				next = later
+			if later >= 0 {
+				sooner(time.Now().Add(later))
 			}
 			for _, d := range due {
-				at, err := w.due(ctx, name, d, &sw)
+				at, stays, err := w.due(ctx, name, d, &sw)
 				if err != nil {
 					errs = append(errs, err)
-					continue
 				}
-				if !at.IsZero() && (next.IsZero() || at.Before(next)) {
-					next = at
+				if stays {
+					skip++
 				}
+				sooner(at)
 			}
-			if len(due) < dueBatch {
+			if len(due) < w.page {
 				break
 			}
 		}
@@ -96,35 +105,50 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 	return sw, next, errors.Join(errs...)
 }
 
+// retryAfter is when a due sub-pool whose sweep failed is looked at again.
+const retryAfter = 5 * time.Second
+
 // due sweeps the sub-pool d of shard name's due index and tells the index
-// when it next needs a look (returned; zero: it has nothing left to do, or
-// is no longer a live sub-pool of that shard, and leaves the index).
-func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (time.Time, error) {
-	c := w.cat.Shards().Client(name)
-	var at time.Time
+// when it next needs a look (returned; zero when it has nothing left to
+// do, or is no longer a live sub-pool of that shard, and leaves the
+// index). A sub-pool whose sweep fails is looked at again after retryAfter.
+// stays reports whether d is still due in the index (marked since it was
+// read, or the index could not be told).
+func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (at time.Time, stays bool, err error) {
+	in := time.Duration(-1) // nothing to do
 	sp, ok := lua.ParseMeta(d.Meta)
 	if ok {
-		p, err := w.cat.Pool(ctx, sp.Pool)
+		p, perr := w.cat.Pool(ctx, sp.Pool)
 		switch {
-		case errors.Is(err, catalog.ErrNotFound):
-		case err != nil:
-			return time.Time{}, err // a shard down: the next pass retries
+		case errors.Is(perr, catalog.ErrNotFound):
+		case perr != nil:
+			in, err = retryAfter, perr // a shard down: looked at again later
 		case p.State.Over(), sp.Index >= p.SubPools(), p.SubPool(sp.Index) != sp, p.Placement[sp.Index] != name:
 			// closing or closed: nothing held; or not this shard's
 		default:
-			next, active, err := w.subPool(ctx, p, sp.Index, sw)
-			if err != nil {
-				return time.Time{}, err // due still: swept again next pass
-			}
-			if active {
-				at = time.Now().Add(next)
+			next, active, serr := w.subPool(ctx, p, sp.Index, sw)
+			switch {
+			case serr != nil:
+				in, err = retryAfter, serr
+			case active:
+				in = next
 			}
 		}
 	}
-	if _, err := lua.DoneDue(ctx, c, d, at); err != nil {
-		return at, fmt.Errorf("%w: update the due index of shard %s: %w", catalog.ErrUnavailable, name, err)
+	done, derr := lua.DoneDue(ctx, w.cat.Shards().Client(name), d, in)
+	if derr != nil {
+		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", catalog.ErrUnavailable, name, derr))
 	}
-	return at, nil
+	switch done {
+	case lua.DueMoved:
+		if in < 0 {
+			in = lua.DueQuiet // marked a moment ago: looked at again once quiet
+		}
+		return time.Now().Add(in), false, err
+	case lua.DueStays:
+		return time.Time{}, true, err
+	}
+	return time.Time{}, false, err
 }
 
 // sweepAll makes one slow pass over every sub-pool of every pool that may
@@ -166,7 +190,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 			}
 			_, active, err := w.subPool(ctx, p, j, &sw)
 			if err == nil && active {
-				err = lua.MarkDue(ctx, c, time.Now(), []string{p.SubPool(j).Keys().Meta})
+				err = lua.MarkDue(ctx, c, 0, []string{p.SubPool(j).Keys().Meta})
 			}
 			if err != nil {
 				errs = append(errs, err) // swept again next pass

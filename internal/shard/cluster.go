@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -216,13 +217,32 @@ func (cl *cluster) primaries(ctx context.Context) ([]Primary, error) {
 		return nil, fmt.Errorf("shard %s: the cluster has no primary with slots (is it a cluster?)", cl.name)
 	}
 	slices.SortFunc(out, func(a, b Primary) int { return cmpString(a.ID, b.ID) })
+	// The cluster's view of a primary's replicas spreads by gossip: one
+	// attached a moment ago may not show yet. The primary's own (ROLE: the
+	// replicas its stream goes to) counts too, the larger wins.
+	counts := make(map[string]int, len(all))
+	for _, p := range all {
+		counts[p.Addr] = max(p.Replicas, cl.attached(ctx, p.Addr))
+	}
+	for i := range out {
+		out[i].Replicas = counts[out[i].Addr]
+	}
 	cl.mu.Lock()
 	clear(cl.replicas)
-	for _, p := range all {
-		cl.replicas[p.Addr] = p.Replicas
-	}
+	maps.Copy(cl.replicas, counts)
 	cl.mu.Unlock()
 	return out, nil
+}
+
+// attached is how many replicas the primary at addr streams its writes to
+// (ROLE); 0 when it does not answer.
+func (cl *cluster) attached(ctx context.Context, addr string) int {
+	role, err := cl.node(addr).Do(ctx, "ROLE").Slice()
+	if err != nil || len(role) < 3 || role[0] != "master" {
+		return 0
+	}
+	replicas, _ := role[2].([]any)
+	return len(replicas)
 }
 
 // endpoint is the address the cluster's slot map gives node n, which the

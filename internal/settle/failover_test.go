@@ -1,0 +1,131 @@
+package settle_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"rain/internal/catalog"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
+	"rain/internal/redistest"
+	"rain/internal/settle"
+	"rain/internal/shard"
+	"rain/internal/wait/waittest"
+)
+
+func nodeClient(t *testing.T, s *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// replicaOf is the node of cl replicating primary p.
+func replicaOf(t *testing.T, cl *redistest.Cluster, p *redistest.Server) *redistest.Server {
+	t.Helper()
+	_, port, _ := strings.Cut(p.Addr, ":")
+	for _, n := range cl.Nodes {
+		if n == p {
+			continue
+		}
+		info, err := nodeClient(t, n).Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+port+"\r") {
+			return n
+		}
+	}
+	t.Fatalf("no replica of %s", p.Addr)
+	return nil
+}
+
+func role(t *testing.T, s *redistest.Server) string {
+	r, err := nodeClient(t, s).Do(context.Background(), "ROLE").Slice()
+	if err != nil || len(r) == 0 {
+		return ""
+	}
+	return fmt.Sprint(r[0])
+}
+
+// TestConfirmWaitsAfterAFailover: a settle worker on a Redis Cluster whose
+// primary fails over to its replica (CLUSTER FAILOVER: the old primary now
+// its replica) confirms on the new primary only once a replica has the
+// confirm, as before the failover: with the new primary's replica frozen,
+// nothing is paid. (A confirm paid without one is lost when the new
+// primary dies and the frozen one takes over: the grant held again,
+// released by the reaper, its user granted again.)
+func TestConfirmWaitsAfterAFailover(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 1, redistest.Options{AOF: true, Fsync: "always", NodeTimeout: 2 * time.Second})
+	specs, err := shard.ParseSpecs("s1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gset, err := shard.Open(specs, 0, shard.Options{}) // the grab side (rain serve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gset.Close() })
+	_, gcat, svc := grabtest.Service(t, gset, grab.Config{})
+	sset, err := shard.Open(specs, 0, shard.Options{}) // the settle side, checked at start as rain settle does
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sset.Close() })
+	if err := sset.CheckClusters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	scat := catalog.New(sset, catalog.Config{})
+	if _, _, err := gcat.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := gcat.Find(ctx, "fo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := cl.Owner(shard.Slot(p.SubPool(0).Keys().Meta))
+	replica := replicaOf(t, cl, primary)
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	ledgerFile := openLedger(t, path)
+	w0 := settle.New(sset, scat, ledgerFile, fastConfig("settle"))
+	stop0 := run(t, w0)
+	grabAll(t, svc, "fo", "before", 3)
+	waittest.Until(t, 20*time.Second, "the 3 grants before the failover paid", func() bool { return w0.Stats().Delivered == 3 })
+	stop0()
+
+	if err := nodeClient(t, replica).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 30*time.Second, "the replica promoted, the old primary its replica", func() bool {
+		return role(t, replica) == "master" && role(t, primary) == "slave"
+	})
+	cl.WaitOK()
+	waittest.Until(t, 30*time.Second, "the old primary in sync with the new one", func() bool {
+		info, err := nodeClient(t, primary).Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	granted := 0
+	for u := 0; granted < 3 && u < 50; u++ {
+		if r, err := svc.Grab(ctx, "fo", fmt.Sprintf("after%d", u)); err == nil && r.Outcome == grab.Granted {
+			granted++
+		}
+	}
+	if granted != 3 {
+		t.Fatalf("%d grants after the failover, want 3", granted)
+	}
+	// The new primary's only replica stops acknowledging (a stalled host).
+	primary.Pause()
+	t.Cleanup(primary.Resume)
+	w := settle.New(sset, scat, ledgerFile, fastConfig("settle"))
+	run(t, w)
+	waittest.Until(t, 15*time.Second, "three failed confirms, or a payout", func() bool {
+		st := w.Stats()
+		return st.Failures >= 3 || st.Delivered > 0
+	})
+	if paid := w.Stats().Delivered; paid != 0 {
+		t.Fatalf("settle paid %d grants on the promoted primary while no replica could hold their confirms", paid)
+	}
+}

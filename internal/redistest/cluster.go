@@ -83,11 +83,7 @@ func (c *Cluster) cli(args ...string) string {
 func (c *Cluster) Seeds() string { return strings.Join(Addrs(c.Nodes), "+") }
 
 // client is a plain client of one node, closed when the test ends.
-func (c *Cluster) client(s *Server) *redis.Client {
-	cl := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
-	c.tb.Cleanup(func() { _ = cl.Close() })
-	return cl
-}
+func (c *Cluster) client(s *Server) *redis.Client { return Client(c.tb, s) }
 
 // WaitOK waits (up to 30s) until every node that runs says
 // cluster_state:ok and agrees on who owns every slot.

@@ -219,7 +219,11 @@ rain_fsync=${RAIN_FSYNC:-always}
 # takes it (and so requires it on real shards), else empty.
 user_auth_none() {
   no_user_auth=()
-  if "$1" serve -h 2>&1 | grep -q -- '"none": off'; then
+  # The help is read whole first: with pipefail, grep -q leaving early
+  # would fail the pipe when rain is still writing (SIGPIPE).
+  local help
+  help=$("$1" serve -h 2>&1 || true)
+  if grep -q -- '"none": off' <<<"$help"; then
     no_user_auth=(--user-auth none)
   fi
 }

@@ -1246,7 +1246,8 @@ budget_run() {
 # budget_strace NAME PORT ROUND: a saturated run on a fresh pool with strace
 # -c -f attached to the rain's process for $window seconds in its middle;
 # futex calls and all syscalls per grab answered while it was attached, into
-# $tmp/NAME.strace.fig ("futex SYSCALLS GRABS").
+# $tmp/NAME.strace.fig ("FUTEX SYSCALLS GRABS", then "NAME PER-GRAB" of each
+# syscall made at least once per 100 grabs, in strace's order: by time).
 budget_strace() {
   local name=$1 port=$2 round=$3 app=${app_of[$2]} g0 g1 loader
   command -v strace >/dev/null 2>&1 || {
@@ -1267,8 +1268,9 @@ budget_strace() {
   wait "$loader" || true
   awk -v g=$((g1 - g0)) '
     $NF == "futex" { f = $4 }
-    $NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $NF != "syscall" && $4 ~ /^[0-9]+$/ { s += $4 }
-    END { printf "%.3f %.3f %d\n", g ? f / g : 0, g ? s / g : 0, g }' "$tmp/$name.strace" >"$tmp/$name.strace.fig"
+    $NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $NF != "syscall" && $4 ~ /^[0-9]+$/ {
+      s += $4; if ($4 / (g ? g : 1) >= 0.01) top = top sprintf(" %s %.2f", $NF, $4 / (g ? g : 1)) }
+    END { printf "%.3f %.3f %d%s\n", g ? f / g : 0, g ? s / g : 0, g, top }' "$tmp/$name.strace" >"$tmp/$name.strace.fig"
 }
 
 # grabs_total PORT: the grabs the rain on PORT has answered, all statuses.
@@ -1367,10 +1369,10 @@ budget_report() {
         split(sc, s, " "); f = r > 0 ? s[1] / r : 0
         printf "budget: %s: claims per batch %.1f mean, median %.1f (bucket <= %d), p90 %.1f (bucket <= %d); %.2f EVALSHA per batch (INFO: %.0f us each, wall time); Redis CPU per batch %.0f us (the scripts %.0f), per claim %.1f us (the scripts %.1f)\n",
           l, cpb, p50, l50, p90, l90, e, eu, rb, rb * f, rc, rc * f }')"
-      local strace_fig="" f s g
+      local strace_fig="" f s g each
       if [ -s "$tmp/$cfg.strace.fig" ]; then
-        read -r f s g <"$tmp/$cfg.strace.fig"
-        strace_fig=$(printf '; under strace -c -f: %.2f futex calls, %.1f syscalls per grab (%d grabs)' "$f" "$s" "$g")
+        read -r f s g each <"$tmp/$cfg.strace.fig"
+        strace_fig=$(printf '; under strace -c -f: %.2f futex calls, %.1f syscalls per grab (%d grabs: %s)' "$f" "$s" "$g" "$each")
       fi
       figure "$(awk -v l="$label" -v cs="$(med "$cfg" sat csw)" -v mcs="$(med "minimal-$c" sat csw)" -v st="$strace_fig" 'BEGIN {
         printf "budget: %s: %.2f context switches per grab (the minimal design %.2f)%s\n", l, cs, mcs, st }')"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"rain/internal/lua"
+	"rain"
 )
 
 // State is where a pool is in its life, as its record says.
@@ -57,7 +57,7 @@ type Pool struct {
 	Spec      Spec
 	Seed      uint64
 	Placement []string // shard name of sub-pool j
-	Salts     []string // salt of sub-pool j's hash tag ("" but on a cluster shard: see lua.SubPool)
+	Salts     []string // salt of sub-pool j's hash tag ("" but on a cluster shard: see rain.SubPool)
 	State     State
 	Account   *Account // the final account, once closing or closed
 
@@ -77,8 +77,8 @@ func (p *Pool) ID() string { return p.Spec.PoolID }
 func (p *Pool) SubPools() int { return len(p.Placement) }
 
 // SubPool names sub-pool j.
-func (p *Pool) SubPool(j int) lua.SubPool {
-	return lua.SubPool{Pool: p.Spec.PoolID, Index: j, Salt: p.Salts[j]}
+func (p *Pool) SubPool(j int) rain.SubPool {
+	return rain.SubPool{Pool: p.Spec.PoolID, Index: j, Salt: p.Salts[j]}
 }
 
 // Home is the sub-pool that holds userID's grant: dedup lives there, so a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/events"
 	"rain/internal/lua"
 	"rain/internal/shard"
@@ -186,7 +187,7 @@ func (c *Catalog) place(pool string, k int, units map[string]unit) (placement, s
 func saltFor(pool string, j int, p shard.Primary) (string, error) {
 	for s := range 1 << 16 {
 		salt := strconv.Itoa(s)
-		if p.Owns(shard.Slot(lua.SubPool{Pool: pool, Index: j, Salt: salt}.Tag())) {
+		if p.Owns(shard.Slot(rain.SubPool{Pool: pool, Index: j, Salt: salt}.Tag())) {
 			return salt, nil
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"reflect"
 
+	"rain"
 	"rain/internal/lua"
 )
 
@@ -147,7 +148,7 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters
 
 // SubPoolRef names a sub-pool and the shard that holds it.
 type SubPoolRef struct {
-	lua.SubPool
+	rain.SubPool
 	Shard string
 }
 

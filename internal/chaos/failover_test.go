@@ -11,10 +11,10 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
-	"rain/internal/lua"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -175,7 +175,7 @@ func TestSentinelFailover(t *testing.T) {
 	// Every grant answered is where it was granted, on the new primary too.
 	for u, r := range answered {
 		j := int(xxhash.Sum64String(u) % subPools)
-		k := lua.SubPool{Pool: "ha", Index: j}.Keys()
+		k := rain.SubPool{Pool: "ha", Index: j}.Keys()
 		rec, err := set.Client(st.SubPools[j].Shard).HGet(ctx, k.Grants, u).Result()
 		if err != nil || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", r.Amount, r.Serial)) {
 			t.Fatalf("%s was answered %+v; the shard holds %q (%v)", u, r, rec, err)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/lua"
 	"rain/internal/redistest"
@@ -38,7 +39,7 @@ func BenchmarkGrab(b *testing.B) {
 	b.Run("one-script-per-grab-baseline", func(b *testing.B) {
 		e := newEnv(b, 1, redistest.Options{AOF: true, Fsync: "everysec"})
 		e.preload(b, catalog.Spec{PoolID: "bench", TotalCents: packets, Count: packets, HoldSeconds: 3600})
-		k := lua.SubPool{Pool: "bench", Index: 0}.Keys()
+		k := rain.SubPool{Pool: "bench", Index: 0}.Keys()
 		c := e.shards.Client("s1")
 		var n atomic.Int64
 		b.SetParallelism(16)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/known"
 	"rain/internal/lua"
@@ -119,7 +120,7 @@ type poolView struct {
 	rec      *catalog.Pool
 	batchers []*batcher              // of sub-pool j; nil on a cluster shard (its primary's: batcherFor)
 	clients  []redis.UniversalClient // of sub-pool j (a cluster shard's client)
-	keys     []lua.Keys              // of sub-pool j
+	keys     []rain.Keys             // of sub-pool j
 }
 
 func (c *Config) init() {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/lua"
 )
@@ -116,7 +117,7 @@ const retryAfter = 5 * time.Second
 // read, or the index could not be told).
 func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (at time.Time, stays bool, err error) {
 	in := time.Duration(-1) // nothing to do
-	sp, ok := lua.ParseMeta(d.Meta)
+	sp, ok := rain.ParseMeta(d.Meta)
 	if ok {
 		p, perr := w.cat.Pool(ctx, sp.Pool)
 		switch {

@@ -40,6 +40,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/lua"
 	"rain/internal/shard"
@@ -514,7 +515,7 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 // gone reports whether the outbox key belongs to a sub-pool that is closed
 // (or was never set up), making its group again otherwise.
 func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
-	sp, ok := lua.ParseOutbox(key)
+	sp, ok := rain.ParseOutbox(key)
 	if !ok {
 		return false
 	}

@@ -5,5 +5,6 @@
 // grab path, settlement, the reaper and the HTTP API use them.
 //
 // The files: subpool.go a sub-pool's name, hash tag and keys (key names
-// are data: they never change).
+// are data: they never change); error.go the error codes callers match, and
+// what a client is told of an error.
 package rain

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"rain"
 	"rain/internal/auth"
 	"rain/internal/catalog"
 	"rain/internal/dash"
@@ -223,7 +224,7 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 // list answers GET /admin/pools: {"pools": [ids, sorted]}.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	ids, err := s.cfg.Pools.List(r.Context())
-	if errors.Is(err, catalog.ErrPartial) {
+	if errors.Is(err, rain.ErrPartial) {
 		err = nil // the pools of the shards that answered
 	}
 	if err != nil {
@@ -281,9 +282,9 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]string{"status": "confirmed"})
-	case errors.Is(err, catalog.ErrGrantReleased), errors.Is(err, catalog.ErrSerialMismatch):
+	case errors.Is(err, rain.ErrGrantReleased), errors.Is(err, rain.ErrSerialMismatch):
 		writeDomainError(w, http.StatusConflict, err)
-	case errors.Is(err, catalog.ErrNoGrant):
+	case errors.Is(err, rain.ErrNoGrant):
 		writeDomainError(w, http.StatusNotFound, err)
 	default:
 		s.adminError(w, "confirm", req.PoolID, err)
@@ -293,13 +294,13 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 // adminError maps a domain error of an operator endpoint to its status.
 func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	switch {
-	case errors.Is(err, catalog.ErrInvalid):
+	case errors.Is(err, rain.ErrInvalid):
 		writeDomainError(w, http.StatusBadRequest, err)
-	case errors.Is(err, catalog.ErrConflict), errors.Is(err, catalog.ErrNotNow):
+	case errors.Is(err, rain.ErrConflict), errors.Is(err, rain.ErrNotNow):
 		writeDomainError(w, http.StatusConflict, err)
-	case errors.Is(err, catalog.ErrNotFound):
+	case errors.Is(err, rain.ErrNotFound):
 		writeDomainError(w, http.StatusNotFound, err)
-	case errors.Is(err, catalog.ErrUnavailable):
+	case errors.Is(err, rain.ErrUnavailable):
 		// The answer names the shard; its error, with the address, is the
 		// operator's, in the log.
 		s.cfg.Logger.Warn(op+": a shard did not answer", "pool_id", pool, "err", err)
@@ -311,8 +312,8 @@ func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	}
 }
 
-// writeDomainError answers a catalog error with what a client may read of
-// it (catalog.ClientText): its code and reason, never its cause.
+// writeDomainError answers a domain error with what a client may read of
+// it (rain.ClientText): its code and reason, never its cause.
 func writeDomainError(w http.ResponseWriter, code int, err error) {
-	writeJSON(w, code, map[string]string{"error": catalog.ClientText(err)})
+	writeJSON(w, code, map[string]string{"error": rain.ClientText(err)})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/lua"
 )
 
@@ -82,10 +83,10 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 	for j, name := range p.Placement {
 		client := c.shards.Client(name)
 		if client == nil {
-			return nil, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 		}
 		if subs[j], err = lua.AuditSubPool(ctx, client, p.SubPool(j)); err != nil {
-			return nil, errorf(ErrUnavailable, err, "audit %s sub-pool %d: shard %s did not answer", id, j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "audit %s sub-pool %d: shard %s did not answer", id, j, name)
 		}
 	}
 	var count, cents int64
@@ -329,7 +330,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.transfer = &t
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
+			return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 		}
 		if side.transfer == nil {
 			if v, err := client.HGet(ctx, k.Resolved, token).Result(); err == nil {
@@ -337,7 +338,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 					side.transfer = &t
 				}
 			} else if !errors.Is(err, redis.Nil) {
-				return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
+				return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 			}
 		}
 	}
@@ -348,7 +349,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.verdict = &vd
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, home)
+			return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, home)
 		}
 	}
 	return side, nil

@@ -25,40 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"rain"
 	"rain/internal/shard"
-)
-
-// Errors callers match; the HTTP layer turns them into status codes. Each
-// reads "catalog: ..."; a client is told the text after that prefix, with
-// the reason of the Error that carries it (ClientText).
-var (
-	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
-	ErrInvalid error = &code{"invalid"}
-	// ErrConflict is returned when a pool id exists with a different spec.
-	ErrConflict error = &code{"pool exists with a different spec"}
-	// ErrNotFound is returned for a pool that does not exist.
-	ErrNotFound error = &code{"no such pool"}
-	// ErrUnavailable is returned when a shard does not answer: nothing the
-	// call would have written was written, or what was is finished by
-	// running the same call again.
-	ErrUnavailable error = &code{"unavailable"}
-	// ErrGrantReleased is returned by Confirm when the grant was released at
-	// its deadline before it was confirmed: its amount is back in the stock.
-	ErrGrantReleased error = &code{"grant was released"}
-	// ErrSerialMismatch is returned by Confirm when the user's grant has
-	// another serial.
-	ErrSerialMismatch error = &code{"serial does not match the user's grant"}
-	// ErrNoGrant is returned by Confirm when the user holds no grant in the
-	// pool.
-	ErrNoGrant error = &code{"no such grant"}
-	// ErrNotNow wraps why a pool cannot do what was asked in the state it
-	// is in: a close before the pool has ended, while grants are held or
-	// unsettled, with the audit's or the books' differences; an end before
-	// it has loaded. Nothing was changed (HTTP 409).
-	ErrNotNow error = &code{"not now"}
-	// ErrPartial is returned by List with the ids it read when some shards
-	// did not answer: those the others hold.
-	ErrPartial error = &code{"some shards did not answer"}
 )
 
 // Config wires a Catalog. Zero fields take the documented defaults.
@@ -134,7 +102,7 @@ func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
 	l := c.listed.Load()
 	if l == nil || time.Since(l.at) > listedEvery {
 		ids, err := c.List(ctx)
-		if err != nil && !errors.Is(err, ErrPartial) {
+		if err != nil && !errors.Is(err, rain.ErrPartial) {
 			return nil, err
 		}
 		if l = c.listed.Load(); l == nil {

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -110,7 +111,7 @@ func TestPreloadIdempotent(t *testing.T) {
 	}{
 		{"the same spec", spec, nil},
 		{"the same spec with its defaults spelled out", same, nil},
-		{"another spec under the same id", other, ErrConflict},
+		{"another spec under the same id", other, rain.ErrConflict},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, created, err := e.cat.Preload(ctx, tt.spec)
@@ -146,7 +147,7 @@ func TestPreloadInvalid(t *testing.T) {
 		{"an empty window", Spec{PoolID: "p", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &past}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, _, err := e.cat.Preload(context.Background(), tt.spec); !errors.Is(err, ErrInvalid) {
+			if _, _, err := e.cat.Preload(context.Background(), tt.spec); !errors.Is(err, rain.ErrInvalid) {
 				t.Errorf("Preload(%+v) err = %v, want ErrInvalid", tt.spec, err)
 			}
 		})

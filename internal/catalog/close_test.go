@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -107,7 +108,7 @@ func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 	e.preload(t, spec)
 	short := envOn(t, e.servers[:2], redistest.Addrs(e.servers[:2])) // s1 and s2 only
 	before := e.dump(t)
-	if _, err := short.cat.End(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.End(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("End without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -117,7 +118,7 @@ func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = e.dump(t)
-	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("Close without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -156,7 +157,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 		addrs[i] = proxies[i].Addr
 		proxies[i].DropReplies(redisproxy.Script(lua.SHA("seal")), 1)
 	}
-	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), "held") {
+	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), "held") {
 		t.Fatalf("Close with a grant held = %v; want not now, held", err)
 	}
 	for j := range p.SubPools() {
@@ -184,7 +185,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	if s, err := lua.Seal(ctx, e.cat.client(p, 1), &k1, "the-other-close", e.cat.lease); err != nil || !s.OK {
 		t.Fatalf("the other close's seal = %+v, %v", s, err)
 	}
-	if _, err := e.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), "another close is at work") {
+	if _, err := e.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), "another close is at work") {
 		t.Fatalf("Close beside another = %v; want not now, another close at work", err)
 	}
 	for j, want := range []string{"open", "closing", "open"} {
@@ -231,7 +232,7 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 	}
 	short := envOn(t, servers[:2], redistest.Addrs(servers[:2])) // s1 and s2 only
 	before := e.dump(t)
-	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("Close of a closing pool without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {

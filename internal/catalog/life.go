@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"rain"
 	"rain/internal/events"
 	"rain/internal/lua"
 )
@@ -80,12 +81,12 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 	}
 	switch p.State {
 	case Loading:
-		return nil, errorf(ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
 	case Open:
 		for j := range p.SubPools() {
 			k := p.SubPool(j).Keys()
 			if _, err := lua.End(ctx, c.client(p, j), &k); err != nil {
-				return nil, errorf(ErrUnavailable, err, "end %s sub-pool %d: shard %s did not answer", id, j, p.Placement[j])
+				return nil, rain.Errorf(rain.ErrUnavailable, err, "end %s sub-pool %d: shard %s did not answer", id, j, p.Placement[j])
 			}
 		}
 		c.notify(ctx, id)
@@ -103,7 +104,7 @@ func (c *Catalog) placed(p *Pool) error {
 	}
 	for j, name := range p.Placement {
 		if c.shards.Client(name) == nil {
-			return errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured here", p.ID(), j, name)
+			return rain.Errorf(rain.ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured here", p.ID(), j, name)
 		}
 	}
 	return nil
@@ -141,7 +142,7 @@ func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
 	case Closed:
 		return p.Account, nil
 	case Loading:
-		return nil, errorf(ErrNotNow, nil, "pool %s is still loading", id)
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading", id)
 	case Open:
 		if p, err = c.seal(ctx, p); err != nil {
 			return nil, err
@@ -181,7 +182,7 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 			// owner's seal is opened).
 			seals[j].OK = true
 			c.unseal(ctx, p, owner, seals)
-			return nil, errorf(ErrUnavailable, err, "seal %s sub-pool %d: shard %s did not answer", p.ID(), j, p.Placement[j])
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "seal %s sub-pool %d: shard %s did not answer", p.ID(), j, p.Placement[j])
 		}
 		seals[j] = s
 		if !s.OK {
@@ -196,13 +197,13 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 	}
 	if len(reasons) > 0 {
 		c.unseal(ctx, p, owner, seals)
-		return nil, errorf(ErrNotNow, nil, "pool %s cannot close: %s", p.ID(), strings.Join(reasons, "; "))
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s cannot close: %s", p.ID(), strings.Join(reasons, "; "))
 	}
 	a := account(p, seals)
 	if c.books != nil {
 		if err := c.books.Record(ctx, a); err != nil {
 			c.unseal(ctx, p, owner, seals)
-			return nil, errorf(ErrUnavailable, err, "record the account of %s in the books", p.ID())
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "record the account of %s in the books", p.ID())
 		}
 	}
 	closing := *p
@@ -308,7 +309,7 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 			continue
 		}
 		if _, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f); err != nil {
-			return errorf(ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
+			return rain.Errorf(rain.ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
 		}
 	}
 	return nil
@@ -329,7 +330,7 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 		case !ok:
 			// Its account is recorded, yet it can move: never freed.
 			return fmt.Errorf("%w: pool %s sub-pool %d is %s, not sealed: its keys are kept; the account recorded may not hold",
-				ErrNotNow, p.ID(), j, state)
+				rain.ErrNotNow, p.ID(), j, state)
 		default:
 			// Out of its shard's due index too (best effort: the reaper
 			// drops a closed pool's sub-pool at its next look anyway).
@@ -341,7 +342,7 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return errorf(ErrUnavailable, err, "free the keys of %s (run the close again)", p.ID())
+		return rain.Errorf(rain.ErrUnavailable, err, "free the keys of %s (run the close again)", p.ID())
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -93,7 +94,7 @@ func (e *env) refused(t *testing.T, id, want string) {
 	t.Helper()
 	before := e.dump(t)
 	_, err := e.cat.Close(context.Background(), id)
-	if !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Close = %v; want not now: %q", err, want)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -113,7 +114,7 @@ func TestLifeOfAPool(t *testing.T) {
 	spec := Spec{PoolID: "life", TotalCents: 100_000, Count: 1_000, SubPools: 3}
 	before := e.keys(t) // before the pool: nothing of it
 	e.preload(t, spec)
-	if _, err := e.cat.Close(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := e.cat.Close(ctx, "nope"); !errors.Is(err, rain.ErrNotFound) {
 		t.Fatalf("Close(unknown) = %v, want not found", err)
 	}
 	users := make([]string, 60)
@@ -216,7 +217,7 @@ func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
 	if err != nil || !rep.OK || len(rep.Notes) == 0 {
 		t.Fatalf("Audit(closed) = %+v, %v; want ok, answered from the account", rep, err)
 	}
-	if _, _, err := e.cat.Preload(ctx, spec); !errors.Is(err, ErrConflict) {
+	if _, _, err := e.cat.Preload(ctx, spec); !errors.Is(err, rain.ErrConflict) {
 		t.Fatalf("Preload of a closed pool's id = %v, want conflict", err)
 	}
 	if st, err := e.cat.End(ctx, spec.PoolID); err != nil || st.State != "closed" {
@@ -339,7 +340,7 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 			var a *Account
 			waittest.Until(t, 10*time.Second, "a close run again finishes once the dead close's seals lapse", func() bool {
 				a, err = e.cat.Close(ctx, spec.PoolID)
-				if errors.Is(err, ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {
+				if errors.Is(err, rain.ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {
 					return false
 				}
 				if err != nil {

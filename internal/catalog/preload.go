@@ -71,7 +71,7 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(lo
 // id, even from instances with different shard lists, end with one record.
 func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 	existing, err := c.Find(ctx, spec.PoolID)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	if err != nil && !errors.Is(err, rain.ErrNotFound) {
 		return nil, err
 	}
 	if existing == nil {
@@ -97,11 +97,11 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		return nil, closedErr(spec.PoolID, existing.State)
 	}
 	if existing.specJSON != spec.canonical() {
-		return nil, errorf(ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
+		return nil, rain.Errorf(rain.ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
 	}
 	for j, name := range existing.Placement {
 		if c.shards.Client(name) == nil {
-			return nil, errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured", spec.PoolID, j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured", spec.PoolID, j, name)
 		}
 	}
 	// Copy the record to every shard that lacks it, and list the pool.
@@ -112,7 +112,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 			return nil, err
 		}
 		if err := client.SAdd(ctx, registryKey, spec.PoolID).Err(); err != nil {
-			return nil, errorf(ErrUnavailable, err, "shard %s: list pool %s", name, spec.PoolID)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "shard %s: list pool %s", name, spec.PoolID)
 		}
 	}
 	return existing, nil
@@ -139,7 +139,7 @@ func (c *Catalog) units(ctx context.Context) (map[string]unit, error) {
 		}
 		ps, err := c.shards.Primaries(ctx, name)
 		if err != nil {
-			return nil, errorf(ErrUnavailable, err, "the primaries of cluster shard %s", name)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "the primaries of cluster shard %s", name)
 		}
 		for i := range ps {
 			out[unitName(name, i)] = unit{shard: name, primary: &ps[i]}
@@ -191,7 +191,7 @@ func saltFor(pool string, j int, p shard.Primary) (string, error) {
 			return salt, nil
 		}
 	}
-	return "", errorf(ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
+	return "", rain.Errorf(rain.ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
@@ -200,7 +200,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
 	if err != nil {
-		return readable(ErrInvalid, err)
+		return rain.Errorf(rain.ErrInvalid, err, "%s", err)
 	}
 	counts := subPoolCounts(spec.Count, len(p.Placement))
 	var mu sync.Mutex
@@ -233,7 +233,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 			return loadErr(spec.PoolID, err)
 		}
 		if !opened {
-			return errorf(ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
+			return rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
 		}
 	}
 	// The record opens only from loading (lua.PutRecord moves a record on,
@@ -278,7 +278,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 		return nil
 	}
 	if err := lua.LoadScripts(ctx, client); err != nil {
-		return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+		return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 	}
 	batches := (int64(len(amounts)) + batchSize - 1) / batchSize
 	done := min(next*batchSize, int64(len(amounts))) // packets loaded before
@@ -291,12 +291,12 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 			cmds = append(cmds, lua.LoadCmd(ctx, pipe, sp, b, amounts[lo:hi]))
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+			return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 		}
 		for _, cmd := range cmds {
 			res, n, err := lua.ParseLoad(cmd)
 			if err != nil {
-				return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+				return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 			}
 			switch res {
 			case lua.AlreadyOpen:
@@ -322,15 +322,15 @@ func loadErr(id string, err error) error {
 	case errors.Is(err, lua.ErrClosed):
 		return closedErr(id, Closed)
 	case errors.Is(err, lua.ErrSpecMismatch):
-		return readable(ErrConflict, err)
+		return rain.Errorf(rain.ErrConflict, err, "%s", err)
 	}
-	return errorf(ErrUnavailable, err, "preload %s", id)
+	return rain.Errorf(rain.ErrUnavailable, err, "preload %s", id)
 }
 
 // closedErr says that a preload met its pool closed (or closing): nothing
 // was written, and the id cannot be loaded again.
 func closedErr(id string, s State) error {
-	return errorf(ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
+	return rain.Errorf(rain.ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
 }
 
 // client is the shard client of the pool's sub-pool j.

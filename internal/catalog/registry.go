@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/lua"
 )
 
@@ -130,11 +131,11 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 		}
 		switch {
 		case some:
-			return nil, errorf(ErrUnavailable, nil, "pool %s: no shard holds a whole copy of its record", id)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "pool %s: no shard holds a whole copy of its record", id)
 		case len(down) > 0:
-			return nil, errorf(ErrUnavailable, errors.Join(down...), "pool %s: %s", id, downShards(copies))
+			return nil, rain.Errorf(rain.ErrUnavailable, errors.Join(down...), "pool %s: %s", id, downShards(copies))
 		}
-		return nil, ErrNotFound
+		return nil, rain.ErrNotFound
 	}
 	for _, cp := range copies {
 		if cp.err == nil && (cp.p == nil || cp.p.State.stage() < best.State.stage() || cp.p.Account == nil && best.Account != nil) &&
@@ -190,7 +191,7 @@ func furthest(copies []copyOf, serial string) *Pool {
 func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*Pool, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
-		return nil, errorf(ErrUnavailable, err, "write pool record")
+		return nil, rain.Errorf(rain.ErrUnavailable, err, "write pool record")
 	}
 	return parseRecord(m)
 }
@@ -245,7 +246,7 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	}
 	joined := errors.Join(errs...)
 	if answered == 0 {
-		return nil, errorf(ErrUnavailable, joined, "list the pools: no shard answered")
+		return nil, rain.Errorf(rain.ErrUnavailable, joined, "list the pools: no shard answered")
 	}
 	slices.Sort(ids)
 	if atSerial != nil {
@@ -258,7 +259,7 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 		c.repair(ctx, missing)
 	}
 	if joined != nil {
-		return ids, fmt.Errorf("%w: %w", ErrPartial, joined)
+		return ids, fmt.Errorf("%w: %w", rain.ErrPartial, joined)
 	}
 	c.listed.Store(&listing{ids: ids, at: time.Now()})
 	return ids, nil

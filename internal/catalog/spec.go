@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/split"
 )
@@ -81,7 +82,7 @@ type Spec struct {
 // reason fit for the caller.
 func (s Spec) Normalize() (Spec, error) {
 	if err := CheckID("pool_id", s.PoolID); err != nil {
-		return s, readable(ErrInvalid, err)
+		return s, rain.Errorf(rain.ErrInvalid, err, "%s", err)
 	}
 	if s.MinCents == 0 {
 		s.MinCents = 1
@@ -93,25 +94,25 @@ func (s Spec) Normalize() (Spec, error) {
 	if err := sp.Validate(); err != nil {
 		var se *split.SpecError
 		if errors.As(err, &se) {
-			return s, errorf(ErrInvalid, nil, "%s", se.Reason)
+			return s, rain.Errorf(rain.ErrInvalid, nil, "%s", se.Reason)
 		}
-		return s, readable(ErrInvalid, err)
+		return s, rain.Errorf(rain.ErrInvalid, err, "%s", err)
 	}
 	switch {
 	case s.TotalCents > MaxTotalCents:
-		return s, errorf(ErrInvalid, nil, "total_cents %d is more than the limit %d", s.TotalCents, int64(MaxTotalCents))
+		return s, rain.Errorf(rain.ErrInvalid, nil, "total_cents %d is more than the limit %d", s.TotalCents, int64(MaxTotalCents))
 	case s.SubPools < 0 || s.SubPools > MaxSubPools:
-		return s, errorf(ErrInvalid, nil, "sub_pools %d is not within 0-%d", s.SubPools, MaxSubPools)
+		return s, rain.Errorf(rain.ErrInvalid, nil, "sub_pools %d is not within 0-%d", s.SubPools, MaxSubPools)
 	case int64(s.SubPools) > s.Count:
-		return s, errorf(ErrInvalid, nil, "sub_pools %d is more than count %d", s.SubPools, s.Count)
+		return s, rain.Errorf(rain.ErrInvalid, nil, "sub_pools %d is more than count %d", s.SubPools, s.Count)
 	case s.HoldSeconds < 0 || s.HoldSeconds > MaxHoldSeconds:
-		return s, errorf(ErrInvalid, nil, "hold_seconds %d is not within 1-%d", s.HoldSeconds, MaxHoldSeconds)
+		return s, rain.Errorf(rain.ErrInvalid, nil, "hold_seconds %d is not within 1-%d", s.HoldSeconds, MaxHoldSeconds)
 	}
 	// Times are kept to the millisecond in UTC, as the shards compare them.
 	for _, t := range []**time.Time{&s.StartsAt, &s.EndsAt} {
 		if *t != nil {
 			if (*t).UnixMilli() <= 0 {
-				return s, errorf(ErrInvalid, nil, "times must be after 1970")
+				return s, rain.Errorf(rain.ErrInvalid, nil, "times must be after 1970")
 			}
 			u := time.UnixMilli((*t).UnixMilli()).UTC()
 			*t = &u
@@ -122,7 +123,7 @@ func (s Spec) Normalize() (Spec, error) {
 	// grab from).
 	if s.StartsAt != nil && s.EndsAt != nil {
 		if d := s.EndsAt.Sub(*s.StartsAt); d < MinWindow {
-			return s, errorf(ErrInvalid, nil, "the window from starts_at to ends_at is %v long; it must be at least %v", d, MinWindow)
+			return s, rain.Errorf(rain.ErrInvalid, nil, "the window from starts_at to ends_at is %v long; it must be at least %v", d, MinWindow)
 		}
 	}
 	return s, nil

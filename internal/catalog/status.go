@@ -127,17 +127,17 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters
 	name := p.Placement[j]
 	client := c.shards.Client(name)
 	if client == nil {
-		return counters{}, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
+		return counters{}, rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 	}
 	pipe := client.Pipeline()
 	meta := pipe.HMGet(ctx, p.SubPool(j).Keys().Meta, statusFields...)
 	clock := pipe.Time(ctx)
 	var n counters
 	if _, err := pipe.Exec(ctx); err != nil {
-		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
+		return n, rain.Errorf(rain.ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	if err := meta.Scan(&n.subPoolCounters); err != nil {
-		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
+		return n, rain.Errorf(rain.ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	n.now = clock.Val().UnixMilli()
 	if n.State == "" {
@@ -166,7 +166,7 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 	var errs []error
 	for _, id := range ids {
 		p, err := c.Pool(ctx, id)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -201,7 +201,7 @@ func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int
 	k := p.SubPool(j).Keys()
 	res, err := lua.Confirm(ctx, c.client(p, j), &k, userID, serial)
 	if err != nil {
-		return errorf(ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
+		return rain.Errorf(rain.ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
 	}
 	return confirmErr(res)
 }
@@ -212,10 +212,10 @@ func confirmErr(res lua.Confirmation) error {
 	case lua.Confirmed, lua.AlreadyConfirmed:
 		return nil
 	case lua.WasReleased:
-		return ErrGrantReleased
+		return rain.ErrGrantReleased
 	case lua.SerialMismatch:
-		return ErrSerialMismatch
+		return rain.ErrSerialMismatch
 	default:
-		return ErrNoGrant
+		return rain.ErrNoGrant
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"rain"
 )
 
 // readRegistry reads one shard's registry and life counter ("" when it has
@@ -65,7 +67,7 @@ func (c *Catalog) ListInTurn(ctx context.Context) ([]string, error) {
 	c.mu.Unlock()
 	slices.Sort(union)
 	if err != nil {
-		return union, fmt.Errorf("%w: %w", ErrPartial, err)
+		return union, fmt.Errorf("%w: %w", rain.ErrPartial, err)
 	}
 	if name == c.serial {
 		have := make(map[string]bool, len(ids))

@@ -277,7 +277,7 @@ func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 	}
 	p, err := s.pool(ctx, poolID)
 	switch {
-	case errors.Is(err, catalog.ErrNotFound):
+	case errors.Is(err, rain.ErrNotFound):
 		return Pending{res: Result{Outcome: NotFound}}
 	case err != nil:
 		return Pending{err: err}
@@ -410,7 +410,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 		return p, nil
 	}
 	rec, err := s.cat.Pool(ctx, id)
-	if errors.Is(err, catalog.ErrUnavailable) {
+	if errors.Is(err, rain.ErrUnavailable) {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -141,7 +142,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 	}
 	e.assertAudit(t, "p")
 	for user, g := range expiring {
-		if err := e.cat.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, catalog.ErrGrantReleased) {
+		if err := e.cat.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, rain.ErrGrantReleased) {
 			t.Fatalf("Confirm of %s's released grant = %v, want ErrGrantReleased", user, err)
 		}
 		again, err := e.svc.Grab(ctx, "p", user)

@@ -82,7 +82,7 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 			}
 			due, later, err := lua.ReadDue(ctx, c, skip, w.page)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", catalog.ErrUnavailable, name, err))
+				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", rain.ErrUnavailable, name, err))
 				break
 			}
 			if later >= 0 {
@@ -121,7 +121,7 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 	if ok {
 		p, perr := w.cat.Pool(ctx, sp.Pool)
 		switch {
-		case errors.Is(perr, catalog.ErrNotFound):
+		case errors.Is(perr, rain.ErrNotFound):
 		case perr != nil:
 			in, err = retryAfter, perr // a shard down: looked at again later
 		case p.State.Over(), sp.Index >= p.SubPools(), p.SubPool(sp.Index) != sp, p.Placement[sp.Index] != name:
@@ -138,7 +138,7 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 	}
 	done, derr := lua.DoneDue(ctx, w.cat.Shards().Client(name), d, in)
 	if derr != nil {
-		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", catalog.ErrUnavailable, name, derr))
+		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", rain.ErrUnavailable, name, derr))
 	}
 	switch done {
 	case lua.DueMoved:
@@ -168,7 +168,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 	errs := []error{err}
 	for _, id := range ids {
 		p, err := w.cat.Pool(ctx, id)
-		if errors.Is(err, catalog.ErrNotFound) {
+		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -186,7 +186,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 			c := w.cat.Shards().Client(name)
 			if c == nil {
 				errs = append(errs, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here",
-					catalog.ErrUnavailable, p.ID(), j, name))
+					rain.ErrUnavailable, p.ID(), j, name))
 				continue
 			}
 			_, active, err := w.subPool(ctx, p, j, &sw)
@@ -221,7 +221,7 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 		f, err := w.recoverSpills(ctx, p, j)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", catalog.ErrUnavailable, p.ID(), j, err))
+			errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", rain.ErrUnavailable, p.ID(), j, err))
 			soon(w.age)
 		case f.Count > 0:
 			soon(time.Duration(f.NextMS) * time.Millisecond)
@@ -233,7 +233,7 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 		}
 		r, err := lua.ReleaseExpired(ctx, c, &k, releaseBatch)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", catalog.ErrUnavailable, p.ID(), j, err))
+			errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", rain.ErrUnavailable, p.ID(), j, err))
 			break
 		}
 		sw.Released += r.Count

@@ -124,7 +124,7 @@ const (
 var failNames = [nFail]string{"wrong_token", "throttled"}
 
 func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
-	var spec catalog.Spec
+	var spec rain.Spec
 	if !readJSON(w, r, &spec) {
 		return
 	}
@@ -157,7 +157,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 // poolIDOf is the request's {pool_id}; a bad one is answered 400 (ok false).
 func poolIDOf(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
 	id = r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
+	if err := rain.CheckID("pool_id", id); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return "", false
 	}
@@ -269,7 +269,7 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if err := errors.Join(catalog.CheckID("pool_id", req.PoolID), catalog.CheckID("user_id", req.UserID)); err != nil {
+	if err := errors.Join(rain.CheckID("pool_id", req.PoolID), rain.CheckID("user_id", req.UserID)); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}

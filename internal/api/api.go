@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"rain"
 	"rain/docs"
 	"rain/internal/catalog"
 	"rain/internal/dash"
@@ -36,7 +37,7 @@ type beginner interface {
 
 // Pools is what the operator endpoints need.
 type Pools interface {
-	Preload(ctx context.Context, spec catalog.Spec) (*catalog.Status, bool, error)
+	Preload(ctx context.Context, spec rain.Spec) (*catalog.Status, bool, error)
 	Status(ctx context.Context, id string) (*catalog.Status, error)
 	Audit(ctx context.Context, id string) (*catalog.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error

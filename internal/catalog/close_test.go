@@ -17,7 +17,7 @@ import (
 
 // endedAndSettled preloads spec on e, grabs for six users, ends the pool
 // and settles every grant by hand: the pool can close.
-func (e *env) endedAndSettled(t *testing.T, spec Spec) {
+func (e *env) endedAndSettled(t *testing.T, spec rain.Spec) {
 	t.Helper()
 	e.preload(t, spec)
 	e.claim(t, spec.PoolID, 1, "a", "b", "c", "d", "e", "f")
@@ -41,7 +41,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			spec := Spec{PoolID: "lost", TotalCents: 10_000, Count: 100, SubPools: 3}
+			spec := rain.Spec{PoolID: "lost", TotalCents: 10_000, Count: 100, SubPools: 3}
 			servers := redistest.StartN(t, 3, redistest.Options{})
 			proxies := make([]*redisproxy.Proxy, len(servers))
 			addrs := make([]string, len(servers))
@@ -104,7 +104,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "far", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "far", TotalCents: 3_000, Count: 30, SubPools: 3}
 	e.preload(t, spec)
 	short := envOn(t, e.servers[:2], redistest.Addrs(e.servers[:2])) // s1 and s2 only
 	before := e.dump(t)
@@ -131,7 +131,7 @@ func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 // opens every sub-pool it sealed: the re-sent seal is its own.
 func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 	ctx := context.Background()
-	spec := Spec{PoolID: "held", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "held", TotalCents: 3_000, Count: 30, SubPools: 3}
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	e := envOn(t, servers, redistest.Addrs(servers))
 	e.preload(t, spec)
@@ -175,7 +175,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "two", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "two", TotalCents: 3_000, Count: 30, SubPools: 3}
 	e.endedAndSettled(t, spec)
 	p, err := e.cat.Find(ctx, spec.PoolID)
 	if err != nil {
@@ -212,7 +212,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 // retired on some shards and not on others.
 func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 	ctx := context.Background()
-	spec := Spec{PoolID: "caught", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "caught", TotalCents: 3_000, Count: 30, SubPools: 3}
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	proxies := make([]*redisproxy.Proxy, len(servers))
 	addrs := make([]string, len(servers))
@@ -250,7 +250,7 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 func TestAnotherProcessSeesTheClose(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	spec := Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
+	spec := rain.Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
 	e.endedAndSettled(t, spec)
 	other := envOn(t, e.servers, redistest.Addrs(e.servers))
 	if _, err := other.cat.List(ctx); err != nil {

@@ -111,7 +111,7 @@ func (e *env) refused(t *testing.T, id, want string) {
 func TestLifeOfAPool(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "life", TotalCents: 100_000, Count: 1_000, SubPools: 3}
+	spec := rain.Spec{PoolID: "life", TotalCents: 100_000, Count: 1_000, SubPools: 3}
 	before := e.keys(t) // before the pool: nothing of it
 	e.preload(t, spec)
 	if _, err := e.cat.Close(ctx, "nope"); !errors.Is(err, rain.ErrNotFound) {
@@ -203,7 +203,7 @@ func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 
 // checkClosed checks what a closed pool answers: its account, from its
 // status, its audit and a close again; ended to a grab; a preload refused.
-func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
+func checkClosed(t *testing.T, e *env, spec rain.Spec, a *Account) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := e.cat.Status(ctx, spec.PoolID)
@@ -240,7 +240,7 @@ func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
 
 // crashEnv is a pool ended and settled on three shards, e straight to
 // them, and the proxies in front of them for a process that will die.
-func crashEnv(t *testing.T, spec Spec) (e *env, proxies []*redisproxy.Proxy, addrs []string) {
+func crashEnv(t *testing.T, spec rain.Spec) (e *env, proxies []*redisproxy.Proxy, addrs []string) {
 	t.Helper()
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	proxies = make([]*redisproxy.Proxy, len(servers))
@@ -270,7 +270,7 @@ type crashPoint struct {
 
 // closeWrites runs a close through proxies that record, and returns each
 // write it made: a seal, a record written, a sub-pool retired.
-func closeWrites(t *testing.T, spec Spec) []crashPoint {
+func closeWrites(t *testing.T, spec rain.Spec) []crashPoint {
 	t.Helper()
 	_, proxies, addrs := crashEnv(t, spec)
 	for _, p := range proxies {
@@ -308,7 +308,7 @@ func closeWrites(t *testing.T, spec Spec) []crashPoint {
 // finished once their lease has run out (before, the next close is told
 // another is at work).
 func TestCloseResumesAfterACrash(t *testing.T) {
-	spec := Spec{PoolID: "crash", TotalCents: 50_000, Count: 500, SubPools: 3}
+	spec := rain.Spec{PoolID: "crash", TotalCents: 50_000, Count: 500, SubPools: 3}
 	points := closeWrites(t, spec)
 	if len(points) < 12 { // 3 seals, 6 record writes, 3 retires at least
 		t.Fatalf("a close made %d writes: %v", len(points), points)
@@ -363,7 +363,7 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 func TestCloseWhileASpillIsInFlight(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	e.preload(t, Spec{PoolID: "sp", TotalCents: 1_000, Count: 10, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: "sp", TotalCents: 1_000, Count: 10, SubPools: 2})
 	p, err := e.cat.Find(ctx, "sp")
 	if err != nil {
 		t.Fatal(err)

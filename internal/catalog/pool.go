@@ -54,7 +54,7 @@ func (s State) stage() int {
 // of its split, the shard of each sub-pool, its state. A Pool is a value
 // read from the shards: it never changes once read.
 type Pool struct {
-	Spec      Spec
+	Spec      rain.Spec
 	Seed      uint64
 	Placement []string // shard name of sub-pool j
 	Salts     []string // salt of sub-pool j's hash tag ("" but on a cluster shard: see rain.SubPool)

@@ -38,7 +38,7 @@ const (
 // all its stock are they opened, and then the record. Until then grabs answer
 // not_started. Running the same preload again resumes at the first missing
 // batch; the seed in the record makes the split the same every time.
-func (c *Catalog) Preload(ctx context.Context, in Spec) (st *Status, created bool, err error) {
+func (c *Catalog) Preload(ctx context.Context, in rain.Spec) (st *Status, created bool, err error) {
 	return c.PreloadProgress(ctx, in, nil)
 }
 
@@ -46,7 +46,7 @@ func (c *Catalog) Preload(ctx context.Context, in Spec) (st *Status, created boo
 // stock loads: packets loaded so far (those a resumed preload finds loaded
 // included) and the pool's count. It is called from several goroutines,
 // one per sub-pool, never at once.
-func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(loaded, total int64)) (st *Status, created bool, err error) {
+func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress func(loaded, total int64)) (st *Status, created bool, err error) {
 	spec, err := in.Normalize()
 	if err != nil {
 		return nil, false, err
@@ -69,7 +69,7 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(lo
 // the record is written there first, in one atomic step unless one is
 // there, and what is stored there wins, so two concurrent preloads of one
 // id, even from instances with different shard lists, end with one record.
-func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
+func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*Pool, error) {
 	existing, err := c.Find(ctx, spec.PoolID)
 	if err != nil && !errors.Is(err, rain.ErrNotFound) {
 		return nil, err
@@ -87,7 +87,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		fresh := (&Pool{specJSON: spec.canonical(), Seed: rand.Uint64(), Placement: placement, Salts: salts,
+		fresh := (&Pool{specJSON: canonical(spec), Seed: rand.Uint64(), Placement: placement, Salts: salts,
 			State: Loading}).fields()
 		if existing, err = c.putRecord(ctx, c.shards.Client(c.serial), spec.PoolID, fresh); err != nil {
 			return nil, err
@@ -96,7 +96,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 	if existing.State.Over() {
 		return nil, closedErr(spec.PoolID, existing.State)
 	}
-	if existing.specJSON != spec.canonical() {
+	if existing.specJSON != canonical(spec) {
 		return nil, rain.Errorf(rain.ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
 	}
 	for j, name := range existing.Placement {
@@ -269,7 +269,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 	for _, a := range amounts {
 		cents += a
 	}
-	state, next, err := lua.Setup(ctx, client, sp, int64(len(amounts)), cents, p.Spec.window())
+	state, next, err := lua.Setup(ctx, client, sp, int64(len(amounts)), cents, window(p.Spec))
 	if err != nil {
 		return loadErr(p.ID(), err)
 	}

@@ -27,7 +27,7 @@ type Status struct {
 	ReleasedCount  int64           `json:"released_count"`
 	ReleasedCents  int64           `json:"released_cents"`
 	SubPools       []SubPoolStatus `json:"sub_pools"`
-	Spec           Spec            `json:"spec"`
+	Spec           rain.Spec       `json:"spec"`
 	// Account is the final account of a closed (or closing) pool: then it
 	// is the pool's status, and the fields above are not read.
 	Account *Account `json:"-"`

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
@@ -49,7 +50,7 @@ func TestClusterFailover(t *testing.T) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		c.ClusterWatch = 200 * time.Millisecond
 	})
-	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 3_000_000, Count: 300_000})
+	st, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 3_000_000, Count: 300_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestClusterPoolLife(t *testing.T) {
 	in := clusterInstance(t, cl, func(c *instance.Config) {
 		c.Reaper = reaper.Config{Interval: 100 * time.Millisecond}
 	})
-	if _, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "life", TotalCents: 30_000, Count: 300, SubPools: 3, HoldSeconds: 1}); err != nil {
+	if _, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "life", TotalCents: 30_000, Count: 300, SubPools: 3, HoldSeconds: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for u := range 30 { // held past their hold: the reaper gives them back

@@ -12,7 +12,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/redistest"
@@ -69,7 +68,7 @@ func TestSentinelFailover(t *testing.T) {
 	in, _ := startInstance(t, specs, func(c *instance.Config) { c.ShardOptions.Serial = "p1" })
 	set, svc := in.Shards, in.Grabs
 	const subPools = 4 // one per shard
-	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
+	st, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
@@ -60,7 +61,7 @@ func TestOneBadShard(t *testing.T) {
 		instances = append(instances, in)
 	}
 	const subPools = 4
-	st, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
+	st, _, err := instances[0].Catalog.Preload(ctx, rain.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestOneBadShard(t *testing.T) {
 			bigID = id
 		}
 	}
-	if _, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
+	if _, _, err := instances[0].Catalog.Preload(ctx, rain.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
 		t.Fatal(err)
 	}
 	faults := []fault{

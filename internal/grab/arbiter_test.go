@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/redistest"
@@ -31,7 +32,7 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 			id = c
 		}
 	}
-	e.preload(t, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
 	warm := e.svc
 	e.run(t, warm)
 	first := map[string]grab.Result{}

@@ -51,7 +51,7 @@ var (
 )
 
 // The local memory of empty sub-pools holds every sub-pool of a pool.
-const _ = uint(soldout.MaxSubPools - catalog.MaxSubPools)
+const _ = uint(soldout.MaxSubPools - rain.MaxSubPools)
 
 // Serials hands out grant serials (internal/idgen's Generator).
 type Serials interface {
@@ -239,7 +239,7 @@ type Result struct {
 }
 
 // Grab claims a packet of poolID for userID, or returns the grant the user
-// already holds: Begin, then Wait. Ids must be valid (catalog.ValidID). It
+// already holds: Begin, then Wait. Ids must be valid (rain.ValidID). It
 // returns ErrUnavailable when a shard or the serial generator cannot answer
 // and nothing was granted, ErrOutcomeUnknown when a step that may have
 // granted lost its answer (a retry returns the grant if there is one), and

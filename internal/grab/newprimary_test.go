@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -47,7 +47,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	cl.WaitOK()
-	e.preload(t, catalog.Spec{PoolID: "mv", TotalCents: 10_000, Count: 100, SubPools: 1})
+	e.preload(t, rain.Spec{PoolID: "mv", TotalCents: 10_000, Count: 100, SubPools: 1})
 	if r, err := e.svc.Grab(ctx, "mv", "warm"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("first grab: %+v %v", r, err)
 	}
@@ -73,7 +73,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 func TestClaimOnAPrimaryWithoutScripts(t *testing.T) {
 	ctx := context.Background()
 	e, cl := clusterEnv(t, 0)
-	e.preload(t, catalog.Spec{PoolID: "ns", TotalCents: 10_000, Count: 100, SubPools: 1})
+	e.preload(t, rain.Spec{PoolID: "ns", TotalCents: 10_000, Count: 100, SubPools: 1})
 	if r, err := e.svc.Grab(ctx, "ns", "warm"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("first grab: %+v %v", r, err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
@@ -41,7 +41,7 @@ func TestSpillTakeWaitsForAReplica(t *testing.T) {
 			id = c
 		}
 	}
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := ge.Catalog.Find(ctx, id)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/wait/waittest"
@@ -37,7 +37,7 @@ func TestDueIndexFollowsTheWork(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	tomorrow := time.Now().Add(24 * time.Hour)
-	for _, sp := range []catalog.Spec{
+	for _, sp := range []rain.Spec{
 		{PoolID: "later", TotalCents: 1000, Count: 10, SubPools: 2, StartsAt: &tomorrow},
 		{PoolID: "quiet", TotalCents: 1000, Count: 10, SubPools: 2},
 	} {
@@ -86,7 +86,7 @@ func TestSlowPassMakesUpALostMark(t *testing.T) {
 func TestGrantMadeWhileTheReaperLooks(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := e.cat.Find(ctx, "d")
@@ -150,7 +150,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 	e := newEnv(t) // s1, s2, s3
 	s1, s2 := e.clients[0], e.clients[1]
 	// A pool of 90 sub-pools, 30 on each shard, with grants held in them.
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: "big", TotalCents: 90_000, Count: 900, SubPools: 90, HoldSeconds: 600}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "big", TotalCents: 90_000, Count: 900, SubPools: 90, HoldSeconds: 600}); err != nil {
 		t.Fatal(err)
 	}
 	for u := range 600 {
@@ -168,7 +168,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 			id = c
 		}
 	}
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 1, HoldSeconds: 1}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 1, HoldSeconds: 1}); err != nil {
 		t.Fatal(err)
 	}
 	g, err := e.svc.Grab(ctx, id, "someone")

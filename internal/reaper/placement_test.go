@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
 )
@@ -20,7 +19,7 @@ import (
 func TestSweepWithoutAPlacementShard(t *testing.T) {
 	ctx := context.Background()
 	ge := grabtest.Start(t, 3, redistest.Options{})
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 3_000, Count: 30, SubPools: 3}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: 3_000, Count: 30, SubPools: 3}); err != nil {
 		t.Fatal(err)
 	}
 	short := grabtest.On(t, ge.Servers[:2], redistest.Addrs(ge.Servers[:2]))

@@ -42,7 +42,7 @@ func newEnv(t *testing.T) *env {
 func (e *env) grabAll(t *testing.T, id string, count int, hold int64) map[string]grab.Result {
 	t.Helper()
 	ctx := context.Background()
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	// Users whose home sub-pool is already empty are sold out: go on with

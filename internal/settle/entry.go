@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/lua"
 )
 
@@ -215,7 +214,7 @@ func parseGrant(m redis.XMessage) (Grant, error) {
 		return g, fmt.Errorf("sub: %w", err)
 	}
 	g.SubPool = int(sub)
-	if !catalog.ValidID(g.PoolID) || !catalog.ValidID(g.UserID) {
+	if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
 		return g, errors.New("bad pool or user id")
 	}
 	ms, _, _ := strings.Cut(m.ID, "-")

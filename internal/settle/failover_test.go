@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -79,7 +80,7 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	scat := catalog.New(sset, catalog.Config{})
-	if _, _, err := gcat.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
+	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := gcat.Find(ctx, "fo")

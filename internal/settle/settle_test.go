@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -48,7 +49,7 @@ func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 	ge := grabtest.Start(t, 2, redistest.Options{})
 	set, svc, cat := ge.Shards, ge.Service, ge.Catalog
 	ctx := context.Background()
-	if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := cat.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	grants := map[int64]grab.Result{}

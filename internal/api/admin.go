@@ -12,7 +12,6 @@ import (
 
 	"rain"
 	"rain/internal/auth"
-	"rain/internal/catalog"
 	"rain/internal/dash"
 )
 
@@ -165,7 +164,7 @@ func poolIDOf(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
 }
 
 // writeStatus answers a pool's status: a closed pool's is its account.
-func writeStatus(w http.ResponseWriter, st *catalog.Status) {
+func writeStatus(w http.ResponseWriter, st *rain.Status) {
 	if st.Account != nil {
 		writeJSON(w, http.StatusOK, st.Account)
 		return

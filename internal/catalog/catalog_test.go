@@ -46,7 +46,7 @@ func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
 	return &env{servers: servers, shards: set, cat: New(set, Config{SealLease: 500 * time.Millisecond})}
 }
 
-func (e *env) preload(t testing.TB, spec rain.Spec) *Status {
+func (e *env) preload(t testing.TB, spec rain.Spec) *rain.Status {
 	t.Helper()
 	st, created, err := e.cat.Preload(context.Background(), spec)
 	if err != nil {

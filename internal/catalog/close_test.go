@@ -51,7 +51,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 			}
 			e := envOn(t, servers, redistest.Addrs(servers))
 			e.endedAndSettled(t, spec)
-			var a *Account
+			var a *rain.Account
 			if caught {
 				// The closing process dies once the record says closing on
 				// every shard (s3's copy is written last), before it
@@ -194,7 +194,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 			t.Errorf("sub-pool %d is %q after the refusal, want %q", j, st, want)
 		}
 	}
-	var a *Account
+	var a *rain.Account
 	waittest.Until(t, 10*time.Second, "the close finishes once the other's seal lapsed", func() bool {
 		a, err = e.cat.Close(ctx, spec.PoolID)
 		return err == nil

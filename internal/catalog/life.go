@@ -23,55 +23,24 @@ import (
 	"rain/internal/lua"
 )
 
-// Account is a closed pool's final account, in count and in cents: what was
-// preloaded, what was confirmed (paid to users), what was left unclaimed
-// (back to the campaign), per sub-pool too. Preloaded = confirmed +
-// unclaimed.
-type Account struct {
-	PoolID         string           `json:"pool_id"`
-	State          string           `json:"state"` // "closed" ("closing" while its keys are freed)
-	PreloadedCount int64            `json:"preloaded_count"`
-	PreloadedCents int64            `json:"preloaded_cents"`
-	ConfirmedCount int64            `json:"confirmed_count"`
-	ConfirmedCents int64            `json:"confirmed_cents"`
-	UnclaimedCount int64            `json:"unclaimed_count"`
-	UnclaimedCents int64            `json:"unclaimed_cents"`
-	ClosedAt       time.Time        `json:"closed_at"`
-	SubPools       []SubPoolAccount `json:"sub_pools"`
-}
-
-// SubPoolAccount is one sub-pool's share of an Account. A sub-pool that
-// lent stock to its siblings (spills) confirms less than it was loaded
-// with, one that borrowed more; the pool's sums balance.
-type SubPoolAccount struct {
-	Index          int   `json:"index"`
-	ConfirmedCount int64 `json:"confirmed_count"`
-	ConfirmedCents int64 `json:"confirmed_cents"`
-	UnclaimedCount int64 `json:"unclaimed_count"`
-	UnclaimedCents int64 `json:"unclaimed_cents"`
-}
-
-// Tally is a count of grants and their cents.
-type Tally struct{ Count, Cents int64 }
-
 // Books is the system of record a close reconciles with
 // (internal/postgres): the grants settlement delivered there, and the
 // accounts of closed pools.
 type Books interface {
 	// Totals returns what the books hold of the pool's grants, by sub-pool
 	// index.
-	Totals(ctx context.Context, poolID string) (map[int]Tally, error)
+	Totals(ctx context.Context, poolID string) (map[int]rain.Tally, error)
 	// Record stores the account of a closed pool. The same account again
 	// (its sums, sub-pool by sub-pool; the time aside) is a no-op; another
 	// under the same pool id is an error.
-	Record(ctx context.Context, a *Account) error
+	Record(ctx context.Context, a *rain.Account) error
 }
 
 // End ends the pool now: from then on every grab answers ended (a user who
 // holds a grant still gets it back), and held grants run out their hold.
 // Ending an ended or closed pool changes nothing. It returns the pool's
 // status. ErrNotFound for no such pool; ErrNotNow for a pool still loading.
-func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
+func (c *Catalog) End(ctx context.Context, id string) (*rain.Status, error) {
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
@@ -130,7 +99,7 @@ func (c *Catalog) notify(ctx context.Context, id string) {
 // in the pool's record on every shard, then frees every key of the pool,
 // sub-pool by sub-pool. A close that died midway finishes when run again;
 // closing a closed pool returns its account.
-func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
+func (c *Catalog) Close(ctx context.Context, id string) (*rain.Account, error) {
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
@@ -282,9 +251,9 @@ func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua
 }
 
 // account is the final account of the sealed pool p.
-func account(p *Pool, seals []lua.Sealed) *Account {
-	a := &Account{PoolID: p.ID(), State: string(Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
-		SubPools: make([]SubPoolAccount, len(seals))}
+func account(p *Pool, seals []lua.Sealed) *rain.Account {
+	a := &rain.Account{PoolID: p.ID(), State: string(Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
+		SubPools: make([]rain.SubPoolAccount, len(seals))}
 	for j, s := range seals {
 		a.PreloadedCount += s.Count
 		a.PreloadedCents += s.Cents
@@ -292,7 +261,7 @@ func account(p *Pool, seals []lua.Sealed) *Account {
 		a.ConfirmedCents += s.ConfirmedCents
 		a.UnclaimedCount += s.StockCount
 		a.UnclaimedCents += s.StockCents
-		a.SubPools[j] = SubPoolAccount{Index: j, ConfirmedCount: s.ConfirmedCount, ConfirmedCents: s.ConfirmedCents,
+		a.SubPools[j] = rain.SubPoolAccount{Index: j, ConfirmedCount: s.ConfirmedCount, ConfirmedCents: s.ConfirmedCents,
 			UnclaimedCount: s.StockCount, UnclaimedCents: s.StockCents}
 	}
 	return a

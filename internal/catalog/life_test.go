@@ -203,7 +203,7 @@ func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 
 // checkClosed checks what a closed pool answers: its account, from its
 // status, its audit and a close again; ended to a grab; a preload refused.
-func checkClosed(t *testing.T, e *env, spec rain.Spec, a *Account) {
+func checkClosed(t *testing.T, e *env, spec rain.Spec, a *rain.Account) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := e.cat.Status(ctx, spec.PoolID)
@@ -337,7 +337,7 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 			if rep, err := e.cat.Audit(ctx, spec.PoolID); err != nil || !rep.OK {
 				t.Fatalf("audit after a close died = %+v, %v", rep, err)
 			}
-			var a *Account
+			var a *rain.Account
 			waittest.Until(t, 10*time.Second, "a close run again finishes once the dead close's seals lapse", func() bool {
 				a, err = e.cat.Close(ctx, spec.PoolID)
 				if errors.Is(err, rain.ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {

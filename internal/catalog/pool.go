@@ -59,7 +59,7 @@ type Pool struct {
 	Placement []string // shard name of sub-pool j
 	Salts     []string // salt of sub-pool j's hash tag ("" but on a cluster shard: see rain.SubPool)
 	State     State
-	Account   *Account // the final account, once closing or closed
+	Account   *rain.Account // the final account, once closing or closed
 
 	specJSON string // Spec as stored: two preloads are the same when these are equal
 }
@@ -134,7 +134,7 @@ func parseRecord(m map[string]string) (*Pool, error) {
 		}
 	}
 	if a := m["account"]; a != "" {
-		p.Account = &Account{}
+		p.Account = &rain.Account{}
 		if err := json.Unmarshal([]byte(a), p.Account); err != nil {
 			return nil, fmt.Errorf("pool record: account: %w", err)
 		}

@@ -38,7 +38,7 @@ const (
 // all its stock are they opened, and then the record. Until then grabs answer
 // not_started. Running the same preload again resumes at the first missing
 // batch; the seed in the record makes the split the same every time.
-func (c *Catalog) Preload(ctx context.Context, in rain.Spec) (st *Status, created bool, err error) {
+func (c *Catalog) Preload(ctx context.Context, in rain.Spec) (st *rain.Status, created bool, err error) {
 	return c.PreloadProgress(ctx, in, nil)
 }
 
@@ -46,7 +46,7 @@ func (c *Catalog) Preload(ctx context.Context, in rain.Spec) (st *Status, create
 // stock loads: packets loaded so far (those a resumed preload finds loaded
 // included) and the pool's count. It is called from several goroutines,
 // one per sub-pool, never at once.
-func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress func(loaded, total int64)) (st *Status, created bool, err error) {
+func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress func(loaded, total int64)) (st *rain.Status, created bool, err error) {
 	spec, err := in.Normalize()
 	if err != nil {
 		return nil, false, err

@@ -12,38 +12,6 @@ import (
 	"rain/internal/lua"
 )
 
-// Status is a pool's state for operators (GET /admin/pools/{id}).
-type Status struct {
-	PoolID         string          `json:"pool_id"`
-	State          string          `json:"state"`
-	TotalCents     int64           `json:"total_cents"`
-	Count          int64           `json:"count"`
-	RemainingCount int64           `json:"remaining_count"`
-	RemainingCents int64           `json:"remaining_cents"`
-	HeldCount      int64           `json:"held_count"`
-	HeldCents      int64           `json:"held_cents"`
-	ConfirmedCount int64           `json:"confirmed_count"`
-	ConfirmedCents int64           `json:"confirmed_cents"`
-	ReleasedCount  int64           `json:"released_count"`
-	ReleasedCents  int64           `json:"released_cents"`
-	SubPools       []SubPoolStatus `json:"sub_pools"`
-	Spec           rain.Spec       `json:"spec"`
-	// Account is the final account of a closed (or closing) pool: then it
-	// is the pool's status, and the fields above are not read.
-	Account *Account `json:"-"`
-}
-
-// SubPoolStatus is one sub-pool's share of a Status.
-type SubPoolStatus struct {
-	Index          int    `json:"index"`
-	Shard          string `json:"shard"`
-	State          string `json:"state"`
-	Count          int64  `json:"count"`       // packets loaded into it
-	TotalCents     int64  `json:"total_cents"` // cents loaded into it
-	RemainingCount int64  `json:"remaining_count"`
-	RemainingCents int64  `json:"remaining_cents"`
-}
-
 // subPoolCounters is what Status reads of a sub-pool's meta hash.
 type subPoolCounters struct {
 	State          string `redis:"state"`
@@ -74,16 +42,16 @@ var statusFields = func() []string {
 // Status reads the pool's counters from every sub-pool. A sub-pool whose
 // window is over (by its shard's clock) is "ended", and the pool is when
 // every one is. A closed pool's status is its account (Status.Account).
-func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
+func (c *Catalog) Status(ctx context.Context, id string) (*rain.Status, error) {
 	p, err := c.Find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if p.State.Over() {
-		return &Status{PoolID: id, State: string(p.State), Account: p.Account}, nil
+		return &rain.Status{PoolID: id, State: string(p.State), Account: p.Account}, nil
 	}
-	st := &Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
-		Spec: p.Spec, SubPools: []SubPoolStatus{}}
+	st := &rain.Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
+		Spec: p.Spec, SubPools: []rain.SubPoolStatus{}}
 	ended := p.State == Open
 	for j, name := range p.Placement {
 		n, err := c.subPoolCounters(ctx, p, j)
@@ -98,7 +66,7 @@ func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
 		} else {
 			ended = false
 		}
-		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
+		st.SubPools = append(st.SubPools, rain.SubPoolStatus{Index: j, Shard: name, State: n.State,
 			Count: n.Count, TotalCents: n.Cents, RemainingCount: n.StockCount, RemainingCents: n.StockCents})
 		st.RemainingCount += n.StockCount
 		st.RemainingCents += n.StockCents

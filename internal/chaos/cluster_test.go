@@ -215,7 +215,7 @@ func TestClusterPoolLife(t *testing.T) {
 	if _, err := in.Catalog.End(ctx, "life"); err != nil {
 		t.Fatal(err)
 	}
-	var a *catalog.Account
+	var a *rain.Account
 	waittest.Until(t, 20*time.Second, "the pool closes", func() bool {
 		a, err = in.Catalog.Close(ctx, "life")
 		return err == nil

@@ -15,7 +15,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/redistest"
@@ -66,7 +65,7 @@ func TestOneBadShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The bad shard: one that is neither the serial shard nor the arbiter.
-	badSub := slices.IndexFunc(st.SubPools, func(sp catalog.SubPoolStatus) bool { return sp.Shard != "s1" })
+	badSub := slices.IndexFunc(st.SubPools, func(sp rain.SubPoolStatus) bool { return sp.Shard != "s1" })
 	badName := st.SubPools[badSub].Shard
 	bad := servers[slices.IndexFunc(specs, func(sp shard.Spec) bool { return sp.Name == badName })]
 

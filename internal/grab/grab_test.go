@@ -84,7 +84,7 @@ func (e *env) waitShardClock(t testing.TB, at time.Time) {
 	})
 }
 
-func (e *env) preload(t testing.TB, spec rain.Spec) *catalog.Status {
+func (e *env) preload(t testing.TB, spec rain.Spec) *rain.Status {
 	t.Helper()
 	st, created, err := e.cat.Preload(context.Background(), spec)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
@@ -208,7 +207,7 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 	}
 }
 
-func (e *env) status(t *testing.T, pool ...string) *catalog.Status {
+func (e *env) status(t *testing.T, pool ...string) *rain.Status {
 	t.Helper()
 	id := "crash"
 	if len(pool) > 0 {

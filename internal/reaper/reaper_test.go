@@ -65,7 +65,7 @@ func (e *env) locker(ttl time.Duration) *lock.Locker {
 	return lock.New(e.clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
 }
 
-func (e *env) status(t *testing.T, id string) *catalog.Status {
+func (e *env) status(t *testing.T, id string) *rain.Status {
 	t.Helper()
 	st, err := e.cat.Status(context.Background(), id)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/redisproxy"
@@ -61,7 +60,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 	if _, err := cat.End(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	var a *catalog.Account
+	var a *rain.Account
 	waittest.Until(t, 20*time.Second, "pool a closes", func() bool {
 		var err error
 		a, err = cat.Close(ctx, "a")

@@ -18,6 +18,12 @@ type SubPool struct {
 	Salt  string // digits, or "" (every sub-pool not on a cluster)
 }
 
+// SubPoolRef names a sub-pool and the shard that holds it.
+type SubPoolRef struct {
+	SubPool
+	Shard string
+}
+
 // Keys are the Redis keys of one sub-pool. A close frees them all
 // (internal/catalog's life.go). While the pool is live, the outbox holds
 // only what settlement has not acknowledged (it deletes what it settles);

@@ -63,7 +63,7 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*rain.Report, error) {
 		count += a.Count
 		cents += a.Cents
 	}
-	if p.State == Open {
+	if p.State == rain.Open {
 		whole := func(q string, want, got int64) {
 			if want != got {
 				r.Problems = append(r.Problems, rain.Problem{Quantity: q, Expected: want, Found: got})
@@ -84,7 +84,7 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*rain.Report, error) {
 // auditAccount is the audit of a pool whose life is over, from its account:
 // its keys are freed (or being freed), and the account was recorded when
 // the audit of its sub-pools was ok.
-func auditAccount(p *Pool) *rain.Report {
+func auditAccount(p *rain.Pool) *rain.Report {
 	a := p.Account
 	r := &rain.Report{PoolID: p.ID(), Problems: []rain.Problem{},
 		Notes: []string{fmt.Sprintf("%s %s: answered from its account", p.State, a.ClosedAt.Format(time.RFC3339))}}
@@ -106,7 +106,7 @@ func auditAccount(p *Pool) *rain.Report {
 
 // checkSubPool adds to r what is wrong with sub-pool j (on shard name) as
 // a read it; state is the pool's.
-func checkSubPool(r *rain.Report, j int, name string, state State, a *lua.SubPoolAudit) {
+func checkSubPool(r *rain.Report, j int, name string, state rain.State, a *lua.SubPoolAudit) {
 	add := func(q string, want, got int64) {
 		if want != got {
 			r.Problems = append(r.Problems, rain.Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
@@ -116,8 +116,8 @@ func checkSubPool(r *rain.Report, j int, name string, state State, a *lua.SubPoo
 		add("sub_pool_exists", 1, 0)
 		return
 	}
-	live := State(a.State) == Open || State(a.State) == Closing // closing: sealed by a close
-	if state == Open && !live {
+	live := rain.State(a.State) == rain.Open || rain.State(a.State) == rain.Closing // closing: sealed by a close
+	if state == rain.Open && !live {
 		add("open", 1, 0)
 	}
 	// Read with the counters, atomically: these hold on a live pool.
@@ -168,7 +168,7 @@ type spillSide struct {
 // auditSpills matches every spill token across its two sub-pools (see
 // Audit). Tokens that look wrong are read again, both sides, before they
 // are reported.
-func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lua.SubPoolAudit) ([]rain.Problem, error) {
+func (c *Catalog) auditSpills(ctx context.Context, id string, p *rain.Pool, subs []lua.SubPoolAudit) ([]rain.Problem, error) {
 	var problems []rain.Problem
 	for _, k := range spillSuspects(subs) {
 		side, err := c.readSpill(ctx, id, p, k.token, k.home, k.origin)
@@ -288,7 +288,7 @@ func spillProblem(j int, t *lua.TransferRecord, v *lua.Verdict) string {
 
 // readSpill reads one token's records again: the transfer at sibling
 // origin, then the verdict at home.
-func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token string, home, origin int) (spillSide, error) {
+func (c *Catalog) readSpill(ctx context.Context, id string, p *rain.Pool, token string, home, origin int) (spillSide, error) {
 	var side spillSide
 	if origin >= 0 && origin < len(p.Placement) {
 		k := p.SubPool(origin).Keys()

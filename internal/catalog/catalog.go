@@ -55,7 +55,7 @@ type Catalog struct {
 	log    *slog.Logger
 
 	mu      sync.RWMutex          // guards records, lives and onOpen
-	records map[string]*Pool      // records of open and closed pools, read once: see Pool
+	records map[string]*rain.Pool // records of open and closed pools, read once: see Pool
 	lives   map[string]string     // each shard's life counter as List last saw it
 	regs    map[string][]string   // each shard's registry as last read (List, ListInTurn)
 	turn    int                   // the shard ListInTurn reads next
@@ -85,7 +85,7 @@ func (c *Config) init() {
 func New(shards *shard.Set, cfg Config) *Catalog {
 	cfg.init()
 	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]*Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
+		records: map[string]*rain.Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
 
 // Shards is the set the catalog works on.

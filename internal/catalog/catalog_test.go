@@ -192,7 +192,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 	}
 	e := envOn(t, servers, redistest.Addrs(servers)) // the next process
 	st, err := e.cat.Status(ctx, "big")
-	if err != nil || st.State != string(Loading) || st.RemainingCount >= spec.Count {
+	if err != nil || st.State != string(rain.Loading) || st.RemainingCount >= spec.Count {
 		t.Fatalf("Status(half-loaded) = %+v, %v; want loading with partial stock", st, err)
 	}
 	if c := e.claim(t, "big", 1, "early"); c[0].Outcome != lua.Closed {
@@ -202,7 +202,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("Preload again = created %v, %v; want it to finish the job", created, err)
 	}
-	if st.RemainingCount != spec.Count || st.RemainingCents != spec.TotalCents || st.State != string(Open) {
+	if st.RemainingCount != spec.Count || st.RemainingCents != spec.TotalCents || st.State != string(rain.Open) {
 		t.Fatalf("Status after resume = %+v, want all %d packets, %d cents, open", st, spec.Count, spec.TotalCents)
 	}
 	e.assertAudit(t, "big")

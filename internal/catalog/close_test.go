@@ -78,7 +78,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 				t.Fatalf("Status after the serial shard lost its data = %+v, %v; want the account", st, err)
 			}
 			if caught {
-				if st.State != string(Closing) {
+				if st.State != string(rain.Closing) {
 					t.Fatalf("state = %s, want closing", st.State)
 				}
 				if a, err = fresh.cat.Close(ctx, spec.PoolID); err != nil {
@@ -89,7 +89,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 				t.Fatalf("Audit = %+v, %v", rep, err)
 			}
 			rec, err := fresh.shards.Client("s1").HGetAll(ctx, recordKey(spec.PoolID)).Result()
-			if err != nil || rec["state"] != string(Closed) || rec["account"] == "" || rec["spec"] == "" {
+			if err != nil || rec["state"] != string(rain.Closed) || rec["account"] == "" || rec["spec"] == "" {
 				t.Fatalf("the serial shard's record after the read = %v, %v; want it whole, closed, with its account", rec, err)
 			}
 			checkClosed(t, fresh, spec, a)
@@ -256,19 +256,19 @@ func TestAnotherProcessSeesTheClose(t *testing.T) {
 	if _, err := other.cat.List(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Open {
+	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != rain.Open {
 		t.Fatalf("Pool = %+v, %v; want open", p, err)
 	}
 	if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := other.cat.Pool(ctx, spec.PoolID); p.State != Open {
+	if p, _ := other.cat.Pool(ctx, spec.PoolID); p.State != rain.Open {
 		t.Fatalf("before its next registry read the other process reads %s; want its kept record, open", p.State)
 	}
 	if _, err := other.cat.List(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Closed {
+	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
 		t.Fatalf("Pool after the next registry read = %+v, %v; want closed", p, err)
 	}
 }

@@ -49,9 +49,9 @@ func (c *Catalog) End(ctx context.Context, id string) (*rain.Status, error) {
 		return nil, err
 	}
 	switch p.State {
-	case Loading:
+	case rain.Loading:
 		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
-	case Open:
+	case rain.Open:
 		for j := range p.SubPools() {
 			k := p.SubPool(j).Keys()
 			if _, err := lua.End(ctx, c.client(p, j), &k); err != nil {
@@ -67,8 +67,8 @@ func (c *Catalog) End(ctx context.Context, id string) (*rain.Status, error) {
 // the catalog's (a tool or instance given fewer shards than the pool was
 // placed on): a step on every sub-pool is then refused before it begins,
 // never left done on some. ErrUnavailable names the first missing shard.
-func (c *Catalog) placed(p *Pool) error {
-	if p.State == Closed {
+func (c *Catalog) placed(p *rain.Pool) error {
+	if p.State == rain.Closed {
 		return nil // its sub-pools are not visited again (a closing pool's are: they are retired)
 	}
 	for j, name := range p.Placement {
@@ -100,31 +100,31 @@ func (c *Catalog) notify(ctx context.Context, id string) {
 // sub-pool by sub-pool. A close that died midway finishes when run again;
 // closing a closed pool returns its account.
 func (c *Catalog) Close(ctx context.Context, id string) (*rain.Account, error) {
-	p, err := c.Find(ctx, id)
+	p, err := c.find(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.placed(p); err != nil {
+	if err := c.placed(&p.Pool); err != nil {
 		return nil, err
 	}
 	switch p.State {
-	case Closed:
+	case rain.Closed:
 		return p.Account, nil
-	case Loading:
+	case rain.Loading:
 		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading", id)
-	case Open:
+	case rain.Open:
 		if p, err = c.seal(ctx, p); err != nil {
 			return nil, err
 		}
 	}
 	// Closing: the account is in the record; free the keys, then say so.
-	if err := c.free(ctx, p); err != nil {
+	if err := c.free(ctx, &p.Pool); err != nil {
 		return nil, err
 	}
 	closed := *p
 	a := *p.Account
-	a.State = string(Closed)
-	closed.State, closed.Account = Closed, &a
+	a.State = string(rain.Closed)
+	closed.State, closed.Account = rain.Closed, &a
 	if err := c.writeRecord(ctx, &closed); err != nil {
 		return nil, err
 	}
@@ -132,14 +132,15 @@ func (c *Catalog) Close(ctx context.Context, id string) (*rain.Account, error) {
 	return closed.Account, nil
 }
 
-// seal stops every sub-pool of the open pool p for good (lua.Seal, under
+// seal stops every sub-pool of the open pool r for good (lua.Seal, under
 // a token of this call's own: concurrent closes never undo each other's
 // seals), checks the audit and the books, records the account (books
 // first, then the record on every shard, as closing) and returns the
 // closing pool. When a check fails it opens again the sub-pools it sealed
 // and returns ErrNotNow: nothing changed (a sealed sub-pool answers grabs
 // "ended", as an ended one does).
-func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
+func (c *Catalog) seal(ctx context.Context, r *record) (*record, error) {
+	p := &r.Pool
 	owner := strconv.FormatUint(rand.Uint64(), 36)
 	seals := make([]lua.Sealed, p.SubPools())
 	var reasons []string
@@ -175,8 +176,8 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 			return nil, rain.Errorf(rain.ErrUnavailable, err, "record the account of %s in the books", p.ID())
 		}
 	}
-	closing := *p
-	closing.State, closing.Account = Closing, a
+	closing := *r
+	closing.State, closing.Account = rain.Closing, a
 	if err := c.writeRecord(ctx, &closing); err != nil {
 		return nil, err // sealed, and the account is in the books: running Close again finishes
 	}
@@ -205,7 +206,7 @@ func sealReason(j int, s lua.Sealed) string {
 
 // reconcile checks a sealed pool: the audit, and the books' grants against
 // the sub-pools' confirmed ones. It returns what disagrees.
-func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []string {
+func (c *Catalog) reconcile(ctx context.Context, p *rain.Pool, seals []lua.Sealed) []string {
 	rep, err := c.Audit(ctx, p.ID())
 	if err != nil {
 		return []string{fmt.Sprintf("audit: %v", err)}
@@ -237,7 +238,7 @@ func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []
 // unseal opens again the sub-pools owner sealed (an ended sub-pool answers
 // grabs ended sealed or not; one a concurrent close sealed stays sealed for
 // it: lua.Unseal opens only the owner's own seal).
-func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua.Sealed) {
+func (c *Catalog) unseal(ctx context.Context, p *rain.Pool, owner string, seals []lua.Sealed) {
 	for j, s := range seals {
 		if !s.OK {
 			continue
@@ -251,8 +252,8 @@ func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua
 }
 
 // account is the final account of the sealed pool p.
-func account(p *Pool, seals []lua.Sealed) *rain.Account {
-	a := &rain.Account{PoolID: p.ID(), State: string(Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
+func account(p *rain.Pool, seals []lua.Sealed) *rain.Account {
+	a := &rain.Account{PoolID: p.ID(), State: string(rain.Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
 		SubPools: make([]rain.SubPoolAccount, len(seals))}
 	for j, s := range seals {
 		a.PreloadedCount += s.Count
@@ -270,7 +271,7 @@ func account(p *Pool, seals []lua.Sealed) *rain.Account {
 // writeRecord moves the record on to p's state and account on every shard,
 // the serial shard first (what is stored there decides); a copy that is
 // missing or partial is written whole, and none goes back (lua.PutRecord).
-func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
+func (c *Catalog) writeRecord(ctx context.Context, p *record) error {
 	f := p.fields()
 	names := append([]string{c.serial}, c.shards.Names()...)
 	for i, name := range names {
@@ -289,7 +290,7 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 // whatever the sub-pool's size), its meta left as a tombstone that no late
 // step writes past. A close that dies midway is resumed from the record's
 // state, closing, and retires again.
-func (c *Catalog) free(ctx context.Context, p *Pool) error {
+func (c *Catalog) free(ctx context.Context, p *rain.Pool) error {
 	var errs []error
 	for j := range p.SubPools() {
 		ok, state, err := lua.Retire(ctx, c.client(p, j), p.SubPool(j))

@@ -174,7 +174,7 @@ func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 	t.Helper()
 	ctx := context.Background()
 	p, err := e.cat.Find(ctx, id)
-	if err != nil || p.State != Closed {
+	if err != nil || p.State != rain.Closed {
 		t.Fatalf("Find(%s) = %+v, %v; want closed", id, p, err)
 	}
 	for name, ks := range e.keys(t) {
@@ -224,7 +224,7 @@ func checkClosed(t *testing.T, e *env, spec rain.Spec, a *rain.Account) {
 		t.Fatalf("End(closed) = %+v, %v; want closed, nothing changed", st, err)
 	}
 	p, err := e.cat.Pool(ctx, spec.PoolID)
-	if err != nil || p.State != Closed {
+	if err != nil || p.State != rain.Closed {
 		t.Fatalf("Pool(closed) = %+v, %v", p, err)
 	}
 	refs, err := e.cat.SubPools(ctx)

@@ -55,7 +55,7 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress fu
 	if err != nil {
 		return nil, false, err
 	}
-	if p.State != Open {
+	if p.State != rain.Open {
 		if err := c.fill(ctx, p, progress); err != nil {
 			return nil, false, err
 		}
@@ -69,8 +69,8 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress fu
 // the record is written there first, in one atomic step unless one is
 // there, and what is stored there wins, so two concurrent preloads of one
 // id, even from instances with different shard lists, end with one record.
-func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*Pool, error) {
-	existing, err := c.Find(ctx, spec.PoolID)
+func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*record, error) {
+	existing, err := c.find(ctx, spec.PoolID)
 	if err != nil && !errors.Is(err, rain.ErrNotFound) {
 		return nil, err
 	}
@@ -87,8 +87,8 @@ func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		fresh := (&Pool{specJSON: canonical(spec), Seed: rand.Uint64(), Placement: placement, Salts: salts,
-			State: Loading}).fields()
+		fresh := (&record{spec: canonical(spec), Pool: rain.Pool{Seed: rand.Uint64(), Placement: placement, Salts: salts,
+			State: rain.Loading}}).fields()
 		if existing, err = c.putRecord(ctx, c.shards.Client(c.serial), spec.PoolID, fresh); err != nil {
 			return nil, err
 		}
@@ -96,8 +96,8 @@ func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*Pool, error) {
 	if existing.State.Over() {
 		return nil, closedErr(spec.PoolID, existing.State)
 	}
-	if existing.specJSON != canonical(spec) {
-		return nil, rain.Errorf(rain.ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
+	if existing.spec != canonical(spec) {
+		return nil, rain.Errorf(rain.ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.spec)
 	}
 	for j, name := range existing.Placement {
 		if c.shards.Client(name) == nil {
@@ -195,7 +195,7 @@ func saltFor(pool string, j int, p shard.Primary) (string, error) {
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
-func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total int64)) error {
+func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, total int64)) error {
 	spec := p.Spec
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
@@ -220,7 +220,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	for j, n := range counts {
 		part := amounts[off : off+n]
 		off += n
-		wg.Go(func() { errs[j] = c.fillSubPool(ctx, p, j, part, report) })
+		wg.Go(func() { errs[j] = c.fillSubPool(ctx, &p.Pool, j, part, report) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -228,7 +228,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	}
 	for j := range counts {
 		sp := p.SubPool(j)
-		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(p, j), sp)
+		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(&p.Pool, j), sp)
 		if err != nil {
 			return loadErr(spec.PoolID, err)
 		}
@@ -240,7 +240,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	// never back): a preload that stalled past the pool's close leaves it
 	// closed, and says so.
 	open := *p
-	open.State = Open
+	open.State = rain.Open
 	if err := c.writeRecord(ctx, &open); err != nil {
 		return err
 	}
@@ -262,7 +262,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 // fillSubPool sets up sub-pool j and appends its amounts from the first batch
 // it lacks, batchesPerTrip batches of batchSize amounts per round trip.
 // report is told how many more of its packets are loaded.
-func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int64, report func(n int64)) error {
+func (c *Catalog) fillSubPool(ctx context.Context, p *rain.Pool, j int, amounts []int64, report func(n int64)) error {
 	client := c.client(p, j)
 	sp := p.SubPool(j)
 	var cents int64
@@ -273,7 +273,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 	if err != nil {
 		return loadErr(p.ID(), err)
 	}
-	if State(state) != Loading {
+	if rain.State(state) != rain.Loading {
 		report(int64(len(amounts)))
 		return nil
 	}
@@ -303,7 +303,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 				report(int64(len(amounts)) - done)
 				return nil
 			case lua.LoadClosed:
-				return closedErr(p.ID(), Closed)
+				return closedErr(p.ID(), rain.Closed)
 			}
 			next = n // loaded or skipped, the script says which batch comes next
 		}
@@ -320,7 +320,7 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 func loadErr(id string, err error) error {
 	switch {
 	case errors.Is(err, lua.ErrClosed):
-		return closedErr(id, Closed)
+		return closedErr(id, rain.Closed)
 	case errors.Is(err, lua.ErrSpecMismatch):
 		return rain.Errorf(rain.ErrConflict, err, "%s", err)
 	}
@@ -329,12 +329,12 @@ func loadErr(id string, err error) error {
 
 // closedErr says that a preload met its pool closed (or closing): nothing
 // was written, and the id cannot be loaded again.
-func closedErr(id string, s State) error {
+func closedErr(id string, s rain.State) error {
 	return rain.Errorf(rain.ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
 }
 
 // client is the shard client of the pool's sub-pool j.
-func (c *Catalog) client(p *Pool, j int) redis.UniversalClient {
+func (c *Catalog) client(p *rain.Pool, j int) redis.UniversalClient {
 	return c.shards.Client(p.Placement[j])
 }
 

@@ -27,7 +27,7 @@ import (
 // work goes on): no record is read again while nothing happens. A pool
 // loading or closing is read again on every call. ErrNotFound for no such
 // pool; ErrUnavailable when it cannot be read now.
-func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
+func (c *Catalog) Pool(ctx context.Context, id string) (*rain.Pool, error) {
 	c.mu.RLock()
 	p := c.records[id]
 	c.mu.RUnlock()
@@ -38,7 +38,7 @@ func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.State == Open || p.State == Closed {
+	if p.State == rain.Open || p.State == rain.Closed {
 		c.mu.Lock()
 		c.records[id] = p
 		c.mu.Unlock()
@@ -76,7 +76,7 @@ func (c *Catalog) forgetOpen() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, p := range c.records {
-		if p.State == Open {
+		if p.State == rain.Open {
 			delete(c.records, id)
 		}
 	}
@@ -86,7 +86,7 @@ func (c *Catalog) forgetOpen() {
 type copyOf struct {
 	shard  string
 	fields map[string]string // nil: none there
-	p      *Pool             // parsed; nil when none or not whole
+	r      *record           // parsed; nil when none or not whole
 	err    error             // the shard did not answer
 }
 
@@ -100,7 +100,16 @@ type copyOf struct {
 // a closed one or drops its account. ErrNotFound when no shard that
 // answered has it; ErrUnavailable when none has a whole copy and some did
 // not answer, or none of the copies is whole.
-func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
+func (c *Catalog) Find(ctx context.Context, id string) (*rain.Pool, error) {
+	r, err := c.find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &r.Pool, nil
+}
+
+// find is Find, with the record as stored.
+func (c *Catalog) find(ctx context.Context, id string) (*record, error) {
 	names := c.shards.Names()
 	copies := make([]copyOf, len(names))
 	var wg sync.WaitGroup
@@ -114,7 +123,7 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 			}
 			if len(m) > 0 {
 				copies[i].fields = m
-				copies[i].p, _ = parseRecord(m) // a part of a record is written back whole
+				copies[i].r, _ = parseRecord(m) // a part of a record is written back whole
 			}
 		})
 	}
@@ -138,8 +147,8 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 		return nil, rain.ErrNotFound
 	}
 	for _, cp := range copies {
-		if cp.err == nil && (cp.p == nil || cp.p.State.stage() < best.State.stage() || cp.p.Account == nil && best.Account != nil) &&
-			(cp.p == nil || cp.p.same(best)) {
+		if cp.err == nil && (cp.r == nil || cp.r.State.Before(best.State) || cp.r.Account == nil && best.Account != nil) &&
+			(cp.r == nil || cp.r.same(best)) {
 			if _, err := c.putRecord(ctx, c.shards.Client(cp.shard), id, best.fields()); err != nil {
 				c.log.Warn("a shard's copy of a pool record is missing or behind; writing it back failed, trying again at the next read",
 					"pool_id", id, "shard", cp.shard, "err", err)
@@ -167,20 +176,20 @@ func downShards(copies []copyOf) string {
 // pool (or, when it has no whole copy, the first whole copy's), at the
 // furthest stage any copy of that same pool is at, with the account of
 // that copy. Nil when no copy is whole.
-func furthest(copies []copyOf, serial string) *Pool {
-	var best *Pool
+func furthest(copies []copyOf, serial string) *record {
+	var best *record
 	for _, cp := range copies {
-		if cp.p != nil && cp.shard == serial {
-			best = cp.p
+		if cp.r != nil && cp.shard == serial {
+			best = cp.r
 		}
 	}
 	for _, cp := range copies {
 		switch {
-		case cp.p == nil:
+		case cp.r == nil:
 		case best == nil:
-			best = cp.p
-		case cp.p.same(best) && (cp.p.State.stage() > best.State.stage() || best.Account == nil && cp.p.Account != nil):
-			best = cp.p
+			best = cp.r
+		case cp.r.same(best) && (best.State.Before(cp.r.State) || best.Account == nil && cp.r.Account != nil):
+			best = cp.r
 		}
 	}
 	return best
@@ -188,7 +197,7 @@ func furthest(copies []copyOf, serial string) *Pool {
 
 // putRecord writes the record where none is whole, or moves the stored one
 // on to its state (never back), atomically, and returns what is stored.
-func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*Pool, error) {
+func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*record, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
 		return nil, rain.Errorf(rain.ErrUnavailable, err, "write pool record")

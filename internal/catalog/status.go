@@ -52,16 +52,16 @@ func (c *Catalog) Status(ctx context.Context, id string) (*rain.Status, error) {
 	}
 	st := &rain.Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
 		Spec: p.Spec, SubPools: []rain.SubPoolStatus{}}
-	ended := p.State == Open
+	ended := p.State == rain.Open
 	for j, name := range p.Placement {
 		n, err := c.subPoolCounters(ctx, p, j)
 		if err != nil {
 			return nil, err
 		}
-		if n.State != string(Open) {
+		if n.State != string(rain.Open) {
 			ended = false
 		}
-		if n.State == string(Open) && (n.Ended == "1" || n.EndsMS > 0 && n.EndsMS <= n.now) {
+		if n.State == string(rain.Open) && (n.Ended == "1" || n.EndsMS > 0 && n.EndsMS <= n.now) {
 			n.State = "ended"
 		} else {
 			ended = false
@@ -91,7 +91,7 @@ type counters struct {
 
 // subPoolCounters reads sub-pool j's counters and its shard's clock, in one
 // round trip.
-func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters, error) {
+func (c *Catalog) subPoolCounters(ctx context.Context, p *rain.Pool, j int) (counters, error) {
 	name := p.Placement[j]
 	client := c.shards.Client(name)
 	if client == nil {
@@ -114,23 +114,17 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters
 	return n, nil
 }
 
-// SubPoolRef names a sub-pool and the shard that holds it.
-type SubPoolRef struct {
-	rain.SubPool
-	Shard string
-}
-
 // SubPools lists the sub-pools of every pool the shards' registries know,
 // with their shards: what settlement reads the outboxes of. Pools that
 // cannot be read now (a shard down) are left out, and so are sub-pools
 // placed on a shard not configured here; their errors (ErrUnavailable for
 // a shard not configured) are returned, joined, beside the others.
-func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
+func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
 	ids, err := c.Listed(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []SubPoolRef
+	var out []rain.SubPoolRef
 	var errs []error
 	for _, id := range ids {
 		p, err := c.Pool(ctx, id)
@@ -149,7 +143,7 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 		}
 		for j, name := range p.Placement {
 			if c.shards.Client(name) != nil {
-				out = append(out, SubPoolRef{SubPool: p.SubPool(j), Shard: name})
+				out = append(out, rain.SubPoolRef{SubPool: p.SubPool(j), Shard: name})
 			}
 		}
 	}

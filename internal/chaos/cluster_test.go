@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/ledger"
@@ -224,7 +223,7 @@ func TestClusterPoolLife(t *testing.T) {
 		t.Fatalf("account %+v; want 60 confirmed (%d cents) of 300", a, cents)
 	}
 	p, err := in.Catalog.Find(ctx, "life")
-	if err != nil || p.State != catalog.Closed {
+	if err != nil || p.State != rain.Closed {
 		t.Fatalf("Find = %+v, %v", p, err)
 	}
 	for j := range p.SubPools() {

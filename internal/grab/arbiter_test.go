@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
@@ -86,7 +85,7 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 		return err == nil && err2 == nil && n == 1 && in
 	})
 	st, err := e.cat.Status(ctx, id)
-	if err != nil || st.State != string(catalog.Open) || st.HeldCount != 30 {
+	if err != nil || st.State != string(rain.Open) || st.HeldCount != 30 {
 		t.Fatalf("Status = %+v, %v; want open with 30 held", st, err)
 	}
 	e.assertAudit(t, id)

@@ -117,7 +117,7 @@ type Service struct {
 
 // poolView is what the grab path needs of an open pool, resolved once.
 type poolView struct {
-	rec      *catalog.Pool
+	rec      *rain.Pool
 	batchers []*batcher              // of sub-pool j; nil on a cluster shard (its primary's: batcherFor)
 	clients  []redis.UniversalClient // of sub-pool j (a cluster shard's client)
 	keys     []rain.Keys             // of sub-pool j
@@ -283,7 +283,7 @@ func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 		return Pending{err: err}
 	case p.rec.State.Over():
 		return Pending{res: Result{Outcome: Ended}} // closing or closed
-	case p.rec.State != catalog.Open:
+	case p.rec.State != rain.Open:
 		return Pending{res: Result{Outcome: NotStarted, RetryAfter: time.Second}}
 	case s.soldOutHere(p, userID):
 		return Pending{res: Result{Outcome: SoldOut}}
@@ -430,7 +430,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 		p.clients = append(p.clients, s.shards.Client(name))
 		p.keys = append(p.keys, rec.SubPool(j).Keys())
 	}
-	if rec.State == catalog.Open {
+	if rec.State == rain.Open {
 		s.mu.Lock()
 		s.pools[id] = p
 		s.mu.Unlock()

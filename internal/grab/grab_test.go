@@ -111,7 +111,7 @@ func TestPreloadAndGrab(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
 	st := e.preload(t, rain.Spec{PoolID: "p1", TotalCents: 1000, Count: 10})
-	if st.RemainingCount != 10 || st.RemainingCents != 1000 || st.State != string(catalog.Open) || len(st.SubPools) != 1 {
+	if st.RemainingCount != 10 || st.RemainingCents != 1000 || st.State != string(rain.Open) || len(st.SubPools) != 1 {
 		t.Fatalf("Status after preload = %+v, want 10 packets, 1000 cents, open, 1 sub-pool", st)
 	}
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
@@ -38,7 +37,7 @@ func usersWithHome(prefix string, j, k, n int) []string {
 	var out []string
 	for u := 0; len(out) < n; u++ {
 		id := fmt.Sprintf("%s%d", prefix, u)
-		if catalog.Home(id, k) == j {
+		if rain.Home(id, k) == j {
 			out = append(out, id)
 		}
 	}

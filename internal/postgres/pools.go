@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"rain"
-	"rain/internal/catalog"
 )
 
 // Record stores a closed pool's account in rain_pools. The same account
@@ -46,7 +45,7 @@ var ErrNoAccount = errors.New("postgres: no account for the pool")
 
 // Account reads the account of a closed pool.
 func (db *DB) Account(ctx context.Context, poolID string) (*rain.Account, error) {
-	a := &rain.Account{PoolID: poolID, State: string(catalog.Closed)}
+	a := &rain.Account{PoolID: poolID, State: string(rain.Closed)}
 	var subs []byte
 	err := db.pool.QueryRow(ctx, `SELECT preloaded_count, preloaded_cents, confirmed_count, confirmed_cents,
 		unclaimed_count, unclaimed_cents, sub_pools, closed_at FROM rain_pools WHERE pool_id = $1`, poolID).

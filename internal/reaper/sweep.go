@@ -204,7 +204,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 // subPool sweeps sub-pool j of p: its spills first, then its releases. It
 // returns how long until the sub-pool can next have work, and whether it
 // has any left (a grant held, a transfer in flight).
-func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
+func (w *sweeper) subPool(ctx context.Context, p *rain.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
 	c := w.cat.Shards().Client(p.Placement[j])
 	k := p.SubPool(j).Keys()
 	// next is the sooner of what is held and what is in flight; a sub-pool
@@ -254,7 +254,7 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 // docs/architecture.md#the-spill-protocol).
 //
 // It returns what it found in flight there.
-func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (lua.InFlight, error) {
+func (w *sweeper) recoverSpills(ctx context.Context, p *rain.Pool, j int) (lua.InFlight, error) {
 	client := func(i int) redis.UniversalClient { return w.cat.Shards().Client(p.Placement[i]) }
 	k := p.SubPool(j).Keys()
 	f, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())

@@ -41,7 +41,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
@@ -49,7 +48,7 @@ import (
 
 // SubPools lists the sub-pools to settle (grab.Service does).
 type SubPools interface {
-	SubPools(ctx context.Context) ([]catalog.SubPoolRef, error)
+	SubPools(ctx context.Context) ([]rain.SubPoolRef, error)
 }
 
 // Config tunes a Worker. Zero fields take the documented defaults.

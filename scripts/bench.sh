@@ -22,6 +22,10 @@
 #   scripts/bench.sh settle     grants/s settled by rain settle into a ledger file and into
 #                               PostgreSQL, beside the saturated grab rate that made them
 #                               (see bench_settle)
+#   scripts/bench.sh budget     where one grab's microseconds go, process and Redis, rain on 1
+#                               and 4 shards at 64 and 256 connections, beside the floors (a
+#                               fixed answer on net/http and on fasthttp, the claim path alone)
+#                               and the minimal design (see bench_budget)
 #   BEFORE=REV scripts/bench.sh versus
 #                               POST /grab over HTTP: rain built at git revision REV
 #                               beside rain built from the working tree, rounds
@@ -86,7 +90,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab cluster durability settle memory driver pool soldout)
+[ ${#sections[@]} -eq 0 ] && sections=(idgen preload grab cluster durability settle memory driver pool soldout budget)
 
 # Processes and directories that sections start and make; cleanup stops and
 # removes them on any exit (normal, error, Ctrl-C). kept holds what lives until
@@ -167,7 +171,8 @@ wait_port() {
 
 # start_redis VAR DIR [FSYNC]: one throwaway redis-server in DIR on a free port,
 # which goes into VAR once it accepts connections. With FSYNC (always, everysec)
-# it keeps an AOF with that appendfsync; without, no persistence.
+# it keeps an AOF with that appendfsync; without, no persistence. The caller's
+# redis_args, if any, go on its command line too.
 start_redis() {
   local dir=$2 fsync=${3:-} rp # not "port": printf -v must reach the caller's variable
   local persist=(--appendonly no)
@@ -175,7 +180,7 @@ start_redis() {
   free_port rp
   mkdir -p "$dir"
   redis-server --bind 127.0.0.1 --port "$rp" --dir "$dir" --save "" "${persist[@]}" \
-    --daemonize no --logfile "" >"$dir/redis.log" 2>&1 &
+    ${redis_args[@]+"${redis_args[@]}"} --daemonize no --logfile "" >"$dir/redis.log" 2>&1 &
   started+=($!)
   redis_pid=$!
   wait_port $! "$rp" "redis-server $dir" "$dir/redis.log"
@@ -206,8 +211,9 @@ need_tools() {
   done
 }
 
-# start_rain VAR [FLAG...]: rain serve on 4 fresh redis-server shards of weight 1,
-# with the admin token $token and any extra FLAGs; its port goes into VAR once
+# start_rain VAR [FLAG...]: rain serve on $rain_shards (4 unless set) fresh
+# redis-server shards of weight 1, with the admin token $token and any extra
+# FLAGs; its port goes into VAR once
 # /healthz answers. The shards keep an AOF with appendfsync $rain_fsync (always
 # unless set: the durability rain serve requires; anything else runs it with
 # --durability relaxed). User auth is off (--user-auth none, which rain serve
@@ -219,7 +225,11 @@ rain_fsync=${RAIN_FSYNC:-always}
 # takes it (and so requires it on real shards), else empty.
 user_auth_none() {
   no_user_auth=()
-  if "$1" serve -h 2>&1 | grep -q -- '"none": off'; then
+  # The help is read whole first: with pipefail, grep -q leaving early
+  # would fail the pipe when rain is still writing (SIGPIPE).
+  local help
+  help=$("$1" serve -h 2>&1 || true)
+  if grep -q -- '"none": off' <<<"$help"; then
     no_user_auth=(--user-auth none)
   fi
 }
@@ -228,7 +238,7 @@ start_rain() {
   local shards="" i p dir redis=""
   rain_seq=$((rain_seq + 1))
   dir="$tmp/rain$rain_seq"
-  for i in 1 2 3 4; do
+  for ((i = 1; i <= ${rain_shards:-4}; i++)); do
     start_redis p "$dir/s$i" "$rain_fsync"
     redis+="${redis:+ }$redis_pid"
     shards+="${shards:+,}s$i=1@127.0.0.1:$p"
@@ -265,8 +275,9 @@ start_rain_on() {
 
 # app_of[PORT] and redis_of[PORT] are the PIDs of the target listening on
 # PORT and of its Redis processes, for the CPU each run costs (see load);
-# shards_of[PORT] its --redis.
-declare -A app_of redis_of shards_of
+# shards_of[PORT] its --redis; redis_ports_of[PORT] the ports of its Redis
+# processes (the baseline's; a rain's are in shards_of).
+declare -A app_of redis_of shards_of redis_ports_of
 
 # cpu_ticks PID...: their utime + stime so far, in clock ticks (/proc/PID/stat).
 cpu_ticks() {
@@ -285,7 +296,7 @@ clk_tck=$(getconf CLK_TCK)
 
 # start_baseline VAR: the baseline on its own redis-server (AOF with appendfsync
 # $BASELINE_FSYNC, everysec unless set: the minimal design's usual setting);
-# its port into VAR.
+# its port into VAR, its Redis's port into redis_ports_of[VAR's port].
 start_baseline() {
   local br bp
   start_redis br "$tmp/baseline-redis" "${BASELINE_FSYNC:-everysec}"
@@ -294,19 +305,22 @@ start_baseline() {
   "$bin/baseline" -listen "127.0.0.1:$bp" -redis "127.0.0.1:$br" -admin-token "$token" \
     >"$tmp/baseline.log" 2>&1 &
   started+=($!)
-  app_of[$bp]=$! redis_of[$bp]=$bredis
+  app_of[$bp]=$! redis_of[$bp]=$bredis redis_ports_of[$bp]=$br
   wait_port $! "$bp" baseline "$tmp/baseline.log"
   printf -v "$1" %d "$bp"
 }
 
-# start_fixed VAR: `rainload fixed`, the fixed-answer server; its port into VAR.
+# start_fixed VAR [SERVER]: `rainload fixed -server SERVER` (bare unless given:
+# the driver's ceiling; net/http or fasthttp: the floors of budget), the
+# fixed-answer server; its port into VAR.
 start_fixed() {
-  local fp
+  local fp server=${2:-bare} log
+  log="$tmp/fixed-${server//\//}.log"
   free_port fp
-  "$bin/rainload" fixed -listen "127.0.0.1:$fp" >"$tmp/fixed.log" 2>&1 &
+  "$bin/rainload" fixed -server "$server" -listen "127.0.0.1:$fp" >"$log" 2>&1 &
   started+=($!)
   app_of[$fp]=$! redis_of[$fp]=""
-  wait_port $! "$fp" "rainload fixed" "$tmp/fixed.log"
+  wait_port $! "$fp" "rainload fixed -server $server" "$log"
   printf -v "$1" %d "$fp"
 }
 
@@ -1000,6 +1014,591 @@ bench_driver() {
   cleanup
 }
 
+# bench_budget: issue 30's budget of one grab: where its microseconds go, in
+# rain's process and in its Redis, with rain on 1 shard and on 4 shards, each
+# at 64 and 256 connections, beside what they are measured against, all in one
+# run. Targets, each started once: rain on 1 shard and rain on 4 shards (both
+# with --debug-listen), the minimal design (loadtest/baseline on one Redis
+# with appendfsync BASELINE_FSYNC, always unless set: the durability rain
+# runs at), and the floors: `rainload fixed -server net/http` and `-server
+# fasthttp`, each reading the body and writing the same fixed grant. Each
+# round runs every target saturated (as saturate does: RATE/s offered,
+# DRIVER_RATE/s to the floors, a fresh pool of PACKETS, here 500,000 unless
+# set, per run) at each of BUDGET_CONNS ("64 256") connections, the targets
+# in turn, odd rounds forward and even rounds backward; figures are medians
+# over ROUNDS. The Redis servers run without automatic AOF rewrites (the
+# pools of every run pile up in them; a rewrite's fork is no part of a
+# grab). Around each measured run:
+#
+#   CPU       process and Redis µs per answer from /proc (as load does).
+#   switches  the context switches of the target's process per answer, over
+#             all its threads (voluntary + nonvoluntary, /proc/PID/task/*/status):
+#             its wake-ups.
+#   profile   for rain, a CPU profile of the run (/debug/pprof/profile on its
+#             --debug-listen, the run's length less a second). The rounds'
+#             profiles of a configuration are merged, and each sample counts
+#             in the first row of budget_categories whose pattern a frame of
+#             its stack matches: µs per grab = share × the process's µs.
+#   Redis     for rain and the minimal design: CONFIG RESETSTAT before, INFO
+#             commandstats after (EVALSHA calls and usec; usec is wall time
+#             inside the scripts, preemptions on this shared machine
+#             included), and with perf, a profile of the Redis processes over
+#             the run (perf record -F PERF_HZ (499) with DWARF stacks),
+#             classified by redis_categories: the scripts, the AOF (buffer,
+#             write, fsync), reading, writing, the event loop and the rest;
+#             µs per grab = share × Redis's µs.
+#   batches   for rain, rain_shard_batch_claims from /metrics before and after:
+#             batches, claims, claims per batch (mean; median and p90
+#             interpolated within its buckets 1, 2, 4, ... 1024), so Redis's
+#             µs per batch and per claim.
+#
+# After the rounds, for each rain at each connection count: `strace -c -f`
+# attached to its process for STRACE_WINDOW (2) seconds of a saturated run,
+# futex and all syscalls counted per grab answered meanwhile (strace stops
+# the process at every syscall, so it serves a fraction of its rate then:
+# counts, never times); then `go test -run x -bench ClaimMany -count
+# BENCH_COUNT (3) ./internal/lua`: Redis's CPU per claim of the claim path
+# alone at batches of 1 to 128, and of a pipelined batch of the minimal
+# design's script alone. Last, the figures and the table. PROFILES=DIR keeps
+# there the merged profiles of rain and the rain binary, for go tool pprof,
+# and the Redis samples as classify reads them (NAME.redis-stacks.txt).
+# Needs perf for the split of Redis's CPU and strace for the futex counts
+# (Debian/Ubuntu: apt-get install -y linux-perf strace); without them those
+# rows are left out.
+bench_budget() {
+  need_tools redis-server redis-cli curl
+  local section=budget rate conns duration warmup inflight rounds repeat packets total share tmp token
+  bench_settings
+  # A run grants well under 500,000 here; a smaller pool preloads faster.
+  packets=${PACKETS:-500000} total=${TOTAL_CENTS:-$((${PACKETS:-500000} * 100))}
+  local BASELINE_FSYNC=${BASELINE_FSYNC:-always} drate=${DRIVER_RATE:-200000} perf_hz=${PERF_HZ:-499}
+  local redis_args=(--auto-aof-rewrite-percentage 0)
+  local conns_list=${BUDGET_CONNS:-64 256} window=${STRACE_WINDOW:-2} profile_s
+  profile_s=$(awk -v d="$duration" 'BEGIN { s = d ~ /ms$/ ? d / 1000 : d + 0; s = int(s) - 1; print s < 1 ? 1 : s }')
+  build_tools
+  have_perf || true
+  local r1 r4 bport fnet ffast d1 d4
+  free_port d1
+  rain_shards=1 start_rain r1 --debug-listen "127.0.0.1:$d1"
+  free_port d4
+  rain_shards=4 start_rain r4 --debug-listen "127.0.0.1:$d4"
+  debug_of[$r1]=$d1 debug_of[$r4]=$d4
+  start_baseline bport
+  start_fixed fnet net/http
+  start_fixed ffast fasthttp
+  local -A port_of=([rain1]=$r1 [rain4]=$r4 [minimal]=$bport [nethttp]=$fnet [fasthttp]=$ffast)
+  local targets="rain1 rain4 minimal nethttp fasthttp" r c n order
+  for ((r = 1; r <= rounds; r++)); do
+    order=$targets
+    ((r % 2)) || order=$(tr ' ' '\n' <<<"$targets" | tac | tr '\n' ' ')
+    for c in $conns_list; do
+      for n in $order; do
+        conns=$c inflight=$c budget_run "$n-$c" "${port_of[$n]}" "${c}r$r"
+      done
+    done
+  done
+  for c in $conns_list; do
+    for n in rain1 rain4; do
+      conns=$c inflight=$c budget_strace "$n-$c" "${port_of[$n]}" "${c}t"
+    done
+  done
+  echo "== budget: go test -run x -bench ClaimMany -count ${BENCH_COUNT:-3} ./internal/lua"
+  go test -run x -bench ClaimMany -count "${BENCH_COUNT:-3}" ./internal/lua | grep '^Benchmark' >"$tmp/claimmany.out"
+  cat "$tmp/claimmany.out"
+  budget_report
+  cleanup
+}
+
+# debug_of[PORT]: the --debug-listen port of the rain on PORT (budget).
+declare -A debug_of
+
+# ctx_switches PID: the voluntary and nonvoluntary context switches of all of
+# PID's threads so far.
+ctx_switches() {
+  cat /proc/"$1"/task/*/status 2>/dev/null |
+    awk '$1 == "voluntary_ctxt_switches:" || $1 == "nonvoluntary_ctxt_switches:" { s += $2 } END { print s + 0 }'
+}
+
+# redis_ports PORT: the ports of the Redis processes of the target on PORT.
+redis_ports() {
+  if [ -n "${shards_of[$1]:-}" ]; then
+    tr ',' '\n' <<<"${shards_of[$1]}" | sed 's/.*://'
+  elif [ -n "${redis_ports_of[$1]:-}" ]; then
+    echo "${redis_ports_of[$1]}"
+  fi
+}
+
+# evalsha_stats PORT...: "calls usec" of EVALSHA summed over the redis-servers
+# on the PORTs, from INFO commandstats.
+evalsha_stats() {
+  local p
+  for p in "$@"; do redis-cli -p "$p" info commandstats; done | tr -d '\r' |
+    awk -F'[:,=]' '$1 == "cmdstat_evalsha" { c += $3; u += $5 } END { printf "%d %d\n", c, u }'
+}
+
+# batch_hist PORT: rain_shard_batch_claims of the rain on PORT, summed over
+# its shards: a line "LE COUNT" per bucket, then "sum S" and "count N".
+batch_hist() {
+  curl -fsS --max-time 5 "http://127.0.0.1:$1/metrics" | awk '
+    $1 ~ /^rain_shard_batch_claims_bucket\{/ { match($1, /le="[^"]*"/); b[substr($1, RSTART + 4, RLENGTH - 5)] += $2 }
+    $1 ~ /^rain_shard_batch_claims_sum\{/ { s += $2 }
+    $1 ~ /^rain_shard_batch_claims_count\{/ { n += $2 }
+    END { for (le in b) print le, b[le]; print "sum", s; print "count", n }'
+}
+
+# batch_stats BEFORE AFTER: "batches claims mean p50 p90 p50_le p90_le" of the
+# batches between two batch_hist snapshots: a quantile interpolated linearly
+# within its bucket, as Prometheus's histogram_quantile does (a batch of 1 is
+# 1), and the upper bound of its bucket.
+batch_stats() {
+  awk 'NR == FNR { a[$1] = $2; next } { d[$1] = $2 - a[$1] }
+    function ub(p, r, i) { # the upper bound of the bucket of quantile p
+      r = p * d["count"]
+      for (i = 1; i <= k; i++) if (d[les[i]] >= r) return les[i]
+      return les[k]
+    }
+    function q(p, r, i, lo, prev) {
+      r = p * d["count"]; lo = 0; prev = 0
+      for (i = 1; i <= k; i++) {
+        if (d[les[i]] >= r) return i == 1 ? les[1] : lo + (les[i] - lo) * (r - prev) / (d[les[i]] - prev)
+        lo = les[i]; prev = d[les[i]]
+      }
+      return les[k]
+    }
+    END {
+      k = 0
+      for (le in d) if (le != "sum" && le != "count" && le != "+Inf") les[++k] = le + 0
+      for (i = 2; i <= k; i++) for (j = i; j > 1 && les[j - 1] > les[j]; j--) { t = les[j]; les[j] = les[j - 1]; les[j - 1] = t }
+      n = d["count"]
+      printf "%d %d %.2f %.2f %.2f %d %d\n", n, d["sum"], n ? d["sum"] / n : 0, n ? q(0.5) : 0, n ? q(0.9) : 0, n ? ub(0.5) : 0, n ? ub(0.9) : 0
+    }' "$1" "$2"
+}
+
+# budget_run NAME PORT ROUND: as saturate (a warm-up on a fresh pool, then one
+# saturated run of kind "sat", RATE/s offered, or DRIVER_RATE/s to a fixed
+# server), measuring around it what bench_budget says. Appended to the run's
+# result line: csw (context switches per answer); with Redis, lua_us (EVALSHA
+# usec per answer) and evalsha_usec (per call); for a rain, batches, claims,
+# cpb (claims per batch, mean), cpb_p50, cpb_p90 (interpolated), cpb_p50_le,
+# cpb_p90_le (their buckets' upper bounds), evalsha_per_batch,
+# redis_batch_us and redis_claim_us (Redis CPU per batch, per claim). The
+# rain's profile goes to $tmp/NAME.sat.ROUND.pprof, the classified perf
+# samples of its Redis to .rshares.
+budget_run() {
+  local name=$1 port=$2 round=$3
+  local pool=bench$round base="$tmp/$name.sat.$round" dbg=${debug_of[$port]:-} app=${app_of[$port]}
+  local rpids=${redis_of[$port]:-} prep=(-admin-token "$token" -preload "$packets:$total") offer=$rate
+  [ -n "$rpids" ] || prep=() offer=$drate # a fixed server: no pool, no Redis
+  warm "$name" "$port" -pool "$pool" "${prep[@]}" -rate "$offer" -max-inflight "$inflight" -conns "$conns" \
+    -user-prefix "w$round." -repeat "$repeat"
+  local rports=() p c0 c1 prof="" perfp="" extra n
+  if [ -n "$rpids" ]; then
+    mapfile -t rports < <(redis_ports "$port")
+    for p in "${rports[@]}"; do redis-cli -p "$p" config resetstat >/dev/null; done
+    if [ "${perf_ok:-}" = yes ]; then
+      perf record -q -F "$perf_hz" --call-graph dwarf,16384 -o "$base.perf" -p "${rpids// /,}" \
+        -- sleep "$profile_s" >"$base.perf.log" 2>&1 &
+      perfp=$!
+    fi
+  fi
+  if [ -n "$dbg" ]; then
+    batch_hist "$port" >"$base.h0"
+    curl -fsS -H "Authorization: Bearer $token" -o "$base.pprof" \
+      "http://127.0.0.1:$dbg/debug/pprof/profile?seconds=$profile_s" &
+    prof=$!
+  fi
+  c0=$(ctx_switches "$app")
+  load "$name" sat "$round" "$port" -pool "$pool" -rate "$offer" -duration "$duration" \
+    -max-inflight "$inflight" -conns "$conns" -user-prefix "s$round." -repeat "$repeat"
+  c1=$(ctx_switches "$app")
+  [ "$(result_of "$base.out" sold_out)" = 0 ] ||
+    echo "$section: warning: $name sold out during round $round: raise PACKETS or shorten DURATION" >&2
+  n=$(result_of "$base.out" answered)
+  extra=$(awk -v c=$((c1 - c0)) -v n="$n" 'BEGIN { printf "csw=%.3f", n ? c / n : 0 }')
+  local calls=0 usec=0
+  if [ -n "$rpids" ]; then
+    read -r calls usec < <(evalsha_stats "${rports[@]}")
+    extra+=$(awk -v c="$calls" -v u="$usec" -v n="$n" 'BEGIN { printf " lua_us=%.2f evalsha_usec=%.2f", n ? u / n : 0, c ? u / c : 0 }')
+    if [ -n "$perfp" ]; then
+      wait "$perfp" || echo "$section: $name: perf record failed in round $round: $(cat "$base.perf.log")" >&2
+      perf_stacks "$base.perf" >"$base.rstacks"
+      classify "${redis_categories[@]}" <"$base.rstacks" >"$base.rshares"
+      if [ -n "${PROFILES:-}" ]; then
+        mkdir -p "$PROFILES"
+        cat "$base.rstacks" >>"$PROFILES/$name.redis-stacks.txt"
+      fi
+      rm -f "$base.perf" "$base.rstacks"
+    fi
+  fi
+  if [ -n "$dbg" ]; then
+    wait "$prof" || echo "$section: $name: no CPU profile of round $round" >&2
+    batch_hist "$port" >"$base.h1"
+    local batches claims mean p50 p90 p50le p90le
+    read -r batches claims mean p50 p90 p50le p90le < <(batch_stats "$base.h0" "$base.h1")
+    extra+=$(awk -v b="$batches" -v cl="$claims" -v m="$mean" -v p50="$p50" -v p90="$p90" -v calls="$calls" \
+      -v l50="$p50le" -v l90="$p90le" -v n="$n" -v rus="$(result_of "$base.out" redis_us)" 'BEGIN {
+        printf " batches=%d claims=%d cpb=%.2f cpb_p50=%.2f cpb_p90=%.2f cpb_p50_le=%d cpb_p90_le=%d evalsha_per_batch=%.2f redis_batch_us=%.1f redis_claim_us=%.2f",
+          b, cl, m, p50, p90, l50, l90, b ? calls / b : 0, b ? rus * n / b : 0, cl ? rus * n / cl : 0 }')
+  fi
+  awk -v x="$extra" '$1 == "result" { $0 = $0 " " x } { print }' "$base.out" >"$base.out.tmp" && mv "$base.out.tmp" "$base.out"
+}
+
+# budget_strace NAME PORT ROUND: a saturated run on a fresh pool with strace
+# -c -f attached to the rain's process for $window seconds in its middle;
+# futex calls and all syscalls per grab answered while it was attached, into
+# $tmp/NAME.strace.fig ("FUTEX SYSCALLS GRABS", then "NAME PER-GRAB" of each
+# syscall made at least once per 100 grabs, in strace's order: by time).
+budget_strace() {
+  local name=$1 port=$2 round=$3 app=${app_of[$2]} g0 g1 loader
+  command -v strace >/dev/null 2>&1 || {
+    echo "$section: strace not on PATH (Debian/Ubuntu: apt-get install -y strace): no futex counts" >&2
+    return 0
+  }
+  warm "$name" "$port" -pool "bench$round" -admin-token "$token" -preload "$packets:$total" -rate "$rate" \
+    -max-inflight "$inflight" -conns "$conns" -user-prefix "w$round." -repeat "$repeat"
+  echo "== $section: $name under strace -c -f for ${window}s of a saturated run"
+  "$bin/rainload" -url "http://127.0.0.1:$port" -progress 0 -pool "bench$round" -rate "$rate" \
+    -duration "$((window + 3))s" -max-inflight "$inflight" -conns "$conns" -user-prefix "s$round." \
+    -repeat "$repeat" >"$tmp/$name.strace.load" 2>&1 &
+  loader=$!
+  sleep 1
+  g0=$(grabs_total "$port")
+  timeout -s INT "$window" strace -c -f -p "$app" -o "$tmp/$name.strace" >/dev/null 2>&1 || true
+  g1=$(grabs_total "$port")
+  wait "$loader" || true
+  awk -v g=$((g1 - g0)) '
+    $NF == "futex" { f = $4 }
+    $NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $NF != "syscall" && $4 ~ /^[0-9]+$/ {
+      s += $4; if ($4 / (g ? g : 1) >= 0.01) top = top sprintf(" %s %.2f", $NF, $4 / (g ? g : 1)) }
+    END { printf "%.3f %.3f %d%s\n", g ? f / g : 0, g ? s / g : 0, g, top }' "$tmp/$name.strace" >"$tmp/$name.strace.fig"
+}
+
+# grabs_total PORT: the grabs the rain on PORT has answered, all statuses.
+grabs_total() {
+  curl -fsS --max-time 5 "http://127.0.0.1:$1/metrics" | awk '$1 ~ /^rain_grabs_total\{/ { s += $2 } END { printf "%d\n", s }'
+}
+
+# budget_label KEY RULE...: the label of KEY among the RULEs ("key ;; label ;; ...").
+budget_label() {
+  local k=$1 line
+  shift
+  for line in "$@"; do
+    if [ "${line%% ;; *}" = "$k" ]; then
+      line=${line#* ;; }
+      echo "${line%% ;; *}"
+      return
+    fi
+  done
+  echo "$k"
+}
+
+# budget_cell CFG KEY [FORMAT]: the median of KEY over CFG's runs.
+budget_cell() { med "$1" sat "$2" | awk -v f="${3:-%.1f}" '{ printf f "\n", $1 }'; }
+
+# budget_share SHARES US: "µs (share%)" for each line "key seconds" of
+# classify's output SHARES, as "key cell" lines (US: the µs the shares split).
+budget_share() {
+  awk -v a="$2" '$1 == "total" { t = $2 } { v[$1] = $2 }
+    END { for (k in v) if (k != "total") printf "%s %.1f (%.0f%%)\n", k, t ? a * v[k] / t : 0, t ? 100 * v[k] / t : 0 }' "$1"
+}
+
+# budget_row LABEL VALUE...: one line of the table.
+budget_row() {
+  local l=$1 v line
+  shift
+  line=$(printf '%-46s' "$l")
+  for v in "$@"; do line+=$(printf ' %16s' "$v"); done
+  figure "budget: $line"
+}
+
+# budget_report: the figures of each configuration, then the table of the
+# budget (µs per grab answered, medians over the rounds; a category's µs are
+# its share of the merged profiles × the median µs) and the floors.
+budget_report() {
+  local n c cfg label k v
+  echo "== budget: $rounds round(s) of $duration per target and connection count, medians over rounds;" \
+    "rain and the minimal design saturated at $rate/s offered, the fixed servers at $drate/s; REPEAT=$repeat;" \
+    "rain's shards on appendfsync $rain_fsync, the minimal design's Redis on $BASELINE_FSYNC"
+  local cols=() heads=()
+  for n in rain1 rain4; do
+    for c in $conns_list; do
+      cols+=("$n-$c")
+      heads+=("$([ $n = rain1 ] && echo "1 shard" || echo "4 shards")/$c")
+    done
+  done
+  # Shares: the rounds' profiles merged, the Redis samples added up.
+  local -A cellv
+  for cfg in "${cols[@]}" $(for c in $conns_list; do echo "minimal-$c"; done); do
+    if [ "${cfg%%-*}" != minimal ]; then
+      if [ -n "${PROFILES:-}" ]; then
+        mkdir -p "$PROFILES"
+        cp "$bin/rain" "$PROFILES/rain"
+        go tool pprof -proto "$bin/rain" "$tmp/$cfg".sat.*.pprof >"$PROFILES/$cfg.pprof" 2>/dev/null || true
+      fi
+      pprof_stacks "$bin/rain" "$tmp/$cfg".sat.*.pprof | classify "${budget_categories[@]}" >"$tmp/$cfg.shares"
+      while read -r k v; do cellv[$cfg.p.$k]=$v; done < <(budget_share "$tmp/$cfg.shares" "$(med "$cfg" sat app_us)")
+    fi
+    sum_shares "$tmp/$cfg".sat.*.rshares >"$tmp/$cfg.rshares"
+    [ -s "$tmp/$cfg.rshares" ] || continue
+    while read -r k v; do cellv[$cfg.r.$k]=$v; done < <(budget_share "$tmp/$cfg.rshares" "$(med "$cfg" sat redis_us)")
+  done
+
+  local pkeys=(read http handler write admission handoffs goredis pipeline grab gc other)
+  local rkeys=(scripts aof rread rwrite other)
+  for c in $conns_list; do
+    for n in rain1 rain4; do
+      cfg="$n-$c" label="rain on $([ $n = rain1 ] && echo "1 shard" || echo "4 shards"), $c conns"
+      figure "$(awk -v l="$label" -v g="$(med "$cfg" sat goodput_rps)" -v a="$(med "$cfg" sat app_us)" \
+        -v r="$(med "$cfg" sat redis_us)" -v mg="$(med "minimal-$c" sat goodput_rps)" \
+        -v ma="$(med "minimal-$c" sat app_us)" -v mr="$(med "minimal-$c" sat redis_us)" 'BEGIN {
+        printf "budget: %s: %.0f grabs/s, CPU per grab %.1f + %.1f = %.1f us (process + Redis); the minimal design %.0f grabs/s, %.1f + %.1f = %.1f us: rain/minimal CPU per grab %.2fx, grabs/s %.2fx\n",
+          l, g, a, r, a + r, mg, ma, mr, ma + mr, (a + r) / (ma + mr), g / mg }')"
+      local line="budget: $label: process (profile, $(awk '$1 == "total" { printf "%.1f", $2 }' "$tmp/$cfg.shares") s of samples):"
+      for k in "${pkeys[@]}"; do line+=" $k ${cellv[$cfg.p.$k]:-0.0 (0%)},"; done
+      figure "${line%,} us per grab"
+      if [ -s "$tmp/$cfg.rshares" ]; then
+        line="budget: $label: Redis (perf, $(awk '$1 == "total" { printf "%d", $2 }' "$tmp/$cfg.rshares") samples):"
+        for k in "${rkeys[@]}"; do line+=" $k ${cellv[$cfg.r.$k]:-0.0 (0%)},"; done
+        figure "${line%,} us per grab"
+      fi
+      figure "$(awk -v l="$label" -v cpb="$(med "$cfg" sat cpb)" -v p50="$(med "$cfg" sat cpb_p50)" \
+        -v p90="$(med "$cfg" sat cpb_p90)" -v e="$(med "$cfg" sat evalsha_per_batch)" \
+        -v l50="$(med "$cfg" sat cpb_p50_le)" -v l90="$(med "$cfg" sat cpb_p90_le)" \
+        -v rb="$(med "$cfg" sat redis_batch_us)" -v rc="$(med "$cfg" sat redis_claim_us)" \
+        -v eu="$(med "$cfg" sat evalsha_usec)" -v sc="${cellv[$cfg.r.scripts]:-}" -v r="$(med "$cfg" sat redis_us)" 'BEGIN {
+        split(sc, s, " "); f = r > 0 ? s[1] / r : 0
+        printf "budget: %s: claims per batch %.1f mean, median %.1f (bucket <= %d), p90 %.1f (bucket <= %d); %.2f EVALSHA per batch (INFO: %.0f us each, wall time); Redis CPU per batch %.0f us (the scripts %.0f), per claim %.1f us (the scripts %.1f)\n",
+          l, cpb, p50, l50, p90, l90, e, eu, rb, rb * f, rc, rc * f }')"
+      local strace_fig="" f s g each
+      if [ -s "$tmp/$cfg.strace.fig" ]; then
+        read -r f s g each <"$tmp/$cfg.strace.fig"
+        strace_fig=$(printf '; under strace -c -f: %.2f futex calls, %.1f syscalls per grab (%d grabs: %s)' "$f" "$s" "$g" "$each")
+      fi
+      figure "$(awk -v l="$label" -v cs="$(med "$cfg" sat csw)" -v mcs="$(med "minimal-$c" sat csw)" -v st="$strace_fig" 'BEGIN {
+        printf "budget: %s: %.2f context switches per grab (the minimal design %.2f)%s\n", l, cs, mcs, st }')"
+    done
+    if [ -s "$tmp/minimal-$c.rshares" ]; then
+      line="budget: the minimal design, $c conns: Redis (perf, $(awk '$1 == "total" { printf "%d", $2 }' "$tmp/minimal-$c.rshares") samples):"
+      for k in "${rkeys[@]}"; do line+=" $k ${cellv[minimal-$c.r.$k]:-0.0 (0%)},"; done
+      figure "${line%,} us per grab; EVALSHA $(budget_cell "minimal-$c" evalsha_usec) us each (INFO, wall time)"
+    fi
+    for n in nethttp fasthttp; do
+      figure "$(awk -v n="$([ $n = nethttp ] && echo net/http || echo fasthttp)" -v c="$c" \
+        -v g="$(med "$n-$c" sat goodput_rps)" -v a="$(med "$n-$c" sat app_us)" -v cs="$(med "$n-$c" sat csw)" 'BEGIN {
+        printf "budget: floor: a fixed grant on %s, %s conns: %.0f requests/s, %.1f us CPU per request, %.2f context switches per request\n", n, c, g, a, cs }')"
+    done
+  done
+
+  echo "== budget: the budget of one grab: CPU us per grab answered (share of rain's profile, of its Redis's perf samples)"
+  budget_row "" "${heads[@]}"
+  local out
+  for k in "${pkeys[@]}"; do
+    out=()
+    for cfg in "${cols[@]}"; do out+=("${cellv[$cfg.p.$k]:-0.0 (0%)}"); done
+    budget_row "$(budget_label "$k" "${budget_categories[@]}" 'other ;; other (runtime, unmatched) ;; ;; ')" "${out[@]}"
+  done
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" app_us)"); done
+  budget_row "process, total" "${out[@]}"
+  if [ -s "$tmp/${cols[0]}.rshares" ]; then
+    for k in "${rkeys[@]}"; do
+      out=()
+      for cfg in "${cols[@]}"; do out+=("${cellv[$cfg.r.$k]:-0.0 (0%)}"); done
+      budget_row "Redis: $(budget_label "$k" "${redis_categories[@]}" 'other ;; event loop, cron, the rest ;; ;; ')" "${out[@]}"
+    done
+  fi
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" redis_us)"); done
+  budget_row "Redis, total" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v a="$(med "$cfg" sat app_us)" -v r="$(med "$cfg" sat redis_us)" 'BEGIN { printf "%.1f\n", a + r }')")
+  done
+  budget_row "process + Redis" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v a="$(med "minimal-${cfg#*-}" sat app_us)" -v r="$(med "minimal-${cfg#*-}" sat redis_us)" 'BEGIN { printf "%.1f + %.1f\n", a, r }')")
+  done
+  budget_row "the minimal design: process + Redis" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v a="$(med "$cfg" sat app_us)" -v r="$(med "$cfg" sat redis_us)" \
+      -v ma="$(med "minimal-${cfg#*-}" sat app_us)" -v mr="$(med "minimal-${cfg#*-}" sat redis_us)" 'BEGIN { printf "%.2fx\n", (a + r) / (ma + mr) }')")
+  done
+  budget_row "rain / minimal, CPU per grab" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v g="$(med "$cfg" sat goodput_rps)" -v m="$(med "minimal-${cfg#*-}" sat goodput_rps)" 'BEGIN { printf "%.0f / %.0f\n", g, m }')")
+  done
+  budget_row "grabs/s, rain / minimal" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v m="$(med "$cfg" sat cpb)" -v p="$(med "$cfg" sat cpb_p50_le)" -v q="$(med "$cfg" sat cpb_p90_le)" 'BEGIN { printf "%.1f, <=%d, <=%d\n", m, p, q }')")
+  done
+  budget_row "claims per batch: mean, median, p90" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" redis_batch_us %.0f)"); done
+  budget_row "Redis CPU per batch, us" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" redis_claim_us)"); done
+  budget_row "Redis CPU per claim, us" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" evalsha_usec %.0f)"); done
+  budget_row "EVALSHA usec per call (INFO: wall time)" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    out+=("$(awk -v a="$(med "$cfg" sat csw)" -v m="$(med "minimal-${cfg#*-}" sat csw)" 'BEGIN { printf "%.2f (%.2f)\n", a, m }')")
+  done
+  budget_row "context switches per grab (the minimal's)" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do
+    if [ -s "$tmp/$cfg.strace.fig" ]; then out+=("$(awk '{ printf "%.2f / %.1f\n", $1, $2 }' "$tmp/$cfg.strace.fig")"); else out+=(-); fi
+  done
+  budget_row "under strace: futex / syscalls per grab" "${out[@]}"
+  echo "== budget: the floors, same run: CPU us per request and requests/s, at $(echo $conns_list | tr ' ' '/') conns"
+  for n in nethttp fasthttp; do
+    out=()
+    for c in $conns_list; do
+      out+=("$(awk -v a="$(med "$n-$c" sat app_us)" -v g="$(med "$n-$c" sat goodput_rps)" 'BEGIN { printf "%.1f us %.0f/s\n", a, g }')")
+    done
+    budget_row "a fixed grant on $([ $n = nethttp ] && echo net/http || echo fasthttp)" "${out[@]}"
+  done
+  echo "== budget: the floors of Redis: the claim path alone (BenchmarkClaimMany), one batch per round trip and fsync"
+  budget_claims "$tmp/claimmany.out"
+}
+
+# budget_claims FILE: the figures of the ClaimMany benchmark's lines in FILE,
+# medians over its -count runs, and issue 30's target beside them.
+budget_claims() {
+  [ -s "$1" ] || return 0
+  awk '{
+      name = $1; sub(/-[0-9]+$/, "", name); sub(/^BenchmarkClaimMany\//, "", name)
+      if (!(name in seen)) { seen[name] = 1; names[++k] = name }
+      for (i = 3; i < NF; i += 2) runs[name, $(i + 1)] = runs[name, $(i + 1)] " " $i
+    }
+    function median(s, a, n, i, j, t) {
+      n = split(s, a, " ")
+      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    END {
+      for (i = 1; i <= k; i++) {
+        n = names[i]
+        printf "budget: claim path alone, %-18s Redis %6.1f us per claim (EVALSHA %5.1f), %7.1f us per batch; %7.0f grants/s per Redis core; %6.0f claims/s\n",
+          n ":", median(runs[n, "redis-us/claim"]), median(runs[n, "lua-us/claim"]), median(runs[n, "redis-us/batch"]),
+          median(runs[n, "grants/s/core"]), median(runs[n, "claims/s"])
+      }
+      g = median(runs["batch=128", "grants/s/core"])
+      printf "budget: claim path alone at full batches (128 claims): %.0f grants/s per shard core (target >= 80,000: %s)\n", g, (g >= 80000 ? "met" : "not met")
+    }' "$1" | while IFS= read -r line; do figure "$line"; done
+}
+
+# budget_categories: the rows of the budget, in the order a sample is
+# classified, "key ;; label ;; pattern ;; also": a sample of rain's CPU profile
+# counts in the first row whose pattern a frame of its stack matches (and
+# also "also", when given). A stack is its frames' function names, one per
+# line, so "\n" ends a name; what no row matches is "other". In words:
+#
+#   GC                  the collector's own work: background marking, assists,
+#                       sweeping (allocation counts where it is made)
+#   hand-offs and       a goroutine parked or readied, the scheduler looking
+#   wake-ups            for work, netpoll, futex sleeps and wake-ups, channel
+#                       sends and receives, contended locks, new goroutines:
+#                       whoever caused them (handler -> worker -> lane -> back,
+#                       and net/http's own)
+#   the pipeline's      go-redis's reads and writes on the shard's connection,
+#   syscalls            down to the syscall
+#   go-redis encode/    the rest of go-redis (commands, RESP, the pool of
+#   decode              connections), and internal/lua's arguments and replies
+#   HTTP write          the answer's header and body through net/http, down to
+#                       the write syscall
+#   HTTP read and parse the request's read syscall, its parse, the body's read
+#   grab logic          internal/grab (the grab, the lane), serials, catalogue
+#   admission           internal/pool and ants
+#   route + handler     internal/api (decode, validate, answer), the metrics,
+#                       the access log, rain's connection hooks (cmd/rain)
+#   net/http, the rest  what else net/http does per request (connection state,
+#                       contexts, deadlines)
+budget_categories=(
+  'gc ;; GC ;; runtime\.(gcBgMarkWorker|gcAssistAlloc|bgsweep|bgscavenge|gcStart|gcMarkDone|gcMarkTermination|markroot|gcDrain|sweepone|forEachP)\n ;; '
+  'handoffs ;; hand-offs and wake-ups ;; runtime\.(mcall|park_m|schedule|findRunnable|goready|ready|wakep|startm|stopm|notewakeup|notesleep|futexsleep|futexwakeup|gopark|goparkunlock|netpoll|netpollblock|injectglist|stealWork|handoffp|chansend|chanrecv|selectgo|semacquire1|semrelease1|notifyListWait|notifyListNotifyOne|notifyListNotifyAll|gosched_m|goschedIfBusy|newproc|goexit0|usleep|osyield)\n|sync\.\(\*Cond\)|sync\.\(\*Mutex\)\.(lockSlow|unlockSlow)\n ;; '
+  'pipeline ;; the pipeline'"'"'s syscalls ;; github\.com/redis/go-redis ;; (^|\n)(syscall|internal/poll)\.'
+  'goredis ;; go-redis encode/decode ;; github\.com/redis/go-redis|rain/internal/lua\. ;; '
+  'write ;; HTTP write ;; net/http\.\(\*response\)\.(finishRequest|Write|WriteHeader|write|WriteString)\n|net/http\.\(\*chunkWriter\)|net/http\.checkConnErrorWriter|net/http\.\(\*conn\)\.finalFlush ;; '
+  'read ;; HTTP read and parse ;; net/http\.(\(\*conn\)\.readRequest|readRequest|\(\*connReader\)|\(\*body\)|\(\*maxBytesReader\)|\(\*expectContinueReader\)|readTransfer|\(\*transferReader\))|net/textproto\. ;; '
+  'grab ;; grab logic ;; rain/internal/(grab|idgen|catalog|soldout|known|shard|events)\. ;; '
+  'admission ;; admission (worker pool) ;; rain/internal/pool\.|github\.com/panjf2000/ants ;; '
+  'handler ;; route + handler ;; rain/internal/(api|metrics|auth|limit|dash)\.|github\.com/prometheus|(^|\n)main\.|encoding/json|log/slog ;; '
+  'http ;; net/http, the rest ;; net/http\. ;; '
+)
+
+# redis_categories: the rows of a Redis shard's CPU, classified as
+# budget_categories are, from perf samples of the redis-server processes
+# (its functions are named in its dynamic symbols; the stacks are unwound
+# from DWARF, and where that stops in libc, as it does below writev, the
+# kernel's frames say what the syscall was on: a socket, or the AOF's
+# file); what no row matches is the event loop, cron and the rest.
+redis_categories=(
+  'scripts ;; the scripts (Lua, the commands they run) ;; (^|\n)(evalGenericCommand|evalShaCommand|evalCommand|luaCallFunction|scriptCall|lua_pcall)\n ;; '
+  'aof ;; the AOF: its buffer, write and fsync ;; (^|\n)(flushAppendOnlyFile|feedAppendOnlyFile|catAppendOnlyGenericCommand|propagatePendingCommands|propagateNow|aof_background_fsync|redis_fsync|fdatasync|fsync|ext4_file_write_iter|ext4_sync_file|vfs_fsync_range|__x64_sys_fdatasync|__x64_sys_fsync)\n ;; '
+  'rread ;; reading and parsing requests ;; (^|\n)(readQueryFromClient|processInputBuffer|processMultibulkBuffer|processInlineBuffer|processCommand|connSocketRead|sock_read_iter|tcp_recvmsg)\n ;; '
+  'rwrite ;; writing replies ;; (^|\n)(writeToClient|_writeToClient|_writevToClient|handleClientsWithPendingWrites|handleClientsWithPendingWritesUsingThreads|sendReplyToClient|connSocketWrite|connSocketWritev|sock_write_iter|tcp_sendmsg|do_writev|__GI___writev|writev)\n ;; '
+)
+
+# classify RULE...: reads samples, each a paragraph (its weight, then its
+# frames' function names, one a line, the leaf first), and prints "key
+# weight" summed for each RULE ("key ;; label ;; pattern ;; also", first match
+# wins: see budget_categories), for "other", and "total".
+classify() {
+  STACK_RULES="$(printf '%s\n' "$@")" awk '
+    BEGIN {
+      RS = ""
+      nr = split(ENVIRON["STACK_RULES"], lines, "\n")
+      for (i = 1; i <= nr; i++) {
+        split(lines[i], f, / ;; /)
+        key[i] = f[1]; pat[i] = f[3]; also[i] = f[4]
+        gsub(/\\n/, "\n", pat[i]); gsub(/\\n/, "\n", also[i])
+      }
+    }
+    {
+      w = $1 + 0; st = substr($0, index($0, "\n") + 1) "\n"; c = "other"
+      for (i = 1; i <= nr; i++) if (st ~ pat[i] && (also[i] == "" || st ~ also[i])) { c = key[i]; break }
+      sum[c] += w; tot += w
+    }
+    END { for (c in sum) printf "%s %.3f\n", c, sum[c]; printf "total %.3f\n", tot }'
+}
+
+# pprof_stacks BIN PROFILE...: the samples of the Go CPU profiles, merged, as
+# classify reads them (weights in seconds).
+pprof_stacks() {
+  local bin=$1
+  shift
+  go tool pprof -traces "$bin" "$@" 2>/dev/null | awk '
+    function val(s) {
+      if (s ~ /ms$/) return substr(s, 1, length(s) - 2) / 1e3
+      if (s ~ /us$/) return substr(s, 1, length(s) - 2) / 1e6
+      if (s ~ /ns$/) return substr(s, 1, length(s) - 2) / 1e9
+      if (s ~ /s$/) return substr(s, 1, length(s) - 1) + 0
+      return s + 0
+    }
+    /^-----------\+/ { if (t) print ""; t = 0; next }
+    !t && /^ +[0-9.]+(ms|s|us|ns) +[^ ]/ { t = 1; print val($1); print $2; next }
+    t { print $1 }
+    END { if (t) print "" }'
+}
+
+# perf_stacks FILE: the samples of a perf.data FILE as classify reads them
+# (each weighs 1: perf samples at a fixed rate).
+perf_stacks() {
+  perf script -i "$1" -F ip,sym 2>/dev/null | awk 'BEGIN { RS = "" } {
+    print 1; n = split($0, l, "\n"); for (i = 1; i <= n; i++) { split(l[i], f, " "); print f[2] } print "" }'
+}
+
+# sum_shares FILE...: classify's outputs added up.
+sum_shares() { cat "$@" 2>/dev/null | awk '{ s[$1] += $2 } END { for (k in s) print k, s[k] }'; }
+
+# have_perf: whether perf can sample a process here (root, or
+# kernel.perf_event_paranoid low enough); says why not once.
+have_perf() {
+  if [ -z "${perf_ok:-}" ]; then
+    perf_ok=no
+    if command -v perf >/dev/null 2>&1 && perf record -q -o /dev/null -F 99 -- true >/dev/null 2>&1; then
+      perf_ok=yes
+    else
+      echo "$section: perf cannot sample here (Debian/Ubuntu: apt-get install -y linux-perf; run as root or lower kernel.perf_event_paranoid): Redis's CPU is not split" >&2
+    fi
+  fi
+  [ "$perf_ok" = yes ]
+}
+
 # write_report: the HTML page of every run's timeline, with the figures as notes.
 write_report() {
   [ -n "$report_dir" ] || return 0
@@ -1034,7 +1633,8 @@ for s in "${sections[@]}"; do
     settle) bench_settle ;;
     memory) bench_memory ;;
     versus) bench_versus ;;
-    *) echo "bench.sh: unknown section $s (have: idgen preload grab cluster durability settle memory driver pool soldout versus)" >&2; exit 2 ;;
+    budget) bench_budget ;;
+    *) echo "bench.sh: unknown section $s (have: idgen preload grab cluster durability settle memory driver pool soldout budget versus)" >&2; exit 2 ;;
   esac
 done
 write_report

@@ -242,11 +242,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	must(t, err)
 	b.click("csv")
 	var csv []byte
-	waittest.Until(t, 20*time.Second, "cny-account.csv downloaded", func() bool {
+	want := accountCSV(account)
+	waittest.Until(t, 20*time.Second, "cny-account.csv downloaded whole", func() bool {
+		// The browser may create the file before it has written it all.
 		csv, err = os.ReadFile(filepath.Join(dir, "cny-account.csv"))
-		return err == nil
+		return err == nil && len(csv) >= len(want)
 	})
-	if want := accountCSV(account); string(csv) != want {
+	if string(csv) != want {
 		t.Fatalf("the downloaded account:\n%s\nwant:\n%s", csv, want)
 	}
 

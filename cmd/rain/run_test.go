@@ -419,16 +419,7 @@ func TestDurability(t *testing.T) {
 // there can be due, and a waiting instance tries the reaper's lock every
 // few seconds.
 func TestIdleChatter(t *testing.T) {
-	servers := redistest.StartN(t, 4, durable)
-	var proxies []*redisproxy.Proxy
-	var addrs []string
-	for _, s := range servers {
-		p := redisproxy.Start(t, s.Addr)
-		proxies, addrs = append(proxies, p), append(addrs, p.Addr)
-	}
-	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(addrs), "RAIN_ADMIN_TOKEN": longToken}
-	a, _ := startServe(t, nil, environ)
-	startServe(t, nil, environ)
+	a, proxies := idleRig(t)
 	if code, body := post(t, "http://"+a+"/admin/pools", longToken, `{"pool_id":"idle","total_cents":10000,"count":100,"sub_pools":4}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}
@@ -437,20 +428,7 @@ func TestIdleChatter(t *testing.T) {
 			t.Fatalf("grab = %d", code)
 		}
 	}
-	time.Sleep(2 * time.Second) // the first sweeps and lock attempts
-	for _, p := range proxies {
-		p.ResetStats()
-	}
-	const window = 6 * time.Second
-	time.Sleep(window)
-	for i, p := range proxies {
-		st := p.Stats()
-		perInstance := float64(st.Calls()) / 2 / window.Seconds()
-		t.Logf("shard s%d: %.2f calls/s per instance: %v", i+1, perInstance, st.Commands)
-		if perInstance > 2 {
-			t.Errorf("shard s%d: %.2f calls/s per idle instance, want at most 2 (%v)", i+1, perInstance, st.Commands)
-		}
-	}
+	assertIdle(t, proxies, 2*time.Second, 6*time.Second, "one pool, grants held")
 }
 
 // TestIdleSeason: a season preloaded ahead of its rains costs nothing while
@@ -460,17 +438,7 @@ func TestIdleChatter(t *testing.T) {
 // calls a second, as one idle pool does (docs/benchmarks.md#background-calls):
 // background work follows what there is to do, not the pools that exist.
 func TestIdleSeason(t *testing.T) {
-	servers := redistest.StartN(t, 4, durable)
-	var proxies []*redisproxy.Proxy
-	var specs []string
-	for i, s := range servers {
-		p := redisproxy.Start(t, s.Addr)
-		proxies = append(proxies, p)
-		specs = append(specs, fmt.Sprintf("s%d=1@%s", i+1, p.Addr))
-	}
-	environ := map[string]string{"RAIN_REDIS": strings.Join(specs, ","), "RAIN_ADMIN_TOKEN": longToken}
-	a, _ := startServe(t, nil, environ)
-	startServe(t, nil, environ)
+	a, proxies := idleRig(t)
 	tomorrow := time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)
 	for i := range 400 {
 		body := fmt.Sprintf(`{"pool_id":"p%d","total_cents":10000,"count":100,"sub_pools":4}`, i)
@@ -481,18 +449,42 @@ func TestIdleSeason(t *testing.T) {
 			t.Fatalf("preload p%d = %d %v", i, code, resp)
 		}
 	}
-	time.Sleep(10 * time.Second) // the first sweeps, lock attempts and listings
+	assertIdle(t, proxies, 10*time.Second, 10*time.Second, "400 idle pools")
+}
+
+// idleRig is two rain serve instances on four shards, each behind a proxy
+// that counts the calls it passes; it returns the first instance's address.
+func idleRig(t *testing.T) (string, []*redisproxy.Proxy) {
+	t.Helper()
+	servers := redistest.StartN(t, 4, durable)
+	var proxies []*redisproxy.Proxy
+	var addrs []string
+	for _, s := range servers {
+		p := redisproxy.Start(t, s.Addr)
+		proxies, addrs = append(proxies, p), append(addrs, p.Addr)
+	}
+	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(addrs), "RAIN_ADMIN_TOKEN": longToken}
+	a, _ := startServe(t, nil, environ)
+	startServe(t, nil, environ)
+	return a, proxies
+}
+
+// assertIdle lets the instances settle for warm (first sweeps, lock
+// attempts, listings), then counts the calls each shard gets over window:
+// at most 2 a second per instance.
+func assertIdle(t *testing.T, proxies []*redisproxy.Proxy, warm, window time.Duration, what string) {
+	t.Helper()
+	time.Sleep(warm)
 	for _, p := range proxies {
 		p.ResetStats()
 	}
-	const window = 10 * time.Second
 	time.Sleep(window)
 	for i, p := range proxies {
 		st := p.Stats()
 		perInstance := float64(st.Calls()) / 2 / window.Seconds()
 		t.Logf("shard s%d: %.2f calls/s per instance: %v", i+1, perInstance, st.Commands)
 		if perInstance > 2 {
-			t.Errorf("shard s%d: %.2f calls/s per idle instance with 400 idle pools, want at most 2 (%v)", i+1, perInstance, st.Commands)
+			t.Errorf("shard s%d: %.2f calls/s per idle instance (%s), want at most 2 (%v)", i+1, perInstance, what, st.Commands)
 		}
 	}
 }

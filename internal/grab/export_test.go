@@ -20,3 +20,7 @@ func HoldersRead(s *Service, poolID string) bool {
 func Breaker(s *Service, shard string) string {
 	return s.batchers[shard].br.current().String()
 }
+
+// UnknownLookups is how many pool ids a second the known-pools filter rules
+// out are looked up anyway.
+const UnknownLookups = unknownLookups

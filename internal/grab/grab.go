@@ -20,6 +20,7 @@ import (
 	"rain"
 	"rain/internal/catalog"
 	"rain/internal/known"
+	"rain/internal/limit"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/soldout"
@@ -142,7 +143,8 @@ func New(cfg Config) *Service {
 	shards := cfg.Catalog.Shards()
 	s := &Service{shards: shards, cat: cfg.Catalog, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{},
-		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{})}}
+		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{}),
+			lookups: limit.New(limit.Config{Rate: unknownLookups, Burst: unknownLookups, MaxKeys: 1})}}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.cfg = cfg
 	s.marks = newMarker(shards, cfg.Logger)
@@ -416,6 +418,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.local.known.Add(id) // found: if the filter had not heard of it, now it has
 	p = &poolView{rec: rec}
 	if rec.State.Over() {
 		s.local.known.Add(id)

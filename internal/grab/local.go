@@ -12,7 +12,11 @@ package grab
 //     registries are read again every 2 s. It answers only once warm (see
 //     Run): an instance just started never answers not_found for a pool
 //     preloaded a moment before. A false positive costs one trip to the
-//     shards, which then say the pool does not exist.
+//     shards, which then say the pool does not exist. A pool preloaded on
+//     another instance a moment ago may not be in it yet (its notice on
+//     the way): so up to unknownLookups ids a second that the filter rules
+//     out are still looked up on the shards, and a pool found there joins
+//     the filter; past that (a flood of made-up ids), not_found at once.
 //  2. not_started, for a pool whose record is not open yet (still loading):
 //     the record is read from the shards on every such grab.
 //  3. ended, for a pool whose record says it is closing or closed (its
@@ -46,20 +50,31 @@ import (
 
 	"rain/internal/events"
 	"rain/internal/known"
+	"rain/internal/limit"
 	"rain/internal/soldout"
 )
+
+// unknownLookups is how many pool ids a second the known-pools filter rules
+// out that are still looked up on the shards (case 1).
+const unknownLookups = 20
 
 // local is the state behind the answers given without Redis.
 type local struct {
 	known   *known.Filter  // pool ids that may exist
+	lookups *limit.Limiter // ids it rules out that are looked up anyway
 	warm    atomic.Bool    // known may answer not_found (see Run)
 	empty   *soldout.Cache // sub-pools that answered empty lately
 	holders sync.Map       // pool id -> *holderState, for sold-out pools
 }
 
-// unknown reports whether poolID is surely no pool (case 1).
+// unknown reports whether poolID is surely no pool (case 1): the filter
+// rules it out, and the lookups of such ids this second are spent.
 func (l *local) unknown(poolID string) bool {
-	return l.warm.Load() && !l.known.MayContain(poolID)
+	if !l.warm.Load() || l.known.MayContain(poolID) {
+		return false
+	}
+	ok, _ := l.lookups.Allow("", time.Now())
+	return !ok
 }
 
 // soldOutHere reports whether the pool is known sold out and userID surely

@@ -8,20 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
 )
-
-func nodeClient(t *testing.T, s *redistest.Server) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 // TestClaimOnANewPrimaryWaitsForItsReplica: a fourth primary joins the
 // cluster with a replica of its own (scaling out) and a sub-pool's slot
@@ -35,7 +27,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 	e, cl := clusterEnv(t, 1)
 	d := cl.AddPrimary()
 	dr := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", Cluster: true})
-	did, err := nodeClient(t, d).ClusterMyID(ctx).Result()
+	did, err := redistest.Client(t, d).ClusterMyID(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +35,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 		t.Fatalf("add a replica: %v %s", err, out)
 	}
 	waittest.Until(t, 30*time.Second, "the new primary's replica in sync", func() bool {
-		info, err := nodeClient(t, dr).Info(ctx, "replication").Result()
+		info, err := redistest.Client(t, dr).Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	cl.WaitOK()

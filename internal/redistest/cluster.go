@@ -7,7 +7,9 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,11 +85,7 @@ func (c *Cluster) cli(args ...string) string {
 func (c *Cluster) Seeds() string { return strings.Join(Addrs(c.Nodes), "+") }
 
 // client is a plain client of one node, closed when the test ends.
-func (c *Cluster) client(s *Server) *redis.Client {
-	cl := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
-	c.tb.Cleanup(func() { _ = cl.Close() })
-	return cl
-}
+func (c *Cluster) client(s *Server) *redis.Client { return Client(c.tb, s) }
 
 // WaitOK waits (up to 30s) until every node that runs says
 // cluster_state:ok and agrees on who owns every slot.
@@ -104,7 +102,7 @@ func (c *Cluster) WaitOK() {
 			}
 			cl := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
 			info, err := cl.ClusterInfo(ctx).Result()
-			slots, serr := cl.ClusterSlots(ctx).Result()
+			slots, serr := cl.ClusterShards(ctx).Result()
 			_ = cl.Close()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || serr != nil {
 				ok, why = false, fmt.Sprintf("%s: %v %v", s.Addr, err, serr)
@@ -128,14 +126,29 @@ func (c *Cluster) WaitOK() {
 }
 
 // slotOwners is the slot ranges and their primaries, for comparison.
-func slotOwners(slots []redis.ClusterSlot) []string {
+func slotOwners(shards []redis.ClusterShard) []string {
 	var out []string
-	for _, s := range slots {
-		if len(s.Nodes) > 0 {
-			out = append(out, fmt.Sprintf("%d-%d:%s", s.Start, s.End, s.Nodes[0].Addr))
+	for _, sh := range shards {
+		primary := shardPrimary(sh)
+		if primary == "" {
+			continue
+		}
+		for _, r := range sh.Slots {
+			out = append(out, fmt.Sprintf("%d-%d:%s", r.Start, r.End, primary))
 		}
 	}
+	slices.Sort(out)
 	return out
+}
+
+// shardPrimary is the address of a shard's primary, "" when it lists none.
+func shardPrimary(sh redis.ClusterShard) string {
+	for _, n := range sh.Nodes {
+		if n.Role == "master" {
+			return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+		}
+	}
+	return ""
 }
 
 // Owner is the node that owns slot now, as the node at first answers.
@@ -145,14 +158,18 @@ func (c *Cluster) Owner(slot int) *Server {
 		if s.PID() == 0 {
 			continue
 		}
-		slots, err := c.client(s).ClusterSlots(context.Background()).Result()
+		shards, err := c.client(s).ClusterShards(context.Background()).Result()
 		if err != nil {
 			continue
 		}
-		for _, r := range slots {
-			if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
+		for _, sh := range shards {
+			primary := shardPrimary(sh)
+			for _, r := range sh.Slots {
+				if int64(slot) < r.Start || int64(slot) > r.End {
+					continue
+				}
 				for _, n := range c.Nodes {
-					if n.Addr == r.Nodes[0].Addr {
+					if n.Addr == primary {
 						return n
 					}
 				}

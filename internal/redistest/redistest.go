@@ -371,6 +371,14 @@ func ping(addr string) error {
 	return nil
 }
 
+// Client returns a go-redis client of s alone (not following a cluster's
+// redirects), closed in tb's cleanup.
+func Client(tb testing.TB, s *Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Clients returns a go-redis client per server, in order, closed in tb's
 // cleanup (before the servers are killed: cleanups run last-in first-out).
 // Call it once per simulated instance: separate processes have separate

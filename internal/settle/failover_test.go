@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
@@ -20,12 +18,6 @@ import (
 	"rain/internal/wait/waittest"
 )
 
-func nodeClient(t *testing.T, s *redistest.Server) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // replicaOf is the node of cl replicating primary p.
 func replicaOf(t *testing.T, cl *redistest.Cluster, p *redistest.Server) *redistest.Server {
 	t.Helper()
@@ -34,7 +26,7 @@ func replicaOf(t *testing.T, cl *redistest.Cluster, p *redistest.Server) *redist
 		if n == p {
 			continue
 		}
-		info, err := nodeClient(t, n).Info(context.Background(), "replication").Result()
+		info, err := redistest.Client(t, n).Info(context.Background(), "replication").Result()
 		if err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+port+"\r") {
 			return n
 		}
@@ -44,7 +36,7 @@ func replicaOf(t *testing.T, cl *redistest.Cluster, p *redistest.Server) *redist
 }
 
 func role(t *testing.T, s *redistest.Server) string {
-	r, err := nodeClient(t, s).Do(context.Background(), "ROLE").Slice()
+	r, err := redistest.Client(t, s).Do(context.Background(), "ROLE").Slice()
 	if err != nil || len(r) == 0 {
 		return ""
 	}
@@ -97,7 +89,7 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 	waittest.Until(t, 20*time.Second, "the 3 grants before the failover paid", func() bool { return w0.Stats().Delivered == 3 })
 	stop0()
 
-	if err := nodeClient(t, replica).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+	if err := redistest.Client(t, replica).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 30*time.Second, "the replica promoted, the old primary its replica", func() bool {
@@ -105,7 +97,7 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 	})
 	cl.WaitOK()
 	waittest.Until(t, 30*time.Second, "the old primary in sync with the new one", func() bool {
-		info, err := nodeClient(t, primary).Info(ctx, "replication").Result()
+		info, err := redistest.Client(t, primary).Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	granted := 0

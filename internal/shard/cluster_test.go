@@ -79,11 +79,7 @@ func TestOnNodeIsToldOfEveryPrimary(t *testing.T) {
 		mu  sync.Mutex
 		met []string
 	)
-	specs, err := ParseSpecs("c1=1@cluster/" + cl.Seeds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := Open(specs, 0, Options{OnNode: func(d Durability) {
+	set := openCluster(t, cl, Options{OnNode: func(d Durability) {
 		mu.Lock()
 		defer mu.Unlock()
 		if d.Err != nil || d.Durable() {
@@ -91,10 +87,6 @@ func TestOnNodeIsToldOfEveryPrimary(t *testing.T) {
 		}
 		met = append(met, d.Shard)
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
 	ps, err := set.Primaries(ctx, "c1")
 	if err != nil || len(ps) != 3 {
 		t.Fatalf("Primaries = %v, %v", ps, err)
@@ -135,15 +127,7 @@ func TestClusterAnnouncingHostnames(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3, 1, redistest.Options{Args: []string{
 		"--cluster-announce-hostname", "localhost", "--cluster-preferred-endpoint-type", "hostname"}})
-	specs, err := ParseSpecs("c1=1@cluster/" + cl.Seeds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := Open(specs, 0, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
+	set := openCluster(t, cl, Options{})
 	ps, err := set.Primaries(ctx, "c1")
 	if err != nil || len(ps) != 3 {
 		t.Fatalf("Primaries = %v, %v", ps, err)
@@ -172,4 +156,20 @@ func TestClusterAnnouncingHostnames(t *testing.T) {
 			t.Fatalf("Writer(%s) replicated = %v, %v; want a wait for the replica", key, replicated, err)
 		}
 	}
+}
+
+// openCluster is a set of one shard, c1, the cluster cl; closed when the
+// test ends.
+func openCluster(t *testing.T, cl *redistest.Cluster, opts Options) *Set {
+	t.Helper()
+	specs, err := ParseSpecs("c1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := Open(specs, 0, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return set
 }

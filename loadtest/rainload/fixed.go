@@ -18,23 +18,40 @@ import (
 
 // runFixed is `rainload fixed`: a server that answers every valid POST /grab with
 // the same 200 granted, doing no other work, so that a load test against it
-// measures the driver's own ceiling on this machine. It stops on ctx.
+// measures the driver's own ceiling on this machine (-server bare, the
+// default), or what an HTTP server alone costs per request (-server net/http
+// or fasthttp: the floors of scripts/bench.sh budget). It stops on ctx.
 func runFixed(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rainload fixed", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:8090", "listen `address`")
+	server := fs.String("server", "bare", "the HTTP server: `bare` (its own minimal HTTP/1.1, the driver's ceiling), "+
+		"net/http or fasthttp (each with rain's limits on requests; the same answers)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	serve, ok := fixedServers[*server]
+	if !ok {
+		return fmt.Errorf("-server %q: want bare, net/http or fasthttp", *server)
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "rainload fixed: listening on %s\n", ln.Addr())
-	return newFixed().serve(ctx, ln)
+	fmt.Fprintf(stderr, "rainload fixed: %s listening on %s\n", *server, ln.Addr())
+	return serve(newFixed(), ctx, ln)
+}
+
+// fixedServers are the servers of rainload fixed -server, by name. Each
+// serves on ln until ctx is done, answers with fixed.grab, and returns nil
+// once stopped.
+var fixedServers = map[string]func(f *fixed, ctx context.Context, ln net.Listener) error{
+	"bare":     (*fixed).serve,
+	"net/http": (*fixed).serveNetHTTP,
+	"fasthttp": (*fixed).serveFastHTTP,
 }
 
 // fixed is the fixed-answer server. It speaks just enough HTTP/1.1 for POST /grab

@@ -25,7 +25,15 @@ import (
 	"rain/loadtest/rainload/internal/timeline"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// fasthttp keeps two goroutines of its own for the life of the process
+// (the Date header's clock, and a worker pool's cleaner that sleeps 10 s
+// between looks at its stop channel): rainload fixed -server fasthttp
+// leaves them behind its stopped server.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
+}
 
 // answers is what fakeRain answers a user whose number ends in i: every status of
 // docs/api.md with its code, a 500, and a dropped connection.
@@ -396,52 +404,91 @@ func TestClosedKeepAliveIsRetried(t *testing.T) {
 	}
 }
 
-func TestFixedServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- newFixed().serve(ctx, ln) }()
-	url := "http://" + ln.Addr().String()
+// TestFixedServers: each server of rainload fixed -server answers the same
+// bytes to the same requests (the floors of scripts/bench.sh budget differ
+// only in their HTTP layer), as well-formed HTTP that net/http reads, and
+// carries a load run.
+func TestFixedServers(t *testing.T) {
+	for _, name := range []string{"bare", "net/http", "fasthttp"} {
+		t.Run(name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- fixedServers[name](newFixed(), ctx, ln) }()
+			url := "http://" + ln.Addr().String()
 
-	// net/http as a client: the answers are well-formed HTTP.
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr}
-	for _, tt := range []struct{ body, status string }{
-		{`{"pool_id":"p","user_id":"u1"}`, "granted"},
-		{`{"pool_id":"p","user_id":"u 1"}`, "invalid"},
-		{`{"pool_id":"p","user_id":"u1","x":1}`, "invalid"},
-		{`{`, "invalid"},
-	} {
-		resp, err := c.Post(url+"/grab", "application/json", strings.NewReader(tt.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		var got struct {
-			Status string `json:"status"`
-			Serial int64  `json:"serial"`
-		}
-		if err := json.Unmarshal(b, &got); err != nil || got.Status != tt.status {
-			t.Errorf("POST /grab %s = %d %s, want status %s", tt.body, resp.StatusCode, b, tt.status)
-		}
-	}
+			tr := &http.Transport{}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr}
+			for _, tt := range []struct {
+				body string
+				code int
+				want string // the whole answer; "" for any with status invalid
+			}{
+				{`{"pool_id":"p","user_id":"u1"}`, 200,
+					`{"status":"granted","pool_id":"p","user_id":"u1","amount_cents":1,"serial":1,"expires_at":"2030-01-01T00:00:00Z"}`},
+				{`{"pool_id":"p","user_id":"u2"}`, 200,
+					`{"status":"granted","pool_id":"p","user_id":"u2","amount_cents":1,"serial":2,"expires_at":"2030-01-01T00:00:00Z"}`},
+				{`{"pool_id":"p","user_id":"u 1"}`, 400, ""},
+				{`{"pool_id":"p","user_id":"u1","x":1}`, 400, ""},
+				{`{`, 400, ""},
+			} {
+				resp, err := c.Post(url+"/grab", "application/json", strings.NewReader(tt.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var got struct {
+					Status string `json:"status"`
+				}
+				ok := resp.StatusCode == tt.code && resp.Header.Get("Content-Type") == "application/json"
+				if tt.want != "" {
+					ok = ok && string(b) == tt.want
+				} else {
+					ok = ok && json.Unmarshal(b, &got) == nil && got.Status == "invalid"
+				}
+				if !ok {
+					t.Errorf("POST /grab %s = %d %s %s, want %d %s", tt.body, resp.StatusCode,
+						resp.Header.Get("Content-Type"), b, tt.code, tt.want)
+				}
+			}
+			resp, err := c.Post(url+"/grab", "application/json", strings.NewReader(strings.Repeat(" ", maxRequest+1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Errorf("POST /grab of %d bytes = %d, want 413", maxRequest+1, resp.StatusCode)
+			}
+			for path, code := range map[string]int{"/healthz": 200, "/nope": 404} {
+				resp, err := c.Get(url + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != code {
+					t.Errorf("GET %s = %d, want %d", path, resp.StatusCode, code)
+				}
+			}
+			tr.CloseIdleConnections()
 
-	sumPath := filepath.Join(t.TempDir(), "s.json")
-	runOK(t, context.Background(), "-url", url, "-pool", "p", "-rate", "400", "-duration", "500ms",
-		"-progress", "0", "-summary", sumPath)
-	s, _ := readSummary(t, sumPath)
-	if s.Statuses["granted"] != 200 || s.GoodputRPS != 400 {
-		t.Errorf("granted %d goodput %v/s, want 200 and 400/s", s.Statuses["granted"], s.GoodputRPS)
-	}
+			sumPath := filepath.Join(t.TempDir(), "s.json")
+			runOK(t, context.Background(), "-url", url, "-pool", "p", "-rate", "400", "-duration", "500ms",
+				"-progress", "0", "-summary", sumPath)
+			s, _ := readSummary(t, sumPath)
+			if s.Statuses["granted"] != 200 || s.GoodputRPS != 400 {
+				t.Errorf("granted %d goodput %v/s, want 200 and 400/s", s.Statuses["granted"], s.GoodputRPS)
+			}
 
-	cancel()
-	if err := <-errc; err != nil {
-		t.Errorf("serve after cancel = %v, want nil", err)
+			cancel()
+			if err := <-errc; err != nil {
+				t.Errorf("serve after cancel = %v, want nil", err)
+			}
+		})
 	}
 }
 
@@ -552,6 +599,9 @@ func TestRunCommands(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"fixed", "-listen", "127.0.0.1:-1"}, &out, &errb); err == nil {
 		t.Error("fixed on a bad address = nil, want an error")
+	}
+	if err := run(context.Background(), []string{"fixed", "-server", "nginx"}, &out, &errb); err == nil {
+		t.Error("fixed -server nginx = nil, want an error")
 	}
 }
 

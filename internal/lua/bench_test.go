@@ -1,0 +1,272 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"rain"
+	"rain/internal/redistest"
+)
+
+// BenchmarkClaimMany: the claim path alone, what Redis spends per claim.
+// Each iteration is one batch as a shard's lane sends it: one pipelined
+// round trip holding one claim_many of `batch` new users on one sub-pool,
+// on a real redis-server with AOF and appendfsync always (one fsync per
+// batch), one batch in flight. Beside it, minimal/batch=N: the minimal
+// design's pop-and-record script (loadtest/baseline: HGET, LPOP, HSET; no
+// serial, hold, outbox or counters), N EVALSHAs of it in one pipelined
+// round trip: the floor of Redis's work per claim.
+//
+// Redis's CPU comes from its INFO (used_cpu_sys + used_cpu_user, the whole
+// process: reading, the scripts, writing, the AOF's write and fsync) over
+// the measured batches; the scripts' own time from INFO commandstats
+// (evalsha usec). Reported per claim (redis-us/claim, lua-us/claim), per
+// batch (redis-us/batch), and as new grants per second per second of Redis
+// CPU (grants/s/core: what one shard's core could grant at this batch
+// size). claims/s is the wall-clock rate, which on this machine waits
+// mostly on the fsync.
+//
+//	go test -run x -bench ClaimMany ./internal/lua
+func BenchmarkClaimMany(b *testing.B) {
+	for _, n := range []int{1, 4, 16, 64, 128} {
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { benchClaims(b, n, newRainClaims) })
+	}
+	for _, n := range []int{1, 16, 128} {
+		b.Run("minimal/batch="+strconv.Itoa(n), func(b *testing.B) { benchClaims(b, n, newMinimalClaims) })
+	}
+}
+
+// claimer sends one batch of n claims of new users and checks that each
+// was granted; refill gives it fresh stock for at least `packets` more.
+type claimer interface {
+	batch(ctx context.Context, first int64, n int) error
+	refill(ctx context.Context, packets int64) error
+}
+
+// benchPackets is the stock loaded at a time: b.Loop's ramp may ask for
+// more, which a refill outside the measurement adds.
+const benchPackets = 200_000
+
+func benchClaims(b *testing.B, n int, newClaimer func(*redis.Client) claimer) {
+	ctx := context.Background()
+	srv := redistest.Start(b, redistest.Options{AOF: true, Fsync: "always"})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	b.Cleanup(func() { c.Close() })
+	cl := newClaimer(c)
+	if err := cl.refill(ctx, benchPackets); err != nil {
+		b.Fatal(err)
+	}
+	m := &redisMeter{c: c}
+	left := int64(benchPackets)
+	var next int64
+	m.start(b)
+	for b.Loop() {
+		if left < int64(n) {
+			b.StopTimer()
+			m.pause(b)
+			if err := cl.refill(ctx, benchPackets); err != nil {
+				b.Fatal(err)
+			}
+			left = benchPackets
+			m.start(b)
+			b.StartTimer()
+		}
+		if err := cl.batch(ctx, next, n); err != nil {
+			b.Fatal(err)
+		}
+		next += int64(n)
+		left -= int64(n)
+	}
+	m.pause(b)
+	claims := float64(next)
+	b.ReportMetric(m.cpuUS/claims, "redis-us/claim")
+	b.ReportMetric(m.luaUS/claims, "lua-us/claim")
+	b.ReportMetric(m.cpuUS/float64(b.N), "redis-us/batch")
+	b.ReportMetric(claims/(m.cpuUS/1e6), "grants/s/core")
+	b.ReportMetric(claims/b.Elapsed().Seconds(), "claims/s")
+}
+
+// redisMeter adds up Redis's CPU and its scripts' time over the measured
+// stretches, from INFO.
+type redisMeter struct {
+	c            *redis.Client
+	cpu0, lua0   float64 // at the start of the stretch, µs
+	cpuUS, luaUS float64 // over the stretches so far
+}
+
+func (m *redisMeter) start(b *testing.B) { m.cpu0, m.lua0 = m.read(b) }
+
+func (m *redisMeter) pause(b *testing.B) {
+	cpu, lua := m.read(b)
+	m.cpuUS += cpu - m.cpu0
+	m.luaUS += lua - m.lua0
+}
+
+// read returns used_cpu_sys + used_cpu_user and evalsha's usec, in µs.
+func (m *redisMeter) read(b *testing.B) (cpu, lua float64) {
+	b.Helper()
+	info, err := m.c.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "used_cpu_sys", "used_cpu_user":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO %s: %v", line, err)
+			}
+			cpu += f * 1e6
+		case "cmdstat_evalsha":
+			for kv := range strings.SplitSeq(v, ",") {
+				if name, val, _ := strings.Cut(kv, "="); name == "usec" {
+					f, err := strconv.ParseFloat(val, 64)
+					if err != nil {
+						b.Fatalf("INFO %s: %v", line, err)
+					}
+					lua = f
+				}
+			}
+		}
+	}
+	return cpu, lua
+}
+
+// rainClaims sends claim_many batches, as the lane does.
+type rainClaims struct {
+	c      *redis.Client
+	sub    int // sub-pools made so far; the latest is where claims go
+	keys   rain.Keys
+	claims []ClaimArg
+}
+
+func newRainClaims(c *redis.Client) claimer { return &rainClaims{c: c} }
+
+func (r *rainClaims) refill(ctx context.Context, packets int64) error {
+	sp := rain.SubPool{Pool: "bench", Index: r.sub}
+	r.sub++
+	if _, _, err := Setup(ctx, r.c, sp, packets, packets*100, Window{HoldMS: 3_600_000}); err != nil {
+		return err
+	}
+	if err := LoadScripts(ctx, r.c); err != nil {
+		return err
+	}
+	amounts := make([]int64, 1000)
+	for i := range amounts {
+		amounts[i] = 100
+	}
+	pipe := r.c.Pipeline()
+	var cmds []*redis.Cmd
+	for batch := int64(0); batch*1000 < packets; batch++ {
+		cmds = append(cmds, LoadCmd(ctx, pipe, sp, batch, amounts[:min(1000, packets-batch*1000)]))
+		if pipe.Len() == 16 || (batch+1)*1000 >= packets {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	for _, cmd := range cmds {
+		if res, _, err := ParseLoad(cmd); err != nil || res != Loaded {
+			return fmt.Errorf("load: %v %v", res, err)
+		}
+	}
+	if ok, _, _, err := OpenSubPool(ctx, r.c, sp); err != nil || !ok {
+		return fmt.Errorf("open %s: %v %v", sp.Tag(), ok, err)
+	}
+	r.keys = sp.Keys()
+	return nil
+}
+
+func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
+	r.claims = r.claims[:0]
+	for i := range int64(n) {
+		r.claims = append(r.claims, ClaimArg{User: "u" + strconv.FormatInt(first+i, 10), Serial: first + i + 1})
+	}
+	pipe := r.c.Pipeline()
+	cmd := ClaimManyCmd(ctx, pipe, &r.keys, 0, false, r.claims, nil)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	claims, errs, err := ParseClaimMany(cmd, n)
+	if err != nil {
+		return err
+	}
+	for i, cl := range claims {
+		if errs[i] != nil || cl.Outcome != Granted {
+			return fmt.Errorf("claim of %s = %+v, %v; want granted", r.claims[i].User, cl, errs[i])
+		}
+	}
+	return nil
+}
+
+// minimalClaimSrc is loadtest/baseline's claim script, the whole grab of
+// the minimal design: the user's amount if they hold one, else pop one and
+// record it.
+const minimalClaimSrc = `
+local g = redis.call('HGET', KEYS[2], ARGV[1])
+if g then return {1, tonumber(g)} end
+local a = redis.call('LPOP', KEYS[1])
+if not a then
+  if redis.call('EXISTS', KEYS[3]) == 0 then return {-1, 0} end
+  return {0, 0}
+end
+redis.call('HSET', KEYS[2], ARGV[1], a)
+return {2, tonumber(a)}
+`
+
+// minimalClaims sends a pipeline of one minimal script per claim.
+type minimalClaims struct {
+	c      *redis.Client
+	script *redis.Script
+	keys   []string
+	cmds   []*redis.Cmd
+}
+
+func newMinimalClaims(c *redis.Client) claimer {
+	return &minimalClaims{c: c, script: redis.NewScript(minimalClaimSrc),
+		keys: []string{"bl:{bench}:stock", "bl:{bench}:grants", "bl:{bench}:meta"}}
+}
+
+func (m *minimalClaims) refill(ctx context.Context, packets int64) error {
+	if err := m.script.Load(ctx, m.c).Err(); err != nil {
+		return err
+	}
+	amounts := make([]any, 1000)
+	for i := range amounts {
+		amounts[i] = 100
+	}
+	pipe := m.c.Pipeline()
+	pipe.Set(ctx, m.keys[2], 1, 0)
+	for pushed := int64(0); pushed < packets; pushed += 1000 {
+		pipe.RPush(ctx, m.keys[0], amounts[:min(1000, packets-pushed)]...)
+		if pipe.Len() >= 16 || pushed+1000 >= packets {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (m *minimalClaims) batch(ctx context.Context, first int64, n int) error {
+	pipe := m.c.Pipeline()
+	m.cmds = m.cmds[:0]
+	for i := range int64(n) {
+		m.cmds = append(m.cmds, m.script.EvalSha(ctx, pipe, m.keys, "u"+strconv.FormatInt(first+i, 10)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	for _, cmd := range m.cmds {
+		if res, err := cmd.Int64Slice(); err != nil || len(res) != 2 || res[0] != 2 {
+			return fmt.Errorf("minimal claim = %v, %v; want granted", res, err)
+		}
+	}
+	return nil
+}

@@ -222,7 +222,7 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 
 // list answers GET /admin/pools: {"pools": [ids, sorted]}.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	ids, err := s.cfg.Pools.List(r.Context())
+	ids, err := s.cfg.Pools.ReadList(r.Context())
 	if errors.Is(err, rain.ErrPartial) {
 		err = nil // the pools of the shards that answered
 	}

@@ -40,7 +40,7 @@ type Pools interface {
 	Status(ctx context.Context, id string) (*rain.Status, error)
 	Audit(ctx context.Context, id string) (*rain.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
-	List(ctx context.Context) ([]string, error)
+	ReadList(ctx context.Context) ([]string, error)
 	End(ctx context.Context, id string) (*rain.Status, error)
 	Close(ctx context.Context, id string) (*rain.Account, error)
 }

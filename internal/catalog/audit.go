@@ -39,7 +39,7 @@ import (
 // spill that moved between the reads is not a false alarm, and a real
 // mismatch is pinned to its token. And the sub-pools add up to the spec.
 func (c *Catalog) Audit(ctx context.Context, id string) (*rain.Report, error) {
-	p, err := c.Find(ctx, id)
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -55,13 +55,13 @@ type Catalog struct {
 	log    *slog.Logger
 
 	mu      sync.RWMutex          // guards records, lives and onOpen
-	records map[string]*rain.Pool // records of open and closed pools, read once: see Pool
-	lives   map[string]string     // each shard's life counter as List last saw it
-	regs    map[string][]string   // each shard's registry as last read (List, ListInTurn)
-	turn    int                   // the shard ListInTurn reads next
+	records map[string]*rain.Pool // records of open and closed pools, read once: see Cached
+	lives   map[string]string     // each shard's life counter as the last registry read saw it
+	regs    map[string][]string   // each shard's registry as last read (ReadList, ReadListInTurn)
+	turn    int                   // the shard ReadListInTurn reads next
 	onOpen  []func(poolID string) // see OnOpen
 
-	listed atomic.Pointer[listing] // the registry as List last read it
+	listed atomic.Pointer[listing] // the registry as ReadList or ReadListInTurn last read it
 }
 
 // listing is a registry read and when it was made.
@@ -91,17 +91,18 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 // Shards is the set the catalog works on.
 func (c *Catalog) Shards() *shard.Set { return c.shards }
 
-// listedEvery is how long a registry read serves Listed.
+// listedEvery is how long a registry read serves CachedList.
 const listedEvery = 2 * time.Second
 
-// Listed is the pools as List last read them, with the open pools met since
-// (a pool preloaded a moment ago may not be in the read yet); it reads the
-// registry when the last read is older than 2 s, or there was none. What
-// background work that visits every pool (the reaper) goes through.
-func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
+// CachedList is the pools as the registry was last read (ReadList,
+// ReadListInTurn), with the open pools met since (a pool preloaded a moment
+// ago may not be in the read yet). No I/O while the last read is younger
+// than 2 s; it reads Redis (ReadList) when it is older, or there was none.
+// What background work that visits every pool (the reaper) goes through.
+func (c *Catalog) CachedList(ctx context.Context) ([]string, error) {
 	l := c.listed.Load()
 	if l == nil || time.Since(l.at) > listedEvery {
-		ids, err := c.List(ctx)
+		ids, err := c.ReadList(ctx)
 		if err != nil && !errors.Is(err, rain.ErrPartial) {
 			return nil, err
 		}
@@ -120,9 +121,9 @@ func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// LastListed is the registry as List last read it, without I/O; nil when
-// it never did.
-func (c *Catalog) LastListed() []string {
+// LastList is the registry as ReadList or ReadListInTurn last read it. No
+// I/O; nil when it was never read whole.
+func (c *Catalog) LastList() []string {
 	if l := c.listed.Load(); l != nil {
 		return l.ids
 	}

@@ -74,7 +74,7 @@ func (e *env) assertAudit(t testing.TB, pool string) {
 func (e *env) claim(t testing.TB, id string, serial int64, users ...string) []lua.Claim {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Pool(ctx, id)
+	p, err := e.cat.Cached(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestAuditInPages(t *testing.T) {
 	e := envOn(t, []*redistest.Server{srv}, []string{proxy.Addr})
 	const packets = 300_000
 	e.preload(t, rain.Spec{PoolID: "big", TotalCents: 3 * packets, Count: packets, HoldSeconds: 3600})
-	p, err := e.cat.Pool(ctx, "big")
+	p, err := e.cat.Cached(ctx, "big")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	e := envOn(t, servers, redistest.Addrs(servers))
 	e.preload(t, spec)
-	p, err := e.cat.Find(ctx, spec.PoolID)
+	p, err := e.cat.Read(ctx, spec.PoolID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
 	spec := rain.Spec{PoolID: "two", TotalCents: 3_000, Count: 30, SubPools: 3}
 	e.endedAndSettled(t, spec)
-	p, err := e.cat.Find(ctx, spec.PoolID)
+	p, err := e.cat.Read(ctx, spec.PoolID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,22 +253,22 @@ func TestAnotherProcessSeesTheClose(t *testing.T) {
 	spec := rain.Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
 	e.endedAndSettled(t, spec)
 	other := envOn(t, e.servers, redistest.Addrs(e.servers))
-	if _, err := other.cat.List(ctx); err != nil {
+	if _, err := other.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != rain.Open {
-		t.Fatalf("Pool = %+v, %v; want open", p, err)
+	if p, err := other.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Open {
+		t.Fatalf("Cached = %+v, %v; want open", p, err)
 	}
 	if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := other.cat.Pool(ctx, spec.PoolID); p.State != rain.Open {
+	if p, _ := other.cat.Cached(ctx, spec.PoolID); p.State != rain.Open {
 		t.Fatalf("before its next registry read the other process reads %s; want its kept record, open", p.State)
 	}
-	if _, err := other.cat.List(ctx); err != nil {
+	if _, err := other.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
-		t.Fatalf("Pool after the next registry read = %+v, %v; want closed", p, err)
+	if p, err := other.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
+		t.Fatalf("Cached after the next registry read = %+v, %v; want closed", p, err)
 	}
 }

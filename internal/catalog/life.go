@@ -41,7 +41,7 @@ type Books interface {
 // Ending an ended or closed pool changes nothing. It returns the pool's
 // status. ErrNotFound for no such pool; ErrNotNow for a pool still loading.
 func (c *Catalog) End(ctx context.Context, id string) (*rain.Status, error) {
-	p, err := c.Find(ctx, id)
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +100,7 @@ func (c *Catalog) notify(ctx context.Context, id string) {
 // sub-pool by sub-pool. A close that died midway finishes when run again;
 // closing a closed pool returns its account.
 func (c *Catalog) Close(ctx context.Context, id string) (*rain.Account, error) {
-	p, err := c.find(ctx, id)
+	p, err := c.readRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ import (
 func (e *env) settleByHand(t testing.TB, id string) int64 {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Find(ctx, id)
+	p, err := e.cat.Read(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,9 +173,9 @@ func TestLifeOfAPool(t *testing.T) {
 func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Find(ctx, id)
+	p, err := e.cat.Read(ctx, id)
 	if err != nil || p.State != rain.Closed {
-		t.Fatalf("Find(%s) = %+v, %v; want closed", id, p, err)
+		t.Fatalf("Read(%s) = %+v, %v; want closed", id, p, err)
 	}
 	for name, ks := range e.keys(t) {
 		want := slices.Clone(before[name])
@@ -223,7 +223,7 @@ func checkClosed(t *testing.T, e *env, spec rain.Spec, a *rain.Account) {
 	if st, err := e.cat.End(ctx, spec.PoolID); err != nil || st.State != "closed" {
 		t.Fatalf("End(closed) = %+v, %v; want closed, nothing changed", st, err)
 	}
-	p, err := e.cat.Pool(ctx, spec.PoolID)
+	p, err := e.cat.Cached(ctx, spec.PoolID)
 	if err != nil || p.State != rain.Closed {
 		t.Fatalf("Pool(closed) = %+v, %v", p, err)
 	}
@@ -330,7 +330,7 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 			// is freed; then the record is past open, and the grab path
 			// answers ended from it.
 			c := e.claim(t, spec.PoolID, 50, "late")
-			p, err := e.cat.Find(ctx, spec.PoolID)
+			p, err := e.cat.Read(ctx, spec.PoolID)
 			if err != nil || c[0].Outcome != lua.Ended && (c[0].Outcome != lua.Closed || !p.State.Over()) {
 				t.Fatalf("a grab after a close died = %+v, the record %+v, %v; want ended", c[0], p, err)
 			}
@@ -364,7 +364,7 @@ func TestCloseWhileASpillIsInFlight(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
 	e.preload(t, rain.Spec{PoolID: "sp", TotalCents: 1_000, Count: 10, SubPools: 2})
-	p, err := e.cat.Find(ctx, "sp")
+	p, err := e.cat.Read(ctx, "sp")
 	if err != nil {
 		t.Fatal(err)
 	}

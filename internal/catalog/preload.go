@@ -70,7 +70,7 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress fu
 // there, and what is stored there wins, so two concurrent preloads of one
 // id, even from instances with different shard lists, end with one record.
 func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*record, error) {
-	existing, err := c.find(ctx, spec.PoolID)
+	existing, err := c.readRecord(ctx, spec.PoolID)
 	if err != nil && !errors.Is(err, rain.ErrNotFound) {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, tot
 	if err := c.writeRecord(ctx, &open); err != nil {
 		return err
 	}
-	if now, err := c.Find(ctx, spec.PoolID); err != nil {
+	if now, err := c.Read(ctx, spec.PoolID); err != nil {
 		return err
 	} else if now.State.Over() {
 		return closedErr(spec.PoolID, now.State)

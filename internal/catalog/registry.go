@@ -2,6 +2,11 @@ package catalog
 
 // This file is where pools are found: their records, the registry, and the
 // serial shard's arbitration and repair.
+//
+// A lookup's name says whether it reads Redis: Read and ReadList (and
+// ReadListInTurn, turn.go) always do; Cached and CachedList (catalog.go)
+// answer from memory and read Redis only on a miss or when what they keep
+// is stale; LastList never does.
 
 import (
 	"context"
@@ -18,23 +23,24 @@ import (
 	"rain/internal/lua"
 )
 
-// Pool returns the pool's record, from memory once it is open or closed:
+// Cached returns the pool's record, from memory once it is open or closed
+// (no I/O), read from Redis (Read) otherwise:
 // a closed pool's record never changes again; an open pool's changes only
 // by an end or a close, whose notice (internal/events) makes the instances
 // Forget it at once, and which moves every shard's life counter, so that
 // a process that missed the notice (or hears none: rain settle) forgets
-// every open record at its next registry read (List, every 2 s while
+// every open record at its next registry read (ReadList, every 2 s while
 // work goes on): no record is read again while nothing happens. A pool
 // loading or closing is read again on every call. ErrNotFound for no such
 // pool; ErrUnavailable when it cannot be read now.
-func (c *Catalog) Pool(ctx context.Context, id string) (*rain.Pool, error) {
+func (c *Catalog) Cached(ctx context.Context, id string) (*rain.Pool, error) {
 	c.mu.RLock()
 	p := c.records[id]
 	c.mu.RUnlock()
 	if p != nil {
 		return p, nil
 	}
-	p, err := c.Find(ctx, id)
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +88,7 @@ func (c *Catalog) forgetOpen() {
 	}
 }
 
-// copyOf is one shard's copy of a pool's record, as Find reads it.
+// copyOf is one shard's copy of a pool's record, as Read reads it.
 type copyOf struct {
 	shard  string
 	fields map[string]string // nil: none there
@@ -90,7 +96,7 @@ type copyOf struct {
 	err    error             // the shard did not answer
 }
 
-// Find reads the pool's record from every shard, at once, and returns the
+// Read reads the pool's record from Redis, every shard at once, and returns the
 // copy furthest along the pool's life: the serial shard's decides which
 // pool the id is (what is stored there wins a preload's race), and a copy
 // of that same pool further along (a close writes the shards in turn; a
@@ -100,16 +106,16 @@ type copyOf struct {
 // a closed one or drops its account. ErrNotFound when no shard that
 // answered has it; ErrUnavailable when none has a whole copy and some did
 // not answer, or none of the copies is whole.
-func (c *Catalog) Find(ctx context.Context, id string) (*rain.Pool, error) {
-	r, err := c.find(ctx, id)
+func (c *Catalog) Read(ctx context.Context, id string) (*rain.Pool, error) {
+	r, err := c.readRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return &r.Pool, nil
 }
 
-// find is Find, with the record as stored.
-func (c *Catalog) find(ctx context.Context, id string) (*record, error) {
+// readRecord is Read, with the record as stored.
+func (c *Catalog) readRecord(ctx context.Context, id string) (*record, error) {
 	names := c.shards.Names()
 	copies := make([]copyOf, len(names))
 	var wg sync.WaitGroup
@@ -172,7 +178,7 @@ func downShards(copies []copyOf) string {
 	return "shards " + strings.Join(names, ", ") + " did not answer"
 }
 
-// furthest is the record Find returns of the copies: the serial shard's
+// furthest is the record Read returns of the copies: the serial shard's
 // pool (or, when it has no whole copy, the first whole copy's), at the
 // furthest stage any copy of that same pool is at, with the account of
 // that copy. Nil when no copy is whole.
@@ -205,15 +211,16 @@ func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, p
 	return parseRecord(m)
 }
 
-// List returns the ids of every pool loaded, sorted: the union of every
-// shard's registry, read at once (every preload writes every shard's). The
+// ReadList reads from Redis the ids of every pool loaded, sorted: the union
+// of every shard's registry, read at once (every preload writes every
+// shard's). The
 // union, not the serial shard's alone: a serial shard that lost its data (a
 // restart without its AOF) answers with an empty registry, and a live pool
-// must not vanish behind it; List writes what it lacks back to it (see
+// must not vanish behind it; ReadList writes what it lacks back to it (see
 // repair). When some shards do not answer it returns what the others hold,
 // with ErrPartial (the list may then lack a pool only those hold);
 // ErrUnavailable when none answers.
-func (c *Catalog) List(ctx context.Context) ([]string, error) {
+func (c *Catalog) ReadList(ctx context.Context) ([]string, error) {
 	names := c.shards.Names()
 	lists := make([][]string, len(names))
 	lives := make([]string, len(names))
@@ -297,10 +304,10 @@ func (c *Catalog) sawLives(names, lives []string, errs []error) {
 // repair gives the serial shard back what it lacks of pools the other
 // shards hold (it lost its data): each pool's record (written only where
 // none is, so a record it has wins) and its registry entry. A failure is
-// logged and tried again at the next List.
+// logged and tried again at the next ReadList.
 func (c *Catalog) repair(ctx context.Context, missing []string) {
 	for _, id := range missing {
-		p, err := c.Find(ctx, id) // restores the serial shard's record
+		p, err := c.Read(ctx, id) // restores the serial shard's record
 		if err == nil {
 			err = c.shards.Client(c.serial).SAdd(ctx, registryKey, id).Err()
 		}

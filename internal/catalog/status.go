@@ -43,7 +43,7 @@ var statusFields = func() []string {
 // window is over (by its shard's clock) is "ended", and the pool is when
 // every one is. A closed pool's status is its account (Status.Account).
 func (c *Catalog) Status(ctx context.Context, id string) (*rain.Status, error) {
-	p, err := c.Find(ctx, id)
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -120,14 +120,14 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *rain.Pool, j int) (cou
 // placed on a shard not configured here; their errors (ErrUnavailable for
 // a shard not configured) are returned, joined, beside the others.
 func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
-	ids, err := c.Listed(ctx)
+	ids, err := c.CachedList(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []rain.SubPoolRef
 	var errs []error
 	for _, id := range ids {
-		p, err := c.Pool(ctx, id)
+		p, err := c.Cached(ctx, id)
 		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}
@@ -155,7 +155,7 @@ func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
 // again succeeds. It returns ErrNotFound for an unknown pool, ErrNoGrant,
 // ErrGrantReleased or ErrSerialMismatch.
 func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int64) error {
-	p, err := c.Pool(ctx, poolID)
+	p, err := c.Cached(ctx, poolID)
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func TestClusterFailover(t *testing.T) {
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools, want 3 (one per primary)", len(st.SubPools))
 	}
-	p, err := in.Catalog.Find(ctx, "fo")
+	p, err := in.Catalog.Read(ctx, "fo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,9 +222,9 @@ func TestClusterPoolLife(t *testing.T) {
 	if a.ConfirmedCount != 60 || a.ConfirmedCents != cents || a.UnclaimedCount != 240 || a.PreloadedCents != 30_000 {
 		t.Fatalf("account %+v; want 60 confirmed (%d cents) of 300", a, cents)
 	}
-	p, err := in.Catalog.Find(ctx, "life")
+	p, err := in.Catalog.Read(ctx, "life")
 	if err != nil || p.State != rain.Closed {
-		t.Fatalf("Find = %+v, %v", p, err)
+		t.Fatalf("Read = %+v, %v", p, err)
 	}
 	for j := range p.SubPools() {
 		k := p.SubPool(j).Keys()

@@ -43,7 +43,7 @@ func TestClusterPlacesOverPrimaries(t *testing.T) {
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools, want 3", len(st.SubPools))
 	}
-	p, err := e.cat.Find(ctx, "cl")
+	p, err := e.cat.Read(ctx, "cl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestClusterReshardMidRain(t *testing.T) {
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools for 300,000 packets on 3 primaries, want 3 (the primaries count as shards)", len(st.SubPools))
 	}
-	p, err := e.cat.Find(ctx, "move")
+	p, err := e.cat.Read(ctx, "move")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -349,7 +349,7 @@ func (g Pending) Wait() (Result, error) {
 	case lua.Ended:
 		return Result{Outcome: Ended}, nil
 	default: // lua.Closed: the sub-pool is loading, or gone with its pool's close
-		if rec, err := s.cat.Find(g.ctx, poolID); err == nil && rec.State.Over() {
+		if rec, err := s.cat.Read(g.ctx, poolID); err == nil && rec.State.Over() {
 			s.forget(poolID)
 			return Result{Outcome: Ended}, nil
 		}
@@ -411,7 +411,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	if p != nil {
 		return p, nil
 	}
-	rec, err := s.cat.Pool(ctx, id)
+	rec, err := s.cat.Cached(ctx, id)
 	if errors.Is(err, rain.ErrUnavailable) {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

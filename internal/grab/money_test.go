@@ -200,7 +200,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 	victim.Resume()
 	<-done
 
-	p, err := e.cat.Find(ctx, "st")
+	p, err := e.cat.Read(ctx, "st")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestReadyUnderFaults(t *testing.T) {
 			unused = n
 		}
 	}
-	if _, err := e.cat.List(ctx); err != nil {
+	if _, err := e.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if rd := e.svc.Ready(ctx); !rd.Ready {
@@ -349,7 +349,7 @@ func TestBreakerHealsWithoutClaims(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
 	st := e.preload(t, rain.Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
-	if _, err := e.cat.List(ctx); err != nil {
+	if _, err := e.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
 	used := st.SubPools[0].Shard

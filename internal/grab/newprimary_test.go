@@ -43,7 +43,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 	if r, err := e.svc.Grab(ctx, "mv", "warm"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("first grab: %+v %v", r, err)
 	}
-	p, err := e.cat.Find(ctx, "mv")
+	p, err := e.cat.Read(ctx, "mv")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestClaimOnAPrimaryWithoutScripts(t *testing.T) {
 	if _, err := e.shards.Primaries(ctx, "c1"); err != nil { // rain knows d has no replica
 		t.Fatal(err)
 	}
-	p, err := e.cat.Find(ctx, "ns")
+	p, err := e.cat.Read(ctx, "ns")
 	if err != nil {
 		t.Fatal(err)
 	}

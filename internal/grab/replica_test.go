@@ -44,7 +44,7 @@ func TestSpillTakeWaitsForAReplica(t *testing.T) {
 	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := ge.Catalog.Find(ctx, id)
+	p, err := ge.Catalog.Read(ctx, id)
 	if err != nil || p.Placement[0] != "s2" || p.Placement[1] != "s1" {
 		t.Fatalf("placement %v, %v", p.Placement, err)
 	}

@@ -131,7 +131,7 @@ func crashingEnv(t *testing.T) (survivor, crashing *env, crash func(script strin
 // (its index) of that home.
 func spillVictim(t *testing.T, e *env, pool string, k, n int) (drained map[string]grab.Result, victim string, shardOfHome int) {
 	t.Helper()
-	p, err := e.cat.Pool(context.Background(), pool)
+	p, err := e.cat.Cached(context.Background(), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 	if r, err := crashing.svc.Grab(ctx, "re", victim); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("the victim's grab, cut off before its ack = %+v, %v; want granted (the adopt ran)", r, err)
 	}
-	p, err := e.cat.Pool(ctx, "re")
+	p, err := e.cat.Cached(ctx, "re")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestSoldOutFloodLeavesNoRecord(t *testing.T) {
 			t.Fatalf("user %d got %+v", u, r)
 		}
 	}
-	p, err := e.cat.Find(ctx, "flood")
+	p, err := e.cat.Read(ctx, "flood")
 	if err != nil {
 		t.Fatal(err)
 	}

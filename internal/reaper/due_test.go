@@ -89,7 +89,7 @@ func TestGrantMadeWhileTheReaperLooks(t *testing.T) {
 	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := e.cat.Find(ctx, "d")
+	p, err := e.cat.Read(ctx, "d")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	r.sweeper.page = 10 // s1's failures fill three reads
 	start(t, r)
-	p, err := e.cat.Find(ctx, id)
+	p, err := e.cat.Read(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}

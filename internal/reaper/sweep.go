@@ -119,7 +119,7 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 	in := time.Duration(-1) // nothing to do
 	sp, ok := rain.ParseMeta(d.Meta)
 	if ok {
-		p, perr := w.cat.Pool(ctx, sp.Pool)
+		p, perr := w.cat.Cached(ctx, sp.Pool)
 		switch {
 		case errors.Is(perr, rain.ErrNotFound):
 		case perr != nil:
@@ -164,10 +164,10 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 // so two passes at once, or a stale one, never release a grant twice.
 func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 	var sw Sweep
-	ids, err := w.cat.Listed(ctx)
+	ids, err := w.cat.CachedList(ctx)
 	errs := []error{err}
 	for _, id := range ids {
-		p, err := w.cat.Pool(ctx, id)
+		p, err := w.cat.Cached(ctx, id)
 		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}

@@ -75,7 +75,7 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := gcat.Find(ctx, "fo")
+	p, err := gcat.Read(ctx, "fo")
 	if err != nil {
 		t.Fatal(err)
 	}

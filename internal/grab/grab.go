@@ -18,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/known"
 	"rain/internal/limit"
 	"rain/internal/lua"
@@ -59,14 +58,37 @@ type Serials interface {
 	Next(ctx context.Context) (int64, error)
 }
 
-// Config wires a Service. Serials and Catalog are required; zero fields
-// take the documented defaults.
+// Pools is what the grab path reads of the pools' records and registry
+// (internal/catalog's Catalog). Each name says whether it reads Redis.
+type Pools interface {
+	// Cached is a pool's record: from memory once the pool is open or
+	// closed, read from Redis otherwise.
+	Cached(ctx context.Context, id string) (*rain.Pool, error)
+	// Read reads a pool's record from Redis (a sub-pool answered closed:
+	// is the pool's life over?).
+	Read(ctx context.Context, id string) (*rain.Pool, error)
+	// Forget drops what is kept in memory of a pool whose life moved on.
+	Forget(id string)
+	// ReadListInTurn reads one shard's pool registry from Redis, the shards
+	// in turn, and returns the pools every shard's latest read lists.
+	ReadListInTurn(ctx context.Context) ([]string, error)
+	// LastList is the pools as the registry was last read; no I/O.
+	LastList() []string
+	// OnOpen has f told of every pool this process opens (its preload).
+	OnOpen(f func(poolID string))
+}
+
+// Config wires a Service. Serials, Shards and Pools are required; zero
+// fields take the documented defaults.
 type Config struct {
 	// Serials hands out grant serials.
 	Serials Serials
-	// Catalog is where pools' records are read (the same catalog the
-	// instance's operators and reaper use).
-	Catalog *catalog.Catalog
+	// Shards are the shards the pools are placed on: the service runs a
+	// claim lane to each.
+	Shards *shard.Set
+	// Pools is where pools' records are read (the same catalogue, on
+	// Shards, the instance's operators and reaper use).
+	Pools Pools
 	// SpillValidity is how long a spill's reservation lasts (T): the claim
 	// and the adopt refuse one older than this. Every instance and the
 	// reaper must use the same. Default lua.SpillValidity.
@@ -93,7 +115,7 @@ type Config struct {
 // Service grabs from pools. Build it with New, stop it with Close.
 type Service struct {
 	shards   *shard.Set
-	cat      *catalog.Catalog
+	cat      Pools // Config.Pools
 	serials  Serials
 	valid    time.Duration // Config.SpillValidity
 	log      *slog.Logger
@@ -136,12 +158,12 @@ func (c *Config) init() {
 	}
 }
 
-// New returns a service over the catalog's shards. It starts the claim
-// lanes; Close stops them.
+// New returns a service over cfg.Shards. It starts the claim lanes; Close
+// stops them.
 func New(cfg Config) *Service {
 	cfg.init()
-	shards := cfg.Catalog.Shards()
-	s := &Service{shards: shards, cat: cfg.Catalog, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
+	shards := cfg.Shards
+	s := &Service{shards: shards, cat: cfg.Pools, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{},
 		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{}),
 			lookups: limit.New(limit.Config{Rate: unknownLookups, Burst: unknownLookups, MaxKeys: 1})}}
@@ -149,7 +171,7 @@ func New(cfg Config) *Service {
 	s.cfg = cfg
 	s.marks = newMarker(shards, cfg.Logger)
 	s.goBackground(func() { s.marks.run(s.stopCtx.Done()) })
-	cfg.Catalog.OnOpen(s.local.known.Add)
+	cfg.Pools.OnOpen(s.local.known.Add)
 	s.nodes = map[string]*nodeLanes{}
 	for _, name := range shards.Names() {
 		if shards.IsCluster(name) {

@@ -162,7 +162,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Serials = gen
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
-	gcfg := grab.Config{Serials: gen, Catalog: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
+	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
 		OnBatch: in.Metrics.Batches(set.Names())}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool

@@ -52,7 +52,7 @@ func envWith(t testing.TB, servers []*redistest.Server, addrs []string, valid, a
 	t.Helper()
 	e := &env{servers: servers, shards: shardtest.Open(t, addrs, shard.Options{}), valid: valid}
 	_, e.cat, e.svc = grabtest.Service(t, e.shards, grab.Config{SpillValidity: valid})
-	e.sweeper = reaper.New(e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
+	e.sweeper = reaper.New(e.shards, e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
 	return e
 }
 

@@ -182,7 +182,7 @@ func (in *Instance) build(cfg Config) error {
 	// each shard one attempt per instance every few seconds.
 	rc := cfg.Reaper
 	rc.Logger, rc.SpillValidity = cfg.Logger, cfg.SpillValidity
-	in.Reaper = reaper.New(in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
+	in.Reaper = reaper.New(set, in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
 	in.Metrics.Reaper(in.Reaper.Stats)
 	if cfg.Settle != nil {
 		sc := cfg.SettleConfig

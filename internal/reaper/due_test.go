@@ -45,7 +45,7 @@ func TestDueIndexFollowsTheWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the reaper's first pass", func() bool { return r.Stats().Sweeps > 0 })
 	e.grabAll(t, "p", 20, 1)
@@ -69,7 +69,7 @@ func TestSlowPassMakesUpALostMark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the sub-pools back in the due indexes", func() bool { return e.indexed(t) == 2 })
 	waittest.Until(t, 10*time.Second, "the 20 grants released", func() bool { return r.Stats().Released == 20 })
@@ -95,7 +95,7 @@ func TestGrantMadeWhileTheReaperLooks(t *testing.T) {
 	}
 	k := p.SubPool(0).Keys()
 	c := e.shards.Client(p.Placement[0])
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the reaper's first pass", func() bool { return r.Stats().Sweeps > 0 })
 	grabOne := func(user string) grab.Result {
@@ -179,7 +179,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s1.ConfigSet(context.Background(), "maxmemory", "0").Err() })
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	r.sweeper.page = 10 // s1's failures fill three reads
 	start(t, r)
 	p, err := e.cat.Read(ctx, id)

@@ -23,7 +23,7 @@ func TestSweepWithoutAPlacementShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	short := grabtest.On(t, ge.Servers[:2], redistest.Addrs(ge.Servers[:2]))
-	if _, err := New(short.Catalog, nil, Config{}).Sweep(ctx); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := New(short.Shards, short.Catalog, nil, Config{}).Sweep(ctx); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("a sweep without the pool's shard s3 = %v; want unavailable, naming s3", err)
 	}
 }

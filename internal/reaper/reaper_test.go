@@ -128,7 +128,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 		}
 		confirmedCents += g.Amount
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "50 grants released", func() bool { return r.Stats().Released == 50 })
 
@@ -167,7 +167,7 @@ func TestTwoSweepsAtOnce(t *testing.T) {
 	var released, releasedCents int64
 	var wg sync.WaitGroup
 	for range 2 {
-		r := New(e.cat, nil, Config{})
+		r := New(e.shards, e.cat, nil, Config{})
 		wg.Go(func() {
 			for range 20 {
 				sw, err := r.Sweep(context.Background())
@@ -207,11 +207,11 @@ func TestTakeoverAfterKill(t *testing.T) {
 		addrs[i] = proxies[i].Addr
 	}
 	doomed := grabtest.On(t, e.servers, addrs)
-	a := New(doomed.Catalog, lock.New(doomed.Clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond}), Config{Interval: 50 * time.Millisecond})
+	a := New(doomed.Shards, doomed.Catalog, lock.New(doomed.Clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond}), Config{Interval: 50 * time.Millisecond})
 	start(t, a)
 	waittest.Until(t, 5*time.Second, "a leads", func() bool { return a.Stats().Leader })
 
-	b := New(e.cat, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
+	b := New(e.shards, e.cat, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
 	start(t, b)
 	e.grabAll(t, "p", 20, 1)
 	if b.Stats().Leader {
@@ -231,7 +231,7 @@ func TestTakeoverAfterKill(t *testing.T) {
 func TestLostLockStopsSweeping(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	e := newEnv(t)
-	r := New(e.cat, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
+	r := New(e.shards, e.cat, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 5*time.Second, "r leads", func() bool { return r.Stats().Leader })
 	for _, c := range e.clients {

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
-	"rain/internal/catalog"
 	"rain/internal/lua"
+	"rain/internal/shard"
 )
 
 // releaseBatch is the most grants one release script call handles, so no
@@ -38,7 +38,8 @@ func (s Sweep) add(o Sweep) Sweep {
 
 // sweeper makes the passes.
 type sweeper struct {
-	cat        *catalog.Catalog
+	shards     *shard.Set
+	cat        Pools
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
 	page       int // sub-pools per read of a due index: dueBatch
@@ -72,8 +73,8 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 			next = at
 		}
 	}
-	for _, name := range w.cat.Shards().Names() {
-		c := w.cat.Shards().Client(name)
+	for _, name := range w.shards.Names() {
+		c := w.shards.Client(name)
 		// skip: the due sub-pools this pass met and could not move on (the
 		// next read starts past them, so each read makes progress).
 		for skip := 0; ; {
@@ -136,7 +137,7 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 			}
 		}
 	}
-	done, derr := lua.DoneDue(ctx, w.cat.Shards().Client(name), d, in)
+	done, derr := lua.DoneDue(ctx, w.shards.Client(name), d, in)
 	if derr != nil {
 		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", rain.ErrUnavailable, name, derr))
 	}
@@ -183,7 +184,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 				return sw, err
 			}
 			name := p.Placement[j]
-			c := w.cat.Shards().Client(name)
+			c := w.shards.Client(name)
 			if c == nil {
 				errs = append(errs, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here",
 					rain.ErrUnavailable, p.ID(), j, name))
@@ -205,7 +206,7 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 // returns how long until the sub-pool can next have work, and whether it
 // has any left (a grant held, a transfer in flight).
 func (w *sweeper) subPool(ctx context.Context, p *rain.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
-	c := w.cat.Shards().Client(p.Placement[j])
+	c := w.shards.Client(p.Placement[j])
 	k := p.SubPool(j).Keys()
 	// next is the sooner of what is held and what is in flight; a sub-pool
 	// whose spills could not be read is looked at again after the age.
@@ -255,7 +256,7 @@ func (w *sweeper) subPool(ctx context.Context, p *rain.Pool, j int, sw *Sweep) (
 //
 // It returns what it found in flight there.
 func (w *sweeper) recoverSpills(ctx context.Context, p *rain.Pool, j int) (lua.InFlight, error) {
-	client := func(i int) redis.UniversalClient { return w.cat.Shards().Client(p.Placement[i]) }
+	client := func(i int) redis.UniversalClient { return w.shards.Client(p.Placement[i]) }
 	k := p.SubPool(j).Keys()
 	f, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())
 	if err != nil {
@@ -273,14 +274,14 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *rain.Pool, j int) (lua.I
 			continue
 		}
 		hk := p.SubPool(t.Home).Keys()
-		hc, replicated, err := w.cat.Shards().Writer(ctx, p.Placement[t.Home], hk.Meta)
+		hc, replicated, err := w.shards.Writer(ctx, p.Placement[t.Home], hk.Meta)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		var wait time.Duration
 		if replicated {
-			wait = w.cat.Shards().Timeout() / 2 // the verdict on a replica before the sibling acts on it
+			wait = w.shards.Timeout() / 2 // the verdict on a replica before the sibling acts on it
 		}
 		v, err := lua.Decide(ctx, hc, &hk, t.Token, t.User, wait)
 		if err != nil {

@@ -321,7 +321,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 // settlement saw it is acknowledged, not delivered.
 func TestReleasedGrantIsNotPaid(t *testing.T) {
 	e, _ := newEnv(t, 20, 1)
-	reap := reaper.New(e.cat, nil, reaper.Config{})
+	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
 	var released int64
 	waittest.Until(t, 10*time.Second, "the 20 grants released at their deadline", func() bool {
 		sw, err := reap.Sweep(context.Background())

@@ -1,19 +1,24 @@
-// Package catalog is what rain stores about its pools, and the one place
-// that reads and writes it: a pool's spec and the rules of its ids, its
-// record (spec, seed of its split, placement of its sub-pools, state), the
-// registry of pools, preload, status, audit, the list of sub-pools that
-// settlement and the reaper work through, and the confirm of a grant.
+// Package catalog is how rain stores its pools, and the one place that
+// reads and writes what it stores; what a pool is (rain.Pool, rain.Spec,
+// rain.State, rain.Account, ...) lives in the domain package rain. Here: a
+// pool's record as stored (record.go) and the canonical form of its spec,
+// the registry of pools and the lookups (registry.go, turn.go), preload,
+// status, audit, end and close, the list of sub-pools that settlement works
+// through, and the confirm of a grant. A lookup's name says whether it
+// reads Redis: Read, ReadList and ReadListInTurn do; Cached and CachedList
+// answer from memory and read Redis on a miss or when stale; LastList never.
 //
 // A pool's record is stored under rain:{P}:pool on every shard, and its id in
 // the registry rain:pools of every shard, so a later change of the ring
 // never strands it: the placement is read back, never recomputed. The serial
 // shard (the set's, shard.Options.Serial) arbitrates: a preload writes the record there
 // first, atomically, and what is stored there wins. Sub-pool j lives on the
-// shard its placement names, under keys tagged {P:j} (internal/lua).
+// shard its placement names, under keys tagged {P:j} (rain.SubPool.Keys).
 //
-// The grab path (internal/grab) reads records from here; settlement, the
-// reaper, the metrics and the tools use the catalog alone, and start no
-// claim lanes.
+// Its consumers each name what they use of it, in an interface of their
+// own: the grab path grab.Pools, the reaper reaper.Pools, settlement
+// settle.SubPools, the HTTP API api.Pools; the tools use the catalog
+// alone, and start no claim lanes.
 package catalog
 
 import (
@@ -87,9 +92,6 @@ func New(shards *shard.Set, cfg Config) *Catalog {
 	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
 		records: map[string]*rain.Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
-
-// Shards is the set the catalog works on.
-func (c *Catalog) Shards() *shard.Set { return c.shards }
 
 // listedEvery is how long a registry read serves CachedList.
 const listedEvery = 2 * time.Second

@@ -3,10 +3,7 @@ package catalog
 // This file is where pools are found: their records, the registry, and the
 // serial shard's arbitration and repair.
 //
-// A lookup's name says whether it reads Redis: Read and ReadList (and
-// ReadListInTurn, turn.go) always do; Cached and CachedList (catalog.go)
-// answer from memory and read Redis only on a miss or when what they keep
-// is stale; LastList never does.
+// A lookup's name says whether it reads Redis (see the package's comment).
 
 import (
 	"context"

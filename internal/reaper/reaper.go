@@ -106,7 +106,7 @@ func (c *Config) init() {
 // New returns a reaper of pools on shards; Run starts it.
 func New(shards *shard.Set, pools Pools, l Locker, cfg Config) *Reaper {
 	cfg.init()
-	w := &sweeper{shards: shards, cat: pools, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, page: dueBatch}
+	w := &sweeper{shards: shards, pools: pools, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, page: dueBatch}
 	return &Reaper{sweeper: w, locker: l, cfg: cfg}
 }
 

@@ -39,7 +39,7 @@ func (s Sweep) add(o Sweep) Sweep {
 // sweeper makes the passes.
 type sweeper struct {
 	shards     *shard.Set
-	cat        Pools
+	pools      Pools
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
 	page       int // sub-pools per read of a due index: dueBatch
@@ -120,7 +120,7 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 	in := time.Duration(-1) // nothing to do
 	sp, ok := rain.ParseMeta(d.Meta)
 	if ok {
-		p, perr := w.cat.Cached(ctx, sp.Pool)
+		p, perr := w.pools.Cached(ctx, sp.Pool)
 		switch {
 		case errors.Is(perr, rain.ErrNotFound):
 		case perr != nil:
@@ -165,10 +165,10 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 // so two passes at once, or a stale one, never release a grant twice.
 func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 	var sw Sweep
-	ids, err := w.cat.CachedList(ctx)
+	ids, err := w.pools.CachedList(ctx)
 	errs := []error{err}
 	for _, id := range ids {
-		p, err := w.cat.Cached(ctx, id)
+		p, err := w.pools.Cached(ctx, id)
 		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}

@@ -118,7 +118,8 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *rain.Pool, j int) (cou
 // with their shards: what settlement reads the outboxes of. Pools that
 // cannot be read now (a shard down) are left out, and so are sub-pools
 // placed on a shard not configured here; their errors (ErrUnavailable for
-// a shard not configured) are returned, joined, beside the others.
+// a shard not configured) are returned, joined, beside the others. It goes
+// through CachedList and Cached: Redis is read only where they would.
 func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
 	ids, err := c.CachedList(ctx)
 	if err != nil {

@@ -46,7 +46,7 @@ import (
 	"rain/internal/wait"
 )
 
-// SubPools lists the sub-pools to settle (grab.Service does).
+// SubPools lists the sub-pools to settle (internal/catalog's Catalog does).
 type SubPools interface {
 	SubPools(ctx context.Context) ([]rain.SubPoolRef, error)
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/shard"
 )
 
@@ -54,7 +54,7 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &u):
 		return exitUsage
-	case errors.Is(err, catalog.ErrUnavailable), shard.Unreachable(err), errors.As(err, &pgConnect):
+	case errors.Is(err, rain.ErrUnavailable), shard.Unreachable(err), errors.As(err, &pgConnect):
 		return exitUnreachable
 	}
 	return exitFailed

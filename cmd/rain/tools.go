@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/postgres"
 	"rain/internal/shard"
@@ -70,7 +71,7 @@ func serialShardUsage(name string) error {
 
 func preload(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f, tc := toolFlags("preload", stderr)
-	var spec catalog.Spec
+	var spec rain.Spec
 	var startsAt, endsAt string
 	f.StringVar(&spec.PoolID, "pool", "", "pool id (required)")
 	f.Int64Var(&spec.TotalCents, "total-cents", 0, "total of the pool in cents (required)")
@@ -123,7 +124,7 @@ func audit(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	f.warnSecretArgs(stderr)
-	if err := catalog.CheckID("--pool", *pool); err != nil {
+	if err := rain.CheckID("--pool", *pool); err != nil {
 		return asUsage(err)
 	}
 	set, cat, err := openTool(tc, nil)
@@ -168,7 +169,7 @@ func life(ctx context.Context, cmd string, args []string, getenv func(string) st
 		return err
 	}
 	f.warnSecretArgs(stderr)
-	if err := catalog.CheckID("--pool", *pool); err != nil {
+	if err := rain.CheckID("--pool", *pool); err != nil {
 		return asUsage(err)
 	}
 	var books catalog.Books

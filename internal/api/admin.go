@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"rain"
 	"rain/internal/auth"
-	"rain/internal/catalog"
 	"rain/internal/dash"
 )
 
@@ -123,7 +123,7 @@ const (
 var failNames = [nFail]string{"wrong_token", "throttled"}
 
 func (s *Server) preload(w http.ResponseWriter, r *http.Request) {
-	var spec catalog.Spec
+	var spec rain.Spec
 	if !readJSON(w, r, &spec) {
 		return
 	}
@@ -156,7 +156,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 // poolIDOf is the request's {pool_id}; a bad one is answered 400 (ok false).
 func poolIDOf(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
 	id = r.PathValue("pool_id")
-	if err := catalog.CheckID("pool_id", id); err != nil {
+	if err := rain.CheckID("pool_id", id); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return "", false
 	}
@@ -164,7 +164,7 @@ func poolIDOf(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
 }
 
 // writeStatus answers a pool's status: a closed pool's is its account.
-func writeStatus(w http.ResponseWriter, st *catalog.Status) {
+func writeStatus(w http.ResponseWriter, st *rain.Status) {
 	if st.Account != nil {
 		writeJSON(w, http.StatusOK, st.Account)
 		return
@@ -222,8 +222,8 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 
 // list answers GET /admin/pools: {"pools": [ids, sorted]}.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	ids, err := s.cfg.Pools.List(r.Context())
-	if errors.Is(err, catalog.ErrPartial) {
+	ids, err := s.cfg.Pools.ReadList(r.Context())
+	if errors.Is(err, rain.ErrPartial) {
 		err = nil // the pools of the shards that answered
 	}
 	if err != nil {
@@ -268,7 +268,7 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if err := errors.Join(catalog.CheckID("pool_id", req.PoolID), catalog.CheckID("user_id", req.UserID)); err != nil {
+	if err := errors.Join(rain.CheckID("pool_id", req.PoolID), rain.CheckID("user_id", req.UserID)); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
@@ -281,9 +281,9 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]string{"status": "confirmed"})
-	case errors.Is(err, catalog.ErrGrantReleased), errors.Is(err, catalog.ErrSerialMismatch):
+	case errors.Is(err, rain.ErrGrantReleased), errors.Is(err, rain.ErrSerialMismatch):
 		writeDomainError(w, http.StatusConflict, err)
-	case errors.Is(err, catalog.ErrNoGrant):
+	case errors.Is(err, rain.ErrNoGrant):
 		writeDomainError(w, http.StatusNotFound, err)
 	default:
 		s.adminError(w, "confirm", req.PoolID, err)
@@ -293,13 +293,13 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 // adminError maps a domain error of an operator endpoint to its status.
 func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	switch {
-	case errors.Is(err, catalog.ErrInvalid):
+	case errors.Is(err, rain.ErrInvalid):
 		writeDomainError(w, http.StatusBadRequest, err)
-	case errors.Is(err, catalog.ErrConflict), errors.Is(err, catalog.ErrNotNow):
+	case errors.Is(err, rain.ErrConflict), errors.Is(err, rain.ErrNotNow):
 		writeDomainError(w, http.StatusConflict, err)
-	case errors.Is(err, catalog.ErrNotFound):
+	case errors.Is(err, rain.ErrNotFound):
 		writeDomainError(w, http.StatusNotFound, err)
-	case errors.Is(err, catalog.ErrUnavailable):
+	case errors.Is(err, rain.ErrUnavailable):
 		// The answer names the shard; its error, with the address, is the
 		// operator's, in the log.
 		s.cfg.Logger.Warn(op+": a shard did not answer", "pool_id", pool, "err", err)
@@ -311,8 +311,8 @@ func (s *Server) adminError(w http.ResponseWriter, op, pool string, err error) {
 	}
 }
 
-// writeDomainError answers a catalog error with what a client may read of
-// it (catalog.ClientText): its code and reason, never its cause.
+// writeDomainError answers a domain error with what a client may read of
+// it (rain.ClientText): its code and reason, never its cause.
 func writeDomainError(w http.ResponseWriter, code int, err error) {
-	writeJSON(w, code, map[string]string{"error": catalog.ClientText(err)})
+	writeJSON(w, code, map[string]string{"error": rain.ClientText(err)})
 }

@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"rain"
 	"rain/docs"
-	"rain/internal/catalog"
 	"rain/internal/dash"
 	"rain/internal/grab"
 	"rain/internal/limit"
@@ -36,13 +36,13 @@ type beginner interface {
 
 // Pools is what the operator endpoints need.
 type Pools interface {
-	Preload(ctx context.Context, spec catalog.Spec) (*catalog.Status, bool, error)
-	Status(ctx context.Context, id string) (*catalog.Status, error)
-	Audit(ctx context.Context, id string) (*catalog.Report, error)
+	Preload(ctx context.Context, spec rain.Spec) (*rain.Status, bool, error)
+	Status(ctx context.Context, id string) (*rain.Status, error)
+	Audit(ctx context.Context, id string) (*rain.Report, error)
 	Confirm(ctx context.Context, poolID, userID string, serial int64) error
-	List(ctx context.Context) ([]string, error)
-	End(ctx context.Context, id string) (*catalog.Status, error)
-	Close(ctx context.Context, id string) (*catalog.Account, error)
+	ReadList(ctx context.Context) ([]string, error)
+	End(ctx context.Context, id string) (*rain.Status, error)
+	Close(ctx context.Context, id string) (*rain.Account, error)
 }
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place

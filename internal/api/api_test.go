@@ -575,7 +575,7 @@ func TestConfirm(t *testing.T) {
 		t.Fatalf("confirm without token = %d, want 401", r.Code)
 	}
 	// Past its deadline and released, bob's grant can no longer be confirmed.
-	reap := reaper.New(s.cat, nil, reaper.Config{})
+	reap := reaper.New(s.shards, s.cat, nil, reaper.Config{})
 	waittest.Until(t, 5*time.Second, "bob's grant released at its deadline", func() bool {
 		sw, err := reap.Sweep(context.Background())
 		return err == nil && sw.Released == 1

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"rain/internal/catalog"
+	"rain"
 )
 
 // grabRequest is the POST /grab body.
@@ -47,14 +47,14 @@ func decodeGrab(body io.Reader, userOptional bool) (grabRequest, error) {
 		if err := decodeStrict(buf, &req); err != nil {
 			return req, err
 		}
-		if err := catalog.CheckID("pool_id", req.PoolID); err != nil {
+		if err := rain.CheckID("pool_id", req.PoolID); err != nil {
 			return req, err
 		}
 	}
 	if req.UserID == "" && userOptional {
 		return req, nil
 	}
-	return req, catalog.CheckID("user_id", req.UserID)
+	return req, rain.CheckID("user_id", req.UserID)
 }
 
 // bodyPool holds grab body buffers: one more byte than allowed, to tell a
@@ -85,7 +85,7 @@ func fastGrab(b []byte) (req grabRequest, ok bool) {
 		}
 		i = skipSpace(b, i+1)
 		val, j, ok := fastString(b, i)
-		if !ok || len(val) == 0 || len(val) > catalog.MaxIDLen {
+		if !ok || len(val) == 0 || len(val) > rain.MaxIDLen {
 			return req, false
 		}
 		switch string(key) {
@@ -130,7 +130,7 @@ func fastString(b []byte, i int) (s []byte, next int, ok bool) {
 		if c == '"' {
 			return b[i+1 : j], j + 1, true
 		}
-		if !catalog.IDByte(c) {
+		if !rain.IDByte(c) {
 			return nil, 0, false
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 )
 
@@ -63,7 +63,7 @@ func FuzzDecodeGrab(f *testing.F) {
 		// With user auth on, user_id may be left out; present, it is checked
 		// as ever, and what is accepted without auth is accepted with it.
 		opt, optErr := decodeGrab(bytes.NewReader(body), true)
-		if optErr == nil && opt.UserID != "" && !catalog.ValidID(opt.UserID) {
+		if optErr == nil && opt.UserID != "" && !rain.ValidID(opt.UserID) {
 			t.Fatalf("decodeGrab(%q, user optional) accepted invalid user %+v", body, opt)
 		}
 		req, err := decodeGrab(bytes.NewReader(body), false)
@@ -76,7 +76,7 @@ func FuzzDecodeGrab(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
+		if !rain.ValidID(req.PoolID) || !rain.ValidID(req.UserID) {
 			t.Fatalf("decodeGrab(%q) accepted invalid ids %+v", body, req)
 		}
 		again, _ := json.Marshal(req)

@@ -22,7 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 
 	"github.com/MicahParks/jwkset"
 	"github.com/MicahParks/keyfunc/v3"
@@ -274,7 +274,7 @@ func (u *Users) Subject(authorization string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
-	if err := catalog.CheckID("the token's sub", claims.Subject); err != nil {
+	if err := rain.CheckID("the token's sub", claims.Subject); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
 	return claims.Subject, nil

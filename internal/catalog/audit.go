@@ -11,40 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/lua"
 )
-
-// Report is the conservation check of one pool (GET /admin/pools/{id}/audit).
-type Report struct {
-	PoolID   string    `json:"pool_id"`
-	OK       bool      `json:"ok"`
-	Problems []Problem `json:"problems"`
-	// Notes say what the audit could not check, and why (a sub-pool that
-	// kept changing during its recount): not problems.
-	Notes []string `json:"notes,omitempty"`
-}
-
-// Problem is one difference the audit found. SubPool is nil for a problem of
-// the whole pool; Token names the spill a problem of a transfer is about.
-type Problem struct {
-	SubPool  *int   `json:"sub_pool,omitempty"`
-	Shard    string `json:"shard,omitempty"`
-	Token    string `json:"token,omitempty"`
-	Quantity string `json:"quantity"`
-	Expected int64  `json:"expected"`
-	Found    int64  `json:"found"`
-}
-
-func (p Problem) String() string {
-	where := "pool"
-	if p.SubPool != nil {
-		where = fmt.Sprintf("sub-pool %d on %s", *p.SubPool, p.Shard)
-	}
-	if p.Token != "" {
-		where += " spill token " + p.Token
-	}
-	return fmt.Sprintf("%s: %s expected %d, found %d", where, p.Quantity, p.Expected, p.Found)
-}
 
 // Audit checks conservation, in count and in cents.
 //
@@ -69,35 +38,35 @@ func (p Problem) String() string {
 // that looks wrong is read again on both sides before it is reported: a
 // spill that moved between the reads is not a false alarm, and a real
 // mismatch is pinned to its token. And the sub-pools add up to the spec.
-func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
-	p, err := c.Find(ctx, id)
+func (c *Catalog) Audit(ctx context.Context, id string) (*rain.Report, error) {
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if p.State.Over() {
 		return auditAccount(p), nil
 	}
-	r := &Report{PoolID: id, Problems: []Problem{}}
+	r := &rain.Report{PoolID: id, Problems: []rain.Problem{}}
 	subs := make([]lua.SubPoolAudit, len(p.Placement))
 	for j, name := range p.Placement {
 		client := c.shards.Client(name)
 		if client == nil {
-			return nil, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 		}
 		if subs[j], err = lua.AuditSubPool(ctx, client, p.SubPool(j)); err != nil {
-			return nil, errorf(ErrUnavailable, err, "audit %s sub-pool %d: shard %s did not answer", id, j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "audit %s sub-pool %d: shard %s did not answer", id, j, name)
 		}
 	}
 	var count, cents int64
 	for j, a := range subs {
-		r.checkSubPool(j, p.Placement[j], p.State, &a)
+		checkSubPool(r, j, p.Placement[j], p.State, &a)
 		count += a.Count
 		cents += a.Cents
 	}
-	if p.State == Open {
+	if p.State == rain.Open {
 		whole := func(q string, want, got int64) {
 			if want != got {
-				r.Problems = append(r.Problems, Problem{Quantity: q, Expected: want, Found: got})
+				r.Problems = append(r.Problems, rain.Problem{Quantity: q, Expected: want, Found: got})
 			}
 		}
 		whole("count (sum of sub-pools)", p.Spec.Count, count)
@@ -115,20 +84,20 @@ func (c *Catalog) Audit(ctx context.Context, id string) (*Report, error) {
 // auditAccount is the audit of a pool whose life is over, from its account:
 // its keys are freed (or being freed), and the account was recorded when
 // the audit of its sub-pools was ok.
-func auditAccount(p *Pool) *Report {
+func auditAccount(p *rain.Pool) *rain.Report {
 	a := p.Account
-	r := &Report{PoolID: p.ID(), Problems: []Problem{},
+	r := &rain.Report{PoolID: p.ID(), Problems: []rain.Problem{},
 		Notes: []string{fmt.Sprintf("%s %s: answered from its account", p.State, a.ClosedAt.Format(time.RFC3339))}}
 	if a.PreloadedCount != a.ConfirmedCount+a.UnclaimedCount {
-		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_count = confirmed_count + unclaimed_count (account)",
+		r.Problems = append(r.Problems, rain.Problem{Quantity: "preloaded_count = confirmed_count + unclaimed_count (account)",
 			Expected: a.PreloadedCount, Found: a.ConfirmedCount + a.UnclaimedCount})
 	}
 	if a.PreloadedCents != a.ConfirmedCents+a.UnclaimedCents {
-		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_cents = confirmed_cents + unclaimed_cents (account)",
+		r.Problems = append(r.Problems, rain.Problem{Quantity: "preloaded_cents = confirmed_cents + unclaimed_cents (account)",
 			Expected: a.PreloadedCents, Found: a.ConfirmedCents + a.UnclaimedCents})
 	}
 	if a.PreloadedCount != p.Spec.Count || a.PreloadedCents != p.Spec.TotalCents {
-		r.Problems = append(r.Problems, Problem{Quantity: "preloaded_cents (account) = total_cents (spec)",
+		r.Problems = append(r.Problems, rain.Problem{Quantity: "preloaded_cents (account) = total_cents (spec)",
 			Expected: p.Spec.TotalCents, Found: a.PreloadedCents})
 	}
 	r.OK = len(r.Problems) == 0
@@ -137,18 +106,18 @@ func auditAccount(p *Pool) *Report {
 
 // checkSubPool adds to r what is wrong with sub-pool j (on shard name) as
 // a read it; state is the pool's.
-func (r *Report) checkSubPool(j int, name string, state State, a *lua.SubPoolAudit) {
+func checkSubPool(r *rain.Report, j int, name string, state rain.State, a *lua.SubPoolAudit) {
 	add := func(q string, want, got int64) {
 		if want != got {
-			r.Problems = append(r.Problems, Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
+			r.Problems = append(r.Problems, rain.Problem{SubPool: &j, Shard: name, Quantity: q, Expected: want, Found: got})
 		}
 	}
 	if !a.Found {
 		add("sub_pool_exists", 1, 0)
 		return
 	}
-	live := State(a.State) == Open || State(a.State) == Closing // closing: sealed by a close
-	if state == Open && !live {
+	live := rain.State(a.State) == rain.Open || rain.State(a.State) == rain.Closing // closing: sealed by a close
+	if state == rain.Open && !live {
 		add("open", 1, 0)
 	}
 	// Read with the counters, atomically: these hold on a live pool.
@@ -199,8 +168,8 @@ type spillSide struct {
 // auditSpills matches every spill token across its two sub-pools (see
 // Audit). Tokens that look wrong are read again, both sides, before they
 // are reported.
-func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lua.SubPoolAudit) ([]Problem, error) {
-	var problems []Problem
+func (c *Catalog) auditSpills(ctx context.Context, id string, p *rain.Pool, subs []lua.SubPoolAudit) ([]rain.Problem, error) {
+	var problems []rain.Problem
 	for _, k := range spillSuspects(subs) {
 		side, err := c.readSpill(ctx, id, p, k.token, k.home, k.origin)
 		if err != nil {
@@ -208,7 +177,7 @@ func (c *Catalog) auditSpills(ctx context.Context, id string, p *Pool, subs []lu
 		}
 		if q := spillProblem(k.origin, side.transfer, side.verdict); q != "" {
 			origin := k.origin
-			pr := Problem{SubPool: &origin, Shard: p.Placement[origin], Token: k.token, Quantity: q}
+			pr := rain.Problem{SubPool: &origin, Shard: p.Placement[origin], Token: k.token, Quantity: q}
 			if side.transfer != nil {
 				pr.Found = side.transfer.Amount
 			}
@@ -319,7 +288,7 @@ func spillProblem(j int, t *lua.TransferRecord, v *lua.Verdict) string {
 
 // readSpill reads one token's records again: the transfer at sibling
 // origin, then the verdict at home.
-func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token string, home, origin int) (spillSide, error) {
+func (c *Catalog) readSpill(ctx context.Context, id string, p *rain.Pool, token string, home, origin int) (spillSide, error) {
 	var side spillSide
 	if origin >= 0 && origin < len(p.Placement) {
 		k := p.SubPool(origin).Keys()
@@ -329,7 +298,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.transfer = &t
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
+			return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 		}
 		if side.transfer == nil {
 			if v, err := client.HGet(ctx, k.Resolved, token).Result(); err == nil {
@@ -337,7 +306,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 					side.transfer = &t
 				}
 			} else if !errors.Is(err, redis.Nil) {
-				return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
+				return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, origin)
 			}
 		}
 	}
@@ -348,7 +317,7 @@ func (c *Catalog) readSpill(ctx context.Context, id string, p *Pool, token strin
 				side.verdict = &vd
 			}
 		} else if !errors.Is(err, redis.Nil) {
-			return side, errorf(ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, home)
+			return side, rain.Errorf(rain.ErrUnavailable, err, "spill %s at %s sub-pool %d", token, id, home)
 		}
 	}
 	return side, nil

@@ -1,19 +1,24 @@
-// Package catalog is what rain stores about its pools, and the one place
-// that reads and writes it: a pool's spec and the rules of its ids, its
-// record (spec, seed of its split, placement of its sub-pools, state), the
-// registry of pools, preload, status, audit, the list of sub-pools that
-// settlement and the reaper work through, and the confirm of a grant.
+// Package catalog is how rain stores its pools, and the one place that
+// reads and writes what it stores; what a pool is (rain.Pool, rain.Spec,
+// rain.State, rain.Account, ...) lives in the domain package rain. Here: a
+// pool's record as stored (record.go) and the canonical form of its spec,
+// the registry of pools and the lookups (registry.go, turn.go), preload,
+// status, audit, end and close, the list of sub-pools that settlement works
+// through, and the confirm of a grant. A lookup's name says whether it
+// reads Redis: Read, ReadList and ReadListInTurn do; Cached and CachedList
+// answer from memory and read Redis on a miss or when stale; LastList never.
 //
 // A pool's record is stored under rain:{P}:pool on every shard, and its id in
 // the registry rain:pools of every shard, so a later change of the ring
 // never strands it: the placement is read back, never recomputed. The serial
 // shard (the set's, shard.Options.Serial) arbitrates: a preload writes the record there
 // first, atomically, and what is stored there wins. Sub-pool j lives on the
-// shard its placement names, under keys tagged {P:j} (internal/lua).
+// shard its placement names, under keys tagged {P:j} (rain.SubPool.Keys).
 //
-// The grab path (internal/grab) reads records from here; settlement, the
-// reaper, the metrics and the tools use the catalog alone, and start no
-// claim lanes.
+// Its consumers each name what they use of it, in an interface of their
+// own: the grab path grab.Pools, the reaper reaper.Pools, settlement
+// settle.SubPools, the HTTP API api.Pools; the tools use the catalog
+// alone, and start no claim lanes.
 package catalog
 
 import (
@@ -25,40 +30,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"rain"
 	"rain/internal/shard"
-)
-
-// Errors callers match; the HTTP layer turns them into status codes. Each
-// reads "catalog: ..."; a client is told the text after that prefix, with
-// the reason of the Error that carries it (ClientText).
-var (
-	// ErrInvalid wraps the reason a request or spec is refused (HTTP 400).
-	ErrInvalid error = &code{"invalid"}
-	// ErrConflict is returned when a pool id exists with a different spec.
-	ErrConflict error = &code{"pool exists with a different spec"}
-	// ErrNotFound is returned for a pool that does not exist.
-	ErrNotFound error = &code{"no such pool"}
-	// ErrUnavailable is returned when a shard does not answer: nothing the
-	// call would have written was written, or what was is finished by
-	// running the same call again.
-	ErrUnavailable error = &code{"unavailable"}
-	// ErrGrantReleased is returned by Confirm when the grant was released at
-	// its deadline before it was confirmed: its amount is back in the stock.
-	ErrGrantReleased error = &code{"grant was released"}
-	// ErrSerialMismatch is returned by Confirm when the user's grant has
-	// another serial.
-	ErrSerialMismatch error = &code{"serial does not match the user's grant"}
-	// ErrNoGrant is returned by Confirm when the user holds no grant in the
-	// pool.
-	ErrNoGrant error = &code{"no such grant"}
-	// ErrNotNow wraps why a pool cannot do what was asked in the state it
-	// is in: a close before the pool has ended, while grants are held or
-	// unsettled, with the audit's or the books' differences; an end before
-	// it has loaded. Nothing was changed (HTTP 409).
-	ErrNotNow error = &code{"not now"}
-	// ErrPartial is returned by List with the ids it read when some shards
-	// did not answer: those the others hold.
-	ErrPartial error = &code{"some shards did not answer"}
 )
 
 // Config wires a Catalog. Zero fields take the documented defaults.
@@ -87,13 +60,13 @@ type Catalog struct {
 	log    *slog.Logger
 
 	mu      sync.RWMutex          // guards records, lives and onOpen
-	records map[string]*Pool      // records of open and closed pools, read once: see Pool
-	lives   map[string]string     // each shard's life counter as List last saw it
-	regs    map[string][]string   // each shard's registry as last read (List, ListInTurn)
-	turn    int                   // the shard ListInTurn reads next
+	records map[string]*rain.Pool // records of open and closed pools, read once: see Cached
+	lives   map[string]string     // each shard's life counter as the last registry read saw it
+	regs    map[string][]string   // each shard's registry as last read (ReadList, ReadListInTurn)
+	turn    int                   // the shard ReadListInTurn reads next
 	onOpen  []func(poolID string) // see OnOpen
 
-	listed atomic.Pointer[listing] // the registry as List last read it
+	listed atomic.Pointer[listing] // the registry as ReadList or ReadListInTurn last read it
 }
 
 // listing is a registry read and when it was made.
@@ -117,24 +90,22 @@ func (c *Config) init() {
 func New(shards *shard.Set, cfg Config) *Catalog {
 	cfg.init()
 	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]*Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
+		records: map[string]*rain.Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
 
-// Shards is the set the catalog works on.
-func (c *Catalog) Shards() *shard.Set { return c.shards }
-
-// listedEvery is how long a registry read serves Listed.
+// listedEvery is how long a registry read serves CachedList.
 const listedEvery = 2 * time.Second
 
-// Listed is the pools as List last read them, with the open pools met since
-// (a pool preloaded a moment ago may not be in the read yet); it reads the
-// registry when the last read is older than 2 s, or there was none. What
-// background work that visits every pool (the reaper) goes through.
-func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
+// CachedList is the pools as the registry was last read (ReadList,
+// ReadListInTurn), with the open pools met since (a pool preloaded a moment
+// ago may not be in the read yet). No I/O while the last read is younger
+// than 2 s; it reads Redis (ReadList) when it is older, or there was none.
+// What background work that visits every pool (the reaper) goes through.
+func (c *Catalog) CachedList(ctx context.Context) ([]string, error) {
 	l := c.listed.Load()
 	if l == nil || time.Since(l.at) > listedEvery {
-		ids, err := c.List(ctx)
-		if err != nil && !errors.Is(err, ErrPartial) {
+		ids, err := c.ReadList(ctx)
+		if err != nil && !errors.Is(err, rain.ErrPartial) {
 			return nil, err
 		}
 		if l = c.listed.Load(); l == nil {
@@ -152,9 +123,9 @@ func (c *Catalog) Listed(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// LastListed is the registry as List last read it, without I/O; nil when
-// it never did.
-func (c *Catalog) LastListed() []string {
+// LastList is the registry as ReadList or ReadListInTurn last read it. No
+// I/O; nil when it was never read whole.
+func (c *Catalog) LastList() []string {
 	if l := c.listed.Load(); l != nil {
 		return l.ids
 	}

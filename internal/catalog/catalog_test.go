@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -45,7 +46,7 @@ func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
 	return &env{servers: servers, shards: set, cat: New(set, Config{SealLease: 500 * time.Millisecond})}
 }
 
-func (e *env) preload(t testing.TB, spec Spec) *Status {
+func (e *env) preload(t testing.TB, spec rain.Spec) *rain.Status {
 	t.Helper()
 	st, created, err := e.cat.Preload(context.Background(), spec)
 	if err != nil {
@@ -73,7 +74,7 @@ func (e *env) assertAudit(t testing.TB, pool string) {
 func (e *env) claim(t testing.TB, id string, serial int64, users ...string) []lua.Claim {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Pool(ctx, id)
+	p, err := e.cat.Cached(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,20 +98,20 @@ func (e *env) claim(t testing.TB, id string, serial int64, users ...string) []lu
 func TestPreloadIdempotent(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	spec := Spec{PoolID: "p", TotalCents: 5000, Count: 100, MaxCents: 200}
+	spec := rain.Spec{PoolID: "p", TotalCents: 5000, Count: 100, MaxCents: 200}
 	e.preload(t, spec)
 	other := spec
 	other.Count = 99
 	same := spec
-	same.MinCents, same.HoldSeconds = 1, DefaultHoldSeconds
+	same.MinCents, same.HoldSeconds = 1, rain.DefaultHoldSeconds
 	for _, tt := range []struct {
 		name string
-		spec Spec
+		spec rain.Spec
 		want error // nil: 200, created false
 	}{
 		{"the same spec", spec, nil},
 		{"the same spec with its defaults spelled out", same, nil},
-		{"another spec under the same id", other, ErrConflict},
+		{"another spec under the same id", other, rain.ErrConflict},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, created, err := e.cat.Preload(ctx, tt.spec)
@@ -130,23 +131,23 @@ func TestPreloadInvalid(t *testing.T) {
 	past := time.Now().Add(-time.Hour)
 	for _, tt := range []struct {
 		name string
-		spec Spec
+		spec rain.Spec
 	}{
-		{"no id", Spec{PoolID: "", TotalCents: 10, Count: 1}},
-		{"a space in the id", Spec{PoolID: "bad id", TotalCents: 10, Count: 1}},
-		{"braces in the id", Spec{PoolID: "p{x}", TotalCents: 10, Count: 1}},
-		{"no packets", Spec{PoolID: "p", TotalCents: 10, Count: 0}},
-		{"under a cent a packet", Spec{PoolID: "p", TotalCents: 5, Count: 10}},
-		{"min over the mean", Spec{PoolID: "p", TotalCents: 100, Count: 10, MinCents: 20}},
-		{"max under the mean", Spec{PoolID: "p", TotalCents: 100, Count: 10, MaxCents: 5}},
-		{"over the total limit", Spec{PoolID: "p", TotalCents: MaxTotalCents + 1, Count: 10}},
-		{"negative sub-pools", Spec{PoolID: "p", TotalCents: 100, Count: 10, SubPools: -1}},
-		{"more sub-pools than packets", Spec{PoolID: "p", TotalCents: 100, Count: 10, SubPools: 11}},
-		{"negative hold", Spec{PoolID: "p", TotalCents: 100, Count: 10, HoldSeconds: -5}},
-		{"an empty window", Spec{PoolID: "p", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &past}},
+		{"no id", rain.Spec{PoolID: "", TotalCents: 10, Count: 1}},
+		{"a space in the id", rain.Spec{PoolID: "bad id", TotalCents: 10, Count: 1}},
+		{"braces in the id", rain.Spec{PoolID: "p{x}", TotalCents: 10, Count: 1}},
+		{"no packets", rain.Spec{PoolID: "p", TotalCents: 10, Count: 0}},
+		{"under a cent a packet", rain.Spec{PoolID: "p", TotalCents: 5, Count: 10}},
+		{"min over the mean", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, MinCents: 20}},
+		{"max under the mean", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, MaxCents: 5}},
+		{"over the total limit", rain.Spec{PoolID: "p", TotalCents: rain.MaxTotalCents + 1, Count: 10}},
+		{"negative sub-pools", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, SubPools: -1}},
+		{"more sub-pools than packets", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, SubPools: 11}},
+		{"negative hold", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, HoldSeconds: -5}},
+		{"an empty window", rain.Spec{PoolID: "p", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &past}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, _, err := e.cat.Preload(context.Background(), tt.spec); !errors.Is(err, ErrInvalid) {
+			if _, _, err := e.cat.Preload(context.Background(), tt.spec); !errors.Is(err, rain.ErrInvalid) {
 				t.Errorf("Preload(%+v) err = %v, want ErrInvalid", tt.spec, err)
 			}
 		})
@@ -174,7 +175,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 		addrs[i] = proxies[i].Addr
 	}
 	crashing := envOn(t, servers, addrs)
-	spec := Spec{PoolID: "big", TotalCents: 10_000_000, Count: 100_000, SubPools: 3}
+	spec := rain.Spec{PoolID: "big", TotalCents: 10_000_000, Count: 100_000, SubPools: 3}
 	// Where sub-pool 1 will be: the placement walks the ring from the id.
 	units, err := crashing.cat.units(ctx)
 	if err != nil {
@@ -191,7 +192,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 	}
 	e := envOn(t, servers, redistest.Addrs(servers)) // the next process
 	st, err := e.cat.Status(ctx, "big")
-	if err != nil || st.State != string(Loading) || st.RemainingCount >= spec.Count {
+	if err != nil || st.State != string(rain.Loading) || st.RemainingCount >= spec.Count {
 		t.Fatalf("Status(half-loaded) = %+v, %v; want loading with partial stock", st, err)
 	}
 	if c := e.claim(t, "big", 1, "early"); c[0].Outcome != lua.Closed {
@@ -201,7 +202,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("Preload again = created %v, %v; want it to finish the job", created, err)
 	}
-	if st.RemainingCount != spec.Count || st.RemainingCents != spec.TotalCents || st.State != string(Open) {
+	if st.RemainingCount != spec.Count || st.RemainingCents != spec.TotalCents || st.State != string(rain.Open) {
 		t.Fatalf("Status after resume = %+v, want all %d packets, %d cents, open", st, spec.Count, spec.TotalCents)
 	}
 	e.assertAudit(t, "big")
@@ -218,7 +219,7 @@ func TestPlacement(t *testing.T) {
 	}{{1, 1}, {3, 3}, {5, 3}} {
 		t.Run(fmt.Sprintf("%d sub-pools", tt.k), func(t *testing.T) {
 			id := fmt.Sprintf("pl%d", tt.k)
-			st := e.preload(t, Spec{PoolID: id, TotalCents: 1000, Count: 100, SubPools: tt.k})
+			st := e.preload(t, rain.Spec{PoolID: id, TotalCents: 1000, Count: 100, SubPools: tt.k})
 			shards := map[string]int{}
 			for _, sp := range st.SubPools {
 				shards[sp.Shard]++
@@ -270,7 +271,7 @@ func TestPreloadArbitration(t *testing.T) {
 	for round := range 20 {
 		a, b := open(1, 2, 3), open(0, 1, 4)
 		id := fmt.Sprintf("arb%d", round)
-		spec := Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}
+		spec := rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}
 		var wg sync.WaitGroup
 		var errA, errB error
 		wg.Go(func() { _, _, errA = a.Preload(ctx, spec) })
@@ -311,8 +312,8 @@ func TestAuditInPages(t *testing.T) {
 	proxy := redisproxy.Start(t, srv.Addr)
 	e := envOn(t, []*redistest.Server{srv}, []string{proxy.Addr})
 	const packets = 300_000
-	e.preload(t, Spec{PoolID: "big", TotalCents: 3 * packets, Count: packets, HoldSeconds: 3600})
-	p, err := e.cat.Pool(ctx, "big")
+	e.preload(t, rain.Spec{PoolID: "big", TotalCents: 3 * packets, Count: packets, HoldSeconds: 3600})
+	p, err := e.cat.Cached(ctx, "big")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +403,7 @@ func BenchmarkPreload(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			i++
-			_, created, err := e.cat.Preload(context.Background(), Spec{
+			_, created, err := e.cat.Preload(context.Background(), rain.Spec{
 				PoolID: fmt.Sprintf("bench%d", i), TotalCents: total, Count: count, SubPools: 8})
 			if err != nil || !created {
 				b.Fatalf("Preload: created %v, %v", created, err)

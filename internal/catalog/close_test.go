@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -16,7 +17,7 @@ import (
 
 // endedAndSettled preloads spec on e, grabs for six users, ends the pool
 // and settles every grant by hand: the pool can close.
-func (e *env) endedAndSettled(t *testing.T, spec Spec) {
+func (e *env) endedAndSettled(t *testing.T, spec rain.Spec) {
 	t.Helper()
 	e.preload(t, spec)
 	e.claim(t, spec.PoolID, 1, "a", "b", "c", "d", "e", "f")
@@ -40,7 +41,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			spec := Spec{PoolID: "lost", TotalCents: 10_000, Count: 100, SubPools: 3}
+			spec := rain.Spec{PoolID: "lost", TotalCents: 10_000, Count: 100, SubPools: 3}
 			servers := redistest.StartN(t, 3, redistest.Options{})
 			proxies := make([]*redisproxy.Proxy, len(servers))
 			addrs := make([]string, len(servers))
@@ -50,7 +51,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 			}
 			e := envOn(t, servers, redistest.Addrs(servers))
 			e.endedAndSettled(t, spec)
-			var a *Account
+			var a *rain.Account
 			if caught {
 				// The closing process dies once the record says closing on
 				// every shard (s3's copy is written last), before it
@@ -77,7 +78,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 				t.Fatalf("Status after the serial shard lost its data = %+v, %v; want the account", st, err)
 			}
 			if caught {
-				if st.State != string(Closing) {
+				if st.State != string(rain.Closing) {
 					t.Fatalf("state = %s, want closing", st.State)
 				}
 				if a, err = fresh.cat.Close(ctx, spec.PoolID); err != nil {
@@ -88,7 +89,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 				t.Fatalf("Audit = %+v, %v", rep, err)
 			}
 			rec, err := fresh.shards.Client("s1").HGetAll(ctx, recordKey(spec.PoolID)).Result()
-			if err != nil || rec["state"] != string(Closed) || rec["account"] == "" || rec["spec"] == "" {
+			if err != nil || rec["state"] != string(rain.Closed) || rec["account"] == "" || rec["spec"] == "" {
 				t.Fatalf("the serial shard's record after the read = %v, %v; want it whole, closed, with its account", rec, err)
 			}
 			checkClosed(t, fresh, spec, a)
@@ -103,11 +104,11 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "far", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "far", TotalCents: 3_000, Count: 30, SubPools: 3}
 	e.preload(t, spec)
 	short := envOn(t, e.servers[:2], redistest.Addrs(e.servers[:2])) // s1 and s2 only
 	before := e.dump(t)
-	if _, err := short.cat.End(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.End(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("End without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -117,7 +118,7 @@ func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = e.dump(t)
-	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("Close without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -130,11 +131,11 @@ func TestEndAndCloseNeedEveryPlacementShard(t *testing.T) {
 // opens every sub-pool it sealed: the re-sent seal is its own.
 func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 	ctx := context.Background()
-	spec := Spec{PoolID: "held", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "held", TotalCents: 3_000, Count: 30, SubPools: 3}
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	e := envOn(t, servers, redistest.Addrs(servers))
 	e.preload(t, spec)
-	p, err := e.cat.Find(ctx, spec.PoolID)
+	p, err := e.cat.Read(ctx, spec.PoolID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 		addrs[i] = proxies[i].Addr
 		proxies[i].DropReplies(redisproxy.Script(lua.SHA("seal")), 1)
 	}
-	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), "held") {
+	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), "held") {
 		t.Fatalf("Close with a grant held = %v; want not now, held", err)
 	}
 	for j := range p.SubPools() {
@@ -174,9 +175,9 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "two", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "two", TotalCents: 3_000, Count: 30, SubPools: 3}
 	e.endedAndSettled(t, spec)
-	p, err := e.cat.Find(ctx, spec.PoolID)
+	p, err := e.cat.Read(ctx, spec.PoolID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 	if s, err := lua.Seal(ctx, e.cat.client(p, 1), &k1, "the-other-close", e.cat.lease); err != nil || !s.OK {
 		t.Fatalf("the other close's seal = %+v, %v", s, err)
 	}
-	if _, err := e.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), "another close is at work") {
+	if _, err := e.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), "another close is at work") {
 		t.Fatalf("Close beside another = %v; want not now, another close at work", err)
 	}
 	for j, want := range []string{"open", "closing", "open"} {
@@ -193,7 +194,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 			t.Errorf("sub-pool %d is %q after the refusal, want %q", j, st, want)
 		}
 	}
-	var a *Account
+	var a *rain.Account
 	waittest.Until(t, 10*time.Second, "the close finishes once the other's seal lapsed", func() bool {
 		a, err = e.cat.Close(ctx, spec.PoolID)
 		return err == nil
@@ -211,7 +212,7 @@ func TestCloseMeetsAnotherAtWork(t *testing.T) {
 // retired on some shards and not on others.
 func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 	ctx := context.Background()
-	spec := Spec{PoolID: "caught", TotalCents: 3_000, Count: 30, SubPools: 3}
+	spec := rain.Spec{PoolID: "caught", TotalCents: 3_000, Count: 30, SubPools: 3}
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	proxies := make([]*redisproxy.Proxy, len(servers))
 	addrs := make([]string, len(servers))
@@ -231,7 +232,7 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 	}
 	short := envOn(t, servers[:2], redistest.Addrs(servers[:2])) // s1 and s2 only
 	before := e.dump(t)
-	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := short.cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("Close of a closing pool without s3 = %v; want unavailable, naming s3", err)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -249,25 +250,25 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 func TestAnotherProcessSeesTheClose(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	spec := Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
+	spec := rain.Spec{PoolID: "seen", TotalCents: 2_000, Count: 20, SubPools: 2}
 	e.endedAndSettled(t, spec)
 	other := envOn(t, e.servers, redistest.Addrs(e.servers))
-	if _, err := other.cat.List(ctx); err != nil {
+	if _, err := other.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Open {
-		t.Fatalf("Pool = %+v, %v; want open", p, err)
+	if p, err := other.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Open {
+		t.Fatalf("Cached = %+v, %v; want open", p, err)
 	}
 	if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := other.cat.Pool(ctx, spec.PoolID); p.State != Open {
+	if p, _ := other.cat.Cached(ctx, spec.PoolID); p.State != rain.Open {
 		t.Fatalf("before its next registry read the other process reads %s; want its kept record, open", p.State)
 	}
-	if _, err := other.cat.List(ctx); err != nil {
+	if _, err := other.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := other.cat.Pool(ctx, spec.PoolID); err != nil || p.State != Closed {
-		t.Fatalf("Pool after the next registry read = %+v, %v; want closed", p, err)
+	if p, err := other.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
+		t.Fatalf("Cached after the next registry read = %+v, %v; want closed", p, err)
 	}
 }

@@ -18,40 +18,10 @@ import (
 	"strings"
 	"time"
 
+	"rain"
 	"rain/internal/events"
 	"rain/internal/lua"
 )
-
-// Account is a closed pool's final account, in count and in cents: what was
-// preloaded, what was confirmed (paid to users), what was left unclaimed
-// (back to the campaign), per sub-pool too. Preloaded = confirmed +
-// unclaimed.
-type Account struct {
-	PoolID         string           `json:"pool_id"`
-	State          string           `json:"state"` // "closed" ("closing" while its keys are freed)
-	PreloadedCount int64            `json:"preloaded_count"`
-	PreloadedCents int64            `json:"preloaded_cents"`
-	ConfirmedCount int64            `json:"confirmed_count"`
-	ConfirmedCents int64            `json:"confirmed_cents"`
-	UnclaimedCount int64            `json:"unclaimed_count"`
-	UnclaimedCents int64            `json:"unclaimed_cents"`
-	ClosedAt       time.Time        `json:"closed_at"`
-	SubPools       []SubPoolAccount `json:"sub_pools"`
-}
-
-// SubPoolAccount is one sub-pool's share of an Account. A sub-pool that
-// lent stock to its siblings (spills) confirms less than it was loaded
-// with, one that borrowed more; the pool's sums balance.
-type SubPoolAccount struct {
-	Index          int   `json:"index"`
-	ConfirmedCount int64 `json:"confirmed_count"`
-	ConfirmedCents int64 `json:"confirmed_cents"`
-	UnclaimedCount int64 `json:"unclaimed_count"`
-	UnclaimedCents int64 `json:"unclaimed_cents"`
-}
-
-// Tally is a count of grants and their cents.
-type Tally struct{ Count, Cents int64 }
 
 // Books is the system of record a close reconciles with
 // (internal/postgres): the grants settlement delivered there, and the
@@ -59,19 +29,19 @@ type Tally struct{ Count, Cents int64 }
 type Books interface {
 	// Totals returns what the books hold of the pool's grants, by sub-pool
 	// index.
-	Totals(ctx context.Context, poolID string) (map[int]Tally, error)
+	Totals(ctx context.Context, poolID string) (map[int]rain.Tally, error)
 	// Record stores the account of a closed pool. The same account again
 	// (its sums, sub-pool by sub-pool; the time aside) is a no-op; another
 	// under the same pool id is an error.
-	Record(ctx context.Context, a *Account) error
+	Record(ctx context.Context, a *rain.Account) error
 }
 
 // End ends the pool now: from then on every grab answers ended (a user who
 // holds a grant still gets it back), and held grants run out their hold.
 // Ending an ended or closed pool changes nothing. It returns the pool's
 // status. ErrNotFound for no such pool; ErrNotNow for a pool still loading.
-func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
-	p, err := c.Find(ctx, id)
+func (c *Catalog) End(ctx context.Context, id string) (*rain.Status, error) {
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -79,13 +49,13 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 		return nil, err
 	}
 	switch p.State {
-	case Loading:
-		return nil, errorf(ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
-	case Open:
+	case rain.Loading:
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading: finish its preload first", id)
+	case rain.Open:
 		for j := range p.SubPools() {
 			k := p.SubPool(j).Keys()
 			if _, err := lua.End(ctx, c.client(p, j), &k); err != nil {
-				return nil, errorf(ErrUnavailable, err, "end %s sub-pool %d: shard %s did not answer", id, j, p.Placement[j])
+				return nil, rain.Errorf(rain.ErrUnavailable, err, "end %s sub-pool %d: shard %s did not answer", id, j, p.Placement[j])
 			}
 		}
 		c.notify(ctx, id)
@@ -97,13 +67,13 @@ func (c *Catalog) End(ctx context.Context, id string) (*Status, error) {
 // the catalog's (a tool or instance given fewer shards than the pool was
 // placed on): a step on every sub-pool is then refused before it begins,
 // never left done on some. ErrUnavailable names the first missing shard.
-func (c *Catalog) placed(p *Pool) error {
-	if p.State == Closed {
+func (c *Catalog) placed(p *rain.Pool) error {
+	if p.State == rain.Closed {
 		return nil // its sub-pools are not visited again (a closing pool's are: they are retired)
 	}
 	for j, name := range p.Placement {
 		if c.shards.Client(name) == nil {
-			return errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured here", p.ID(), j, name)
+			return rain.Errorf(rain.ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured here", p.ID(), j, name)
 		}
 	}
 	return nil
@@ -129,32 +99,32 @@ func (c *Catalog) notify(ctx context.Context, id string) {
 // in the pool's record on every shard, then frees every key of the pool,
 // sub-pool by sub-pool. A close that died midway finishes when run again;
 // closing a closed pool returns its account.
-func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
-	p, err := c.Find(ctx, id)
+func (c *Catalog) Close(ctx context.Context, id string) (*rain.Account, error) {
+	p, err := c.readRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.placed(p); err != nil {
+	if err := c.placed(&p.Pool); err != nil {
 		return nil, err
 	}
 	switch p.State {
-	case Closed:
+	case rain.Closed:
 		return p.Account, nil
-	case Loading:
-		return nil, errorf(ErrNotNow, nil, "pool %s is still loading", id)
-	case Open:
+	case rain.Loading:
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s is still loading", id)
+	case rain.Open:
 		if p, err = c.seal(ctx, p); err != nil {
 			return nil, err
 		}
 	}
 	// Closing: the account is in the record; free the keys, then say so.
-	if err := c.free(ctx, p); err != nil {
+	if err := c.free(ctx, &p.Pool); err != nil {
 		return nil, err
 	}
 	closed := *p
 	a := *p.Account
-	a.State = string(Closed)
-	closed.State, closed.Account = Closed, &a
+	a.State = string(rain.Closed)
+	closed.State, closed.Account = rain.Closed, &a
 	if err := c.writeRecord(ctx, &closed); err != nil {
 		return nil, err
 	}
@@ -162,14 +132,15 @@ func (c *Catalog) Close(ctx context.Context, id string) (*Account, error) {
 	return closed.Account, nil
 }
 
-// seal stops every sub-pool of the open pool p for good (lua.Seal, under
+// seal stops every sub-pool of the open pool r for good (lua.Seal, under
 // a token of this call's own: concurrent closes never undo each other's
 // seals), checks the audit and the books, records the account (books
 // first, then the record on every shard, as closing) and returns the
 // closing pool. When a check fails it opens again the sub-pools it sealed
 // and returns ErrNotNow: nothing changed (a sealed sub-pool answers grabs
 // "ended", as an ended one does).
-func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
+func (c *Catalog) seal(ctx context.Context, r *record) (*record, error) {
+	p := &r.Pool
 	owner := strconv.FormatUint(rand.Uint64(), 36)
 	seals := make([]lua.Sealed, p.SubPools())
 	var reasons []string
@@ -181,7 +152,7 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 			// owner's seal is opened).
 			seals[j].OK = true
 			c.unseal(ctx, p, owner, seals)
-			return nil, errorf(ErrUnavailable, err, "seal %s sub-pool %d: shard %s did not answer", p.ID(), j, p.Placement[j])
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "seal %s sub-pool %d: shard %s did not answer", p.ID(), j, p.Placement[j])
 		}
 		seals[j] = s
 		if !s.OK {
@@ -196,17 +167,17 @@ func (c *Catalog) seal(ctx context.Context, p *Pool) (*Pool, error) {
 	}
 	if len(reasons) > 0 {
 		c.unseal(ctx, p, owner, seals)
-		return nil, errorf(ErrNotNow, nil, "pool %s cannot close: %s", p.ID(), strings.Join(reasons, "; "))
+		return nil, rain.Errorf(rain.ErrNotNow, nil, "pool %s cannot close: %s", p.ID(), strings.Join(reasons, "; "))
 	}
 	a := account(p, seals)
 	if c.books != nil {
 		if err := c.books.Record(ctx, a); err != nil {
 			c.unseal(ctx, p, owner, seals)
-			return nil, errorf(ErrUnavailable, err, "record the account of %s in the books", p.ID())
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "record the account of %s in the books", p.ID())
 		}
 	}
-	closing := *p
-	closing.State, closing.Account = Closing, a
+	closing := *r
+	closing.State, closing.Account = rain.Closing, a
 	if err := c.writeRecord(ctx, &closing); err != nil {
 		return nil, err // sealed, and the account is in the books: running Close again finishes
 	}
@@ -235,7 +206,7 @@ func sealReason(j int, s lua.Sealed) string {
 
 // reconcile checks a sealed pool: the audit, and the books' grants against
 // the sub-pools' confirmed ones. It returns what disagrees.
-func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []string {
+func (c *Catalog) reconcile(ctx context.Context, p *rain.Pool, seals []lua.Sealed) []string {
 	rep, err := c.Audit(ctx, p.ID())
 	if err != nil {
 		return []string{fmt.Sprintf("audit: %v", err)}
@@ -267,7 +238,7 @@ func (c *Catalog) reconcile(ctx context.Context, p *Pool, seals []lua.Sealed) []
 // unseal opens again the sub-pools owner sealed (an ended sub-pool answers
 // grabs ended sealed or not; one a concurrent close sealed stays sealed for
 // it: lua.Unseal opens only the owner's own seal).
-func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua.Sealed) {
+func (c *Catalog) unseal(ctx context.Context, p *rain.Pool, owner string, seals []lua.Sealed) {
 	for j, s := range seals {
 		if !s.OK {
 			continue
@@ -281,9 +252,9 @@ func (c *Catalog) unseal(ctx context.Context, p *Pool, owner string, seals []lua
 }
 
 // account is the final account of the sealed pool p.
-func account(p *Pool, seals []lua.Sealed) *Account {
-	a := &Account{PoolID: p.ID(), State: string(Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
-		SubPools: make([]SubPoolAccount, len(seals))}
+func account(p *rain.Pool, seals []lua.Sealed) *rain.Account {
+	a := &rain.Account{PoolID: p.ID(), State: string(rain.Closing), ClosedAt: time.Now().UTC().Truncate(time.Millisecond),
+		SubPools: make([]rain.SubPoolAccount, len(seals))}
 	for j, s := range seals {
 		a.PreloadedCount += s.Count
 		a.PreloadedCents += s.Cents
@@ -291,7 +262,7 @@ func account(p *Pool, seals []lua.Sealed) *Account {
 		a.ConfirmedCents += s.ConfirmedCents
 		a.UnclaimedCount += s.StockCount
 		a.UnclaimedCents += s.StockCents
-		a.SubPools[j] = SubPoolAccount{Index: j, ConfirmedCount: s.ConfirmedCount, ConfirmedCents: s.ConfirmedCents,
+		a.SubPools[j] = rain.SubPoolAccount{Index: j, ConfirmedCount: s.ConfirmedCount, ConfirmedCents: s.ConfirmedCents,
 			UnclaimedCount: s.StockCount, UnclaimedCents: s.StockCents}
 	}
 	return a
@@ -300,7 +271,7 @@ func account(p *Pool, seals []lua.Sealed) *Account {
 // writeRecord moves the record on to p's state and account on every shard,
 // the serial shard first (what is stored there decides); a copy that is
 // missing or partial is written whole, and none goes back (lua.PutRecord).
-func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
+func (c *Catalog) writeRecord(ctx context.Context, p *record) error {
 	f := p.fields()
 	names := append([]string{c.serial}, c.shards.Names()...)
 	for i, name := range names {
@@ -308,7 +279,7 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 			continue
 		}
 		if _, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f); err != nil {
-			return errorf(ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
+			return rain.Errorf(rain.ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
 		}
 	}
 	return nil
@@ -319,7 +290,7 @@ func (c *Catalog) writeRecord(ctx context.Context, p *Pool) error {
 // whatever the sub-pool's size), its meta left as a tombstone that no late
 // step writes past. A close that dies midway is resumed from the record's
 // state, closing, and retires again.
-func (c *Catalog) free(ctx context.Context, p *Pool) error {
+func (c *Catalog) free(ctx context.Context, p *rain.Pool) error {
 	var errs []error
 	for j := range p.SubPools() {
 		ok, state, err := lua.Retire(ctx, c.client(p, j), p.SubPool(j))
@@ -329,7 +300,7 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 		case !ok:
 			// Its account is recorded, yet it can move: never freed.
 			return fmt.Errorf("%w: pool %s sub-pool %d is %s, not sealed: its keys are kept; the account recorded may not hold",
-				ErrNotNow, p.ID(), j, state)
+				rain.ErrNotNow, p.ID(), j, state)
 		default:
 			// Out of its shard's due index too (best effort: the reaper
 			// drops a closed pool's sub-pool at its next look anyway).
@@ -341,7 +312,7 @@ func (c *Catalog) free(ctx context.Context, p *Pool) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return errorf(ErrUnavailable, err, "free the keys of %s (run the close again)", p.ID())
+		return rain.Errorf(rain.ErrUnavailable, err, "free the keys of %s (run the close again)", p.ID())
 	}
 	return nil
 }

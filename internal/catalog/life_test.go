@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -22,7 +23,7 @@ import (
 func (e *env) settleByHand(t testing.TB, id string) int64 {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Find(ctx, id)
+	p, err := e.cat.Read(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func (e *env) refused(t *testing.T, id, want string) {
 	t.Helper()
 	before := e.dump(t)
 	_, err := e.cat.Close(context.Background(), id)
-	if !errors.Is(err, ErrNotNow) || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Close = %v; want not now: %q", err, want)
 	}
 	if after := e.dump(t); !reflect.DeepEqual(before, after) {
@@ -110,10 +111,10 @@ func (e *env) refused(t *testing.T, id, want string) {
 func TestLifeOfAPool(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	spec := Spec{PoolID: "life", TotalCents: 100_000, Count: 1_000, SubPools: 3}
+	spec := rain.Spec{PoolID: "life", TotalCents: 100_000, Count: 1_000, SubPools: 3}
 	before := e.keys(t) // before the pool: nothing of it
 	e.preload(t, spec)
-	if _, err := e.cat.Close(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := e.cat.Close(ctx, "nope"); !errors.Is(err, rain.ErrNotFound) {
 		t.Fatalf("Close(unknown) = %v, want not found", err)
 	}
 	users := make([]string, 60)
@@ -172,9 +173,9 @@ func TestLifeOfAPool(t *testing.T) {
 func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 	t.Helper()
 	ctx := context.Background()
-	p, err := e.cat.Find(ctx, id)
-	if err != nil || p.State != Closed {
-		t.Fatalf("Find(%s) = %+v, %v; want closed", id, p, err)
+	p, err := e.cat.Read(ctx, id)
+	if err != nil || p.State != rain.Closed {
+		t.Fatalf("Read(%s) = %+v, %v; want closed", id, p, err)
 	}
 	for name, ks := range e.keys(t) {
 		want := slices.Clone(before[name])
@@ -202,7 +203,7 @@ func (e *env) checkFreed(t *testing.T, id string, before map[string][]string) {
 
 // checkClosed checks what a closed pool answers: its account, from its
 // status, its audit and a close again; ended to a grab; a preload refused.
-func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
+func checkClosed(t *testing.T, e *env, spec rain.Spec, a *rain.Account) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := e.cat.Status(ctx, spec.PoolID)
@@ -216,14 +217,14 @@ func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
 	if err != nil || !rep.OK || len(rep.Notes) == 0 {
 		t.Fatalf("Audit(closed) = %+v, %v; want ok, answered from the account", rep, err)
 	}
-	if _, _, err := e.cat.Preload(ctx, spec); !errors.Is(err, ErrConflict) {
+	if _, _, err := e.cat.Preload(ctx, spec); !errors.Is(err, rain.ErrConflict) {
 		t.Fatalf("Preload of a closed pool's id = %v, want conflict", err)
 	}
 	if st, err := e.cat.End(ctx, spec.PoolID); err != nil || st.State != "closed" {
 		t.Fatalf("End(closed) = %+v, %v; want closed, nothing changed", st, err)
 	}
-	p, err := e.cat.Pool(ctx, spec.PoolID)
-	if err != nil || p.State != Closed {
+	p, err := e.cat.Cached(ctx, spec.PoolID)
+	if err != nil || p.State != rain.Closed {
 		t.Fatalf("Pool(closed) = %+v, %v", p, err)
 	}
 	refs, err := e.cat.SubPools(ctx)
@@ -239,7 +240,7 @@ func checkClosed(t *testing.T, e *env, spec Spec, a *Account) {
 
 // crashEnv is a pool ended and settled on three shards, e straight to
 // them, and the proxies in front of them for a process that will die.
-func crashEnv(t *testing.T, spec Spec) (e *env, proxies []*redisproxy.Proxy, addrs []string) {
+func crashEnv(t *testing.T, spec rain.Spec) (e *env, proxies []*redisproxy.Proxy, addrs []string) {
 	t.Helper()
 	servers := redistest.StartN(t, 3, redistest.Options{})
 	proxies = make([]*redisproxy.Proxy, len(servers))
@@ -269,7 +270,7 @@ type crashPoint struct {
 
 // closeWrites runs a close through proxies that record, and returns each
 // write it made: a seal, a record written, a sub-pool retired.
-func closeWrites(t *testing.T, spec Spec) []crashPoint {
+func closeWrites(t *testing.T, spec rain.Spec) []crashPoint {
 	t.Helper()
 	_, proxies, addrs := crashEnv(t, spec)
 	for _, p := range proxies {
@@ -307,7 +308,7 @@ func closeWrites(t *testing.T, spec Spec) []crashPoint {
 // finished once their lease has run out (before, the next close is told
 // another is at work).
 func TestCloseResumesAfterACrash(t *testing.T) {
-	spec := Spec{PoolID: "crash", TotalCents: 50_000, Count: 500, SubPools: 3}
+	spec := rain.Spec{PoolID: "crash", TotalCents: 50_000, Count: 500, SubPools: 3}
 	points := closeWrites(t, spec)
 	if len(points) < 12 { // 3 seals, 6 record writes, 3 retires at least
 		t.Fatalf("a close made %d writes: %v", len(points), points)
@@ -329,17 +330,17 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 			// is freed; then the record is past open, and the grab path
 			// answers ended from it.
 			c := e.claim(t, spec.PoolID, 50, "late")
-			p, err := e.cat.Find(ctx, spec.PoolID)
+			p, err := e.cat.Read(ctx, spec.PoolID)
 			if err != nil || c[0].Outcome != lua.Ended && (c[0].Outcome != lua.Closed || !p.State.Over()) {
 				t.Fatalf("a grab after a close died = %+v, the record %+v, %v; want ended", c[0], p, err)
 			}
 			if rep, err := e.cat.Audit(ctx, spec.PoolID); err != nil || !rep.OK {
 				t.Fatalf("audit after a close died = %+v, %v", rep, err)
 			}
-			var a *Account
+			var a *rain.Account
 			waittest.Until(t, 10*time.Second, "a close run again finishes once the dead close's seals lapse", func() bool {
 				a, err = e.cat.Close(ctx, spec.PoolID)
-				if errors.Is(err, ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {
+				if errors.Is(err, rain.ErrNotNow) && strings.Contains(err.Error(), "another close is at work") {
 					return false
 				}
 				if err != nil {
@@ -362,8 +363,8 @@ func TestCloseResumesAfterACrash(t *testing.T) {
 func TestCloseWhileASpillIsInFlight(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	e.preload(t, Spec{PoolID: "sp", TotalCents: 1_000, Count: 10, SubPools: 2})
-	p, err := e.cat.Find(ctx, "sp")
+	e.preload(t, rain.Spec{PoolID: "sp", TotalCents: 1_000, Count: 10, SubPools: 2})
+	p, err := e.cat.Read(ctx, "sp")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/events"
 	"rain/internal/lua"
 	"rain/internal/shard"
@@ -37,7 +38,7 @@ const (
 // all its stock are they opened, and then the record. Until then grabs answer
 // not_started. Running the same preload again resumes at the first missing
 // batch; the seed in the record makes the split the same every time.
-func (c *Catalog) Preload(ctx context.Context, in Spec) (st *Status, created bool, err error) {
+func (c *Catalog) Preload(ctx context.Context, in rain.Spec) (st *rain.Status, created bool, err error) {
 	return c.PreloadProgress(ctx, in, nil)
 }
 
@@ -45,7 +46,7 @@ func (c *Catalog) Preload(ctx context.Context, in Spec) (st *Status, created boo
 // stock loads: packets loaded so far (those a resumed preload finds loaded
 // included) and the pool's count. It is called from several goroutines,
 // one per sub-pool, never at once.
-func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(loaded, total int64)) (st *Status, created bool, err error) {
+func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress func(loaded, total int64)) (st *rain.Status, created bool, err error) {
 	spec, err := in.Normalize()
 	if err != nil {
 		return nil, false, err
@@ -54,7 +55,7 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(lo
 	if err != nil {
 		return nil, false, err
 	}
-	if p.State != Open {
+	if p.State != rain.Open {
 		if err := c.fill(ctx, p, progress); err != nil {
 			return nil, false, err
 		}
@@ -68,9 +69,9 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in Spec, progress func(lo
 // the record is written there first, in one atomic step unless one is
 // there, and what is stored there wins, so two concurrent preloads of one
 // id, even from instances with different shard lists, end with one record.
-func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
-	existing, err := c.Find(ctx, spec.PoolID)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+func (c *Catalog) register(ctx context.Context, spec rain.Spec) (*record, error) {
+	existing, err := c.readRecord(ctx, spec.PoolID)
+	if err != nil && !errors.Is(err, rain.ErrNotFound) {
 		return nil, err
 	}
 	if existing == nil {
@@ -86,8 +87,8 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		fresh := (&Pool{specJSON: spec.canonical(), Seed: rand.Uint64(), Placement: placement, Salts: salts,
-			State: Loading}).fields()
+		fresh := (&record{spec: canonical(spec), Pool: rain.Pool{Seed: rand.Uint64(), Placement: placement, Salts: salts,
+			State: rain.Loading}}).fields()
 		if existing, err = c.putRecord(ctx, c.shards.Client(c.serial), spec.PoolID, fresh); err != nil {
 			return nil, err
 		}
@@ -95,12 +96,12 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 	if existing.State.Over() {
 		return nil, closedErr(spec.PoolID, existing.State)
 	}
-	if existing.specJSON != spec.canonical() {
-		return nil, errorf(ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.specJSON)
+	if existing.spec != canonical(spec) {
+		return nil, rain.Errorf(rain.ErrConflict, nil, "pool %s exists as %s", spec.PoolID, existing.spec)
 	}
 	for j, name := range existing.Placement {
 		if c.shards.Client(name) == nil {
-			return nil, errorf(ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured", spec.PoolID, j, name)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "pool %s sub-pool %d is on shard %s, which is not configured", spec.PoolID, j, name)
 		}
 	}
 	// Copy the record to every shard that lacks it, and list the pool.
@@ -111,7 +112,7 @@ func (c *Catalog) register(ctx context.Context, spec Spec) (*Pool, error) {
 			return nil, err
 		}
 		if err := client.SAdd(ctx, registryKey, spec.PoolID).Err(); err != nil {
-			return nil, errorf(ErrUnavailable, err, "shard %s: list pool %s", name, spec.PoolID)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "shard %s: list pool %s", name, spec.PoolID)
 		}
 	}
 	return existing, nil
@@ -138,7 +139,7 @@ func (c *Catalog) units(ctx context.Context) (map[string]unit, error) {
 		}
 		ps, err := c.shards.Primaries(ctx, name)
 		if err != nil {
-			return nil, errorf(ErrUnavailable, err, "the primaries of cluster shard %s", name)
+			return nil, rain.Errorf(rain.ErrUnavailable, err, "the primaries of cluster shard %s", name)
 		}
 		for i := range ps {
 			out[unitName(name, i)] = unit{shard: name, primary: &ps[i]}
@@ -186,20 +187,20 @@ func (c *Catalog) place(pool string, k int, units map[string]unit) (placement, s
 func saltFor(pool string, j int, p shard.Primary) (string, error) {
 	for s := range 1 << 16 {
 		salt := strconv.Itoa(s)
-		if p.Owns(shard.Slot(lua.SubPool{Pool: pool, Index: j, Salt: salt}.Tag())) {
+		if p.Owns(shard.Slot(rain.SubPool{Pool: pool, Index: j, Salt: salt}.Tag())) {
 			return salt, nil
 		}
 	}
-	return "", errorf(ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
+	return "", rain.Errorf(rain.ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
 }
 
 // fill loads every sub-pool's stock, then opens them and the record.
-func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total int64)) error {
+func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, total int64)) error {
 	spec := p.Spec
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
 	if err != nil {
-		return readable(ErrInvalid, err)
+		return rain.Errorf(rain.ErrInvalid, err, "%s", err)
 	}
 	counts := subPoolCounts(spec.Count, len(p.Placement))
 	var mu sync.Mutex
@@ -219,7 +220,7 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	for j, n := range counts {
 		part := amounts[off : off+n]
 		off += n
-		wg.Go(func() { errs[j] = c.fillSubPool(ctx, p, j, part, report) })
+		wg.Go(func() { errs[j] = c.fillSubPool(ctx, &p.Pool, j, part, report) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -227,23 +228,23 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 	}
 	for j := range counts {
 		sp := p.SubPool(j)
-		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(p, j), sp)
+		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(&p.Pool, j), sp)
 		if err != nil {
 			return loadErr(spec.PoolID, err)
 		}
 		if !opened {
-			return errorf(ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
+			return rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
 		}
 	}
 	// The record opens only from loading (lua.PutRecord moves a record on,
 	// never back): a preload that stalled past the pool's close leaves it
 	// closed, and says so.
 	open := *p
-	open.State = Open
+	open.State = rain.Open
 	if err := c.writeRecord(ctx, &open); err != nil {
 		return err
 	}
-	if now, err := c.Find(ctx, spec.PoolID); err != nil {
+	if now, err := c.Read(ctx, spec.PoolID); err != nil {
 		return err
 	} else if now.State.Over() {
 		return closedErr(spec.PoolID, now.State)
@@ -261,23 +262,23 @@ func (c *Catalog) fill(ctx context.Context, p *Pool, progress func(loaded, total
 // fillSubPool sets up sub-pool j and appends its amounts from the first batch
 // it lacks, batchesPerTrip batches of batchSize amounts per round trip.
 // report is told how many more of its packets are loaded.
-func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int64, report func(n int64)) error {
+func (c *Catalog) fillSubPool(ctx context.Context, p *rain.Pool, j int, amounts []int64, report func(n int64)) error {
 	client := c.client(p, j)
 	sp := p.SubPool(j)
 	var cents int64
 	for _, a := range amounts {
 		cents += a
 	}
-	state, next, err := lua.Setup(ctx, client, sp, int64(len(amounts)), cents, p.Spec.window())
+	state, next, err := lua.Setup(ctx, client, sp, int64(len(amounts)), cents, window(p.Spec))
 	if err != nil {
 		return loadErr(p.ID(), err)
 	}
-	if State(state) != Loading {
+	if rain.State(state) != rain.Loading {
 		report(int64(len(amounts)))
 		return nil
 	}
 	if err := lua.LoadScripts(ctx, client); err != nil {
-		return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+		return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 	}
 	batches := (int64(len(amounts)) + batchSize - 1) / batchSize
 	done := min(next*batchSize, int64(len(amounts))) // packets loaded before
@@ -290,19 +291,19 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 			cmds = append(cmds, lua.LoadCmd(ctx, pipe, sp, b, amounts[lo:hi]))
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+			return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 		}
 		for _, cmd := range cmds {
 			res, n, err := lua.ParseLoad(cmd)
 			if err != nil {
-				return errorf(ErrUnavailable, err, "load %s", sp.Tag())
+				return rain.Errorf(rain.ErrUnavailable, err, "load %s", sp.Tag())
 			}
 			switch res {
 			case lua.AlreadyOpen:
 				report(int64(len(amounts)) - done)
 				return nil
 			case lua.LoadClosed:
-				return closedErr(p.ID(), Closed)
+				return closedErr(p.ID(), rain.Closed)
 			}
 			next = n // loaded or skipped, the script says which batch comes next
 		}
@@ -319,21 +320,21 @@ func (c *Catalog) fillSubPool(ctx context.Context, p *Pool, j int, amounts []int
 func loadErr(id string, err error) error {
 	switch {
 	case errors.Is(err, lua.ErrClosed):
-		return closedErr(id, Closed)
+		return closedErr(id, rain.Closed)
 	case errors.Is(err, lua.ErrSpecMismatch):
-		return readable(ErrConflict, err)
+		return rain.Errorf(rain.ErrConflict, err, "%s", err)
 	}
-	return errorf(ErrUnavailable, err, "preload %s", id)
+	return rain.Errorf(rain.ErrUnavailable, err, "preload %s", id)
 }
 
 // closedErr says that a preload met its pool closed (or closing): nothing
 // was written, and the id cannot be loaded again.
-func closedErr(id string, s State) error {
-	return errorf(ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
+func closedErr(id string, s rain.State) error {
+	return rain.Errorf(rain.ErrConflict, nil, "pool %s is %s: its id cannot be loaded again", id, s)
 }
 
 // client is the shard client of the pool's sub-pool j.
-func (c *Catalog) client(p *Pool, j int) redis.UniversalClient {
+func (c *Catalog) client(p *rain.Pool, j int) redis.UniversalClient {
 	return c.shards.Client(p.Placement[j])
 }
 

@@ -2,6 +2,8 @@ package catalog
 
 // This file is where pools are found: their records, the registry, and the
 // serial shard's arbitration and repair.
+//
+// A lookup's name says whether it reads Redis (see the package's comment).
 
 import (
 	"context"
@@ -14,30 +16,32 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/lua"
 )
 
-// Pool returns the pool's record, from memory once it is open or closed:
+// Cached returns the pool's record, from memory once it is open or closed
+// (no I/O), read from Redis (Read) otherwise:
 // a closed pool's record never changes again; an open pool's changes only
 // by an end or a close, whose notice (internal/events) makes the instances
 // Forget it at once, and which moves every shard's life counter, so that
 // a process that missed the notice (or hears none: rain settle) forgets
-// every open record at its next registry read (List, every 2 s while
+// every open record at its next registry read (ReadList, every 2 s while
 // work goes on): no record is read again while nothing happens. A pool
 // loading or closing is read again on every call. ErrNotFound for no such
 // pool; ErrUnavailable when it cannot be read now.
-func (c *Catalog) Pool(ctx context.Context, id string) (*Pool, error) {
+func (c *Catalog) Cached(ctx context.Context, id string) (*rain.Pool, error) {
 	c.mu.RLock()
 	p := c.records[id]
 	c.mu.RUnlock()
 	if p != nil {
 		return p, nil
 	}
-	p, err := c.Find(ctx, id)
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if p.State == Open || p.State == Closed {
+	if p.State == rain.Open || p.State == rain.Closed {
 		c.mu.Lock()
 		c.records[id] = p
 		c.mu.Unlock()
@@ -75,21 +79,21 @@ func (c *Catalog) forgetOpen() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, p := range c.records {
-		if p.State == Open {
+		if p.State == rain.Open {
 			delete(c.records, id)
 		}
 	}
 }
 
-// copyOf is one shard's copy of a pool's record, as Find reads it.
+// copyOf is one shard's copy of a pool's record, as Read reads it.
 type copyOf struct {
 	shard  string
 	fields map[string]string // nil: none there
-	p      *Pool             // parsed; nil when none or not whole
+	r      *record           // parsed; nil when none or not whole
 	err    error             // the shard did not answer
 }
 
-// Find reads the pool's record from every shard, at once, and returns the
+// Read reads the pool's record from Redis, every shard at once, and returns the
 // copy furthest along the pool's life: the serial shard's decides which
 // pool the id is (what is stored there wins a preload's race), and a copy
 // of that same pool further along (a close writes the shards in turn; a
@@ -99,7 +103,16 @@ type copyOf struct {
 // a closed one or drops its account. ErrNotFound when no shard that
 // answered has it; ErrUnavailable when none has a whole copy and some did
 // not answer, or none of the copies is whole.
-func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
+func (c *Catalog) Read(ctx context.Context, id string) (*rain.Pool, error) {
+	r, err := c.readRecord(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &r.Pool, nil
+}
+
+// readRecord is Read, with the record as stored.
+func (c *Catalog) readRecord(ctx context.Context, id string) (*record, error) {
 	names := c.shards.Names()
 	copies := make([]copyOf, len(names))
 	var wg sync.WaitGroup
@@ -113,7 +126,7 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 			}
 			if len(m) > 0 {
 				copies[i].fields = m
-				copies[i].p, _ = parseRecord(m) // a part of a record is written back whole
+				copies[i].r, _ = parseRecord(m) // a part of a record is written back whole
 			}
 		})
 	}
@@ -130,15 +143,15 @@ func (c *Catalog) Find(ctx context.Context, id string) (*Pool, error) {
 		}
 		switch {
 		case some:
-			return nil, errorf(ErrUnavailable, nil, "pool %s: no shard holds a whole copy of its record", id)
+			return nil, rain.Errorf(rain.ErrUnavailable, nil, "pool %s: no shard holds a whole copy of its record", id)
 		case len(down) > 0:
-			return nil, errorf(ErrUnavailable, errors.Join(down...), "pool %s: %s", id, downShards(copies))
+			return nil, rain.Errorf(rain.ErrUnavailable, errors.Join(down...), "pool %s: %s", id, downShards(copies))
 		}
-		return nil, ErrNotFound
+		return nil, rain.ErrNotFound
 	}
 	for _, cp := range copies {
-		if cp.err == nil && (cp.p == nil || cp.p.State.stage() < best.State.stage() || cp.p.Account == nil && best.Account != nil) &&
-			(cp.p == nil || cp.p.same(best)) {
+		if cp.err == nil && (cp.r == nil || cp.r.State.Before(best.State) || cp.r.Account == nil && best.Account != nil) &&
+			(cp.r == nil || cp.r.same(best)) {
 			if _, err := c.putRecord(ctx, c.shards.Client(cp.shard), id, best.fields()); err != nil {
 				c.log.Warn("a shard's copy of a pool record is missing or behind; writing it back failed, trying again at the next read",
 					"pool_id", id, "shard", cp.shard, "err", err)
@@ -162,24 +175,24 @@ func downShards(copies []copyOf) string {
 	return "shards " + strings.Join(names, ", ") + " did not answer"
 }
 
-// furthest is the record Find returns of the copies: the serial shard's
+// furthest is the record Read returns of the copies: the serial shard's
 // pool (or, when it has no whole copy, the first whole copy's), at the
 // furthest stage any copy of that same pool is at, with the account of
 // that copy. Nil when no copy is whole.
-func furthest(copies []copyOf, serial string) *Pool {
-	var best *Pool
+func furthest(copies []copyOf, serial string) *record {
+	var best *record
 	for _, cp := range copies {
-		if cp.p != nil && cp.shard == serial {
-			best = cp.p
+		if cp.r != nil && cp.shard == serial {
+			best = cp.r
 		}
 	}
 	for _, cp := range copies {
 		switch {
-		case cp.p == nil:
+		case cp.r == nil:
 		case best == nil:
-			best = cp.p
-		case cp.p.same(best) && (cp.p.State.stage() > best.State.stage() || best.Account == nil && cp.p.Account != nil):
-			best = cp.p
+			best = cp.r
+		case cp.r.same(best) && (best.State.Before(cp.r.State) || best.Account == nil && cp.r.Account != nil):
+			best = cp.r
 		}
 	}
 	return best
@@ -187,23 +200,24 @@ func furthest(copies []copyOf, serial string) *Pool {
 
 // putRecord writes the record where none is whole, or moves the stored one
 // on to its state (never back), atomically, and returns what is stored.
-func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*Pool, error) {
+func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*record, error) {
 	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
-		return nil, errorf(ErrUnavailable, err, "write pool record")
+		return nil, rain.Errorf(rain.ErrUnavailable, err, "write pool record")
 	}
 	return parseRecord(m)
 }
 
-// List returns the ids of every pool loaded, sorted: the union of every
-// shard's registry, read at once (every preload writes every shard's). The
+// ReadList reads from Redis the ids of every pool loaded, sorted: the union
+// of every shard's registry, read at once (every preload writes every
+// shard's). The
 // union, not the serial shard's alone: a serial shard that lost its data (a
 // restart without its AOF) answers with an empty registry, and a live pool
-// must not vanish behind it; List writes what it lacks back to it (see
+// must not vanish behind it; ReadList writes what it lacks back to it (see
 // repair). When some shards do not answer it returns what the others hold,
 // with ErrPartial (the list may then lack a pool only those hold);
 // ErrUnavailable when none answers.
-func (c *Catalog) List(ctx context.Context) ([]string, error) {
+func (c *Catalog) ReadList(ctx context.Context) ([]string, error) {
 	names := c.shards.Names()
 	lists := make([][]string, len(names))
 	lives := make([]string, len(names))
@@ -245,7 +259,7 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 	}
 	joined := errors.Join(errs...)
 	if answered == 0 {
-		return nil, errorf(ErrUnavailable, joined, "list the pools: no shard answered")
+		return nil, rain.Errorf(rain.ErrUnavailable, joined, "list the pools: no shard answered")
 	}
 	slices.Sort(ids)
 	if atSerial != nil {
@@ -258,7 +272,7 @@ func (c *Catalog) List(ctx context.Context) ([]string, error) {
 		c.repair(ctx, missing)
 	}
 	if joined != nil {
-		return ids, fmt.Errorf("%w: %w", ErrPartial, joined)
+		return ids, fmt.Errorf("%w: %w", rain.ErrPartial, joined)
 	}
 	c.listed.Store(&listing{ids: ids, at: time.Now()})
 	return ids, nil
@@ -287,10 +301,10 @@ func (c *Catalog) sawLives(names, lives []string, errs []error) {
 // repair gives the serial shard back what it lacks of pools the other
 // shards hold (it lost its data): each pool's record (written only where
 // none is, so a record it has wins) and its registry entry. A failure is
-// logged and tried again at the next List.
+// logged and tried again at the next ReadList.
 func (c *Catalog) repair(ctx context.Context, missing []string) {
 	for _, id := range missing {
-		p, err := c.Find(ctx, id) // restores the serial shard's record
+		p, err := c.Read(ctx, id) // restores the serial shard's record
 		if err == nil {
 			err = c.shards.Client(c.serial).SAdd(ctx, registryKey, id).Err()
 		}

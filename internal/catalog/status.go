@@ -8,40 +8,9 @@ import (
 	"errors"
 	"reflect"
 
+	"rain"
 	"rain/internal/lua"
 )
-
-// Status is a pool's state for operators (GET /admin/pools/{id}).
-type Status struct {
-	PoolID         string          `json:"pool_id"`
-	State          string          `json:"state"`
-	TotalCents     int64           `json:"total_cents"`
-	Count          int64           `json:"count"`
-	RemainingCount int64           `json:"remaining_count"`
-	RemainingCents int64           `json:"remaining_cents"`
-	HeldCount      int64           `json:"held_count"`
-	HeldCents      int64           `json:"held_cents"`
-	ConfirmedCount int64           `json:"confirmed_count"`
-	ConfirmedCents int64           `json:"confirmed_cents"`
-	ReleasedCount  int64           `json:"released_count"`
-	ReleasedCents  int64           `json:"released_cents"`
-	SubPools       []SubPoolStatus `json:"sub_pools"`
-	Spec           Spec            `json:"spec"`
-	// Account is the final account of a closed (or closing) pool: then it
-	// is the pool's status, and the fields above are not read.
-	Account *Account `json:"-"`
-}
-
-// SubPoolStatus is one sub-pool's share of a Status.
-type SubPoolStatus struct {
-	Index          int    `json:"index"`
-	Shard          string `json:"shard"`
-	State          string `json:"state"`
-	Count          int64  `json:"count"`       // packets loaded into it
-	TotalCents     int64  `json:"total_cents"` // cents loaded into it
-	RemainingCount int64  `json:"remaining_count"`
-	RemainingCents int64  `json:"remaining_cents"`
-}
 
 // subPoolCounters is what Status reads of a sub-pool's meta hash.
 type subPoolCounters struct {
@@ -73,31 +42,31 @@ var statusFields = func() []string {
 // Status reads the pool's counters from every sub-pool. A sub-pool whose
 // window is over (by its shard's clock) is "ended", and the pool is when
 // every one is. A closed pool's status is its account (Status.Account).
-func (c *Catalog) Status(ctx context.Context, id string) (*Status, error) {
-	p, err := c.Find(ctx, id)
+func (c *Catalog) Status(ctx context.Context, id string) (*rain.Status, error) {
+	p, err := c.Read(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if p.State.Over() {
-		return &Status{PoolID: id, State: string(p.State), Account: p.Account}, nil
+		return &rain.Status{PoolID: id, State: string(p.State), Account: p.Account}, nil
 	}
-	st := &Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
-		Spec: p.Spec, SubPools: []SubPoolStatus{}}
-	ended := p.State == Open
+	st := &rain.Status{PoolID: id, State: string(p.State), TotalCents: p.Spec.TotalCents, Count: p.Spec.Count,
+		Spec: p.Spec, SubPools: []rain.SubPoolStatus{}}
+	ended := p.State == rain.Open
 	for j, name := range p.Placement {
 		n, err := c.subPoolCounters(ctx, p, j)
 		if err != nil {
 			return nil, err
 		}
-		if n.State != string(Open) {
+		if n.State != string(rain.Open) {
 			ended = false
 		}
-		if n.State == string(Open) && (n.Ended == "1" || n.EndsMS > 0 && n.EndsMS <= n.now) {
+		if n.State == string(rain.Open) && (n.Ended == "1" || n.EndsMS > 0 && n.EndsMS <= n.now) {
 			n.State = "ended"
 		} else {
 			ended = false
 		}
-		st.SubPools = append(st.SubPools, SubPoolStatus{Index: j, Shard: name, State: n.State,
+		st.SubPools = append(st.SubPools, rain.SubPoolStatus{Index: j, Shard: name, State: n.State,
 			Count: n.Count, TotalCents: n.Cents, RemainingCount: n.StockCount, RemainingCents: n.StockCents})
 		st.RemainingCount += n.StockCount
 		st.RemainingCents += n.StockCents
@@ -122,21 +91,21 @@ type counters struct {
 
 // subPoolCounters reads sub-pool j's counters and its shard's clock, in one
 // round trip.
-func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters, error) {
+func (c *Catalog) subPoolCounters(ctx context.Context, p *rain.Pool, j int) (counters, error) {
 	name := p.Placement[j]
 	client := c.shards.Client(name)
 	if client == nil {
-		return counters{}, errorf(ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
+		return counters{}, rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d is on shard %s, which is not configured", j, name)
 	}
 	pipe := client.Pipeline()
 	meta := pipe.HMGet(ctx, p.SubPool(j).Keys().Meta, statusFields...)
 	clock := pipe.Time(ctx)
 	var n counters
 	if _, err := pipe.Exec(ctx); err != nil {
-		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
+		return n, rain.Errorf(rain.ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	if err := meta.Scan(&n.subPoolCounters); err != nil {
-		return n, errorf(ErrUnavailable, err, "shard %s did not answer", name)
+		return n, rain.Errorf(rain.ErrUnavailable, err, "shard %s did not answer", name)
 	}
 	n.now = clock.Val().UnixMilli()
 	if n.State == "" {
@@ -145,27 +114,22 @@ func (c *Catalog) subPoolCounters(ctx context.Context, p *Pool, j int) (counters
 	return n, nil
 }
 
-// SubPoolRef names a sub-pool and the shard that holds it.
-type SubPoolRef struct {
-	lua.SubPool
-	Shard string
-}
-
 // SubPools lists the sub-pools of every pool the shards' registries know,
 // with their shards: what settlement reads the outboxes of. Pools that
 // cannot be read now (a shard down) are left out, and so are sub-pools
 // placed on a shard not configured here; their errors (ErrUnavailable for
-// a shard not configured) are returned, joined, beside the others.
-func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
-	ids, err := c.Listed(ctx)
+// a shard not configured) are returned, joined, beside the others. It goes
+// through CachedList and Cached: Redis is read only where they would.
+func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
+	ids, err := c.CachedList(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []SubPoolRef
+	var out []rain.SubPoolRef
 	var errs []error
 	for _, id := range ids {
-		p, err := c.Pool(ctx, id)
-		if errors.Is(err, ErrNotFound) {
+		p, err := c.Cached(ctx, id)
+		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -180,7 +144,7 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 		}
 		for j, name := range p.Placement {
 			if c.shards.Client(name) != nil {
-				out = append(out, SubPoolRef{SubPool: p.SubPool(j), Shard: name})
+				out = append(out, rain.SubPoolRef{SubPool: p.SubPool(j), Shard: name})
 			}
 		}
 	}
@@ -192,7 +156,7 @@ func (c *Catalog) SubPools(ctx context.Context) ([]SubPoolRef, error) {
 // again succeeds. It returns ErrNotFound for an unknown pool, ErrNoGrant,
 // ErrGrantReleased or ErrSerialMismatch.
 func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int64) error {
-	p, err := c.Pool(ctx, poolID)
+	p, err := c.Cached(ctx, poolID)
 	if err != nil {
 		return err
 	}
@@ -200,7 +164,7 @@ func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int
 	k := p.SubPool(j).Keys()
 	res, err := lua.Confirm(ctx, c.client(p, j), &k, userID, serial)
 	if err != nil {
-		return errorf(ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
+		return rain.Errorf(rain.ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
 	}
 	return confirmErr(res)
 }
@@ -211,10 +175,10 @@ func confirmErr(res lua.Confirmation) error {
 	case lua.Confirmed, lua.AlreadyConfirmed:
 		return nil
 	case lua.WasReleased:
-		return ErrGrantReleased
+		return rain.ErrGrantReleased
 	case lua.SerialMismatch:
-		return ErrSerialMismatch
+		return rain.ErrSerialMismatch
 	default:
-		return ErrNoGrant
+		return rain.ErrNoGrant
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"rain"
 )
 
 // readRegistry reads one shard's registry and life counter ("" when it has
@@ -27,16 +29,17 @@ func (c *Catalog) readRegistry(ctx context.Context, name string) (ids []string, 
 	return ids, life, nil
 }
 
-// ListInTurn is List for a caller that lists again and again (the known
-// pools' refresh): it reads the registry and life counter of one shard, the
+// ReadListInTurn is ReadList for a caller that lists again and again (the
+// known pools' refresh): it reads from Redis the registry and life counter
+// of one shard, the
 // shards in turn, and returns the union of every shard's latest read,
-// sorted. Until every shard has been read once it reads them all (List).
+// sorted. Until every shard has been read once it reads them all (ReadList).
 // A pool preloaded anywhere is in the list after at most one read (every
 // shard's registry has it); an end or close anywhere moves every shard's
 // life counter. When the shard in turn does not answer it returns the union
 // as it stands, with ErrPartial. Reading the serial shard, it gives it back
-// what it lacks of the others' (see List).
-func (c *Catalog) ListInTurn(ctx context.Context) ([]string, error) {
+// what it lacks of the others' (see ReadList).
+func (c *Catalog) ReadListInTurn(ctx context.Context) ([]string, error) {
 	names := c.shards.Names()
 	c.mu.Lock()
 	whole := len(c.regs) == len(names)
@@ -44,7 +47,7 @@ func (c *Catalog) ListInTurn(ctx context.Context) ([]string, error) {
 	c.turn++
 	c.mu.Unlock()
 	if !whole {
-		return c.List(ctx)
+		return c.ReadList(ctx)
 	}
 	ids, life, err := c.readRegistry(ctx, name)
 	c.sawLives([]string{name}, []string{life}, []error{err})
@@ -65,7 +68,7 @@ func (c *Catalog) ListInTurn(ctx context.Context) ([]string, error) {
 	c.mu.Unlock()
 	slices.Sort(union)
 	if err != nil {
-		return union, fmt.Errorf("%w: %w", ErrPartial, err)
+		return union, fmt.Errorf("%w: %w", rain.ErrPartial, err)
 	}
 	if name == c.serial {
 		have := make(map[string]bool, len(ids))

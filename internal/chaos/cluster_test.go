@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/ledger"
@@ -49,14 +49,14 @@ func TestClusterFailover(t *testing.T) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		c.ClusterWatch = 200 * time.Millisecond
 	})
-	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 3_000_000, Count: 300_000})
+	st, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 3_000_000, Count: 300_000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools, want 3 (one per primary)", len(st.SubPools))
 	}
-	p, err := in.Catalog.Find(ctx, "fo")
+	p, err := in.Catalog.Read(ctx, "fo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestClusterPoolLife(t *testing.T) {
 	in := clusterInstance(t, cl, func(c *instance.Config) {
 		c.Reaper = reaper.Config{Interval: 100 * time.Millisecond}
 	})
-	if _, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "life", TotalCents: 30_000, Count: 300, SubPools: 3, HoldSeconds: 1}); err != nil {
+	if _, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "life", TotalCents: 30_000, Count: 300, SubPools: 3, HoldSeconds: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for u := range 30 { // held past their hold: the reaper gives them back
@@ -214,7 +214,7 @@ func TestClusterPoolLife(t *testing.T) {
 	if _, err := in.Catalog.End(ctx, "life"); err != nil {
 		t.Fatal(err)
 	}
-	var a *catalog.Account
+	var a *rain.Account
 	waittest.Until(t, 20*time.Second, "the pool closes", func() bool {
 		a, err = in.Catalog.Close(ctx, "life")
 		return err == nil
@@ -222,9 +222,9 @@ func TestClusterPoolLife(t *testing.T) {
 	if a.ConfirmedCount != 60 || a.ConfirmedCents != cents || a.UnclaimedCount != 240 || a.PreloadedCents != 30_000 {
 		t.Fatalf("account %+v; want 60 confirmed (%d cents) of 300", a, cents)
 	}
-	p, err := in.Catalog.Find(ctx, "life")
-	if err != nil || p.State != catalog.Closed {
-		t.Fatalf("Find = %+v, %v", p, err)
+	p, err := in.Catalog.Read(ctx, "life")
+	if err != nil || p.State != rain.Closed {
+		t.Fatalf("Read = %+v, %v", p, err)
 	}
 	for j := range p.SubPools() {
 		k := p.SubPool(j).Keys()

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/redistest"
 	"rain/internal/shard/shardtest"
 )
@@ -33,7 +33,7 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	servers := redistest.StartN(t, 4, durable)
 	specs := shardtest.Specs(redistest.Addrs(servers))
 	in, ts := startInstance(t, specs, nil)
-	if _, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
+	if _, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
 		t.Fatal(err)
 	}
 

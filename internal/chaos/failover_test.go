@@ -11,10 +11,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/instance"
-	"rain/internal/lua"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -69,7 +68,7 @@ func TestSentinelFailover(t *testing.T) {
 	in, _ := startInstance(t, specs, func(c *instance.Config) { c.ShardOptions.Serial = "p1" })
 	set, svc := in.Shards, in.Grabs
 	const subPools = 4 // one per shard
-	st, _, err := in.Catalog.Preload(ctx, catalog.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
+	st, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "ha", TotalCents: 1_000_000, Count: 100_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +174,7 @@ func TestSentinelFailover(t *testing.T) {
 	// Every grant answered is where it was granted, on the new primary too.
 	for u, r := range answered {
 		j := int(xxhash.Sum64String(u) % subPools)
-		k := lua.SubPool{Pool: "ha", Index: j}.Keys()
+		k := rain.SubPool{Pool: "ha", Index: j}.Keys()
 		rec, err := set.Client(st.SubPools[j].Shard).HGet(ctx, k.Grants, u).Result()
 		if err != nil || !strings.Contains(rec, fmt.Sprintf(":%d:%d:", r.Amount, r.Serial)) {
 			t.Fatalf("%s was answered %+v; the shard holds %q (%v)", u, r, rec, err)

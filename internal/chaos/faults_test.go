@@ -14,7 +14,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/redistest"
@@ -60,12 +60,12 @@ func TestOneBadShard(t *testing.T) {
 		instances = append(instances, in)
 	}
 	const subPools = 4
-	st, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
+	st, _, err := instances[0].Catalog.Preload(ctx, rain.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The bad shard: one that is neither the serial shard nor the arbiter.
-	badSub := slices.IndexFunc(st.SubPools, func(sp catalog.SubPoolStatus) bool { return sp.Shard != "s1" })
+	badSub := slices.IndexFunc(st.SubPools, func(sp rain.SubPoolStatus) bool { return sp.Shard != "s1" })
 	badName := st.SubPools[badSub].Shard
 	bad := servers[slices.IndexFunc(specs, func(sp shard.Spec) bool { return sp.Name == badName })]
 
@@ -91,7 +91,7 @@ func TestOneBadShard(t *testing.T) {
 			bigID = id
 		}
 	}
-	if _, _, err := instances[0].Catalog.Preload(ctx, catalog.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
+	if _, _, err := instances[0].Catalog.Preload(ctx, rain.Spec{PoolID: bigID, TotalCents: 300_000, Count: 300_000, SubPools: 1}); err != nil {
 		t.Fatal(err)
 	}
 	faults := []fault{

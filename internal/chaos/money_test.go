@@ -13,6 +13,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/instance"
@@ -95,7 +96,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	ia, ib := st.instance(t, time.Second), st.instance(t, time.Second)
 	a, b := ia.Grabs, ib.Grabs
 	const packets, cents, subPools = 200, 20_000, 4
-	if _, _, err := ia.Catalog.Preload(ctx, catalog.Spec{PoolID: "chaos", TotalCents: cents, Count: packets, SubPools: subPools}); err != nil {
+	if _, _, err := ia.Catalog.Preload(ctx, rain.Spec{PoolID: "chaos", TotalCents: cents, Count: packets, SubPools: subPools}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -291,7 +291,7 @@ func TestSettleWhileTheDatabaseIsDown(t *testing.T) {
 		}
 	}
 	outbox := func() int64 {
-		p, err := in.Catalog.Pool(ctx, "dark")
+		p, err := in.Catalog.Cached(ctx, "dark")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
@@ -31,7 +31,7 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 			id = c
 		}
 	}
-	e.preload(t, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2})
 	warm := e.svc
 	e.run(t, warm)
 	first := map[string]grab.Result{}
@@ -85,7 +85,7 @@ func TestArbiterRestartedEmpty(t *testing.T) {
 		return err == nil && err2 == nil && n == 1 && in
 	})
 	st, err := e.cat.Status(ctx, id)
-	if err != nil || st.State != string(catalog.Open) || st.HeldCount != 30 {
+	if err != nil || st.State != string(rain.Open) || st.HeldCount != 30 {
 		t.Fatalf("Status = %+v, %v; want open with 30 held", st, err)
 	}
 	e.assertAudit(t, id)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
@@ -44,7 +45,7 @@ const (
 // claimReq is one claim in flight. Reused through reqPool.
 type claimReq struct {
 	ctx    context.Context
-	keys   *lua.Keys
+	keys   *rain.Keys
 	user   string
 	serial int64
 	token  string // spill token, "" for pools of one sub-pool
@@ -109,7 +110,7 @@ type batcher struct {
 // its error wraps errNotSent. Once queued, the lane answers it (with
 // errNotSent if its ctx ends before its batch is sent); once sent, the
 // answer is bounded by the budget, and an answer that arrives is never lost.
-func (b *batcher) enqueue(ctx context.Context, k *lua.Keys, user string, serial int64, token string, valid int64) (*claimReq, error) {
+func (b *batcher) enqueue(ctx context.Context, k *rain.Keys, user string, serial int64, token string, valid int64) (*claimReq, error) {
 	if !b.br.allow() {
 		b.refused.Add(1)
 		return nil, fmt.Errorf("%w: shard %s is unavailable (its breaker is open)", errNotSent, b.name)
@@ -214,7 +215,7 @@ func (b *batcher) lane() {
 
 // group is the claims of one batch on one sub-pool: one claim_many script.
 type group struct {
-	keys   *lua.Keys
+	keys   *rain.Keys
 	reqs   []*claimReq
 	claims []lua.ClaimArg
 	args   []any

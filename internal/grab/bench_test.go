@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/redistest"
 )
@@ -21,7 +21,7 @@ func BenchmarkGrab(b *testing.B) {
 	ctx := context.Background()
 	b.Run("rain", func(b *testing.B) {
 		e := newEnv(b, 4, redistest.Options{AOF: true, Fsync: "always"})
-		e.preload(b, catalog.Spec{PoolID: "bench", TotalCents: packets, Count: packets, HoldSeconds: 3600})
+		e.preload(b, rain.Spec{PoolID: "bench", TotalCents: packets, Count: packets, HoldSeconds: 3600})
 		var n atomic.Int64
 		b.SetParallelism(16)
 		b.ReportAllocs()
@@ -37,8 +37,8 @@ func BenchmarkGrab(b *testing.B) {
 	})
 	b.Run("one-script-per-grab-baseline", func(b *testing.B) {
 		e := newEnv(b, 1, redistest.Options{AOF: true, Fsync: "everysec"})
-		e.preload(b, catalog.Spec{PoolID: "bench", TotalCents: packets, Count: packets, HoldSeconds: 3600})
-		k := lua.SubPool{Pool: "bench", Index: 0}.Keys()
+		e.preload(b, rain.Spec{PoolID: "bench", TotalCents: packets, Count: packets, HoldSeconds: 3600})
+		k := rain.SubPool{Pool: "bench", Index: 0}.Keys()
 		c := e.shards.Client("s1")
 		var n atomic.Int64
 		b.SetParallelism(16)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -39,11 +39,11 @@ func clusterEnv(t *testing.T, replicas int) (*env, *redistest.Cluster) {
 func TestClusterPlacesOverPrimaries(t *testing.T) {
 	ctx := context.Background()
 	e, _ := clusterEnv(t, 0)
-	st := e.preload(t, catalog.Spec{PoolID: "cl", TotalCents: 30_000, Count: 300, SubPools: 3})
+	st := e.preload(t, rain.Spec{PoolID: "cl", TotalCents: 30_000, Count: 300, SubPools: 3})
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools, want 3", len(st.SubPools))
 	}
-	p, err := e.cat.Find(ctx, "cl")
+	p, err := e.cat.Read(ctx, "cl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +98,11 @@ func TestClusterPlacesOverPrimaries(t *testing.T) {
 func TestClusterReshardMidRain(t *testing.T) {
 	ctx := context.Background()
 	e, cl := clusterEnv(t, 0)
-	st := e.preload(t, catalog.Spec{PoolID: "move", TotalCents: 3_000_000, Count: 300_000})
+	st := e.preload(t, rain.Spec{PoolID: "move", TotalCents: 3_000_000, Count: 300_000})
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools for 300,000 packets on 3 primaries, want 3 (the primaries count as shards)", len(st.SubPools))
 	}
-	p, err := e.cat.Find(ctx, "move")
+	p, err := e.cat.Read(ctx, "move")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -22,7 +22,7 @@ func TestShardKilledMidGrab(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{AOF: true, Fsync: "everysec"})
 	const packets, users, workers = 3000, 4000, 8
-	st := e.preload(t, catalog.Spec{PoolID: "kill", TotalCents: 300_000, Count: packets})
+	st := e.preload(t, rain.Spec{PoolID: "kill", TotalCents: 300_000, Count: packets})
 	var victim *redistest.Server
 	for i, s := range e.servers {
 		if fmt.Sprintf("s%d", i+1) == st.SubPools[0].Shard {
@@ -123,7 +123,7 @@ func TestSlowShardWithinItsBudgetIsNeverRefused(t *testing.T) {
 	servers := redistest.StartN(t, 1, redistest.Options{})
 	p := redisproxy.Start(t, servers[0].Addr)
 	e := envOn(t, servers, []string{p.Addr})
-	e.preload(t, catalog.Spec{PoolID: "slow", TotalCents: 1_000_000, Count: 10_000, SubPools: 1})
+	e.preload(t, rain.Spec{PoolID: "slow", TotalCents: 1_000_000, Count: 10_000, SubPools: 1})
 	p.SetReplyDelay(redisproxy.Command("EVALSHA"), e.shards.Timeout()*6/10)
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -17,7 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/known"
 	"rain/internal/limit"
 	"rain/internal/lua"
@@ -51,21 +51,44 @@ var (
 )
 
 // The local memory of empty sub-pools holds every sub-pool of a pool.
-const _ = uint(soldout.MaxSubPools - catalog.MaxSubPools)
+const _ = uint(soldout.MaxSubPools - rain.MaxSubPools)
 
 // Serials hands out grant serials (internal/idgen's Generator).
 type Serials interface {
 	Next(ctx context.Context) (int64, error)
 }
 
-// Config wires a Service. Serials and Catalog are required; zero fields
-// take the documented defaults.
+// Pools is what the grab path reads of the pools' records and registry
+// (internal/catalog's Catalog). Each name says whether it reads Redis.
+type Pools interface {
+	// Cached is a pool's record: from memory once the pool is open or
+	// closed, read from Redis otherwise.
+	Cached(ctx context.Context, id string) (*rain.Pool, error)
+	// Read reads a pool's record from Redis (a sub-pool answered closed:
+	// is the pool's life over?).
+	Read(ctx context.Context, id string) (*rain.Pool, error)
+	// Forget drops what is kept in memory of a pool whose life moved on.
+	Forget(id string)
+	// ReadListInTurn reads one shard's pool registry from Redis, the shards
+	// in turn, and returns the pools every shard's latest read lists.
+	ReadListInTurn(ctx context.Context) ([]string, error)
+	// LastList is the pools as the registry was last read; no I/O.
+	LastList() []string
+	// OnOpen has f told of every pool this process opens (its preload).
+	OnOpen(f func(poolID string))
+}
+
+// Config wires a Service. Serials, Shards and Pools are required; zero
+// fields take the documented defaults.
 type Config struct {
 	// Serials hands out grant serials.
 	Serials Serials
-	// Catalog is where pools' records are read (the same catalog the
-	// instance's operators and reaper use).
-	Catalog *catalog.Catalog
+	// Shards are the shards the pools are placed on: the service runs a
+	// claim lane to each.
+	Shards *shard.Set
+	// Pools is where pools' records are read (the same catalogue, on
+	// Shards, the instance's operators and reaper use).
+	Pools Pools
 	// SpillValidity is how long a spill's reservation lasts (T): the claim
 	// and the adopt refuse one older than this. Every instance and the
 	// reaper must use the same. Default lua.SpillValidity.
@@ -92,7 +115,7 @@ type Config struct {
 // Service grabs from pools. Build it with New, stop it with Close.
 type Service struct {
 	shards   *shard.Set
-	cat      *catalog.Catalog
+	cat      Pools // Config.Pools
 	serials  Serials
 	valid    time.Duration // Config.SpillValidity
 	log      *slog.Logger
@@ -117,10 +140,10 @@ type Service struct {
 
 // poolView is what the grab path needs of an open pool, resolved once.
 type poolView struct {
-	rec      *catalog.Pool
+	rec      *rain.Pool
 	batchers []*batcher              // of sub-pool j; nil on a cluster shard (its primary's: batcherFor)
 	clients  []redis.UniversalClient // of sub-pool j (a cluster shard's client)
-	keys     []lua.Keys              // of sub-pool j
+	keys     []rain.Keys             // of sub-pool j
 }
 
 func (c *Config) init() {
@@ -135,12 +158,12 @@ func (c *Config) init() {
 	}
 }
 
-// New returns a service over the catalog's shards. It starts the claim
-// lanes; Close stops them.
+// New returns a service over cfg.Shards. It starts the claim lanes; Close
+// stops them.
 func New(cfg Config) *Service {
 	cfg.init()
-	shards := cfg.Catalog.Shards()
-	s := &Service{shards: shards, cat: cfg.Catalog, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
+	shards := cfg.Shards
+	s := &Service{shards: shards, cat: cfg.Pools, serials: cfg.Serials, valid: cfg.SpillValidity, log: cfg.Logger,
 		pools: map[string]*poolView{}, batchers: map[string]*batcher{},
 		local: local{known: known.New(known.Config{}), empty: soldout.New(soldout.Config{}),
 			lookups: limit.New(limit.Config{Rate: unknownLookups, Burst: unknownLookups, MaxKeys: 1})}}
@@ -148,7 +171,7 @@ func New(cfg Config) *Service {
 	s.cfg = cfg
 	s.marks = newMarker(shards, cfg.Logger)
 	s.goBackground(func() { s.marks.run(s.stopCtx.Done()) })
-	cfg.Catalog.OnOpen(s.local.known.Add)
+	cfg.Pools.OnOpen(s.local.known.Add)
 	s.nodes = map[string]*nodeLanes{}
 	for _, name := range shards.Names() {
 		if shards.IsCluster(name) {
@@ -240,7 +263,7 @@ type Result struct {
 }
 
 // Grab claims a packet of poolID for userID, or returns the grant the user
-// already holds: Begin, then Wait. Ids must be valid (catalog.ValidID). It
+// already holds: Begin, then Wait. Ids must be valid (rain.ValidID). It
 // returns ErrUnavailable when a shard or the serial generator cannot answer
 // and nothing was granted, ErrOutcomeUnknown when a step that may have
 // granted lost its answer (a retry returns the grant if there is one), and
@@ -278,13 +301,13 @@ func (s *Service) Begin(ctx context.Context, poolID, userID string) Pending {
 	}
 	p, err := s.pool(ctx, poolID)
 	switch {
-	case errors.Is(err, catalog.ErrNotFound):
+	case errors.Is(err, rain.ErrNotFound):
 		return Pending{res: Result{Outcome: NotFound}}
 	case err != nil:
 		return Pending{err: err}
 	case p.rec.State.Over():
 		return Pending{res: Result{Outcome: Ended}} // closing or closed
-	case p.rec.State != catalog.Open:
+	case p.rec.State != rain.Open:
 		return Pending{res: Result{Outcome: NotStarted, RetryAfter: time.Second}}
 	case s.soldOutHere(p, userID):
 		return Pending{res: Result{Outcome: SoldOut}}
@@ -348,7 +371,7 @@ func (g Pending) Wait() (Result, error) {
 	case lua.Ended:
 		return Result{Outcome: Ended}, nil
 	default: // lua.Closed: the sub-pool is loading, or gone with its pool's close
-		if rec, err := s.cat.Find(g.ctx, poolID); err == nil && rec.State.Over() {
+		if rec, err := s.cat.Read(g.ctx, poolID); err == nil && rec.State.Over() {
 			s.forget(poolID)
 			return Result{Outcome: Ended}, nil
 		}
@@ -410,8 +433,8 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 	if p != nil {
 		return p, nil
 	}
-	rec, err := s.cat.Pool(ctx, id)
-	if errors.Is(err, catalog.ErrUnavailable) {
+	rec, err := s.cat.Cached(ctx, id)
+	if errors.Is(err, rain.ErrUnavailable) {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if err != nil {
@@ -432,7 +455,7 @@ func (s *Service) pool(ctx context.Context, id string) (*poolView, error) {
 		p.clients = append(p.clients, s.shards.Client(name))
 		p.keys = append(p.keys, rec.SubPool(j).Keys())
 	}
-	if rec.State == catalog.Open {
+	if rec.State == rain.Open {
 		s.mu.Lock()
 		s.pools[id] = p
 		s.mu.Unlock()

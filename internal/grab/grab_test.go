@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -51,7 +52,7 @@ func envWith(t testing.TB, servers []*redistest.Server, addrs []string, valid, a
 	t.Helper()
 	e := &env{servers: servers, shards: shardtest.Open(t, addrs, shard.Options{}), valid: valid}
 	_, e.cat, e.svc = grabtest.Service(t, e.shards, grab.Config{SpillValidity: valid})
-	e.sweeper = reaper.New(e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
+	e.sweeper = reaper.New(e.shards, e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
 	return e
 }
 
@@ -83,7 +84,7 @@ func (e *env) waitShardClock(t testing.TB, at time.Time) {
 	})
 }
 
-func (e *env) preload(t testing.TB, spec catalog.Spec) *catalog.Status {
+func (e *env) preload(t testing.TB, spec rain.Spec) *rain.Status {
 	t.Helper()
 	st, created, err := e.cat.Preload(context.Background(), spec)
 	if err != nil {
@@ -109,8 +110,8 @@ func (e *env) assertAudit(t testing.TB, pool string) {
 func TestPreloadAndGrab(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	st := e.preload(t, catalog.Spec{PoolID: "p1", TotalCents: 1000, Count: 10})
-	if st.RemainingCount != 10 || st.RemainingCents != 1000 || st.State != string(catalog.Open) || len(st.SubPools) != 1 {
+	st := e.preload(t, rain.Spec{PoolID: "p1", TotalCents: 1000, Count: 10})
+	if st.RemainingCount != 10 || st.RemainingCents != 1000 || st.State != string(rain.Open) || len(st.SubPools) != 1 {
 		t.Fatalf("Status after preload = %+v, want 10 packets, 1000 cents, open, 1 sub-pool", st)
 	}
 
@@ -156,7 +157,7 @@ func TestPreloadAndGrab(t *testing.T) {
 func TestScriptCacheFlushed(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 1, redistest.Options{})
-	e.preload(t, catalog.Spec{PoolID: "p", TotalCents: 100, Count: 10})
+	e.preload(t, rain.Spec{PoolID: "p", TotalCents: 100, Count: 10})
 	if err := e.shards.Client("s1").ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -169,13 +170,13 @@ func TestWindow(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 1, redistest.Options{})
 	soon := time.Now().Add(time.Hour)
-	e.preload(t, catalog.Spec{PoolID: "later", TotalCents: 100, Count: 10, StartsAt: &soon})
+	e.preload(t, rain.Spec{PoolID: "later", TotalCents: 100, Count: 10, StartsAt: &soon})
 	r, err := e.svc.Grab(ctx, "later", "u")
 	if err != nil || r.Outcome != grab.NotStarted || r.RetryAfter < 59*time.Minute || r.RetryAfter > time.Hour {
 		t.Fatalf("Grab before start = %+v, %v; want not_started, retry in ~1h", r, err)
 	}
 	past, end := time.Now().Add(-time.Hour), time.Now().Add(300*time.Millisecond)
-	e.preload(t, catalog.Spec{PoolID: "brief", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &end})
+	e.preload(t, rain.Spec{PoolID: "brief", TotalCents: 100, Count: 10, StartsAt: &past, EndsAt: &end})
 	if r, err := e.svc.Grab(ctx, "brief", "u1"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab within window = %+v, %v; want granted", r, err)
 	}
@@ -198,7 +199,7 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 	var ids []string
 	for i := range 8 {
 		id := fmt.Sprintf("pool%d", i)
-		e.preload(t, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2})
+		e.preload(t, rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2})
 		ids = append(ids, id)
 	}
 	extra := redistest.Start(t, redistest.Options{})
@@ -214,7 +215,7 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		if r, err := svc.Grab(ctx, id, "u"); err != nil || r.Outcome != grab.Granted {
 			t.Fatalf("Grab(%s) after the ring changed = %+v, %v; want granted", id, r, err)
 		}
-		if _, created, err := cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
+		if _, created, err := cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 2}); err != nil || created {
 			t.Fatalf("Preload(%s) again after the ring changed: created %v, %v; want false, nil", id, created, err)
 		}
 		fresh, _ := e.service(t, set) // an instance with nothing cached

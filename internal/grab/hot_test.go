@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
@@ -43,7 +43,7 @@ func TestNewPoolKnownEverywhere(t *testing.T) {
 	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != grab.NotFound {
 		t.Fatalf("Grab before the preload = %+v, %v; want not_found", r, err)
 	}
-	e.preload(t, catalog.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
+	e.preload(t, rain.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
 	took := waittest.Until(t, time.Second, "the other instance grants from the pool", func() bool {
 		r, err := other.Grab(context.Background(), "fresh", "u")
 		if err != nil {
@@ -82,7 +82,7 @@ func TestFloodAnsweredLocally(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
 	e.run(t, e.svc)
-	e.preload(t, catalog.Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: "hot", TotalCents: 5_000, Count: 50, SubPools: 2})
 	var holder string
 	var held grab.Result
 	for u := 0; ; u++ {
@@ -144,7 +144,7 @@ func TestReleasedStockIsSeen(t *testing.T) {
 	e := newEnv(t, 2, redistest.Options{})
 	e.run(t, e.svc)
 	other := e.instance(t)
-	e.preload(t, catalog.Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
+	e.preload(t, rain.Spec{PoolID: "back", TotalCents: 300, Count: 3, HoldSeconds: 1})
 	var last time.Time
 	for u := range 3 {
 		r := grabRetrying(t, e.svc, "back", fmt.Sprintf("u%d", u))
@@ -179,7 +179,7 @@ func TestPoolPreloadedElsewhereAMomentAgo(t *testing.T) {
 	waittest.Until(t, 5*time.Second, "the other instance's filter warm", func() bool { return grab.Warm(other) })
 	cancel() // it hears no more notices, and reads no more registries
 	<-done
-	e.preload(t, catalog.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
+	e.preload(t, rain.Spec{PoolID: "fresh", TotalCents: 100, Count: 10})
 	if r, err := other.Grab(context.Background(), "fresh", "u"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("grab of a pool preloaded a moment ago elsewhere = %+v, %v; want granted", r, err)
 	}

@@ -215,7 +215,7 @@ func (s *Service) Run(ctx context.Context) {
 	allSubscribed := make(chan struct{})
 	list := func(ctx context.Context) ([]string, error) {
 		ready := subscribed.Load() == shards || reads.Load() >= 1
-		ids, err := s.cat.ListInTurn(ctx)
+		ids, err := s.cat.ReadListInTurn(ctx)
 		if err == nil {
 			if reads.Add(1); ready {
 				s.local.warm.Store(true)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
@@ -37,7 +37,7 @@ func usersWithHome(prefix string, j, k, n int) []string {
 	var out []string
 	for u := 0; len(out) < n; u++ {
 		id := fmt.Sprintf("%s%d", prefix, u)
-		if catalog.Home(id, k) == j {
+		if rain.Home(id, k) == j {
 			out = append(out, id)
 		}
 	}
@@ -52,7 +52,7 @@ func usersWithHome(prefix string, j, k, n int) []string {
 func TestLostAdoptReply(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	st := e.preload(t, catalog.Spec{PoolID: "ad", TotalCents: 400, Count: 4, SubPools: 2})
+	st := e.preload(t, rain.Spec{PoolID: "ad", TotalCents: 400, Count: 4, SubPools: 2})
 	homeShard := map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]
 	users := usersWithHome("u", 0, 2, 3)
 	for _, u := range users[:2] { // sub-pool 0 holds 2 packets
@@ -89,14 +89,14 @@ func TestLostClaimReply(t *testing.T) {
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
 	claim := redisproxy.Script(lua.SHA("claim_many")) // grabs claim in batches
 
-	st := e.preload(t, catalog.Spec{PoolID: "one", TotalCents: 100, Count: 1})
+	st := e.preload(t, rain.Spec{PoolID: "one", TotalCents: 100, Count: 1})
 	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	p.DropReplies(claim, 1)
 	if r, err := e.svc.Grab(ctx, "one", "a"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab with the claim's reply lost = %+v, %v; want granted", r, err)
 	}
 
-	st = e.preload(t, catalog.Spec{PoolID: "two", TotalCents: 400, Count: 4, SubPools: 2})
+	st = e.preload(t, rain.Spec{PoolID: "two", TotalCents: 400, Count: 4, SubPools: 2})
 	p = proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	users := usersWithHome("v", 0, 2, 3)
 	for _, u := range users[:2] {
@@ -122,7 +122,7 @@ func TestLostClaimReply(t *testing.T) {
 func TestSpillStepsLoseReplies(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	e.preload(t, catalog.Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
 	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim_many"} {
 		for _, p := range proxies {
 			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
@@ -172,7 +172,7 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 func TestStalledShardOutcomes(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	st := e.preload(t, catalog.Spec{PoolID: "st", TotalCents: 10_000, Count: 100})
+	st := e.preload(t, rain.Spec{PoolID: "st", TotalCents: 10_000, Count: 100})
 	victim := e.servers[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
 	if _, err := e.svc.Grab(ctx, "st", "warm"); err != nil { // the pool is cached, serials buffered
 		t.Fatal(err)
@@ -200,7 +200,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 	victim.Resume()
 	<-done
 
-	p, err := e.cat.Find(ctx, "st")
+	p, err := e.cat.Read(ctx, "st")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestStalledShardOutcomes(t *testing.T) {
 func TestSpillShardLosesWrites(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{AOF: true, Fsync: "everysec"})
-	st := e.preload(t, catalog.Spec{PoolID: "lost", TotalCents: 400, Count: 4, SubPools: 2})
+	st := e.preload(t, rain.Spec{PoolID: "lost", TotalCents: 400, Count: 4, SubPools: 2})
 	sibling := e.servers[map[string]int{"s1": 0, "s2": 1}[st.SubPools[1].Shard]]
 	users := usersWithHome("x", 0, 2, 3)
 	for _, u := range users[:2] {
@@ -300,7 +300,7 @@ func TestSpillShardLosesWrites(t *testing.T) {
 func TestReadyUnderFaults(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
-	st := e.preload(t, catalog.Spec{PoolID: "r", TotalCents: 100, Count: 10})
+	st := e.preload(t, rain.Spec{PoolID: "r", TotalCents: 100, Count: 10})
 	used := st.SubPools[0].Shard
 	var unused string
 	for _, n := range e.shards.Names() {
@@ -308,7 +308,7 @@ func TestReadyUnderFaults(t *testing.T) {
 			unused = n
 		}
 	}
-	if _, err := e.cat.List(ctx); err != nil {
+	if _, err := e.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if rd := e.svc.Ready(ctx); !rd.Ready {
@@ -348,8 +348,8 @@ func TestReadyUnderFaults(t *testing.T) {
 func TestBreakerHealsWithoutClaims(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	st := e.preload(t, catalog.Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
-	if _, err := e.cat.List(ctx); err != nil {
+	st := e.preload(t, rain.Spec{PoolID: "heal", TotalCents: 1000, Count: 10})
+	if _, err := e.cat.ReadList(ctx); err != nil {
 		t.Fatal(err)
 	}
 	used := st.SubPools[0].Shard

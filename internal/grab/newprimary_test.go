@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -39,11 +39,11 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	cl.WaitOK()
-	e.preload(t, catalog.Spec{PoolID: "mv", TotalCents: 10_000, Count: 100, SubPools: 1})
+	e.preload(t, rain.Spec{PoolID: "mv", TotalCents: 10_000, Count: 100, SubPools: 1})
 	if r, err := e.svc.Grab(ctx, "mv", "warm"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("first grab: %+v %v", r, err)
 	}
-	p, err := e.cat.Find(ctx, "mv")
+	p, err := e.cat.Read(ctx, "mv")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestClaimOnANewPrimaryWaitsForItsReplica(t *testing.T) {
 func TestClaimOnAPrimaryWithoutScripts(t *testing.T) {
 	ctx := context.Background()
 	e, cl := clusterEnv(t, 0)
-	e.preload(t, catalog.Spec{PoolID: "ns", TotalCents: 10_000, Count: 100, SubPools: 1})
+	e.preload(t, rain.Spec{PoolID: "ns", TotalCents: 10_000, Count: 100, SubPools: 1})
 	if r, err := e.svc.Grab(ctx, "ns", "warm"); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("first grab: %+v %v", r, err)
 	}
@@ -73,7 +73,7 @@ func TestClaimOnAPrimaryWithoutScripts(t *testing.T) {
 	if _, err := e.shards.Primaries(ctx, "c1"); err != nil { // rain knows d has no replica
 		t.Fatal(err)
 	}
-	p, err := e.cat.Find(ctx, "ns")
+	p, err := e.cat.Read(ctx, "ns")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,13 +118,13 @@ func (s *Service) breakerOpen(name string) bool {
 // shardsInUse returns the shards the listed pools have sub-pools on; nil
 // means every shard (the pools were never listed, or one cannot be read).
 func (s *Service) shardsInUse(ctx context.Context) map[string]bool {
-	ids := s.cat.LastListed()
+	ids := s.cat.LastList()
 	if ids == nil {
 		return nil
 	}
 	in := map[string]bool{}
 	for _, id := range ids {
-		p, err := s.cat.Pool(ctx, id)
+		p, err := s.cat.Cached(ctx, id)
 		if err != nil {
 			return nil
 		}

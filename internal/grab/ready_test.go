@@ -19,7 +19,7 @@ import (
 // process's own limit is lowered for the test, and restored.
 func TestReadyOutOfDescriptors(t *testing.T) {
 	_, set := shardtest.Start(t, 2, redistest.Options{}) // no call has used it: its pings must dial
-	svc := New(Config{Catalog: catalog.New(set, catalog.Config{})})
+	svc := New(Config{Shards: set, Pools: catalog.New(set, catalog.Config{})})
 	t.Cleanup(svc.Close)
 
 	var orig syscall.Rlimit

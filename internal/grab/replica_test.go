@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
@@ -41,10 +41,10 @@ func TestSpillTakeWaitsForAReplica(t *testing.T) {
 			id = c
 		}
 	}
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 2}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := ge.Catalog.Find(ctx, id)
+	p, err := ge.Catalog.Read(ctx, id)
 	if err != nil || p.Placement[0] != "s2" || p.Placement[1] != "s1" {
 		t.Fatalf("placement %v, %v", p.Placement, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
@@ -38,7 +38,7 @@ func grabRetrying(t *testing.T, s *grab.Service, pool, user string) grab.Result 
 // gets a packet, whatever their home sub-pool.
 func TestSpillNoFalseSoldOut(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
-	e.preload(t, catalog.Spec{PoolID: "spill", TotalCents: 10_000, Count: 100, SubPools: 4})
+	e.preload(t, rain.Spec{PoolID: "spill", TotalCents: 10_000, Count: 100, SubPools: 4})
 	var cents int64
 	for u := range 100 {
 		r := grabRetrying(t, e.svc, "spill", fmt.Sprintf("u%d", u))
@@ -64,7 +64,7 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 // exactly the stock is granted, nobody twice.
 func TestSpillRace(t *testing.T) {
 	e := newEnv(t, 3, redistest.Options{})
-	e.preload(t, catalog.Spec{PoolID: "race", TotalCents: 4_000, Count: 40, SubPools: 4})
+	e.preload(t, rain.Spec{PoolID: "race", TotalCents: 4_000, Count: 40, SubPools: 4})
 	var mu sync.Mutex
 	granted := map[string]grab.Result{}
 	var wg sync.WaitGroup
@@ -131,7 +131,7 @@ func crashingEnv(t *testing.T) (survivor, crashing *env, crash func(script strin
 // (its index) of that home.
 func spillVictim(t *testing.T, e *env, pool string, k, n int) (drained map[string]grab.Result, victim string, shardOfHome int) {
 	t.Helper()
-	p, err := e.cat.Pool(context.Background(), pool)
+	p, err := e.cat.Cached(context.Background(), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 		t.Run(step.name, func(t *testing.T) {
 			e, crashing, crash := crashingEnv(t)
 			const count, total = 8, 800
-			e.preload(t, catalog.Spec{PoolID: "crash", TotalCents: total, Count: count, SubPools: 4})
+			e.preload(t, rain.Spec{PoolID: "crash", TotalCents: total, Count: count, SubPools: 4})
 			granted, victim, home := spillVictim(t, e, "crash", 4, count/4)
 			if step.script == "claim_many" {
 				crash(step.script, home) // the victim's claim at its home reserves
@@ -207,7 +207,7 @@ func TestSpillCrashAtEveryStep(t *testing.T) {
 	}
 }
 
-func (e *env) status(t *testing.T, pool ...string) *catalog.Status {
+func (e *env) status(t *testing.T, pool ...string) *rain.Status {
 	t.Helper()
 	id := "crash"
 	if len(pool) > 0 {
@@ -227,13 +227,13 @@ func (e *env) status(t *testing.T, pool ...string) *catalog.Status {
 func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 	ctx := context.Background()
 	e, crashing, crash := crashingEnv(t)
-	e.preload(t, catalog.Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
+	e.preload(t, rain.Spec{PoolID: "re", TotalCents: 400, Count: 4, SubPools: 2, HoldSeconds: 1})
 	_, victim, _ := spillVictim(t, e, "re", 2, 2)
 	crash("ack", 0, 1)
 	if r, err := crashing.svc.Grab(ctx, "re", victim); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("the victim's grab, cut off before its ack = %+v, %v; want granted (the adopt ran)", r, err)
 	}
-	p, err := e.cat.Pool(ctx, "re")
+	p, err := e.cat.Cached(ctx, "re")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,13 +266,13 @@ func TestSpillAdoptedThenRegrabbed(t *testing.T) {
 func TestSoldOutFloodLeavesNoRecord(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 2, redistest.Options{})
-	e.preload(t, catalog.Spec{PoolID: "flood", TotalCents: 400, Count: 4, SubPools: 2})
+	e.preload(t, rain.Spec{PoolID: "flood", TotalCents: 400, Count: 4, SubPools: 2})
 	for u := range 4 {
 		if r := grabRetrying(t, e.svc, "flood", fmt.Sprintf("u%d", u)); r.Outcome != grab.Granted {
 			t.Fatalf("user %d got %+v", u, r)
 		}
 	}
-	p, err := e.cat.Find(ctx, "flood")
+	p, err := e.cat.Read(ctx, "flood")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,8 +54,8 @@ func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 }
 
 // Service is a serial generator on set's serial shard (watermark copies on
-// the others), a catalogue and a grab service with cfg (its Serials and
-// Catalog filled in) on set: one more instance's grab path on the same
+// the others), a catalogue and a grab service with cfg (its Serials,
+// Shards and Pools filled in) on set: one more instance's grab path on the same
 // shards.
 func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, *catalog.Catalog, *grab.Service) {
 	tb.Helper()
@@ -65,7 +65,7 @@ func Service(tb testing.TB, set *shard.Set, cfg grab.Config) (*idgen.Generator, 
 	}
 	tb.Cleanup(func() { gen.Close() })
 	cat := catalog.New(set, catalog.Config{})
-	cfg.Serials, cfg.Catalog = gen, cat
+	cfg.Serials, cfg.Shards, cfg.Pools = gen, set, cat
 	svc := grab.New(cfg)
 	tb.Cleanup(svc.Close)
 	return gen, cat, svc

@@ -162,7 +162,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Serials = gen
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
-	gcfg := grab.Config{Serials: gen, Catalog: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
+	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
 		OnBatch: in.Metrics.Batches(set.Names())}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool
@@ -182,7 +182,7 @@ func (in *Instance) build(cfg Config) error {
 	// each shard one attempt per instance every few seconds.
 	rc := cfg.Reaper
 	rc.Logger, rc.SpillValidity = cfg.Logger, cfg.SpillValidity
-	in.Reaper = reaper.New(in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
+	in.Reaper = reaper.New(set, in.Catalog, lock.New(set.Clients(), lock.Config{Logger: cfg.Logger, RetryDelay: cfg.ReaperRetry}), rc)
 	in.Metrics.Reaper(in.Reaper.Stats)
 	if cfg.Settle != nil {
 		sc := cfg.SettleConfig

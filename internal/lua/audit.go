@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // SubPoolAudit is one sub-pool read for the audit: the meta counters beside
@@ -81,7 +83,7 @@ const (
 // auditTries times, and then returns with Recounted false: the counters
 // hold, the recount sums are not to be compared with them, and the spill
 // records read are still good for matching (they only move forward).
-func AuditSubPool(ctx context.Context, c redis.Cmdable, sp SubPool) (SubPoolAudit, error) {
+func AuditSubPool(ctx context.Context, c redis.Cmdable, sp rain.SubPool) (SubPoolAudit, error) {
 	k := sp.Keys()
 	for try := 1; ; try++ {
 		a, err := auditCounters(ctx, c, sp, &k)
@@ -107,7 +109,7 @@ func AuditSubPool(ctx context.Context, c redis.Cmdable, sp SubPool) (SubPoolAudi
 }
 
 // auditCounters runs the audit script: the counters and what goes with them.
-func auditCounters(ctx context.Context, c redis.Cmdable, sp SubPool, k *Keys) (SubPoolAudit, error) {
+func auditCounters(ctx context.Context, c redis.Cmdable, sp rain.SubPool, k *rain.Keys) (SubPoolAudit, error) {
 	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Deadlines, k.Transfers}).Slice()
 	if err != nil {
 		return SubPoolAudit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
@@ -142,7 +144,7 @@ func auditCounters(ctx context.Context, c redis.Cmdable, sp SubPool, k *Keys) (S
 
 // recount reads the stock list and the grants, resolved and verdicts hashes
 // page by page into a's recount fields.
-func recount(ctx context.Context, c redis.Cmdable, k *Keys, a *SubPoolAudit) error {
+func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit) error {
 	for off := int64(0); ; off += AuditListPage {
 		items, err := c.LRange(ctx, k.Stock, off, off+AuditListPage-1).Result()
 		if err != nil {

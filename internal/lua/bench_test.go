@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/redistest"
 )
 
@@ -141,14 +142,14 @@ func (m *redisMeter) read(b *testing.B) (cpu, lua float64) {
 type rainClaims struct {
 	c      *redis.Client
 	sub    int // sub-pools made so far; the latest is where claims go
-	keys   Keys
+	keys   rain.Keys
 	claims []ClaimArg
 }
 
 func newRainClaims(c *redis.Client) claimer { return &rainClaims{c: c} }
 
 func (r *rainClaims) refill(ctx context.Context, packets int64) error {
-	sp := SubPool{Pool: "bench", Index: r.sub}
+	sp := rain.SubPool{Pool: "bench", Index: r.sub}
 	r.sub++
 	if _, _, err := Setup(ctx, r.c, sp, packets, packets*100, Window{HoldMS: 3_600_000}); err != nil {
 		return err

@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // Outcome is the result of a claim.
@@ -54,13 +56,13 @@ type ClaimArg struct {
 // With fence the caller WAITs for a replica after the script on the same
 // connection: a run that answers a grant made before it then writes a
 // counter, so the WAIT covers that grant too (see claim_many.lua).
-func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, validityMS int64, fence bool, claims []ClaimArg, args []any) *redis.Cmd {
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence bool, claims []ClaimArg, args []any) *redis.Cmd {
 	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, claims)...)
 }
 
 // ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
 // fence.
-func ClaimMany(ctx context.Context, c Client, k *Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
+func ClaimMany(ctx context.Context, c Client, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
 	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
@@ -106,7 +108,7 @@ func parseClaimMany(res []any, n int) ([]Claim, []error, error) {
 	return claims, errs, nil
 }
 
-func claimKeys(k *Keys) []string {
+func claimKeys(k *rain.Keys) []string {
 	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve}
 }
 
@@ -147,7 +149,7 @@ const (
 
 // Confirm moves the user's held grant with serial to confirmed. Sent again,
 // it answers AlreadyConfirmed: the same effect.
-func Confirm(ctx context.Context, c Client, k *Keys, user string, serial int64) (Confirmation, error) {
+func Confirm(ctx context.Context, c Client, k *rain.Keys, user string, serial int64) (Confirmation, error) {
 	res, err := confirmScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, user, serial).Slice()
 	if err != nil {
 		return 0, err
@@ -187,7 +189,7 @@ type ConfirmResult struct {
 // does and only with the amount given, in one script: one answer per
 // grant, or the grant's own error (a bad record); err is set when the batch
 // as a whole failed.
-func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([]ConfirmResult, []error, error) {
+func ConfirmMany(ctx context.Context, c Client, k *rain.Keys, grants []ConfirmArg) ([]ConfirmResult, []error, error) {
 	res, err := confirmManyScript.Run(ctx, c, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(false, grants)...).Slice()
 	if err != nil {
 		return nil, nil, err
@@ -200,7 +202,7 @@ func ConfirmMany(ctx context.Context, c Client, k *Keys, grants []ConfirmArg) ([
 // connection, which then covers every confirm it answers; read it with
 // ParseConfirmMany. A shard whose script cache is empty answers NOSCRIPT
 // (IsNoScript): nothing ran; load the scripts and send it again.
-func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *Keys, grants []ConfirmArg) *redis.Cmd {
+func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, grants []ConfirmArg) *redis.Cmd {
 	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(true, grants)...)
 }
 
@@ -269,7 +271,7 @@ type Released struct {
 // held and past their deadline (by the shard's clock): amounts back to the
 // stock, grants marked released, counters, an outbox record each. Sent
 // again, it releases nothing twice (what it released is no longer held).
-func ReleaseExpired(ctx context.Context, c Client, k *Keys, limit int) (Released, error) {
+func ReleaseExpired(ctx context.Context, c Client, k *rain.Keys, limit int) (Released, error) {
 	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, limit).Slice()
 	if err != nil {
 		return Released{}, err
@@ -292,7 +294,7 @@ const (
 // unless it is there, or the sub-pool is closed (its tombstone) or was
 // never set up (see group.lua): a settle worker that has not heard of a
 // close creates no key of the closed pool.
-func EnsureGroup(ctx context.Context, c Client, k *Keys, group string) (Group, error) {
+func EnsureGroup(ctx context.Context, c Client, k *rain.Keys, group string) (Group, error) {
 	res, err := groupScript.Run(ctx, c, []string{k.Meta, k.Outbox}, group).Slice()
 	if err != nil {
 		return 0, err

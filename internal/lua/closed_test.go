@@ -11,13 +11,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
 
 // endAndSeal ends sub-pool k's window now and seals it for owner: it has
 // nothing held, nothing in flight and nothing unsettled.
-func endAndSeal(t *testing.T, c Client, k *Keys, owner string) Sealed {
+func endAndSeal(t *testing.T, c Client, k *rain.Keys, owner string) Sealed {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := End(ctx, c, k); err != nil {
@@ -41,7 +42,7 @@ func TestNothingWritesToAClosedSubPool(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	h := openSubPool(t, c, 0, 60_000, 10, 11)
-	sp := SubPool{Pool: "r", Index: 0}
+	sp := rain.SubPool{Pool: "r", Index: 0}
 	endAndSeal(t, c, &h, "close-1")
 	if ok, st, err := Retire(ctx, c, sp); err != nil || !ok {
 		t.Fatalf("retire = %v %q, %v", ok, st, err)
@@ -129,7 +130,7 @@ func TestRetireOnlyWhatCannotMove(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	openSubPool(t, c, 0, 60_000, 10)
-	if ok, st, err := Retire(ctx, c, SubPool{Pool: "r", Index: 0}); err != nil || ok || st != "open" {
+	if ok, st, err := Retire(ctx, c, rain.SubPool{Pool: "r", Index: 0}); err != nil || ok || st != "open" {
 		t.Fatalf("retire of an open sub-pool = %v %q, %v; want refused", ok, st, err)
 	}
 	held := openSubPool(t, c, 1, 60_000, 10)
@@ -140,7 +141,7 @@ func TestRetireOnlyWhatCannotMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := state(t, c, held.All()...)
-	if ok, _, err := Retire(ctx, c, SubPool{Pool: "r", Index: 1}); err != nil || ok {
+	if ok, _, err := Retire(ctx, c, rain.SubPool{Pool: "r", Index: 1}); err != nil || ok {
 		t.Fatalf("retire with a grant held = %v, %v; want refused", ok, err)
 	}
 	if after := state(t, c, held.All()...); !reflect.DeepEqual(before, after) {
@@ -151,7 +152,7 @@ func TestRetireOnlyWhatCannotMove(t *testing.T) {
 	if ok, err := Unseal(ctx, c, &quiet, "close-1"); err != nil || !ok {
 		t.Fatalf("unseal = %v, %v", ok, err)
 	}
-	if ok, st, err := Retire(ctx, c, SubPool{Pool: "r", Index: 2}); err != nil || !ok {
+	if ok, st, err := Retire(ctx, c, rain.SubPool{Pool: "r", Index: 2}); err != nil || !ok {
 		t.Fatalf("retire of an ended, quiet, unsealed sub-pool = %v %q, %v; want retired", ok, st, err)
 	}
 }
@@ -219,7 +220,7 @@ func TestSpillRefusedOnceEnded(t *testing.T) {
 	if err != nil || taken != TakenAmount {
 		t.Fatalf("take = %v, %v", taken, err)
 	}
-	for _, k := range []*Keys{&h, &j} {
+	for _, k := range []*rain.Keys{&h, &j} {
 		if _, err := End(ctx, c, k); err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +269,7 @@ func TestClaimManyReleasesBeforeItPops(t *testing.T) {
 	if claims[0].Outcome != Granted || claims[0].Amount != 7 || claims[1].Outcome != Empty {
 		t.Fatalf("claim_many = %+v; want the first claim granted the 7 cents released for the second, the second empty", claims)
 	}
-	a, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 0})
+	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
 	if err != nil || a.StockCount != 0 || a.ListLen != 0 || a.HeldCount != 1 || a.ReleasedCount != 1 {
 		t.Fatalf("audit %+v, %v: want nothing in stock, one held, one released", a, err)
 	}
@@ -360,7 +361,7 @@ func TestEndedIsAFact(t *testing.T) {
 	if r, _, err := Take(ctx, c, &j, "1", 0, "u", 0); err != nil || r != TakenAmount {
 		t.Fatalf("take = %v, %v", r, err)
 	}
-	for _, k := range []*Keys{&h, &j} {
+	for _, k := range []*rain.Keys{&h, &j} {
 		if _, err := End(ctx, c, k); err != nil {
 			t.Fatal(err)
 		}
@@ -373,7 +374,7 @@ func TestEndedIsAFact(t *testing.T) {
 		t.Fatalf("claim after ends_ms = %+v, %v; want ended", cl, err)
 	}
 	back := time.Now().Add(time.Hour).UnixMilli() // the clock went an hour back
-	for _, k := range []*Keys{&h, &j, &seen} {
+	for _, k := range []*rain.Keys{&h, &j, &seen} {
 		if err := c.HSet(ctx, k.Meta, "ends_ms", back).Err(); err != nil {
 			t.Fatal(err)
 		}

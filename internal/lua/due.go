@@ -99,9 +99,3 @@ func DoneDue(ctx context.Context, c Client, d Due, in time.Duration) (DueDone, e
 	n, err := dueDoneScript.Run(ctx, c, []string{DueAt, DueGen}, d.Meta, d.Gen, strconv.FormatInt(ms, 10), DueQuiet.Milliseconds()).Int()
 	return DueDone(n), err
 }
-
-// ParseMeta returns the sub-pool whose meta key is key; ok is false for a
-// key that is not one.
-func ParseMeta(key string) (sp SubPool, ok bool) {
-	return parseKey(key, "}:meta", func(k Keys) string { return k.Meta })
-}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // TestDueIndex: a marked sub-pool is due once the time given has passed;
@@ -16,7 +18,7 @@ import (
 func TestDueIndex(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	a, b := SubPool{Pool: "p", Index: 0}.Keys().Meta, SubPool{Pool: "p", Index: 1, Salt: "7"}.Keys().Meta
+	a, b := rain.SubPool{Pool: "p", Index: 0}.Keys().Meta, rain.SubPool{Pool: "p", Index: 1, Salt: "7"}.Keys().Meta
 	if err := MarkDue(ctx, c, time.Hour, []string{a}); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func TestDueIndex(t *testing.T) {
 		t.Fatalf("%d marks counted, want a's only (b's went with it)", n)
 	}
 	for _, m := range []string{a, b} {
-		sp, ok := ParseMeta(m)
+		sp, ok := rain.ParseMeta(m)
 		if !ok || sp.Keys().Meta != m {
 			t.Fatalf("ParseMeta(%q) = %+v, %v", m, sp, ok)
 		}
@@ -109,5 +111,13 @@ func TestReleaseAndTransfersSayWhatIsLeft(t *testing.T) {
 	f, err = StaleTransfers(ctx, c, &j, 3000, 8000)
 	if err != nil || f.Count != 1 || len(f.Stale) != 0 {
 		t.Fatalf("transfers with one in flight, young = %+v, %v; want count 1, none stale", f, err)
+	}
+}
+
+// TestDueKeyNamesAreData: the due index lives under these names on every
+// shard; an upgraded rain must find the marks the older one made.
+func TestDueKeyNamesAreData(t *testing.T) {
+	if DueAt != "rain:{due}:at" || DueGen != "rain:{due}:gen" {
+		t.Errorf("due index keys %q, %q, want rain:{due}:at, rain:{due}:gen (the names earlier versions wrote)", DueAt, DueGen)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // TestConfirmManyAsOneByOne: a batch of confirms leaves a sub-pool exactly
@@ -18,14 +20,14 @@ func TestConfirmManyAsOneByOne(t *testing.T) {
 	c := newClient(t)
 	a := openSubPool(t, c, 0, 60_000, 5, 6, 7)
 	b := openSubPool(t, c, 1, 60_000, 5, 6, 7)
-	for _, k := range []*Keys{&a, &b} {
+	for _, k := range []*rain.Keys{&a, &b} {
 		for i, u := range []string{"u1", "u2", "u3"} {
 			if cl, err := claimOne(ctx, c, k, u, int64(100+i), "", 0); err != nil || cl.Outcome != Granted {
 				t.Fatalf("claim %s = %+v, %v", u, cl, err)
 			}
 		}
 	}
-	amount := func(k *Keys, user string) int64 {
+	amount := func(k *rain.Keys, user string) int64 {
 		t.Helper()
 		g, err := c.HGet(ctx, k.Grants, user).Result()
 		if err != nil {
@@ -65,7 +67,7 @@ func TestConfirmManyAsOneByOne(t *testing.T) {
 // rename is st with a's key names turned into b's, without what differs
 // between two sub-pools by design: the meta's index and version, and the deadlines
 // (the grants were made a few ms apart).
-func rename(st map[string]any, a, b Keys) map[string]any {
+func rename(st map[string]any, a, b rain.Keys) map[string]any {
 	names := map[string]string{a.Meta: b.Meta, a.Grants: b.Grants, a.Deadlines: b.Deadlines}
 	out := map[string]any{}
 	for k, v := range st {
@@ -105,7 +107,7 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	c := newClient(t)
 	h := openSubPool(t, c, 0, 60_000, 5, 6, 7)
 	j := openSubPool(t, c, 1, 60_000, 20)
-	seal := func(k *Keys) Sealed {
+	seal := func(k *rain.Keys) Sealed {
 		t.Helper()
 		s, err := Seal(ctx, c, k, "close-1", time.Minute)
 		if err != nil {
@@ -113,7 +115,7 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 		}
 		return s
 	}
-	refused := func(k *Keys, reason string, n int64) {
+	refused := func(k *rain.Keys, reason string, n int64) {
 		t.Helper()
 		before := state(t, c, k.All()...)
 		if s := seal(k); s.OK || s.Reason != reason || s.N != n {
@@ -131,7 +133,7 @@ func TestSealOnlyWhatCannotMove(t *testing.T) {
 	if tk, _, err := Take(ctx, c, &j, "t1", 0, "u9", 0); err != nil || tk != TakenAmount {
 		t.Fatalf("take = %v, %v", tk, err)
 	}
-	for _, k := range []*Keys{&h, &j} {
+	for _, k := range []*rain.Keys{&h, &j} {
 		if _, err := End(ctx, c, k); err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +191,7 @@ func TestEndKeepsAnEarlierEnd(t *testing.T) {
 	if again, err := End(ctx, c, &k); err != nil || again != first {
 		t.Fatalf("end again = %d, %v; want the first end %d", again, err, first)
 	}
-	if none, err := End(ctx, c, &Keys{Meta: "rain:{nothing:0}:meta"}); err != nil || none != -1 {
+	if none, err := End(ctx, c, &rain.Keys{Meta: "rain:{nothing:0}:meta"}); err != nil || none != -1 {
 		t.Fatalf("end of no sub-pool = %d, %v; want -1", none, err)
 	}
 }

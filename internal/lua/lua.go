@@ -7,22 +7,23 @@
 // called by the scripts that move money; no script moves money on its own.
 //
 // Most scripts work on one sub-pool and take all its keys in KEYS; the keys
-// of sub-pool j of pool P are built by SubPool.Keys alone and all carry the
-// hash tag {P:j}, so they would also share a Redis Cluster slot. The others
-// each touch one key of their own: a pool's record (record.lua, tagged
-// {P}), the serial counter and its watermark copies (serial.lua,
-// watermark.lua). Scripts run with EVALSHA and fall back to EVAL on NOSCRIPT
-// (go-redis Script.Run), so a restarted shard with an empty script cache
-// costs one extra round trip.
+// of sub-pool j of pool P are built by rain.SubPool.Keys alone (the key
+// schema is the domain's, with no Redis in it) and all carry the hash tag
+// {P:j}, so they would also share a Redis Cluster slot. The others each
+// touch one key of their own: a pool's record (record.lua, tagged {P}), the
+// serial counter and its watermark copies (serial.lua, watermark.lua), a
+// shard's due index (due_*.lua, tagged {due}). Scripts run with EVALSHA and
+// fall back to EVAL on NOSCRIPT (go-redis Script.Run), so a restarted shard
+// with an empty script cache costs one extra round trip.
 //
 // Every count is an integer and every amount integer cents. Lua numbers are
 // doubles, exact to 2^53; rain caps a pool at 1e15 cents so sums stay exact.
 //
 // The files: prelude.lua the money moves, lua.go the embedded scripts and
-// shared helpers, keys.go the key schema, pool.go setting up and loading a
-// sub-pool and the pool record, claim.go the claim, confirm and release of
-// grants, spill.go the spill protocol's steps, audit.go the audit's reads,
-// serial.go the serial scripts.
+// shared helpers, pool.go setting up and loading a sub-pool and the pool
+// record, claim.go the claim, confirm and release of grants, spill.go the
+// spill protocol's steps, audit.go the audit's reads, due.go a shard's due
+// index, serial.go the serial scripts.
 package lua
 
 import (

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,51 +14,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
-
-func TestKeysShareOneTag(t *testing.T) {
-	sp := SubPool{Pool: "cny:2027.a-b_c", Index: 7}
-	k := sp.Keys()
-	// All lists every field of Keys, each once.
-	v := reflect.ValueOf(k)
-	var fields []string
-	for i := range v.NumField() {
-		fields = append(fields, v.Field(i).String())
-	}
-	if all := k.All(); !slices.Equal(slices.Sorted(slices.Values(all)), slices.Sorted(slices.Values(fields))) {
-		t.Fatalf("Keys.All() = %q, want every field of Keys once: %q", all, fields)
-	}
-	for _, key := range k.All() {
-		if !strings.Contains(key, "{cny:2027.a-b_c:7}") || strings.Count(key, "{") != 1 {
-			t.Fatalf("key %q does not carry exactly the tag {cny:2027.a-b_c:7}", key)
-		}
-	}
-}
-
-// TestKeyNamesAreData: a key's name is what a running pool's data is
-// stored under, so renaming a Go field must not rename its key: a rain
-// upgraded under a live pool would not find what the older one wrote. The
-// resolved transfers keep the name "settled" on purpose.
-func TestKeyNamesAreData(t *testing.T) {
-	k := SubPool{Pool: "p", Index: 3}.Keys()
-	for _, tc := range []struct{ got, want string }{
-		{k.Meta, "rain:{p:3}:meta"},
-		{k.Stock, "rain:{p:3}:stock"},
-		{k.Grants, "rain:{p:3}:grants"},
-		{k.Deadlines, "rain:{p:3}:deadlines"},
-		{k.Outbox, "rain:{p:3}:outbox"},
-		{k.Reserve, "rain:{p:3}:reserve"},
-		{k.Transfers, "rain:{p:3}:transfers"},
-		{k.Resolved, "rain:{p:3}:settled"},
-		{k.Verdicts, "rain:{p:3}:verdicts"},
-	} {
-		if tc.got != tc.want {
-			t.Errorf("key %q, want %q (the name earlier versions wrote)", tc.got, tc.want)
-		}
-	}
-}
 
 func newClient(t *testing.T) *redis.Client {
 	t.Helper()
@@ -69,7 +27,7 @@ func newClient(t *testing.T) *redis.Client {
 	return c
 }
 
-func load(t *testing.T, c *redis.Client, sp SubPool, batch int64, amounts ...int64) (LoadResult, int64) {
+func load(t *testing.T, c *redis.Client, sp rain.SubPool, batch int64, amounts ...int64) (LoadResult, int64) {
 	t.Helper()
 	pipe := c.Pipeline()
 	cmd := LoadCmd(context.Background(), pipe, sp, batch, amounts)
@@ -86,7 +44,7 @@ func load(t *testing.T, c *redis.Client, sp SubPool, batch int64, amounts ...int
 func TestLoadBatchesOnceInOrder(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	sp := SubPool{Pool: "p", Index: 0}
+	sp := rain.SubPool{Pool: "p", Index: 0}
 	if _, _, err := Setup(ctx, c, sp, 4, 10, Window{HoldMS: 1000}); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +84,7 @@ func TestLoadBatchesOnceInOrder(t *testing.T) {
 func TestOpenRefusesPartialStock(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	sp := SubPool{Pool: "p", Index: 1}
+	sp := rain.SubPool{Pool: "p", Index: 1}
 	if _, _, err := Setup(ctx, c, sp, 3, 6, Window{HoldMS: 1000}); err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +105,7 @@ func TestOpenRefusesPartialStock(t *testing.T) {
 func TestClaimOutboxAndCounters(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	sp := SubPool{Pool: "p", Index: 0}
+	sp := rain.SubPool{Pool: "p", Index: 0}
 	if _, _, err := Setup(ctx, c, sp, 1, 42, Window{HoldMS: 5000}); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +148,7 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 func TestSecondRequestDuringSpill(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	sp := SubPool{Pool: "p", Index: 0}
+	sp := rain.SubPool{Pool: "p", Index: 0}
 	if _, _, err := Setup(ctx, c, sp, 1, 50, Window{HoldMS: 300}); err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +254,7 @@ func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 		if !maps.Equal(trim(ga), trim(gb)) {
 			t.Fatalf("grants: batched %v, one by one %v", ga, gb)
 		}
-		au, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 10 + 2*round})
+		au, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 10 + 2*round})
 		if err != nil || au.StockCount != au.ListLen || au.StockCents != au.ListSum || au.HeldCount != au.GrantsHeld ||
 			au.HeldCents != au.GrantsHeldCents || au.DeadlineEntries != au.GrantsHeld {
 			t.Fatalf("audit of the batched sub-pool = %+v, %v: counters and records disagree", au, err)
@@ -306,7 +264,7 @@ func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 
 // claimOne runs one claim through claim_many, the script production runs:
 // a batch of one.
-func claimOne(ctx context.Context, c Client, k *Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
+func claimOne(ctx context.Context, c Client, k *rain.Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
 	claims, errs, err := ClaimMany(ctx, c, k, validityMS, []ClaimArg{{User: user, Serial: serial, Token: token}})
 	if err != nil {
 		return Claim{}, err
@@ -354,7 +312,7 @@ func TestExpiredHoldReleasedOnRead(t *testing.T) {
 	if !slices.Equal(kinds, []string{"grant:1", "release:1", "grant:2"}) {
 		t.Fatalf("outbox %v, want grant:1 release:1 grant:2", kinds)
 	}
-	a, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 0})
+	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
 	if err != nil || a.HeldCount != a.GrantsHeld || a.DeadlineEntries != a.HeldCount || a.StockCount != a.ListLen || a.StockCents != a.ListSum {
 		t.Fatalf("audit %+v, %v: counters and records disagree", a, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // Errors of the steps that set up and load a sub-pool.
@@ -32,7 +34,7 @@ type Window struct {
 // the same count and cents. It returns the sub-pool's state ("loading" or
 // "open") and the next batch Load expects; ErrClosed for a sub-pool whose
 // pool closed.
-func Setup(ctx context.Context, c Client, sp SubPool, count, cents int64, w Window) (state string, nextBatch int64, err error) {
+func Setup(ctx context.Context, c Client, sp rain.SubPool, count, cents int64, w Window) (state string, nextBatch int64, err error) {
 	k := sp.Keys()
 	res, err := setupScript.Run(ctx, c, []string{k.Meta},
 		sp.Pool, sp.Index, count, cents, w.HoldMS, w.StartsMS, w.EndsMS).Slice()
@@ -63,7 +65,7 @@ const (
 // with ParseLoad after the pipeline runs. Batches apply in order, once each,
 // so a batch sent again is skipped. The pipeline sends EVALSHA; the caller
 // must have loaded the script (see LoadScripts) on the shard first.
-func LoadCmd(ctx context.Context, pipe redis.Pipeliner, sp SubPool, batch int64, amounts []int64) *redis.Cmd {
+func LoadCmd(ctx context.Context, pipe redis.Pipeliner, sp rain.SubPool, batch int64, amounts []int64) *redis.Cmd {
 	k := sp.Keys()
 	args := make([]any, 0, len(amounts)+1)
 	args = append(args, batch)
@@ -85,7 +87,7 @@ func ParseLoad(cmd *redis.Cmd) (LoadResult, int64, error) {
 // OpenSubPool opens the sub-pool if its stock is complete; if not, it says
 // what the stock holds. ErrClosed for a sub-pool sealed or closed by its
 // pool's close: it never opens again.
-func OpenSubPool(ctx context.Context, c Client, sp SubPool) (opened bool, stockCount, stockCents int64, err error) {
+func OpenSubPool(ctx context.Context, c Client, sp rain.SubPool) (opened bool, stockCount, stockCents int64, err error) {
 	res, err := openScript.Run(ctx, c, []string{sp.Keys().Meta}).Slice()
 	if err != nil {
 		return false, 0, 0, fmt.Errorf("open %s: %w", sp.Tag(), err)
@@ -120,7 +122,7 @@ func PutRecord(ctx context.Context, c Client, key string, fields map[string]stri
 // End ends the sub-pool's window now, unless it ended before; it returns
 // the end (the shard's clock, ms), or -1 when the sub-pool has no meta
 // record (it was never set up).
-func End(ctx context.Context, c Client, k *Keys) (int64, error) {
+func End(ctx context.Context, c Client, k *rain.Keys) (int64, error) {
 	res, err := endScript.Run(ctx, c, []string{k.Meta}).Slice()
 	if err != nil {
 		return 0, err
@@ -145,7 +147,7 @@ type Sealed struct {
 // caller's own (see seal.lua): a seal belongs to its owner for lease (a
 // seal whose lease ran out passes to the next owner that asks: its close
 // died). Sealing again for the same owner answers as the first time.
-func Seal(ctx context.Context, c Client, k *Keys, owner string, lease time.Duration) (Sealed, error) {
+func Seal(ctx context.Context, c Client, k *rain.Keys, owner string, lease time.Duration) (Sealed, error) {
 	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "seal", owner, lease.Milliseconds()).Slice()
 	if err != nil {
 		return Sealed{}, err
@@ -165,7 +167,7 @@ func Seal(ctx context.Context, c Client, k *Keys, owner string, lease time.Durat
 // Unseal puts a sub-pool that owner sealed back to open, when the close of
 // another sub-pool failed; a seal of another owner is kept (unsealed
 // false).
-func Unseal(ctx context.Context, c Client, k *Keys, owner string) (unsealed bool, err error) {
+func Unseal(ctx context.Context, c Client, k *rain.Keys, owner string) (unsealed bool, err error) {
 	res, err := sealScript.Run(ctx, c, []string{k.Meta, k.Outbox}, "unseal", owner, 0).Slice()
 	if err != nil {
 		return false, err
@@ -177,7 +179,7 @@ func Unseal(ctx context.Context, c Client, k *Keys, owner string) (unsealed bool
 // meta of state "closed" that every script reads before it writes (see
 // retire.lua). It refuses (ok false, with the state found) a sub-pool that
 // is neither sealed nor unable to move. Retiring again changes nothing.
-func Retire(ctx context.Context, c Client, sp SubPool) (ok bool, state string, err error) {
+func Retire(ctx context.Context, c Client, sp rain.SubPool) (ok bool, state string, err error) {
 	res, err := retireScript.Run(ctx, c, sp.Keys().All(), sp.Pool, sp.Index).Slice()
 	if err != nil {
 		return false, "", err

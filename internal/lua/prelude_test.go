@@ -19,6 +19,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // moves is, for every script that moves money, the prelude functions it
@@ -346,7 +348,7 @@ func TestEveryMoveConserves(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 31))
 	const K = 3
 	for round, hold := range []int64{0, 60_000} {
-		keys := make([]Keys, K)
+		keys := make([]rain.Keys, K)
 		var preloaded []int64
 		for j := range keys {
 			amounts := make([]int64, 2+rng.IntN(12))
@@ -465,7 +467,7 @@ func num(v any) int64 {
 type walk struct {
 	t         *testing.T
 	c         *redis.Client
-	keys      []Keys
+	keys      []rain.Keys
 	preloaded []int64 // every amount preloaded into the pool, sorted
 }
 
@@ -571,7 +573,7 @@ func (w *walk) check(after string) {
 		verdicts[h] = v
 	}
 	for j, k := range w.keys {
-		a, err := AuditSubPool(ctx, w.c, SubPool{Pool: "r", Index: subIndex(k)})
+		a, err := AuditSubPool(ctx, w.c, rain.SubPool{Pool: "r", Index: subIndex(k)})
 		if err != nil || !a.Recounted {
 			w.t.Fatalf("after %s: audit of sub-pool %d: %+v, %v", after, j, a, err)
 		}
@@ -636,9 +638,9 @@ func (w *walk) check(after string) {
 }
 
 // subIndex is the index of the sub-pool whose keys k are.
-func subIndex(k Keys) int {
+func subIndex(k rain.Keys) int {
 	for i := 0; ; i++ {
-		if (SubPool{Pool: "r", Index: i}).Keys() == k {
+		if (rain.SubPool{Pool: "r", Index: i}).Keys() == k {
 			return i
 		}
 	}

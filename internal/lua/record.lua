@@ -5,7 +5,7 @@
 -- ARGV[1] spec   ARGV[2] seed   ARGV[3] placement   ARGV[4] state
 -- ARGV[5] account (JSON, "" for none)
 -- ARGV[6] tags: the sub-pools' hash tag salts, comma-separated ("" for none;
---         see keys.go), part of which pool the record is
+--         see rain.SubPool.Tag), part of which pool the record is
 --
 -- A record without its spec (none, or a part written by an older version)
 -- is written whole. A record of the same pool (the same spec, seed and

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
@@ -62,7 +63,7 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		}, false},
 		{"end", func() error { _, err := End(ctx, c, &e); return err }, true},
 		{"seal", func() error { _, err := Seal(ctx, c, &e, "owner", time.Minute); return err }, true},
-		{"retire", func() error { _, _, err := Retire(ctx, c, SubPool{Pool: "r", Index: 4}); return err }, true},
+		{"retire", func() error { _, _, err := Retire(ctx, c, rain.SubPool{Pool: "r", Index: 4}); return err }, true},
 		// group answers "exists" where it created the group.
 		{"group", func() error { _, err := EnsureGroup(ctx, c, &m, "settle"); return err }, false},
 		{"acknowledge", func() error {
@@ -81,11 +82,11 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 		}, true},
 		{"watermark", func() error { _, err := RaiseWatermark(ctx, c, "rain:serial:watermark", 500); return err }, true},
 		{"setup", func() error {
-			_, _, err := Setup(ctx, c, SubPool{Pool: "r", Index: 0}, 1, 10, Window{HoldMS: 60_000})
+			_, _, err := Setup(ctx, c, rain.SubPool{Pool: "r", Index: 0}, 1, 10, Window{HoldMS: 60_000})
 			return err
 		}, true},
-		{"open", func() error { _, _, _, err := OpenSubPool(ctx, c, SubPool{Pool: "r", Index: 0}); return err }, true},
-		{"audit", func() error { _, err := AuditSubPool(ctx, c, SubPool{Pool: "r", Index: 1}); return err }, true},
+		{"open", func() error { _, _, _, err := OpenSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0}); return err }, true},
+		{"audit", func() error { _, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 1}); return err }, true},
 		{"transfers", func() error { _, err := StaleTransfers(ctx, c, &j, valid, 0); return err }, true},
 		{"serial", func() error { _, err := ReserveSerials(ctx, c, "rain:serial", 100, 0); return err }, false},
 		// A mark sent twice counts twice: only a change in the count matters.
@@ -103,7 +104,7 @@ func TestEveryStepResentAfterALostReply(t *testing.T) {
 			return err
 		}, false},
 		{"load", func() error {
-			sp := SubPool{Pool: "r", Index: 2}
+			sp := rain.SubPool{Pool: "r", Index: 2}
 			if _, _, err := Setup(ctx, c, sp, 2, 3, Window{HoldMS: 1}); err != nil {
 				return err
 			}

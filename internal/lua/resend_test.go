@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // state is everything a sub-pool holds, in a form two reads can compare
@@ -54,10 +56,10 @@ func state(t *testing.T, c *redis.Client, keys ...string) map[string]any {
 }
 
 // openSubPool sets up sub-pool j of pool "r" with the amounts, open.
-func openSubPool(t *testing.T, c *redis.Client, j int, hold int64, amounts ...int64) Keys {
+func openSubPool(t *testing.T, c *redis.Client, j int, hold int64, amounts ...int64) rain.Keys {
 	t.Helper()
 	ctx := context.Background()
-	sp := SubPool{Pool: "r", Index: j}
+	sp := rain.SubPool{Pool: "r", Index: j}
 	var sum int64
 	for _, a := range amounts {
 		sum += a
@@ -140,7 +142,7 @@ func TestEveryStepTwice(t *testing.T) {
 		{"seal", func() (any, error) { return Seal(ctx, c, &e, "owner", time.Minute) }, true},
 		{"unseal of another owner's seal", func() (any, error) { return Unseal(ctx, c, &e, "other") }, true},
 		{"retire", func() (any, error) {
-			ok, st, err := Retire(ctx, c, SubPool{Pool: "r", Index: 4})
+			ok, st, err := Retire(ctx, c, rain.SubPool{Pool: "r", Index: 4})
 			return fmt.Sprint(ok, st), err
 		}, true},
 		{"group", func() (any, error) { return EnsureGroup(ctx, c, &m, "settle") }, false}, // created, then exists
@@ -159,11 +161,11 @@ func TestEveryStepTwice(t *testing.T) {
 		}, true},
 		{"watermark", func() (any, error) { return RaiseWatermark(ctx, c, "rain:serial:watermark", 500) }, true},
 		{"setup", func() (any, error) {
-			st, next, err := Setup(ctx, c, SubPool{Pool: "r", Index: 0}, 1, 10, Window{HoldMS: 60_000})
+			st, next, err := Setup(ctx, c, rain.SubPool{Pool: "r", Index: 0}, 1, 10, Window{HoldMS: 60_000})
 			return fmt.Sprint(st, next), err
 		}, true},
 		{"open", func() (any, error) {
-			ok, n, cents, err := OpenSubPool(ctx, c, SubPool{Pool: "r", Index: 0})
+			ok, n, cents, err := OpenSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
 			return fmt.Sprint(ok, n, cents), err
 		}, true},
 	}
@@ -193,7 +195,7 @@ func TestEveryStepTwice(t *testing.T) {
 		t.Fatalf("serial sent again = %d, %v; want %d: a new segment after the first, never the same", e2, err, e1+100)
 	}
 	// The load of a batch sent again is skipped and appends nothing.
-	sp := SubPool{Pool: "r", Index: 2}
+	sp := rain.SubPool{Pool: "r", Index: 2}
 	if _, _, err := Setup(ctx, c, sp, 2, 3, Window{HoldMS: 1}); err != nil {
 		t.Fatal(err)
 	}

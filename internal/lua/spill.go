@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"rain"
 )
 
 // SpillValidity is how long a spill's reservation lasts (T): claim_many and
@@ -94,7 +96,7 @@ func fenceFlag(on bool) string {
 // the same transfer, as long as it is in flight. With wait > 0 (a shard
 // with replicas) a replica must have the take within wait, else
 // ErrNotReplicated (the take may be in flight: refuse the token at home).
-func Take(ctx context.Context, c Pipeliner, k *Keys, token string, home int, user string, wait time.Duration) (Taken, int64, error) {
+func Take(ctx context.Context, c Pipeliner, k *rain.Keys, token string, home int, user string, wait time.Duration) (Taken, int64, error) {
 	res, err := runWait(ctx, c, takeScript, []string{k.Meta, k.Stock, k.Transfers, k.Resolved}, wait, token, home, user, fenceArg(wait))
 	if err != nil {
 		return 0, 0, err
@@ -121,7 +123,7 @@ func Take(ctx context.Context, c Pipeliner, k *Keys, token string, home int, use
 // false, with the claim Ended when the home's window has ended. Sent again,
 // it answers as the first run did. With wait > 0, a replica must have it
 // within wait, else ErrNotReplicated (its outcome is not known: ask Decide).
-func Adopt(ctx context.Context, c Pipeliner, k *Keys, user, token string, serial, amount int64, origin int, validityMS int64, wait time.Duration) (Claim, bool, error) {
+func Adopt(ctx context.Context, c Pipeliner, k *rain.Keys, user, token string, serial, amount int64, origin int, validityMS int64, wait time.Duration) (Claim, bool, error) {
 	res, err := runWait(ctx, c, adoptScript, []string{k.Meta, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Verdicts}, wait,
 		user, token, serial, amount, origin, validityMS, fenceArg(wait))
 	if err != nil {
@@ -152,7 +154,7 @@ type Verdict struct {
 // verdict is adopted from it with its amount, and untakes it otherwise.
 // With wait > 0, a replica must have the verdict within wait, else
 // ErrNotReplicated.
-func Decide(ctx context.Context, c Pipeliner, k *Keys, token, user string, wait time.Duration) (Verdict, error) {
+func Decide(ctx context.Context, c Pipeliner, k *rain.Keys, token, user string, wait time.Duration) (Verdict, error) {
 	res, err := runWait(ctx, c, decideScript, []string{k.Meta, k.Reserve, k.Verdicts}, wait, token, user, fenceArg(wait))
 	if err != nil {
 		return Verdict{}, err
@@ -182,16 +184,16 @@ const (
 // refused back in the stock. Either resolves the transfer: it moves from
 // the transfers in flight to the resolved ones (Keys.Resolved). Both are
 // idempotent: sent again, each answers as the first run did.
-func Ack(ctx context.Context, c Client, k *Keys, token string) (Resolution, error) {
+func Ack(ctx context.Context, c Client, k *rain.Keys, token string) (Resolution, error) {
 	return resolveTransfer(ctx, c, k, token, "ack")
 }
 
 // Untake: see Ack.
-func Untake(ctx context.Context, c Client, k *Keys, token string) (Resolution, error) {
+func Untake(ctx context.Context, c Client, k *rain.Keys, token string) (Resolution, error) {
 	return resolveTransfer(ctx, c, k, token, "untake")
 }
 
-func resolveTransfer(ctx context.Context, c Client, k *Keys, token, op string) (Resolution, error) {
+func resolveTransfer(ctx context.Context, c Client, k *rain.Keys, token, op string) (Resolution, error) {
 	res, err := ackScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Transfers, k.Resolved}, token, op).Slice()
 	if err != nil {
 		return 0, err
@@ -214,7 +216,7 @@ func resolveTransfer(ctx context.Context, c Client, k *Keys, token, op string) (
 // run): a late adopt of it never grants. Without refuse (nothing was
 // taken under the token) nothing is recorded. adopted is true when the
 // home had adopted the token already: then there is nothing to abort.
-func Abort(ctx context.Context, c Client, k *Keys, user, token string, refuse bool) (adopted bool, err error) {
+func Abort(ctx context.Context, c Client, k *rain.Keys, user, token string, refuse bool) (adopted bool, err error) {
 	mode := "drop"
 	if refuse {
 		mode = "refuse"
@@ -245,7 +247,7 @@ type InFlight struct {
 
 // StaleTransfers drops the sub-pool's reservations older than validityMS and
 // lists its transfers in flight for more than ageMS.
-func StaleTransfers(ctx context.Context, c Client, k *Keys, validityMS, ageMS int64) (InFlight, error) {
+func StaleTransfers(ctx context.Context, c Client, k *rain.Keys, validityMS, ageMS int64) (InFlight, error) {
 	res, err := transfersScript.Run(ctx, c, []string{k.Reserve, k.Transfers}, validityMS, ageMS).Slice()
 	if err != nil {
 		return InFlight{}, err

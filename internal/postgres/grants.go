@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/settle"
 )
 
@@ -113,17 +113,17 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 }
 
 // Totals returns the grants the database holds of the pool, by sub-pool.
-func (db *DB) Totals(ctx context.Context, poolID string) (map[int]catalog.Tally, error) {
+func (db *DB) Totals(ctx context.Context, poolID string) (map[int]rain.Tally, error) {
 	rows, err := db.pool.Query(ctx, `SELECT sub_pool, count(*), coalesce(sum(amount_cents), 0)
 		FROM rain_grants WHERE pool_id = $1 GROUP BY sub_pool`, poolID)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	defer rows.Close()
-	out := map[int]catalog.Tally{}
+	out := map[int]rain.Tally{}
 	for rows.Next() {
 		var j int
-		var t catalog.Tally
+		var t rain.Tally
 		if err := rows.Scan(&j, &t.Count, &t.Cents); err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}

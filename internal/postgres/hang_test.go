@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
@@ -23,7 +23,7 @@ func TestHungDeliveryShows(t *testing.T) {
 	ctx := context.Background()
 	db, url := open(t)
 	ge := grabtest.Start(t, 2, redistest.Options{})
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
 		t.Fatal(err)
 	}
 	grabN := func(prefix string, n int) {

@@ -11,14 +11,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"rain/internal/catalog"
+	"rain"
 )
 
 // Record stores a closed pool's account in rain_pools. The same account
 // again (its sums and sub-pools; the time it closed aside: a close resumed
 // after a crash computes it anew) is a no-op; another is
 // ErrAccountConflict.
-func (db *DB) Record(ctx context.Context, a *catalog.Account) error {
+func (db *DB) Record(ctx context.Context, a *rain.Account) error {
 	subs, err := json.Marshal(a.SubPools)
 	if err != nil {
 		return err
@@ -44,8 +44,8 @@ func (db *DB) Record(ctx context.Context, a *catalog.Account) error {
 var ErrNoAccount = errors.New("postgres: no account for the pool")
 
 // Account reads the account of a closed pool.
-func (db *DB) Account(ctx context.Context, poolID string) (*catalog.Account, error) {
-	a := &catalog.Account{PoolID: poolID, State: string(catalog.Closed)}
+func (db *DB) Account(ctx context.Context, poolID string) (*rain.Account, error) {
+	a := &rain.Account{PoolID: poolID, State: string(rain.Closed)}
 	var subs []byte
 	err := db.pool.QueryRow(ctx, `SELECT preloaded_count, preloaded_cents, confirmed_count, confirmed_cents,
 		unclaimed_count, unclaimed_cents, sub_pools, closed_at FROM rain_pools WHERE pool_id = $1`, poolID).
@@ -65,7 +65,7 @@ func (db *DB) Account(ctx context.Context, poolID string) (*catalog.Account, err
 }
 
 // sameAccount compares two accounts' money, sub-pool by sub-pool.
-func sameAccount(a, b *catalog.Account) bool {
+func sameAccount(a, b *rain.Account) bool {
 	return a.PoolID == b.PoolID && a.PreloadedCount == b.PreloadedCount && a.PreloadedCents == b.PreloadedCents &&
 		a.ConfirmedCount == b.ConfirmedCount && a.ConfirmedCents == b.ConfirmedCents &&
 		a.UnclaimedCount == b.UnclaimedCount && a.UnclaimedCents == b.UnclaimedCents &&

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/pgtest"
 	"rain/internal/settle"
 )
@@ -182,9 +182,9 @@ func TestDeliverToADeadDatabase(t *testing.T) {
 func TestRecord(t *testing.T) {
 	ctx := context.Background()
 	db, _ := open(t)
-	a := &catalog.Account{PoolID: "p", State: "closed", PreloadedCount: 10, PreloadedCents: 100, ConfirmedCount: 6,
+	a := &rain.Account{PoolID: "p", State: "closed", PreloadedCount: 10, PreloadedCents: 100, ConfirmedCount: 6,
 		ConfirmedCents: 70, UnclaimedCount: 4, UnclaimedCents: 30, ClosedAt: time.UnixMilli(1_800_000_000_000).UTC(),
-		SubPools: []catalog.SubPoolAccount{{Index: 0, ConfirmedCount: 6, ConfirmedCents: 70, UnclaimedCount: 4, UnclaimedCents: 30}}}
+		SubPools: []rain.SubPoolAccount{{Index: 0, ConfirmedCount: 6, ConfirmedCents: 70, UnclaimedCount: 4, UnclaimedCents: 30}}}
 	if err := db.Record(ctx, a); err != nil {
 		t.Fatal(err)
 	}

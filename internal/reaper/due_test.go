@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/lua"
 	"rain/internal/wait/waittest"
@@ -37,7 +37,7 @@ func TestDueIndexFollowsTheWork(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	tomorrow := time.Now().Add(24 * time.Hour)
-	for _, sp := range []catalog.Spec{
+	for _, sp := range []rain.Spec{
 		{PoolID: "later", TotalCents: 1000, Count: 10, SubPools: 2, StartsAt: &tomorrow},
 		{PoolID: "quiet", TotalCents: 1000, Count: 10, SubPools: 2},
 	} {
@@ -45,7 +45,7 @@ func TestDueIndexFollowsTheWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the reaper's first pass", func() bool { return r.Stats().Sweeps > 0 })
 	e.grabAll(t, "p", 20, 1)
@@ -69,7 +69,7 @@ func TestSlowPassMakesUpALostMark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the sub-pools back in the due indexes", func() bool { return e.indexed(t) == 2 })
 	waittest.Until(t, 10*time.Second, "the 20 grants released", func() bool { return r.Stats().Released == 20 })
@@ -86,16 +86,16 @@ func TestSlowPassMakesUpALostMark(t *testing.T) {
 func TestGrantMadeWhileTheReaperLooks(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := e.cat.Find(ctx, "d")
+	p, err := e.cat.Read(ctx, "d")
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := p.SubPool(0).Keys()
 	c := e.shards.Client(p.Placement[0])
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the reaper's first pass", func() bool { return r.Stats().Sweeps > 0 })
 	grabOne := func(user string) grab.Result {
@@ -150,7 +150,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 	e := newEnv(t) // s1, s2, s3
 	s1, s2 := e.clients[0], e.clients[1]
 	// A pool of 90 sub-pools, 30 on each shard, with grants held in them.
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: "big", TotalCents: 90_000, Count: 900, SubPools: 90, HoldSeconds: 600}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "big", TotalCents: 90_000, Count: 900, SubPools: 90, HoldSeconds: 600}); err != nil {
 		t.Fatal(err)
 	}
 	for u := range 600 {
@@ -168,7 +168,7 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 			id = c
 		}
 	}
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 1, HoldSeconds: 1}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 1, HoldSeconds: 1}); err != nil {
 		t.Fatal(err)
 	}
 	g, err := e.svc.Grab(ctx, id, "someone")
@@ -179,10 +179,10 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s1.ConfigSet(context.Background(), "maxmemory", "0").Err() })
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	r.sweeper.page = 10 // s1's failures fill three reads
 	start(t, r)
-	p, err := e.cat.Find(ctx, id)
+	p, err := e.cat.Read(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grabtest"
 	"rain/internal/redistest"
 )
@@ -19,11 +19,11 @@ import (
 func TestSweepWithoutAPlacementShard(t *testing.T) {
 	ctx := context.Background()
 	ge := grabtest.Start(t, 3, redistest.Options{})
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 3_000, Count: 30, SubPools: 3}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: 3_000, Count: 30, SubPools: 3}); err != nil {
 		t.Fatal(err)
 	}
 	short := grabtest.On(t, ge.Servers[:2], redistest.Addrs(ge.Servers[:2]))
-	if _, err := New(short.Catalog, nil, Config{}).Sweep(ctx); !errors.Is(err, catalog.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
+	if _, err := New(short.Shards, short.Catalog, nil, Config{}).Sweep(ctx); !errors.Is(err, rain.ErrUnavailable) || !strings.Contains(err.Error(), "s3") {
 		t.Fatalf("a sweep without the pool's shard s3 = %v; want unavailable, naming s3", err)
 	}
 }

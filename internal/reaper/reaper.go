@@ -16,11 +16,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/lock"
 	"rain/internal/lua"
+	"rain/internal/shard"
 	"rain/internal/wait"
 )
+
+// Pools is what the reaper reads of the pools' records and registry
+// (internal/catalog's Catalog). Each name says whether it reads Redis.
+type Pools interface {
+	// CachedList is every pool to visit: the registry as last read, read
+	// again from Redis when that read is more than a moment old.
+	CachedList(ctx context.Context) ([]string, error)
+	// Cached is a pool's record: from memory once the pool is open or
+	// closed, read from Redis otherwise.
+	Cached(ctx context.Context, id string) (*rain.Pool, error)
+}
 
 // Locker takes the reaper's lock (lock.Locker does).
 type Locker interface {
@@ -91,10 +103,10 @@ func (c *Config) init() {
 	}
 }
 
-// New returns a reaper of the catalog's pools; Run starts it.
-func New(cat *catalog.Catalog, l Locker, cfg Config) *Reaper {
+// New returns a reaper of pools on shards; Run starts it.
+func New(shards *shard.Set, pools Pools, l Locker, cfg Config) *Reaper {
 	cfg.init()
-	w := &sweeper{cat: cat, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, page: dueBatch}
+	w := &sweeper{shards: shards, pools: pools, valid: cfg.SpillValidity, age: cfg.SpillAge, log: cfg.Logger, page: dueBatch}
 	return &Reaper{sweeper: w, locker: l, cfg: cfg}
 }
 

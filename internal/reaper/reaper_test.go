@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -41,7 +42,7 @@ func newEnv(t *testing.T) *env {
 func (e *env) grabAll(t *testing.T, id string, count int, hold int64) map[string]grab.Result {
 	t.Helper()
 	ctx := context.Background()
-	if _, _, err := e.cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	// Users whose home sub-pool is already empty are sold out: go on with
@@ -64,7 +65,7 @@ func (e *env) locker(ttl time.Duration) *lock.Locker {
 	return lock.New(e.clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond})
 }
 
-func (e *env) status(t *testing.T, id string) *catalog.Status {
+func (e *env) status(t *testing.T, id string) *rain.Status {
 	t.Helper()
 	st, err := e.cat.Status(context.Background(), id)
 	if err != nil {
@@ -127,7 +128,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 		}
 		confirmedCents += g.Amount
 	}
-	r := New(e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "50 grants released", func() bool { return r.Stats().Released == 50 })
 
@@ -141,7 +142,7 @@ func TestExpiredGrantsReleased(t *testing.T) {
 	}
 	e.assertAudit(t, "p")
 	for user, g := range expiring {
-		if err := e.cat.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, catalog.ErrGrantReleased) {
+		if err := e.cat.Confirm(ctx, "p", user, g.Serial); !errors.Is(err, rain.ErrGrantReleased) {
 			t.Fatalf("Confirm of %s's released grant = %v, want ErrGrantReleased", user, err)
 		}
 		again, err := e.svc.Grab(ctx, "p", user)
@@ -166,7 +167,7 @@ func TestTwoSweepsAtOnce(t *testing.T) {
 	var released, releasedCents int64
 	var wg sync.WaitGroup
 	for range 2 {
-		r := New(e.cat, nil, Config{})
+		r := New(e.shards, e.cat, nil, Config{})
 		wg.Go(func() {
 			for range 20 {
 				sw, err := r.Sweep(context.Background())
@@ -206,11 +207,11 @@ func TestTakeoverAfterKill(t *testing.T) {
 		addrs[i] = proxies[i].Addr
 	}
 	doomed := grabtest.On(t, e.servers, addrs)
-	a := New(doomed.Catalog, lock.New(doomed.Clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond}), Config{Interval: 50 * time.Millisecond})
+	a := New(doomed.Shards, doomed.Catalog, lock.New(doomed.Clients, lock.Config{TTL: ttl, RetryDelay: 20 * time.Millisecond}), Config{Interval: 50 * time.Millisecond})
 	start(t, a)
 	waittest.Until(t, 5*time.Second, "a leads", func() bool { return a.Stats().Leader })
 
-	b := New(e.cat, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
+	b := New(e.shards, e.cat, e.locker(ttl), Config{Interval: 50 * time.Millisecond})
 	start(t, b)
 	e.grabAll(t, "p", 20, 1)
 	if b.Stats().Leader {
@@ -230,7 +231,7 @@ func TestTakeoverAfterKill(t *testing.T) {
 func TestLostLockStopsSweeping(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	e := newEnv(t)
-	r := New(e.cat, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
+	r := New(e.shards, e.cat, e.locker(ttl), Config{Interval: 20 * time.Millisecond})
 	start(t, r)
 	waittest.Until(t, 5*time.Second, "r leads", func() bool { return r.Stats().Leader })
 	for _, c := range e.clients {

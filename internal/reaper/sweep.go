@@ -13,8 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/lua"
+	"rain/internal/shard"
 )
 
 // releaseBatch is the most grants one release script call handles, so no
@@ -37,7 +38,8 @@ func (s Sweep) add(o Sweep) Sweep {
 
 // sweeper makes the passes.
 type sweeper struct {
-	cat        *catalog.Catalog
+	shards     *shard.Set
+	pools      Pools
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
 	page       int // sub-pools per read of a due index: dueBatch
@@ -71,8 +73,8 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 			next = at
 		}
 	}
-	for _, name := range w.cat.Shards().Names() {
-		c := w.cat.Shards().Client(name)
+	for _, name := range w.shards.Names() {
+		c := w.shards.Client(name)
 		// skip: the due sub-pools this pass met and could not move on (the
 		// next read starts past them, so each read makes progress).
 		for skip := 0; ; {
@@ -81,7 +83,7 @@ func (w *sweeper) sweepDue(ctx context.Context) (Sweep, time.Time, error) {
 			}
 			due, later, err := lua.ReadDue(ctx, c, skip, w.page)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", catalog.ErrUnavailable, name, err))
+				errs = append(errs, fmt.Errorf("%w: read the due index of shard %s: %w", rain.ErrUnavailable, name, err))
 				break
 			}
 			if later >= 0 {
@@ -116,11 +118,11 @@ const retryAfter = 5 * time.Second
 // read, or the index could not be told).
 func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (at time.Time, stays bool, err error) {
 	in := time.Duration(-1) // nothing to do
-	sp, ok := lua.ParseMeta(d.Meta)
+	sp, ok := rain.ParseMeta(d.Meta)
 	if ok {
-		p, perr := w.cat.Pool(ctx, sp.Pool)
+		p, perr := w.pools.Cached(ctx, sp.Pool)
 		switch {
-		case errors.Is(perr, catalog.ErrNotFound):
+		case errors.Is(perr, rain.ErrNotFound):
 		case perr != nil:
 			in, err = retryAfter, perr // a shard down: looked at again later
 		case p.State.Over(), sp.Index >= p.SubPools(), p.SubPool(sp.Index) != sp, p.Placement[sp.Index] != name:
@@ -135,9 +137,9 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 			}
 		}
 	}
-	done, derr := lua.DoneDue(ctx, w.cat.Shards().Client(name), d, in)
+	done, derr := lua.DoneDue(ctx, w.shards.Client(name), d, in)
 	if derr != nil {
-		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", catalog.ErrUnavailable, name, derr))
+		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", rain.ErrUnavailable, name, derr))
 	}
 	switch done {
 	case lua.DueMoved:
@@ -163,11 +165,11 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 // so two passes at once, or a stale one, never release a grant twice.
 func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 	var sw Sweep
-	ids, err := w.cat.Listed(ctx)
+	ids, err := w.pools.CachedList(ctx)
 	errs := []error{err}
 	for _, id := range ids {
-		p, err := w.cat.Pool(ctx, id)
-		if errors.Is(err, catalog.ErrNotFound) {
+		p, err := w.pools.Cached(ctx, id)
+		if errors.Is(err, rain.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -182,10 +184,10 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 				return sw, err
 			}
 			name := p.Placement[j]
-			c := w.cat.Shards().Client(name)
+			c := w.shards.Client(name)
 			if c == nil {
 				errs = append(errs, fmt.Errorf("%w: pool %s sub-pool %d is on shard %s, which is not configured here",
-					catalog.ErrUnavailable, p.ID(), j, name))
+					rain.ErrUnavailable, p.ID(), j, name))
 				continue
 			}
 			_, active, err := w.subPool(ctx, p, j, &sw)
@@ -203,8 +205,8 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 // subPool sweeps sub-pool j of p: its spills first, then its releases. It
 // returns how long until the sub-pool can next have work, and whether it
 // has any left (a grant held, a transfer in flight).
-func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
-	c := w.cat.Shards().Client(p.Placement[j])
+func (w *sweeper) subPool(ctx context.Context, p *rain.Pool, j int, sw *Sweep) (time.Duration, bool, error) {
+	c := w.shards.Client(p.Placement[j])
 	k := p.SubPool(j).Keys()
 	// next is the sooner of what is held and what is in flight; a sub-pool
 	// whose spills could not be read is looked at again after the age.
@@ -220,7 +222,7 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 		f, err := w.recoverSpills(ctx, p, j)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", catalog.ErrUnavailable, p.ID(), j, err))
+			errs = append(errs, fmt.Errorf("%w: recover spills of %s sub-pool %d: %w", rain.ErrUnavailable, p.ID(), j, err))
 			soon(w.age)
 		case f.Count > 0:
 			soon(time.Duration(f.NextMS) * time.Millisecond)
@@ -232,7 +234,7 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 		}
 		r, err := lua.ReleaseExpired(ctx, c, &k, releaseBatch)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", catalog.ErrUnavailable, p.ID(), j, err))
+			errs = append(errs, fmt.Errorf("%w: release %s sub-pool %d: %w", rain.ErrUnavailable, p.ID(), j, err))
 			break
 		}
 		sw.Released += r.Count
@@ -253,8 +255,8 @@ func (w *sweeper) subPool(ctx context.Context, p *catalog.Pool, j int, sw *Sweep
 // docs/architecture.md#the-spill-protocol).
 //
 // It returns what it found in flight there.
-func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (lua.InFlight, error) {
-	client := func(i int) redis.UniversalClient { return w.cat.Shards().Client(p.Placement[i]) }
+func (w *sweeper) recoverSpills(ctx context.Context, p *rain.Pool, j int) (lua.InFlight, error) {
+	client := func(i int) redis.UniversalClient { return w.shards.Client(p.Placement[i]) }
 	k := p.SubPool(j).Keys()
 	f, err := lua.StaleTransfers(ctx, client(j), &k, w.valid.Milliseconds(), w.age.Milliseconds())
 	if err != nil {
@@ -272,14 +274,14 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *catalog.Pool, j int) (lu
 			continue
 		}
 		hk := p.SubPool(t.Home).Keys()
-		hc, replicated, err := w.cat.Shards().Writer(ctx, p.Placement[t.Home], hk.Meta)
+		hc, replicated, err := w.shards.Writer(ctx, p.Placement[t.Home], hk.Meta)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		var wait time.Duration
 		if replicated {
-			wait = w.cat.Shards().Timeout() / 2 // the verdict on a replica before the sibling acts on it
+			wait = w.shards.Timeout() / 2 // the verdict on a replica before the sibling acts on it
 		}
 		v, err := lua.Decide(ctx, hc, &hk, t.Token, t.User, wait)
 		if err != nil {

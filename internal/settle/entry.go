@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/lua"
 )
 
@@ -70,10 +70,10 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 // what is settled to b.done. It reports whether some are left pending for
 // a failure.
 func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
-	sp, ok := lua.ParseOutbox(b.stream)
+	sp, ok := rain.ParseOutbox(b.stream)
 	if !ok {
 		g0 := b.grants[0]
-		sp = lua.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
+		sp = rain.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
 	}
 	k := sp.Keys()
 	args := make([]lua.ConfirmArg, len(b.grants))
@@ -159,7 +159,7 @@ var errNotReplicated = errors.New("settle: no replica confirmed the confirm in t
 // shard with replicas the confirm is followed on the same connection by
 // WAIT 1, as the claim path's batches are: only a confirm a replica holds
 // is paid, so a failover cannot undo it after the payout.
-func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *lua.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
+func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
 	c, replicated, err := w.shards.Writer(ctx, sh.name, k.Meta)
 	if err != nil {
 		return nil, nil, err
@@ -214,7 +214,7 @@ func parseGrant(m redis.XMessage) (Grant, error) {
 		return g, fmt.Errorf("sub: %w", err)
 	}
 	g.SubPool = int(sub)
-	if !catalog.ValidID(g.PoolID) || !catalog.ValidID(g.UserID) {
+	if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
 		return g, errors.New("bad pool or user id")
 	}
 	ms, _, _ := strings.Cut(m.ID, "-")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -71,10 +72,10 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	scat := catalog.New(sset, catalog.Config{})
-	if _, _, err := gcat.Preload(ctx, catalog.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
+	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := gcat.Find(ctx, "fo")
+	p, err := gcat.Read(ctx, "fo")
 	if err != nil {
 		t.Fatal(err)
 	}

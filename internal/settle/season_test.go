@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/redisproxy"
@@ -44,7 +44,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 	ge := grabtest.Start(t, 2, redistest.Options{})
 	cat, svc := ge.Catalog, ge.Service
 	for _, id := range []string{"a", "b"} {
-		if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+		if _, _, err := cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 	if _, err := cat.End(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	var a *catalog.Account
+	var a *rain.Account
 	waittest.Until(t, 20*time.Second, "pool a closes", func() bool {
 		var err error
 		a, err = cat.Close(ctx, "a")
@@ -72,7 +72,7 @@ func TestOneWorkerThroughASeason(t *testing.T) {
 	for s, r := range grabAll(t, svc, "b", "late", 20) {
 		grants[s] = r
 	}
-	if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: "c", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+	if _, _, err := cat.Preload(ctx, rain.Spec{PoolID: "c", TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
 		t.Fatal(err)
 	}
 	for s, r := range grabAll(t, svc, "c", "c", 20) {
@@ -147,7 +147,7 @@ func TestConfirmWaitsForAReplica(t *testing.T) {
 			id = c
 		}
 	}
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 1}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 1}); err != nil {
 		t.Fatal(err)
 	}
 	grants := grabAll(t, ge.Service, id, "u", 5)
@@ -206,7 +206,7 @@ func TestIdleWorkerCountsNoFailure(t *testing.T) {
 	ctx := context.Background()
 	ge := grabtest.Start(t, 2, redistest.Options{})
 	for _, id := range []string{"a", "b"} {
-		if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
+		if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 100_000, Count: 1000, SubPools: 2}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,7 +238,7 @@ func TestIdleWorkerCountsNoFailure(t *testing.T) {
 func TestWorkerWithoutAShardSaysSo(t *testing.T) {
 	ctx := context.Background()
 	ge := grabtest.Start(t, 3, redistest.Options{})
-	if _, _, err := ge.Catalog.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: 30_000, Count: 300, SubPools: 3}); err != nil {
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: 30_000, Count: 300, SubPools: 3}); err != nil {
 		t.Fatal(err)
 	}
 	grabAll(t, ge.Service, "p", "u", 30)

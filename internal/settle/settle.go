@@ -40,15 +40,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
 )
 
-// SubPools lists the sub-pools to settle (grab.Service does).
+// SubPools lists the sub-pools to settle (internal/catalog's Catalog does).
 type SubPools interface {
-	SubPools(ctx context.Context) ([]catalog.SubPoolRef, error)
+	SubPools(ctx context.Context) ([]rain.SubPoolRef, error)
 }
 
 // Config tunes a Worker. Zero fields take the documented defaults.
@@ -514,7 +514,7 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 // gone reports whether the outbox key belongs to a sub-pool that is closed
 // (or was never set up), making its group again otherwise.
 func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
-	sp, ok := lua.ParseOutbox(key)
+	sp, ok := rain.ParseOutbox(key)
 	if !ok {
 		return false
 	}

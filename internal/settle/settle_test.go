@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
@@ -48,7 +49,7 @@ func newEnv(t *testing.T, count int, hold int64) (*env, map[int64]grab.Result) {
 	ge := grabtest.Start(t, 2, redistest.Options{})
 	set, svc, cat := ge.Shards, ge.Service, ge.Catalog
 	ctx := context.Background()
-	if _, _, err := cat.Preload(ctx, catalog.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
+	if _, _, err := cat.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: 2, HoldSeconds: hold}); err != nil {
 		t.Fatal(err)
 	}
 	grants := map[int64]grab.Result{}
@@ -320,7 +321,7 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 // settlement saw it is acknowledged, not delivered.
 func TestReleasedGrantIsNotPaid(t *testing.T) {
 	e, _ := newEnv(t, 20, 1)
-	reap := reaper.New(e.cat, nil, reaper.Config{})
+	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
 	var released int64
 	waittest.Until(t, 10*time.Second, "the 20 grants released at their deadline", func() bool {
 		sw, err := reap.Sweep(context.Background())

@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -159,7 +159,7 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", Error: err.Error()})
 		return
 	}
-	if !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
+	if !rain.ValidID(req.PoolID) || !rain.ValidID(req.UserID) {
 		reply(w, http.StatusBadRequest, grabResponse{Status: "invalid", PoolID: req.PoolID, UserID: req.UserID, Error: "bad pool_id or user_id"})
 		return
 	}
@@ -212,7 +212,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	if !catalog.ValidID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
+	if !rain.ValidID(req.PoolID) || req.Count <= 0 || req.TotalCents < req.Count {
 		reply(w, http.StatusBadRequest, map[string]string{"error": "need a valid pool_id, count > 0, total_cents >= count"})
 		return
 	}

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"rain/internal/catalog"
+	"rain"
 )
 
 // runFixed is `rainload fixed`: a server that answers every valid POST /grab with
@@ -188,7 +188,7 @@ func (f *fixed) grab(b, body []byte) ([]byte, bool) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || !catalog.ValidID(req.PoolID) || !catalog.ValidID(req.UserID) {
+	if err := dec.Decode(&req); err != nil || !rain.ValidID(req.PoolID) || !rain.ValidID(req.UserID) {
 		return append(b, `{"status":"invalid","error":"bad grab body"}`...), false
 	}
 	// The ids were checked to need no JSON escaping.

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"rain/internal/catalog"
+	"rain"
 	"rain/loadtest/rainload/internal/schedule"
 )
 
@@ -46,7 +46,7 @@ func parseLoad(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("rainload run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rawURL := fs.String("url", "http://127.0.0.1:8080", "base `URL` of the target (http only); the driver POSTs {url}/grab")
-	pool := fs.String("pool", "", "pool `id` to grab from (required; "+catalog.IDRule+")")
+	pool := fs.String("pool", "", "pool `id` to grab from (required; "+rain.IDRule+")")
 	rate := fs.Float64("rate", 0, "constant arrival `rate` in requests per second, with -duration (or use -stages)")
 	duration := fs.Duration("duration", 0, "length of a constant -rate load")
 	stages := fs.String("stages", "", "ramping arrival rate: comma-separated `DURATION:RATE` stages, each ramping linearly to RATE over DURATION from where the last ended, e.g. 5s:1000,10s:8000,5s:8000,5s:0 (instead of -rate and -duration)")
@@ -122,7 +122,7 @@ func (c *config) target(rawURL string) error {
 	}
 	// Ids are checked once here, so that the hot path can put them into
 	// JSON without escaping.
-	return catalog.CheckID("-pool", c.pool)
+	return rain.CheckID("-pool", c.pool)
 }
 
 // schedule sets the arrival schedule: -stages, or -rate and -duration.
@@ -156,8 +156,8 @@ func (c *config) bounds() error {
 	if c.users < 1 {
 		return fmt.Errorf("-users %d: want >= 1", c.users)
 	}
-	if c.userPrefix == "" || !catalog.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
-		return fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, catalog.IDRule)
+	if c.userPrefix == "" || !rain.ValidID(c.userPrefix+strconv.FormatInt(c.users-1, 10)) {
+		return fmt.Errorf("-user-prefix %q with -users %d: user ids must be %s", c.userPrefix, c.users, rain.IDRule)
 	}
 	if !(c.repeat >= 0 && c.repeat <= 1) {
 		return fmt.Errorf("-repeat %v: want a share in [0, 1]", c.repeat)

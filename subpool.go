@@ -1,6 +1,8 @@
-package lua
+package rain
 
-// This file is the key schema: every key of a sub-pool, built in one place.
+// This file is a sub-pool's name and where its data lives: its hash tag and
+// its keys, built in one place. Key names are data: a live pool's keys are
+// found by these exact names, so a name here never changes (see Keys).
 
 import (
 	"strconv"
@@ -14,6 +16,12 @@ type SubPool struct {
 	Pool  string
 	Index int
 	Salt  string // digits, or "" (every sub-pool not on a cluster)
+}
+
+// SubPoolRef names a sub-pool and the shard that holds it.
+type SubPoolRef struct {
+	SubPool
+	Shard string
 }
 
 // Keys are the Redis keys of one sub-pool. A close frees them all
@@ -77,6 +85,12 @@ func (k Keys) All() []string {
 // ok is false for any other key.
 func ParseOutbox(key string) (sp SubPool, ok bool) {
 	return parseKey(key, "}:outbox", func(k Keys) string { return k.Outbox })
+}
+
+// ParseMeta is the sub-pool whose meta key is key (as Keys builds it); ok
+// is false for any other key.
+func ParseMeta(key string) (sp SubPool, ok bool) {
+	return parseKey(key, "}:meta", func(k Keys) string { return k.Meta })
 }
 
 // parseKey returns the sub-pool whose key (the one that key of Keys picks,

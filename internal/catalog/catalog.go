@@ -59,8 +59,10 @@ type Catalog struct {
 	lease  time.Duration // Config.SealLease
 	log    *slog.Logger
 
-	mu      sync.RWMutex          // guards records, lives and onOpen
+	mu      sync.RWMutex          // guards records, closed, lives and onOpen
 	records map[string]*rain.Pool // records of open and closed pools, read once: see Cached
+	closed  int                   // the closed ones among them, at most closedKept
+	kept    int                   // closedKept; tests set fewer
 	lives   map[string]string     // each shard's life counter as the last registry read saw it
 	regs    map[string][]string   // each shard's registry as last read (ReadList, ReadListInTurn)
 	turn    int                   // the shard ReadListInTurn reads next
@@ -90,7 +92,7 @@ func (c *Config) init() {
 func New(shards *shard.Set, cfg Config) *Catalog {
 	cfg.init()
 	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]*rain.Pool{}, lives: map[string]string{}, regs: map[string][]string{}}
+		records: map[string]*rain.Pool{}, kept: closedKept, lives: map[string]string{}, regs: map[string][]string{}}
 }
 
 // listedEvery is how long a registry read serves CachedList.

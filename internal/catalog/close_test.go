@@ -3,6 +3,7 @@ package catalog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -270,5 +271,42 @@ func TestAnotherProcessSeesTheClose(t *testing.T) {
 	}
 	if p, err := other.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
 		t.Fatalf("Cached after the next registry read = %+v, %v; want closed", p, err)
+	}
+}
+
+// TestClosedRecordsKeptAreBounded: a process keeps at most so many closed
+// pools' records in memory (a season's would stay for its life otherwise);
+// one that left is read again, still closed, with its account.
+func TestClosedRecordsKeptAreBounded(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	e.cat.kept = 2
+	for i := range 4 {
+		spec := rain.Spec{PoolID: fmt.Sprintf("night-%d", i), TotalCents: 2_000, Count: 20, SubPools: 2}
+		e.endedAndSettled(t, spec)
+		if _, err := e.cat.Close(ctx, spec.PoolID); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := e.cat.Cached(ctx, spec.PoolID); err != nil || p.State != rain.Closed {
+			t.Fatalf("Cached(%s) = %+v, %v; want closed", spec.PoolID, p, err)
+		}
+	}
+	e.cat.mu.RLock()
+	closed := 0
+	for _, p := range e.cat.records {
+		if p.State == rain.Closed {
+			closed++
+		}
+	}
+	counted := e.cat.closed
+	e.cat.mu.RUnlock()
+	if closed != 2 || counted != 2 {
+		t.Fatalf("%d closed records kept (%d counted); want 2", closed, counted)
+	}
+	for i := range 4 {
+		p, err := e.cat.Cached(ctx, fmt.Sprintf("night-%d", i))
+		if err != nil || p.State != rain.Closed || p.Account == nil || p.Account.PreloadedCents != 2_000 {
+			t.Fatalf("Cached(night-%d) = %+v, %v; want closed with its account", i, p, err)
+		}
 	}
 }

@@ -43,10 +43,42 @@ func (c *Catalog) Cached(ctx context.Context, id string) (*rain.Pool, error) {
 	}
 	if p.State == rain.Open || p.State == rain.Closed {
 		c.mu.Lock()
-		c.records[id] = p
+		c.keep(id, p)
 		c.mu.Unlock()
 	}
 	return p, nil
+}
+
+// closedKept bounds the closed pools' records kept in memory: a season's
+// closed pools would otherwise stay for the life of the process. One that
+// left is read again when asked for (its record stays on the shards).
+const closedKept = 1024
+
+// keep keeps p, id's record, in memory; past c.kept closed records, another
+// closed one leaves. c.mu is held.
+func (c *Catalog) keep(id string, p *rain.Pool) {
+	c.drop(id)
+	c.records[id] = p
+	if p.State != rain.Closed {
+		return
+	}
+	c.closed++
+	for other, q := range c.records {
+		if c.closed <= c.kept {
+			break
+		}
+		if other != id && q.State == rain.Closed {
+			c.drop(other)
+		}
+	}
+}
+
+// drop forgets id's record. c.mu is held.
+func (c *Catalog) drop(id string) {
+	if p := c.records[id]; p != nil && p.State == rain.Closed {
+		c.closed--
+	}
+	delete(c.records, id)
 }
 
 // Forget drops what the catalogue keeps in memory of the pool: its life
@@ -54,7 +86,7 @@ func (c *Catalog) Cached(ctx context.Context, id string) (*rain.Pool, error) {
 func (c *Catalog) Forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.records, id)
+	c.drop(id)
 }
 
 // lifeKey counts, on every shard, the times a pool's life moved on there
@@ -80,7 +112,7 @@ func (c *Catalog) forgetOpen() {
 	defer c.mu.Unlock()
 	for id, p := range c.records {
 		if p.State == rain.Open {
-			delete(c.records, id)
+			c.drop(id)
 		}
 	}
 }

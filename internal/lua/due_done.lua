@@ -25,7 +25,7 @@ local cur = redis.call('HGET', gen, m) or '0'
 if cur ~= seen then
   return 0
 end
-local last = tonumber(string.match(cur, ':(%d+)$')) or 0
+local last = tonumber((string.match(cur, ':(%d+)$'))) or 0
 if now - last < quiet then
   redis.call('ZADD', at, 'XX', last + quiet, m)
   return 2

@@ -20,7 +20,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local first = now + tonumber(ARGV[1])
 for i = 2, #ARGV do
   redis.call('ZADD', at, 'NX', first, ARGV[i])
-  local marks = tonumber(string.match(redis.call('HGET', gen, ARGV[i]) or '', '^(%d+)')) or 0
+  local marks = tonumber((string.match(redis.call('HGET', gen, ARGV[i]) or '', '^(%d+)'))) or 0
   redis.call('HSET', gen, ARGV[i], (marks + 1) .. ':' .. now)
 end
 return #ARGV - 1

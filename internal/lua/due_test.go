@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"rain"
@@ -15,9 +16,26 @@ import (
 // nothing to do drops it only if nobody marked it since it read it, nor
 // within DueQuiet before (then it is looked at again once that has
 // passed).
+//
+// On a redis-server and on the try-it mode's embedded shards (miniredis,
+// whose Lua returns no value, not nil, from a string.match that finds
+// nothing).
 func TestDueIndex(t *testing.T) {
+	t.Run("redis-server", func(t *testing.T) { testDueIndex(t, newClient(t)) })
+	t.Run("embedded", func(t *testing.T) { testDueIndex(t, embeddedClient(t)) })
+}
+
+// embeddedClient is a client of an embedded shard, as rain serve's try-it
+// mode starts them.
+func embeddedClient(t *testing.T) *redis.Client {
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func testDueIndex(t *testing.T, c *redis.Client) {
 	ctx := context.Background()
-	c := newClient(t)
 	a, b := rain.SubPool{Pool: "p", Index: 0}.Keys().Meta, rain.SubPool{Pool: "p", Index: 1, Salt: "7"}.Keys().Meta
 	if err := MarkDue(ctx, c, time.Hour, []string{a}); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,12 @@
 // fall back to EVAL on NOSCRIPT (go-redis Script.Run), so a restarted shard
 // with an empty script cache costs one extra round trip.
 //
+// The scripts also run on the try-it mode's embedded shards (miniredis),
+// whose Lua differs in one way that matters: a string.match that finds
+// nothing returns no value rather than nil, so its result is put in
+// parentheses (one value, nil) wherever it is passed to a function
+// (tonumber((string.match(...)))); TestDueIndex runs on both.
+//
 // Every count is an integer and every amount integer cents. Lua numbers are
 // doubles, exact to 2^53; rain caps a pool at 1e15 cents so sums stay exact.
 //

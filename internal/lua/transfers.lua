@@ -20,7 +20,7 @@ local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local dropped = 0
 local rs = redis.call('HGETALL', reserve)
 for i = 1, #rs, 2 do
-  local ts = tonumber(string.match(rs[i + 1], ':(%d+)$'))
+  local ts = tonumber((string.match(rs[i + 1], ':(%d+)$')))
   if ts == nil or now - ts >= validity then
     redis.call('HDEL', reserve, rs[i])
     dropped = dropped + 1

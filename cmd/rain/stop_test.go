@@ -101,7 +101,9 @@ func TestStopAnswersEveryRequest(t *testing.T) {
 					}
 				})
 			}
-			waittest.Until(t, 10*time.Second, "grabs flowing", func() bool { return answered.Load() > 2000 })
+			// Grabs in flight on every connection when the stop comes; a busy
+			// machine may take a while to get there.
+			waittest.Until(t, 60*time.Second, "grabs flowing", func() bool { return answered.Load() > 500 })
 			stopAt = time.Now()
 			stopped.Store(true)
 			cancel() // as SIGTERM does

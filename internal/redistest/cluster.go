@@ -245,16 +245,32 @@ func (c *Cluster) AddPrimary() *Server {
 	s := Start(c.tb, c.opts)
 	c.cli("--cluster", "add-node", s.Addr, c.Nodes[0].Addr)
 	c.Nodes = append(c.Nodes, s)
+	id := c.id(s)
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		info, err := c.client(s).ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
+		if err == nil && strings.Contains(info, "cluster_state:ok") && c.allKnow(id) {
 			return s
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	c.tb.Fatalf("redistest: %s did not join the cluster within 30s", s.Addr)
 	return nil
+}
+
+// allKnow reports whether every live node knows the node id (gossip has
+// spread it): a slot cannot be moved to a node its owner has not met.
+func (c *Cluster) allKnow(id string) bool {
+	for _, n := range c.Nodes {
+		if n.PID() == 0 {
+			continue
+		}
+		nodes, err := c.client(n).ClusterNodes(context.Background()).Result()
+		if err != nil || !strings.Contains(nodes, id) {
+			return false
+		}
+	}
+	return true
 }
 
 // Rebalance spreads the slots evenly over the primaries, the empty ones

@@ -99,7 +99,8 @@ type Config struct {
 	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
 	Timeline *dash.Timeline
 	// GrabBodyTimeout bounds the wait for a grab's body, from the end of
-	// its headers; the body is read before the grab takes a place in the
+	// its headers (on the listener: for its first byte, then for the rest
+	// from then); the body is read before the grab takes a place in the
 	// worker pool. Default DefaultGrabBodyTimeout.
 	GrabBodyTimeout time.Duration
 	// MaxConns is the most client connections the listener keeps open:

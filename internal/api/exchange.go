@@ -106,7 +106,15 @@ func (x fastExchange) body() io.Reader {
 }
 
 func (x fastExchange) setReadDeadline(t time.Time) { _ = x.ctx.SetReadDeadline(t) }
-func (x fastExchange) closeAfter()                 { x.ctx.SetConnectionClose() }
+
+// closeAfter closes the connection after the answer, lingering (see
+// clientConn).
+func (x fastExchange) closeAfter() {
+	x.ctx.SetConnectionClose()
+	if c, ok := x.ctx.Conn().(*clientConn); ok {
+		c.linger.Store(true)
+	}
+}
 
 func (x fastExchange) setHeader(name, value string) { x.ctx.Response.Header.Set(name, value) }
 

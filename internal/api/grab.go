@@ -110,6 +110,9 @@ func (s *Server) readGrab(x exchange) (grabRequest, error) {
 		x.closeAfter()
 		return req, fmt.Errorf("the body did not arrive within %v", s.cfg.GrabBodyTimeout)
 	}
+	if errors.Is(err, errBodyTooLarge) {
+		x.closeAfter() // the rest of the body is not read
+	}
 	// net/http lifts the deadline itself once the body ends, as it starts
 	// watching the connection for the client going away; the listener once
 	// the request is answered (nothing reads the connection meanwhile): a

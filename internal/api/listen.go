@@ -276,29 +276,28 @@ func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		reason = fmt.Sprintf("body is larger than %d bytes", maxAdminBody)
 	}
-	if c, ok := ctx.Conn().(*clientConn); ok {
-		if c.unanswered.Load() == 0 {
-			// Nothing came: a connection idle past its deadline is closed
-			// without an answer (one would reach a client that sent nothing,
-			// and that may send its next request meanwhile).
-			_ = c.TCPConn.Close()
-			return
-		}
-		c.linger.Store(true)
+	if c, ok := ctx.Conn().(*clientConn); ok && c.unanswered.Load() == 0 {
+		// Nothing came: a connection idle past its deadline is closed
+		// without an answer (one would reach a client that sent nothing,
+		// and that may send its next request meanwhile).
+		_ = c.TCPConn.Close()
+		return
 	}
 	s.refuseFast(ctx, code, reason)
 }
 
 // refuseFast answers code with the reason, as the server's own answers
-// are: status invalid (a 5xx: error), and the connection closed after it.
+// are: status invalid (a 5xx: error), and the connection closed after it,
+// lingering (what is left of the request may still be on its way).
 func (s *Server) refuseFast(ctx *fasthttp.RequestCtx, code int, reason string) {
 	st := "invalid"
 	if code >= 500 {
 		st = "error"
 	}
 	ctx.Response.Reset()
-	ctx.SetConnectionClose()
-	replyJSON(fastExchange{ctx}, code, map[string]string{"status": st, "error": reason})
+	x := fastExchange{ctx}
+	x.closeAfter()
+	replyJSON(x, code, map[string]string{"status": st, "error": reason})
 }
 
 // recovering answers 500 (JSON) for a handler that panics, as net/http
@@ -333,11 +332,12 @@ func (l lingering) Accept() (net.Conn, error) {
 // a request has begun on it since its last answer (the server's error
 // handler answers a request cut short, and closes a connection that only
 // idled past its deadline without a word, as net/http does), and lingers
-// before it closes when the server refused its request (see lingerClose).
+// before it closes when an answer closed it, the request perhaps not read
+// to its end (see lingerClose).
 type clientConn struct {
 	*net.TCPConn
 	unanswered atomic.Int64 // bytes read since the last write
-	linger     atomic.Bool  // set by the server's error handler
+	linger     atomic.Bool  // set when the server closes it after an answer (closeAfter)
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"rain/internal/redistest"
 )
@@ -47,5 +49,40 @@ func TestOperatorBodies(t *testing.T) {
 	}
 	if r := s.do(t, "GET", "/admin/pools/big", token, ""); r.Code != 404 {
 		t.Fatalf("GET /admin/pools/big after the refusals = %d %v, want 404", r.Code, r.Body)
+	}
+}
+
+// TestIdleAndCutShort: a connection that sends nothing before the header
+// deadline is closed without a word (an answer would reach a client that
+// asked nothing, as an unsolicited response on its idle connection); one
+// that sends part of a request and stops is answered 400, JSON, saying it
+// did not arrive in time, and closed.
+func TestIdleAndCutShort(t *testing.T) {
+	s := newStack(t, 1, redistest.Options{})
+	dial := func(send string) <-chan string {
+		t.Helper()
+		c, err := net.Dial("tcp", s.api.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, send); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 1)
+		go func() {
+			_ = c.SetReadDeadline(time.Now().Add(3 * ReadHeaderTimeout))
+			b, err := io.ReadAll(c)
+			got <- fmt.Sprintf("%q %v", b, err)
+		}()
+		return got
+	}
+	idle, cut := dial(""), dial("GET /livez HTTP/1.1\r\nHost: x\r\n")
+	if a := <-idle; a != `"" <nil>` {
+		t.Errorf("an idle connection got %s, want closed without an answer", a)
+	}
+	if a := <-cut; !strings.Contains(a, "400 Bad Request") || !strings.Contains(a, `\"status\":\"invalid\"`) ||
+		!strings.Contains(a, "did not arrive in time") {
+		t.Errorf("a request cut short got %s, want 400 invalid saying it did not arrive in time", a)
 	}
 }

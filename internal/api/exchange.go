@@ -21,10 +21,11 @@ type exchange interface {
 	// one (a header a chain of proxies appends to).
 	header(name string) string
 	lastHeader(name string) string
-	// context is the grab's: on net/http it ends when the client goes
-	// away; on the listener it never ends (nothing watches the connection
-	// while a grab runs: a grab whose client left is run and answered,
-	// and the client gets its grant back by retrying, already_granted).
+	// context is the grab's: it ends once the grab is answered, and on
+	// net/http when the client goes away too (on the listener nothing
+	// watches the connection while a grab runs: a grab whose client left
+	// is run and answered, and the client gets its grant back by
+	// retrying, already_granted).
 	context() context.Context
 	// remoteAddr is the peer's address, host:port.
 	remoteAddr() string
@@ -81,7 +82,10 @@ func (x httpExchange) reply(code int, b []byte) {
 // fastExchange is a grab on the listener. Its body is streamed (see
 // Server.headerReceived): the grab is called once the body's first byte
 // is in, and reads the rest under its own deadline.
-type fastExchange struct{ ctx *fasthttp.RequestCtx }
+type fastExchange struct {
+	ctx  *fasthttp.RequestCtx
+	grab context.Context // ends once the grab is answered
+}
 
 func (x fastExchange) header(name string) string {
 	return string(x.ctx.Request.Header.Peek(name))
@@ -95,8 +99,8 @@ func (x fastExchange) lastHeader(name string) string {
 	return string(v[len(v)-1])
 }
 
-func (fastExchange) context() context.Context { return context.Background() }
-func (x fastExchange) remoteAddr() string     { return x.ctx.RemoteAddr().String() }
+func (x fastExchange) context() context.Context { return x.grab }
+func (x fastExchange) remoteAddr() string       { return x.ctx.RemoteAddr().String() }
 
 func (x fastExchange) body() io.Reader {
 	if s := x.ctx.RequestBodyStream(); s != nil {

@@ -74,7 +74,7 @@ func (s *Server) Listen(addr string) error {
 	}
 	l := &listener{ln: &stoppable{TCPListener: tcp.(*net.TCPListener)}, conns: newConnGuard(s.cfg.MaxConns),
 		served: make(chan struct{})}
-	l.adapted = fasthttpadaptor.NewFastHTTPHandler(recovering(s, s.cfg.Logger))
+	l.adapted = fasthttpadaptor.NewFastHTTPHandler(adapted(s, s.cfg.Logger))
 	l.srv = &fasthttp.Server{
 		Handler:        s.serveFast,
 		ErrorHandler:   s.refuseRequest,
@@ -242,7 +242,9 @@ func (s *Server) fastGrab(ctx *fasthttp.RequestCtx) {
 		ctx.SetConnectionClose() // see Drain
 	}
 	start := time.Now()
-	s.serveGrab(fastExchange{ctx})
+	gctx, cancel := context.WithCancel(context.Background())
+	s.serveGrab(fastExchange{ctx, gctx})
+	cancel()
 	if s.access.admit(start) {
 		s.cfg.Logger.Info("http", "request_id", id, "method", "POST", "path", "/grab",
 			"status", ctx.Response.StatusCode(), "duration_ms", float64(time.Since(start).Microseconds())/1000,
@@ -295,15 +297,21 @@ func (s *Server) refuseFast(ctx *fasthttp.RequestCtx, code int, reason string) {
 		st = "error"
 	}
 	ctx.Response.Reset()
-	x := fastExchange{ctx}
+	x := fastExchange{ctx: ctx}
 	x.closeAfter()
 	replyJSON(x, code, map[string]string{"status": st, "error": reason})
 }
 
-// recovering answers 500 (JSON) for a handler that panics, as net/http
-// does for its own handlers (the adaptor would take the process down).
-func recovering(h http.Handler, log *slog.Logger) http.Handler {
+// adapted is h as the adaptor runs it, as net/http would: its request's
+// context ends once the handler returns (the adaptor's would last until
+// the listener shuts down, and so would whatever a handler started with
+// it), and a handler that panics is answered 500, JSON (the adaptor would
+// take the process down).
+func adapted(h http.Handler, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		r = r.WithContext(ctx)
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {

@@ -1498,26 +1498,28 @@ budget_claims() {
 #   syscalls            down to the syscall
 #   go-redis encode/    the rest of go-redis (commands, RESP, the pool of
 #   decode              connections), and internal/lua's arguments and replies
-#   HTTP write          the answer's header and body through net/http, down to
-#                       the write syscall
+#   HTTP write          the answer's header and body through the HTTP server
+#                       (net/http, or the API listener's fasthttp), down to the
+#                       write syscall
 #   HTTP read and parse the request's read syscall, its parse, the body's read
 #   grab logic          internal/grab (the grab, the lane), serials, catalogue
 #   admission           internal/pool and ants
 #   route + handler     internal/api (decode, validate, answer), the metrics,
 #                       the access log, rain's connection hooks (cmd/rain)
-#   net/http, the rest  what else net/http does per request (connection state,
-#                       contexts, deadlines)
+#   the HTTP server,    what else the server does per request (connection state,
+#   the rest            contexts, deadlines; net/http's adaptor for the routes
+#                       other than POST /grab)
 budget_categories=(
   'gc ;; GC ;; runtime\.(gcBgMarkWorker|gcAssistAlloc|bgsweep|bgscavenge|gcStart|gcMarkDone|gcMarkTermination|markroot|gcDrain|sweepone|forEachP)\n ;; '
   'handoffs ;; hand-offs and wake-ups ;; runtime\.(mcall|park_m|schedule|findRunnable|goready|ready|wakep|startm|stopm|notewakeup|notesleep|futexsleep|futexwakeup|gopark|goparkunlock|netpoll|netpollblock|injectglist|stealWork|handoffp|chansend|chanrecv|selectgo|semacquire1|semrelease1|notifyListWait|notifyListNotifyOne|notifyListNotifyAll|gosched_m|goschedIfBusy|newproc|goexit0|usleep|osyield)\n|sync\.\(\*Cond\)|sync\.\(\*Mutex\)\.(lockSlow|unlockSlow)\n ;; '
   'pipeline ;; the pipeline'"'"'s syscalls ;; github\.com/redis/go-redis ;; (^|\n)(syscall|internal/poll)\.'
   'goredis ;; go-redis encode/decode ;; github\.com/redis/go-redis|rain/internal/lua\. ;; '
-  'write ;; HTTP write ;; net/http\.\(\*response\)\.(finishRequest|Write|WriteHeader|write|WriteString)\n|net/http\.\(\*chunkWriter\)|net/http\.checkConnErrorWriter|net/http\.\(\*conn\)\.finalFlush ;; '
-  'read ;; HTTP read and parse ;; net/http\.(\(\*conn\)\.readRequest|readRequest|\(\*connReader\)|\(\*body\)|\(\*maxBytesReader\)|\(\*expectContinueReader\)|readTransfer|\(\*transferReader\))|net/textproto\. ;; '
+  'write ;; HTTP write ;; net/http\.\(\*response\)\.(finishRequest|Write|WriteHeader|write|WriteString)\n|net/http\.\(\*chunkWriter\)|net/http\.checkConnErrorWriter|net/http\.\(\*conn\)\.finalFlush|github\.com/valyala/fasthttp\.(writeResponse|\(\*Response\)\.Write|\(\*ResponseHeader\))|bufio\.\(\*Writer\)\.Flush\ngithub\.com/valyala/fasthttp\.|rain/internal/api\.\(\*clientConn\)\.Write\n ;; '
+  'read ;; HTTP read and parse ;; net/http\.(\(\*conn\)\.readRequest|readRequest|\(\*connReader\)|\(\*body\)|\(\*maxBytesReader\)|\(\*expectContinueReader\)|readTransfer|\(\*transferReader\))|net/textproto\.|github\.com/valyala/fasthttp\.(\(\*RequestHeader\)\.(Read|readLoop|tryRead|parse)|\(\*Request\)\.(readBodyStream|ContinueReadBodyStream|readLimitBody|ContinueReadBody|ReadBody)|readBodyWithStreaming|appendBodyFixedSize|\(\*requestStream\))|bufio\.\(\*Reader\)\.Peek\ngithub\.com/valyala/fasthttp\.|rain/internal/api\.\(\*clientConn\)\.Read\n ;; '
   'grab ;; grab logic ;; rain/internal/(grab|idgen|catalog|soldout|known|shard|events)\. ;; '
   'admission ;; admission (worker pool) ;; rain/internal/pool\.|github\.com/panjf2000/ants ;; '
   'handler ;; route + handler ;; rain/internal/(api|metrics|auth|limit|dash)\.|github\.com/prometheus|(^|\n)main\.|encoding/json|log/slog ;; '
-  'http ;; net/http, the rest ;; net/http\. ;; '
+  'http ;; the HTTP server, the rest ;; net/http\.|github\.com/valyala/fasthttp ;; '
 )
 
 # redis_categories: the rows of a Redis shard's CPU, classified as

@@ -14,17 +14,13 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"rain/internal/api"
 )
 
-// Limits of every HTTP server of rain's: a request's headers within
-// readHeaderTimeout and at most maxHeaderBytes (more is answered 431,
-// JSON), the whole request within readTimeout, its answer within the
-// server's write timeout.
+// The side listeners take the limits of the API's (api.MaxHeaderBytes and
+// the timeouts beside it).
 const (
-	maxHeaderBytes    = 16 << 10
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = 30 * time.Second
 	// debugWriteTimeout is the pprof listener's: a CPU profile or a
 	// trace takes as long as it is asked to (30 s by default), and pprof
 	// refuses one that would outlast the write timeout.
@@ -39,9 +35,9 @@ const (
 func newHTTPServer(h http.Handler, write, idle time.Duration, log *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
+		MaxHeaderBytes:    api.MaxHeaderBytes,
+		ReadHeaderTimeout: api.ReadHeaderTimeout,
+		ReadTimeout:       api.ReadTimeout,
 		WriteTimeout:      write,
 		IdleTimeout:       idle,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -52,14 +48,14 @@ func newHTTPServer(h http.Handler, write, idle time.Duration, log *slog.Logger) 
 func (s *server) listenApart() error {
 	c := s.cfg
 	if c.AdminListen != "" {
-		if err := s.apartOn("admin-listen", c.AdminListen, s.in.API.Admin(), writeTimeout); err != nil {
+		if err := s.apartOn("admin-listen", c.AdminListen, s.in.API.Admin(), api.WriteTimeout); err != nil {
 			return err
 		}
 	}
 	if c.MetricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", s.in.Metrics.Handler())
-		if err := s.apartOn("metrics-listen", c.MetricsListen, mux, writeTimeout); err != nil {
+		if err := s.apartOn("metrics-listen", c.MetricsListen, mux, api.WriteTimeout); err != nil {
 			return err
 		}
 	}

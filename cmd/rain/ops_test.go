@@ -420,52 +420,6 @@ func TestMetricsListenApart(t *testing.T) {
 	}
 }
 
-// TestJSONErrorConnHalfCloses: the listener wrapper keeps the TCP
-// connection's CloseWrite, which net/http uses to half-close before it
-// closes on a request it refused (the client sees the answer end while it
-// may still be sending).
-func TestJSONErrorConnHalfCloses(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	wrapped := jsonErrors{ln}
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := wrapped.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	cw, ok := server.(interface{ CloseWrite() error })
-	if !ok {
-		t.Fatal("the wrapped connection has no CloseWrite: net/http closes refused connections outright")
-	}
-	if _, err := server.Write([]byte("answer")); err != nil {
-		t.Fatal(err)
-	}
-	if err := cw.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	_ = client.SetDeadline(time.Now().Add(5 * time.Second))
-	got, err := io.ReadAll(client) // ends at the half-close
-	if err != nil || string(got) != "answer" {
-		t.Fatalf("client read %q, %v; want the answer, then EOF", got, err)
-	}
-	if _, err := client.Write([]byte("more")); err != nil { // the other half is open
-		t.Fatalf("client write after the half-close: %v", err)
-	}
-	buf := make([]byte, 4)
-	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(server, buf); err != nil || string(buf) != "more" {
-		t.Fatalf("server read %q, %v after its half-close; want more", buf, err)
-	}
-}
-
 // TestMetricsWithAFrozenShard: a scrape of /metrics answers within the
 // stock's budget while a shard that holds a live sub-pool is frozen
 // (SIGSTOP), although a call to that shard may take --shard-timeout (3 s

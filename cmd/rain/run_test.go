@@ -26,7 +26,11 @@ import (
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(cleanup{m}, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+	goleak.VerifyTestMain(cleanup{m}, goleak.IgnoreCurrent(), redistest.IgnoreProbe(),
+		// fasthttp's clock of the Date header runs for the process; a
+		// server's idle-worker sweeper ends within 10 s of its shutdown.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
 }
 
 // cleanup removes what the tests left for the whole run (the rain binary

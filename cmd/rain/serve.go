@@ -8,11 +8,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"runtime/debug"
 	"time"
 
@@ -30,15 +28,6 @@ import (
 // load balancer's readiness probes.
 const defaultDrainDelay = 5 * time.Second
 
-// stopLinger is how long the listener stays open after grabs are answered
-// 503 (Retry-After: 1) at shutdown: under the Retry-After, so a client
-// told to come back later does not come back to a closing listener.
-const stopLinger = 300 * time.Millisecond
-
-// idleGrace is how long a connection must have been idle before shutdown
-// closes it (see connGuard.drain).
-const idleGrace = 500 * time.Millisecond
-
 // defaultGCPercent is the GC target of `rain serve` unless GOGC is set.
 const defaultGCPercent = 400
 
@@ -47,9 +36,6 @@ type server struct {
 	cfg   *serveConfig
 	log   *slog.Logger
 	in    *instance.Instance
-	ln    *stoppable
-	http  *http.Server
-	conns *connGuard
 	apart []func() // stop the side listeners (--admin-listen, --metrics-listen, --debug-listen)
 	// warnings are what an operator must not miss, logged at start and
 	// given to /readyz's admin answer.
@@ -133,7 +119,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	warnReadable(log, "--admin-token-file", c.AdminTokenFile)
 	reloads := []reloader{{"admin tokens", admins.Reload}}
 	acfg := api.Config{Admins: admins, AccessLog: c.AccessLog, ClientIPHeader: c.ClientIPHeader, MetricsOff: c.MetricsListen != "",
-		AdminOff: c.AdminListen != ""}
+		AdminOff: c.AdminListen != "", MaxConns: c.MaxConns, IdleTimeout: c.IdleTimeout}
 	userReloads, err := s.userAuth(&acfg)
 	if err != nil {
 		return instance.Config{}, err
@@ -213,39 +199,22 @@ func (s *server) checkTokens() error {
 
 // listen opens the API's listener and the side listeners.
 func (s *server) listen() error {
-	c := s.cfg
-	tcp, err := net.Listen("tcp", c.Listen)
-	if err != nil {
+	if err := s.in.API.Listen(s.cfg.Listen); err != nil {
 		return err
 	}
-	s.ln = &stoppable{TCPListener: tcp.(*net.TCPListener)}
-	if c.MaxConns <= 0 {
-		c.MaxConns = defaultMaxConns()
-	}
-	s.conns = newConnGuard(c.MaxConns)
-	s.in.Metrics.Connections(s.conns.stats)
-	s.http = newHTTPServer(s.in.API, writeTimeout, c.IdleTimeout, s.log)
-	s.http.ConnState = s.conns.state
+	s.in.Metrics.Connections(s.in.API.Connections)
 	return s.listenApart()
 }
 
 // run serves until ctx ends (SIGTERM) or serving fails, then shuts down.
 func (s *server) run(ctx context.Context) error {
 	s.in.Start()
-	s.log.Info("serving", "addr", s.ln.Addr().String(), "shards", len(s.in.Shards.Names()))
+	s.log.Info("serving", "addr", s.in.API.Addr().String(), "shards", len(s.in.Shards.Names()))
 	g, gctx := errgroup.WithContext(ctx)
-	served := make(chan struct{})
-	g.Go(func() error {
-		defer close(served)
-		err := s.http.Serve(jsonErrors{s.ln})
-		if errors.Is(err, http.ErrServerClosed) || s.ln.stopping.Load() && errors.Is(err, net.ErrClosed) {
-			return nil
-		}
-		return fmt.Errorf("serve: %w", err)
-	})
+	g.Go(s.in.API.Serve)
 	g.Go(func() error {
 		<-gctx.Done()
-		return s.shutdown(ctx.Err() != nil, served)
+		return s.shutdown(ctx.Err() != nil)
 	})
 	err := g.Wait()
 	if err == nil {
@@ -260,13 +229,13 @@ func (s *server) run(ctx context.Context) error {
 //  1. readiness says 503 and every answer closes its connection; requests
 //     are served as usual for the drain delay (on SIGTERM), so load
 //     balancers stop sending and keep-alive clients reconnect elsewhere;
-//  2. grabs are answered 503 with Retry-After before any work, for
-//     stopLinger, so that clients still coming are told to go elsewhere;
+//  2. grabs are answered 503 with Retry-After before any work, for a
+//     moment, so that clients still coming are told to go elsewhere;
 //  3. the listener closes, after taking what waits in its backlog; every
-//     open connection is answered and closed after its answer, or once idle
-//     for idleGrace (never the moment it turns idle, which would race a
-//     request on the wire); the HTTP server shuts down: every in-flight
-//     grab finishes (each is one atomic script: none is left half done);
+//     open connection is answered and closed after its answer, or once
+//     idle a moment; every in-flight grab finishes (each is one atomic
+//     script: none is left half done). Steps 2 and 3 are the API's
+//     Shutdown, which says how long each moment is;
 //  4. the side listeners close;
 //  5. the instance closes: the worker pool drains, the background work
 //     stops (the reaper releases its lock), the claim lanes, the serial
@@ -275,7 +244,7 @@ func (s *server) run(ctx context.Context) error {
 //     embedded run's ledger, embedded shards.
 //
 // Steps 3 to 5 share --shutdown-timeout.
-func (s *server) shutdown(signalled bool, served <-chan struct{}) error {
+func (s *server) shutdown(signalled bool) error {
 	c := s.cfg
 	s.in.API.Drain()
 	if c.drainDelay > 0 && signalled {
@@ -284,19 +253,9 @@ func (s *server) shutdown(signalled bool, served <-chan struct{}) error {
 	}
 	s.log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	deadline := time.Now().Add(c.ShutdownTimeout)
-	s.in.API.Stop()
-	time.Sleep(min(stopLinger, c.ShutdownTimeout))
-	s.ln.Stop()
-	select {
-	case <-served: // the backlog taken, the listener closed
-	case <-time.After(time.Until(deadline)):
-	}
-	if !s.conns.drain(deadline, idleGrace) {
-		s.log.Warn("connections still open at the shutdown timeout", "open", s.conns.openNow())
-	}
 	sctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	errs := []error{s.http.Shutdown(sctx)}
+	errs := []error{s.in.API.Shutdown(sctx)}
 	for _, stop := range s.apart {
 		stop()
 	}
@@ -309,8 +268,10 @@ func (s *server) shutdown(signalled bool, served <-chan struct{}) error {
 
 // undo releases what newServer set up when it fails midway.
 func (s *server) undo() {
-	if s.ln != nil {
-		_ = s.ln.Close()
+	if s.in != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // nothing was served: close the listener at once
+		_ = s.in.API.Shutdown(ctx)
 	}
 	for _, stop := range s.apart {
 		stop()

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"rain/internal/api"
 	"rain/internal/auth"
 	"rain/internal/ledger"
 	"rain/internal/metrics"
@@ -202,5 +203,5 @@ func serveHealth(addr string, reg *metrics.Registry, log *slog.Logger) (stop fun
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", reg.Handler())
-	return serveOn(ln, newHTTPServer(mux, writeTimeout, healthIdleTimeout, log)), nil
+	return serveOn(ln, newHTTPServer(mux, api.WriteTimeout, healthIdleTimeout, log)), nil
 }

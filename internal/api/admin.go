@@ -95,7 +95,7 @@ const (
 // against the client, and in rain_admin_auth_failures_total.
 func (s *Server) adminAuth(r *http.Request) (ok bool, wait time.Duration) {
 	now := time.Now()
-	client := s.clientIP(r)
+	client := s.clientIP(httpExchange{r: r})
 	if free, wait := s.adminFails.Peek(client, now); !free {
 		s.adminRefused[failThrottled].Add(1)
 		return false, wait

@@ -99,9 +99,17 @@ type Config struct {
 	// Timeline is the dashboard's (GET /admin/stats); nil: no points.
 	Timeline *dash.Timeline
 	// GrabBodyTimeout bounds the wait for a grab's body, from the end of
-	// its headers; the body is read before the grab takes a place in the
+	// its headers (on the listener: for its first byte, then for the rest
+	// from then); the body is read before the grab takes a place in the
 	// worker pool. Default DefaultGrabBodyTimeout.
 	GrabBodyTimeout time.Duration
+	// MaxConns is the most client connections the listener keeps open:
+	// past it the connection idle the longest is closed (Listen). Default
+	// DefaultMaxConns().
+	MaxConns int
+	// IdleTimeout is how long the listener keeps a keep-alive connection
+	// idle. Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
 	// AccessLog is how many requests a second are logged, at most (one
 	// line each, with its X-Request-Id); the rest are not. 0: none.
 	AccessLog int
@@ -114,9 +122,11 @@ type Config struct {
 // poor mobile link, and no more.
 const DefaultGrabBodyTimeout = 2 * time.Second
 
-// Server serves rain's HTTP API. It is an http.Handler.
+// Server serves rain's HTTP API: on a listener of its own (Listen, Serve,
+// Shutdown), and as an http.Handler (for rain serve's side listeners).
 type Server struct {
 	cfg      Config
+	listener *listener // Listen's
 	mux      *http.ServeMux
 	grabs    *metrics.Grabs
 	ids      *requestIDs
@@ -139,6 +149,12 @@ const (
 func (c *Config) init() {
 	if c.GrabBodyTimeout <= 0 {
 		c.GrabBodyTimeout = DefaultGrabBodyTimeout
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns()
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.Metrics == nil {
 		c.Metrics = metrics.New(metrics.Build{Version: "devel"})

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
@@ -32,7 +31,11 @@ import (
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe(),
+		// fasthttp's clock of the Date header runs for the process; a
+		// server's idle-worker sweeper ends within 10 s of its shutdown.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
 }
 
 const token = "test-token"
@@ -44,7 +47,7 @@ type stack struct {
 	svc     *grab.Service
 	cat     *catalog.Catalog
 	api     *Server
-	ts      *httptest.Server
+	url     string // the listener's, http://127.0.0.1:port
 	client  *http.Client
 }
 
@@ -70,11 +73,32 @@ func newStack(t testing.TB, n int, opts redistest.Options, tweak ...func(*Config
 		f(&cfg)
 	}
 	a := New(cfg)
-	ts := httptest.NewServer(a)
-	t.Cleanup(ts.Close)
+	url := serve(t, a)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
-	return &stack{servers: servers, shards: set, svc: svc, cat: e.Catalog, api: a, ts: ts, client: client}
+	return &stack{servers: servers, shards: set, svc: svc, cat: e.Catalog, api: a, url: url, client: client}
+}
+
+// serve starts a's listener on a free port, as rain serve does, and shuts
+// it down when the test ends; it returns the listener's URL.
+func serve(t testing.TB, a *Server) string {
+	t.Helper()
+	if err := a.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- a.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := a.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return "http://" + a.Addr().String()
 }
 
 // response is a decoded answer.
@@ -86,7 +110,7 @@ type response struct {
 
 func (s *stack) do(t testing.TB, method, path, auth, body string) response {
 	t.Helper()
-	req, err := http.NewRequest(method, s.ts.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +448,7 @@ func TestMetricsFormat(t *testing.T) {
 // by name{label="value",...} (labels sorted by name).
 func (s *stack) scrape(t *testing.T) map[string]float64 {
 	t.Helper()
-	r, err := s.client.Get(s.ts.URL + "/metrics")
+	r, err := s.client.Get(s.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ import (
 // grabAs posts a grab with the given Authorization header.
 func (s *stack) grabAs(t *testing.T, authorization, body string) response {
 	t.Helper()
-	req, _ := http.NewRequest("POST", s.ts.URL+"/grab", strings.NewReader(body))
+	req, _ := http.NewRequest("POST", s.url+"/grab", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if authorization != "" {
 		req.Header.Set("Authorization", authorization)
@@ -268,7 +268,7 @@ func TestUnauthorizedBeforeAdmission(t *testing.T) {
 // answer, which must come within 5 s.
 func (s *stack) withheldBody(t *testing.T, header string) int {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.ts.URL, "http://"))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}

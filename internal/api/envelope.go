@@ -40,16 +40,24 @@ const maxRequestID = 128
 // requestID returns the request's X-Request-Id when it is a sane one
 // (printable ASCII, at most maxRequestID bytes), else a new id.
 func (s *Server) requestID(r *http.Request) string {
-	if v := r.Header["X-Request-Id"]; len(v) == 1 && len(v[0]) > 0 && len(v[0]) <= maxRequestID {
-		ok := true
-		for i := 0; i < len(v[0]) && ok; i++ {
-			ok = v[0][i] > ' ' && v[0][i] < 0x7f
-		}
-		if ok {
-			return v[0]
-		}
+	if v := r.Header["X-Request-Id"]; len(v) == 1 && saneRequestID(v[0]) {
+		return v[0]
 	}
 	return s.ids.next()
+}
+
+// saneRequestID says whether a request id from a request can be used:
+// printable ASCII, at most maxRequestID bytes.
+func saneRequestID[T string | []byte](id T) bool {
+	if len(id) == 0 || len(id) > maxRequestID {
+		return false
+	}
+	for i := range len(id) {
+		if id[i] <= ' ' || id[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // accessSampler admits at most perSecond access log lines a second: every

@@ -24,18 +24,23 @@ import (
 var errStopping = errors.New("api: stopping")
 
 func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
+	s.serveGrab(httpExchange{w, r})
+}
+
+// serveGrab answers one grab, on whichever server carries it.
+func (s *Server) serveGrab(x exchange) {
 	start := time.Now()
 	if s.stopping.Load() {
-		bodyUnread(w)
-		s.answer(w, start, grabRequest{}, grab.Result{}, errStopping)
+		bodyUnread(x)
+		s.answer(x, start, grabRequest{}, grab.Result{}, errStopping)
 		return
 	}
 	// The client's rate first: a flood from one address costs a map lookup
 	// and a short answer, and takes no place in the worker pool.
 	if s.cfg.IPLimit != nil {
-		if ok, wait := s.cfg.IPLimit.Allow(s.clientIP(r), start); !ok {
-			bodyUnread(w)
-			s.refuse(w, start, stRateLimited, grabRequest{}, "this client is over its rate of grabs", wait)
+		if ok, wait := s.cfg.IPLimit.Allow(s.clientIP(x), start); !ok {
+			bodyUnread(x)
+			s.refuse(x, start, stRateLimited, grabRequest{}, "this client is over its rate of grabs", wait)
 			return
 		}
 	}
@@ -43,18 +48,18 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	// its body is read: it costs a header lookup.
 	var authorization string
 	if s.cfg.Users != nil {
-		authorization = r.Header.Get("Authorization")
+		authorization = x.header("Authorization")
 		if _, ok := auth.BearerToken(authorization); !ok {
-			s.unauthorized(w, start, auth.ErrNoToken, `Bearer realm="rain"`) // RFC 6750: no error code when no token was sent
+			s.unauthorized(x, start, auth.ErrNoToken, `Bearer realm="rain"`) // RFC 6750: no error code when no token was sent
 			return
 		}
 	}
 	// The body is read before a place is taken, under a short deadline of
 	// its own: a client that sends its headers and holds its body back
 	// costs its own connection, never a place the other grabs need.
-	req, err := s.readGrab(w, r)
+	req, err := s.readGrab(x)
 	if err != nil {
-		s.refuse(w, start, stInvalid, req, err.Error(), 0)
+		s.refuse(x, start, stInvalid, req, err.Error(), 0)
 		return
 	}
 	// Admission: under overload a shed request costs its read and a short
@@ -62,7 +67,7 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	// held until the answer.
 	if s.cfg.Runner != nil {
 		if !s.cfg.Runner.Admit() {
-			s.answer(w, start, req, grab.Result{}, pool.ErrOverloaded)
+			s.answer(x, start, req, grab.Result{}, pool.ErrOverloaded)
 			return
 		}
 		defer s.cfg.Runner.Leave()
@@ -70,45 +75,48 @@ func (s *Server) grab(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Users != nil {
 		sub, err := s.cfg.Users.Subject(authorization)
 		if err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
-			s.refuse(w, start, stUnauthorized, grabRequest{}, err.Error(), 0)
+			x.setHeader("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
+			s.refuse(x, start, stUnauthorized, grabRequest{}, err.Error(), 0)
 			return
 		}
 		if req.UserID != "" && req.UserID != sub {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
-			s.refuse(w, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
+			x.setHeader("WWW-Authenticate", `Bearer realm="rain", error="invalid_token"`)
+			s.refuse(x, start, stUnauthorized, req, "user_id differs from the user token's subject", 0)
 			return
 		}
 		req.UserID = sub
 	}
 	if s.cfg.UserLimit != nil {
 		if ok, wait := s.cfg.UserLimit.Allow(req.UserID, start); !ok {
-			s.refuse(w, start, stRateLimited, req, "this user is over its rate of grabs", wait)
+			s.refuse(x, start, stRateLimited, req, "this user is over its rate of grabs", wait)
 			return
 		}
 	}
-	res, err := s.run(r.Context(), req)
-	s.answer(w, start, req, res, err)
+	res, err := s.run(x.context(), req)
+	s.answer(x, start, req, res, err)
 }
 
 // readGrab reads and decodes a grab's body, which must be
 // application/json, within the body timeout (Config.GrabBodyTimeout). A body that is not all there in time is an
 // invalid request, answered at once, and its connection closed.
-func (s *Server) readGrab(w http.ResponseWriter, r *http.Request) (grabRequest, error) {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		bodyUnread(w)
+func (s *Server) readGrab(x exchange) (grabRequest, error) {
+	if !isJSON(x.header("Content-Type")) {
+		bodyUnread(x)
 		return grabRequest{}, errNotJSON
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.GrabBodyTimeout))
-	req, err := decodeGrab(r.Body, s.cfg.Users != nil)
+	x.setReadDeadline(time.Now().Add(s.cfg.GrabBodyTimeout))
+	req, err := decodeGrab(x.body(), s.cfg.Users != nil)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		w.Header().Set("Connection", "close")
+		x.closeAfter()
 		return req, fmt.Errorf("the body did not arrive within %v", s.cfg.GrabBodyTimeout)
 	}
+	if errors.Is(err, errBodyTooLarge) {
+		x.closeAfter() // the rest of the body is not read
+	}
 	// net/http lifts the deadline itself once the body ends, as it starts
-	// watching the connection for the client going away: a grab that runs
-	// longer than the body timeout keeps its context.
+	// watching the connection for the client going away; the listener once
+	// the request is answered (nothing reads the connection meanwhile): a
+	// grab that runs longer than the body timeout keeps its context.
 	return req, err
 }
 
@@ -158,27 +166,27 @@ const bodyUnreadWait = 100 * time.Millisecond
 
 // bodyUnread bounds the wait for the body of a request answered without
 // reading it (see bodyUnreadWait).
-func bodyUnread(w http.ResponseWriter) {
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyUnreadWait))
+func bodyUnread(x exchange) {
+	x.setReadDeadline(time.Now().Add(bodyUnreadWait))
 }
 
 // unauthorized answers 401 with the WWW-Authenticate challenge; the body
 // has not been read, so the answer names no pool or user.
-func (s *Server) unauthorized(w http.ResponseWriter, start time.Time, err error, challenge string) {
-	bodyUnread(w)
-	w.Header().Set("WWW-Authenticate", challenge)
-	s.refuse(w, start, stUnauthorized, grabRequest{}, err.Error(), 0)
+func (s *Server) unauthorized(x exchange, start time.Time, err error, challenge string) {
+	bodyUnread(x)
+	x.setHeader("WWW-Authenticate", challenge)
+	s.refuse(x, start, stUnauthorized, grabRequest{}, err.Error(), 0)
 }
 
 // refuse answers a grab refused before any work: invalid (400),
 // unauthorized (401; the caller sets WWW-Authenticate) or rate_limited (429,
 // with Retry-After), with the reason in "error". Nothing was granted.
-func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req grabRequest, reason string, retryAfter time.Duration) {
+func (s *Server) refuse(x exchange, start time.Time, st status, req grabRequest, reason string, retryAfter time.Duration) {
 	if st == stRateLimited {
-		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))
+		x.setHeader("Retry-After", strconv.FormatInt(max(1, int64((retryAfter+time.Second-1)/time.Second)), 10))
 	}
 	s.grabs.Answered(int(st), time.Since(start))
-	writeJSON(w, st.code(), map[string]string{
+	replyJSON(x, st.code(), map[string]string{
 		"status": st.String(), "pool_id": req.PoolID, "user_id": req.UserID, "error": reason})
 }
 
@@ -186,10 +194,9 @@ func (s *Server) refuse(w http.ResponseWriter, start time.Time, st status, req g
 // trusted proxy header when one is configured and present (its last
 // address: the one the proxy saw), else the connection's peer; as
 // ipKey makes it.
-func (s *Server) clientIP(r *http.Request) string {
+func (s *Server) clientIP(x exchange) string {
 	if h := s.cfg.ClientIPHeader; h != "" {
-		if v := r.Header.Values(h); len(v) > 0 {
-			last := v[len(v)-1]
+		if last := x.lastHeader(h); last != "" {
 			if i := strings.LastIndexByte(last, ','); i >= 0 {
 				last = last[i+1:]
 			}
@@ -198,10 +205,11 @@ func (s *Server) clientIP(r *http.Request) string {
 			}
 		}
 	}
-	if key, ok := ipKey(r.RemoteAddr); ok {
+	remote := x.remoteAddr()
+	if key, ok := ipKey(remote); ok {
 		return key
 	}
-	return r.RemoteAddr
+	return remote
 }
 
 // ipKey is the rate-limit key of an address, given bare or with a port:
@@ -227,7 +235,7 @@ func ipKey(s string) (key string, ok bool) {
 }
 
 // answer writes the answer to a grab: its result, or the error it met.
-func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest, res grab.Result, err error) {
+func (s *Server) answer(x exchange, start time.Time, req grabRequest, res grab.Result, err error) {
 	st, rs := stError, reason(-1)
 	switch {
 	case err == nil:
@@ -259,23 +267,22 @@ func (s *Server) answer(w http.ResponseWriter, start time.Time, req grabRequest,
 	}
 	s.grabs.Answered(int(st), time.Since(start))
 	if st == stError {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{
+		replyJSON(x, http.StatusInternalServerError, map[string]string{
 			"status": "error", "pool_id": req.PoolID, "user_id": req.UserID, "error": "internal error"})
 		return
 	}
 	if res.RetryAfter > 0 && (st == stNotStarted || st == stOverloaded) {
 		secs := int64((res.RetryAfter + time.Second - 1) / time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		x.setHeader("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(st.code())
-	b := appendGrab(make([]byte, 0, 192), st, req, res)
+	var buf [256]byte
+	b := appendGrab(buf[:0], st, req, res)
 	if rs >= 0 {
 		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
 		b = append(b, rs.text()...)
 		b = append(b, "\"}\n"...)
 	}
-	_, _ = w.Write(b)
+	x.reply(st.code(), b)
 }
 
 func outcomeStatus(o grab.Outcome) status {

@@ -17,7 +17,7 @@ import (
 // Retry-After.
 func (s *stack) adminFrom(t *testing.T, ip, token string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", s.ts.URL+"/admin/pools", nil)
+	req, _ := http.NewRequest("GET", s.url+"/admin/pools", nil)
 	req.Header.Set("X-Forwarded-For", ip)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -131,18 +131,18 @@ func TestAdminApart(t *testing.T) {
 		base, method, path, body string
 		want                     int
 	}{
-		{s.ts.URL, "POST", "/admin/pools", preload, 404},
-		{s.ts.URL, "GET", "/admin/", "", 404},
-		{s.ts.URL, "GET", "/admin", "", 404},
-		{s.ts.URL, "GET", "/%61dmin/pools", "", 404},
-		{s.ts.URL, "GET", "/", "", 404},
+		{s.url, "POST", "/admin/pools", preload, 404},
+		{s.url, "GET", "/admin/", "", 404},
+		{s.url, "GET", "/admin", "", 404},
+		{s.url, "GET", "/%61dmin/pools", "", 404},
+		{s.url, "GET", "/", "", 404},
 		{admin.URL, "GET", "/", "", 200}, // the redirect to /admin/, followed
 		{admin.URL, "POST", "/admin/pools", preload, 201},
 		{admin.URL, "GET", "/admin/pools/p", "", 200},
 		{admin.URL, "POST", "/grab", `{"pool_id":"p","user_id":"u"}`, 404},
 		{admin.URL, "GET", "/metrics", "", 404},
-		{s.ts.URL, "POST", "/grab", `{"pool_id":"p","user_id":"u"}`, 200},
-		{s.ts.URL, "GET", "/readyz", "", 200},
+		{s.url, "POST", "/grab", `{"pool_id":"p","user_id":"u"}`, 200},
+		{s.url, "GET", "/readyz", "", 200},
 	} {
 		if got := call(c.base, c.method, c.path, token, c.body); got != c.want {
 			where := "the clients' listener"

@@ -28,7 +28,7 @@ func TestBotIsCutToItsRate(t *testing.T) {
 	})
 	s.preload(t, `{"pool_id":"p","total_cents":10000000,"count":100000}`)
 	post := func(ip, body string) response {
-		req, _ := http.NewRequest("POST", s.ts.URL+"/grab", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", s.url+"/grab", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Forwarded-For", "198.51.100.1, "+ip) // the last hop is the one our proxy saw
 		resp, err := s.client.Do(req)

@@ -59,7 +59,7 @@ func newContract(t *testing.T) *contract {
 // allow, fails the test.
 func (c *contract) do(s *stack, method, path, token, body string, header ...string) int {
 	c.t.Helper()
-	req, err := http.NewRequest(method, s.ts.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
 	if err != nil {
 		c.t.Fatal(err)
 	}

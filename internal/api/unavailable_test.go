@@ -57,7 +57,7 @@ func TestUnavailableNamesNoAddress(t *testing.T) {
 // raw is the status and the body, as sent, of a request.
 func (s *stack) raw(t *testing.T, method, path, auth, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, s.ts.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

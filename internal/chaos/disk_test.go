@@ -32,7 +32,7 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	ctx := context.Background()
 	servers := redistest.StartN(t, 4, durable)
 	specs := shardtest.Specs(redistest.Addrs(servers))
-	in, ts := startInstance(t, specs, nil)
+	in, base := startInstance(t, specs, nil)
 	if _, _, err := in.Catalog.Preload(ctx, rain.Spec{PoolID: "disk", TotalCents: 100_000_000, Count: 1_000_000, SubPools: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 		wg.Go(func() {
 			for n := 0; time.Now().Before(end); n++ {
 				body := fmt.Sprintf(`{"pool_id":"disk","user_id":"c%d-%d"}`, c, n)
-				resp, err := client.Post(ts.URL+"/grab", "application/json", strings.NewReader(body))
+				resp, err := client.Post(base+"/grab", "application/json", strings.NewReader(body))
 				if err != nil {
 					t.Errorf("grab: %v", err)
 					return

@@ -55,8 +55,8 @@ func TestOneBadShard(t *testing.T) {
 	var urls []string
 	var instances []*instance.Instance
 	for range 2 {
-		in, ts := startInstance(t, specs, nil)
-		urls = append(urls, ts.URL)
+		in, base := startInstance(t, specs, nil)
+		urls = append(urls, base)
 		instances = append(instances, in)
 	}
 	const subPools = 4

@@ -1,7 +1,7 @@
 package chaos
 
 import (
-	"net/http/httptest"
+	"context"
 	"testing"
 	"time"
 
@@ -20,9 +20,10 @@ const adminToken = "chaos-admin-token"
 // serve builds it (the worker pool at its defaults, the shards with rain
 // serve's client options, go-redis's retries included, the first shard
 // listed the serial shard), its background work running (local answers,
-// reaper, timeline), and its API on an HTTP test server. tweak, when not nil, changes the config
-// first. Everything stops when the test ends.
-func startInstance(t *testing.T, specs []shard.Spec, tweak func(*instance.Config)) (*instance.Instance, *httptest.Server) {
+// reaper, timeline), and its API on its own listener on a free port, as
+// rain serve serves it; base is the listener's URL. tweak, when not nil,
+// changes the config first. Everything stops when the test ends.
+func startInstance(t *testing.T, specs []shard.Spec, tweak func(*instance.Config)) (in *instance.Instance, base string) {
 	t.Helper()
 	admins, err := auth.NewAdmins(adminToken, "")
 	if err != nil {
@@ -33,17 +34,29 @@ func startInstance(t *testing.T, specs []shard.Spec, tweak func(*instance.Config
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	in, err := instance.New(cfg)
+	in, err = instance.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := in.API.Listen("127.0.0.1:0"); err != nil {
+		_ = in.Close(5 * time.Second)
+		t.Fatal(err)
+	}
 	in.Start()
-	ts := httptest.NewServer(in.API)
+	served := make(chan error, 1)
+	go func() { served <- in.API.Serve() }()
 	t.Cleanup(func() {
-		ts.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := in.API.Shutdown(ctx); err != nil {
+			t.Errorf("API shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("API serve: %v", err)
+		}
 		if err := in.Close(5 * time.Second); err != nil {
 			t.Errorf("instance close: %v", err)
 		}
 	})
-	return in, ts
+	return in, "http://" + in.API.Addr().String()
 }

@@ -28,7 +28,11 @@ import (
 
 // IgnoreCurrent: ants starts a default pool of its own at init.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe(),
+		// fasthttp's clock of the Date header runs for the process; a
+		// server's idle-worker sweeper ends within 10 s of its shutdown.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"))
 }
 
 // stack is n shards, each behind a proxy; instances reach them only

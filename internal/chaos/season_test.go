@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,7 +108,7 @@ type books struct {
 	db      *postgres.DB
 	servers []*redistest.Server
 	in      *instance.Instance
-	ts      *httptest.Server
+	base    string // the API listener's URL
 }
 
 // startBooks starts it: the shards with opts, the in-process settle
@@ -126,7 +125,7 @@ func startBooks(t *testing.T, opts redistest.Options, sc settle.Config) *books {
 	b.servers = redistest.StartN(t, 2, opts)
 	specs := shardtest.Specs(redistest.Addrs(b.servers))
 	sc.Consumer, sc.Block, sc.Refresh = "in-process", 50*time.Millisecond, 100*time.Millisecond
-	b.in, b.ts = startInstance(t, specs, func(c *instance.Config) {
+	b.in, b.base = startInstance(t, specs, func(c *instance.Config) {
 		c.Books, c.Settle, c.SettleConfig = b.db, b.db, sc
 	})
 	return b
@@ -147,7 +146,7 @@ func TestSeason(t *testing.T) {
 	// command runs (latency-tracking, on by default): once per server,
 	// whatever the pools. Off here, the figures are what pools leave.
 	b := startBooks(t, redistest.Options{Args: []string{"--latency-tracking", "no"}}, settle.Config{RetryDelay: 100 * time.Millisecond})
-	servers, db, url, in, ts := b.servers, b.db, b.url, b.in, b.ts
+	servers, db, url, in, base := b.servers, b.db, b.url, b.in, b.base
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
 	// The readings go through connections of their own, which send
@@ -176,7 +175,7 @@ func TestSeason(t *testing.T) {
 			usage[i] = keyUsage(ctx, c)
 		}
 		body := fmt.Sprintf(`{"pool_id":%q,"total_cents":200000,"count":2000,"sub_pools":4}`, id)
-		if code, m := call(t, client, "POST", ts.URL+"/admin/pools", adminToken, body); code != 201 {
+		if code, m := call(t, client, "POST", base+"/admin/pools", adminToken, body); code != 201 {
 			t.Fatalf("preload %s = %d %v", id, code, m)
 		}
 		granted := map[int64]int64{} // serial -> cents, as the users were told
@@ -185,7 +184,7 @@ func TestSeason(t *testing.T) {
 		for w := range 8 {
 			wg.Go(func() {
 				for u := w; u < users; u += 8 {
-					code, m := call(t, client, "POST", ts.URL+"/grab", "", fmt.Sprintf(`{"pool_id":%q,"user_id":"user-%d"}`, id, u))
+					code, m := call(t, client, "POST", base+"/grab", "", fmt.Sprintf(`{"pool_id":%q,"user_id":"user-%d"}`, id, u))
 					if code != 200 || m["status"] != "granted" {
 						t.Errorf("grab = %d %v", code, m)
 						return
@@ -200,12 +199,12 @@ func TestSeason(t *testing.T) {
 		if t.Failed() {
 			t.FailNow()
 		}
-		if code, m := call(t, client, "POST", ts.URL+"/admin/pools/"+id+"/end", adminToken, ""); code != 200 {
+		if code, m := call(t, client, "POST", base+"/admin/pools/"+id+"/end", adminToken, ""); code != 200 {
 			t.Fatalf("end %s = %d %v", id, code, m)
 		}
 		var account map[string]any
 		waittest.Until(t, 30*time.Second, id+" closes once settled into PostgreSQL", func() bool {
-			code, m := call(t, client, "POST", ts.URL+"/admin/pools/"+id+"/close", adminToken, "")
+			code, m := call(t, client, "POST", base+"/admin/pools/"+id+"/close", adminToken, "")
 			account = m
 			return code == 200
 		})
@@ -278,15 +277,15 @@ func TestSeason(t *testing.T) {
 func TestSettleWhileTheDatabaseIsDown(t *testing.T) {
 	ctx := context.Background()
 	b := startBooks(t, redistest.Options{}, settle.Config{RetryDelay: 50 * time.Millisecond, MaxRetryDelay: 400 * time.Millisecond})
-	pg, db, in, ts := b.pg, b.db, b.in, b.ts
+	pg, db, in, base := b.pg, b.db, b.in, b.base
 	pg.Stop()
 	client := &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
-	if code, m := call(t, client, "POST", ts.URL+"/admin/pools", adminToken, `{"pool_id":"dark","total_cents":10000,"count":100,"sub_pools":2}`); code != 201 {
+	if code, m := call(t, client, "POST", base+"/admin/pools", adminToken, `{"pool_id":"dark","total_cents":10000,"count":100,"sub_pools":2}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, m)
 	}
 	for u := range 40 {
-		if code, m := call(t, client, "POST", ts.URL+"/grab", "", fmt.Sprintf(`{"pool_id":"dark","user_id":"u%d"}`, u)); code != 200 {
+		if code, m := call(t, client, "POST", base+"/grab", "", fmt.Sprintf(`{"pool_id":"dark","user_id":"u%d"}`, u)); code != 200 {
 			t.Fatalf("grab = %d %v", code, m)
 		}
 	}
@@ -312,15 +311,15 @@ func TestSettleWhileTheDatabaseIsDown(t *testing.T) {
 	if st := in.Settler.Stats(); st.Delivered != 0 {
 		t.Fatalf("%d grants delivered to a database that is down", st.Delivered)
 	}
-	if code, m := call(t, client, "POST", ts.URL+"/admin/pools/dark/end", adminToken, ""); code != 200 {
+	if code, m := call(t, client, "POST", base+"/admin/pools/dark/end", adminToken, ""); code != 200 {
 		t.Fatalf("end = %d %v", code, m)
 	}
-	if code, m := call(t, client, "POST", ts.URL+"/admin/pools/dark/close", adminToken, ""); code != 409 {
+	if code, m := call(t, client, "POST", base+"/admin/pools/dark/close", adminToken, ""); code != 409 {
 		t.Fatalf("close with the database down = %d %v, want 409", code, m)
 	}
 	pg.Restart()
 	waittest.Until(t, 30*time.Second, "the database back, settlement catches up and the pool closes", func() bool {
-		code, _ := call(t, client, "POST", ts.URL+"/admin/pools/dark/close", adminToken, "")
+		code, _ := call(t, client, "POST", base+"/admin/pools/dark/close", adminToken, "")
 		return code == 200
 	})
 	totals, err := db.Totals(ctx, "dark")

@@ -1,24 +1,20 @@
-package main
+package api
 
 // This file keeps the number of open client connections under a cap, so
 // that a flood of idle keep-alive sockets cannot use up the process's file
 // descriptors and starve the grabs (and the readiness probe) of new ones.
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
 	"net"
-	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
-// connGuard is an http.Server ConnState hook. When a new connection takes
+// connGuard is the listener's ConnState hook. When a new connection takes
 // the count over max, it closes the connection idle the longest; when none
 // is idle, it closes the new one. Active requests are never cut.
 type connGuard struct {
@@ -35,11 +31,11 @@ func newConnGuard(max int) *connGuard {
 }
 
 // state is the ConnState hook.
-func (g *connGuard) state(c net.Conn, st http.ConnState) {
+func (g *connGuard) state(c net.Conn, st fasthttp.ConnState) {
 	var victim net.Conn
 	g.mu.Lock()
 	switch st {
-	case http.StateNew:
+	case fasthttp.StateNew:
 		g.open++
 		if g.open > g.max {
 			victim = c
@@ -52,17 +48,17 @@ func (g *connGuard) state(c net.Conn, st http.ConnState) {
 			delete(g.idle, victim)
 			g.shed++
 		}
-	case http.StateIdle:
+	case fasthttp.StateIdle:
 		g.idle[c] = time.Now()
-	case http.StateActive:
+	case fasthttp.StateActive:
 		delete(g.idle, c)
-	case http.StateClosed, http.StateHijacked:
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		delete(g.idle, c)
 		g.open--
 	}
 	g.mu.Unlock()
 	if victim != nil {
-		_ = victim.Close() // net/http sees it closed and reports StateClosed
+		_ = victim.Close() // the server sees it closed and reports StateClosed
 	}
 }
 
@@ -109,9 +105,9 @@ func (g *connGuard) stats() (open int, shed int64) {
 	return g.open, g.shed
 }
 
-// defaultMaxConns leaves room under the file descriptor limit for the shard
+// DefaultMaxConns is Config.MaxConns's default: it leaves room under the file descriptor limit for the shard
 // connections, the listeners and the files the process opens.
-func defaultMaxConns() int {
+func DefaultMaxConns() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 512 {
 		return 256
@@ -119,7 +115,7 @@ func defaultMaxConns() int {
 	return int(min(lim.Cur, 1<<20)) - 256
 }
 
-// stoppable is the API's listener: Stop ends it without resetting the
+// stoppable is the listener's socket: Stop ends it without resetting the
 // connections that are waiting in its backlog (their handshake done, not
 // yet accepted; closing a listening socket resets them, and their clients
 // would see a request cut off). Stop makes Accept take what is waiting and
@@ -131,8 +127,8 @@ type stoppable struct {
 	stopping atomic.Bool
 }
 
-// Stop ends the listener; Serve returns net.ErrClosed once the backlog is
-// taken.
+// Stop ends the listener; Accept returns net.ErrClosed once the backlog
+// is taken.
 func (l *stoppable) Stop() {
 	l.stopping.Store(true)
 	_ = l.SetDeadline(time.Now()) // an accept that would wait times out
@@ -153,75 +149,13 @@ func (l *stoppable) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// jsonErrors wraps a listener so that the answers net/http writes itself,
-// before any handler runs (431 for headers over MaxHeaderBytes, 400 for a
-// request it cannot parse, 501 for an unknown transfer encoding), are JSON
-// like every other answer of rain's. net/http writes each of those in one
-// Write, in one fixed shape (status line, plain-text headers with
-// "Connection: close", the status as body); only writes of that exact
-// shape are rewritten.
-type jsonErrors struct{ net.Listener }
-
-func (l jsonErrors) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return jsonErrorConn{c}, nil
-}
-
-type jsonErrorConn struct{ net.Conn }
-
-// CloseWrite half-closes the connection: net/http does before it closes a
-// connection whose request it refused, so that the client sees the answer
-// end rather than a reset (the wrapper must not hide it).
-func (c jsonErrorConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
+// Close closes the socket; after Stop, it has closed already (the
+// server closes its listeners again at shutdown: nothing to report).
+func (l *stoppable) Close() error {
+	if err := l.TCPListener.Close(); err != nil && !l.stopping.Load() {
+		return err
 	}
 	return nil
-}
-
-// serverErrorHeaders are the headers of net/http's own error answers.
-const serverErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
-
-func (c jsonErrorConn) Write(p []byte) (int, error) {
-	if out, ok := jsonServerError(p); ok {
-		if _, err := c.Conn.Write(out); err != nil {
-			return 0, err
-		}
-		return len(p), nil
-	}
-	return c.Conn.Write(p)
-}
-
-// jsonServerError rewrites one of net/http's own error answers as JSON.
-func jsonServerError(p []byte) ([]byte, bool) {
-	const proto = "HTTP/1.1 "
-	if len(p) > 1024 || !bytes.HasPrefix(p, []byte(proto)) {
-		return nil, false
-	}
-	line, body, ok := bytes.Cut(p[len(proto):], []byte(serverErrorHeaders))
-	if !ok || len(line) < 4 || line[3] != ' ' {
-		return nil, false
-	}
-	code, err := strconv.Atoi(string(line[:3]))
-	if err != nil || code < 400 || code > 599 {
-		return nil, false
-	}
-	text := strings.TrimPrefix(string(body), string(line[:4]))
-	if text == "" {
-		text = string(line[4:])
-	}
-	status := "invalid"
-	if code >= 500 {
-		status = "error"
-	}
-	js, _ := json.Marshal(map[string]string{"status": status, "error": strings.ToLower(text)})
-	js = append(js, '\n')
-	out := fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
-		code, http.StatusText(code), len(js))
-	return append(out, js...), true
 }
 
 // openNow is the number of connections open.

@@ -5,6 +5,8 @@ package api
 // descriptors and starve the grabs (and the readiness probe) of new ones.
 
 import (
+	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -125,6 +127,7 @@ func DefaultMaxConns() int {
 type stoppable struct {
 	*net.TCPListener
 	stopping atomic.Bool
+	log      *slog.Logger // told of accepts retried (nil: not told)
 }
 
 // Stop ends the listener; Accept returns net.ErrClosed once the backlog
@@ -134,19 +137,50 @@ func (l *stoppable) Stop() {
 	_ = l.SetDeadline(time.Now()) // an accept that would wait times out
 }
 
+// backlogWait is how long an accept after Stop waits for a connection
+// the kernel has completed but not yet handed over (an accept woken by a
+// deadline already past reports it without asking the socket at all).
+const backlogWait = 5 * time.Millisecond
+
 func (l *stoppable) Accept() (net.Conn, error) {
-	c, err := l.TCPListener.Accept()
-	if err != nil && l.stopping.Load() {
-		// An accept woken by Stop's deadline reports it without asking
-		// the socket again; this one asks (it accepts before it waits), so
-		// only an empty backlog ends the listener.
-		if c, err = l.TCPListener.Accept(); err == nil {
+	for retry := time.Duration(0); ; {
+		c, err := l.TCPListener.Accept()
+		switch {
+		case err == nil:
 			return c, nil
+		case l.stopping.Load():
+			// Take the backlog: ask the socket with a deadline just ahead,
+			// so that only an empty backlog ends the listener.
+			_ = l.SetDeadline(time.Now().Add(backlogWait))
+			if c, err = l.TCPListener.Accept(); err == nil {
+				return c, nil
+			}
+			_ = l.TCPListener.Close()
+			return nil, net.ErrClosed
+		case !temporary(err):
+			return nil, err
 		}
-		_ = l.TCPListener.Close()
-		return nil, net.ErrClosed
+		// Out of file descriptors (or buffers) for a moment: wait and
+		// accept again, as net/http does, rather than end the listener
+		// (and rain serve with it) in the middle of a rain.
+		retry = min(max(2*retry, 5*time.Millisecond), time.Second)
+		if l.log != nil {
+			l.log.Warn("accept failed; trying again", "err", err, "in", retry)
+		}
+		time.Sleep(retry)
 	}
-	return c, err
+}
+
+// temporary reports whether an accept error passes by itself: the process
+// or the system out of file descriptors or memory for a moment, or a
+// connection reset before it was accepted.
+func temporary(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close closes the socket; after Stop, it has closed already (the

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,7 +73,7 @@ func (s *Server) Listen(addr string) error {
 	if err != nil {
 		return err
 	}
-	l := &listener{ln: &stoppable{TCPListener: tcp.(*net.TCPListener)}, conns: newConnGuard(s.cfg.MaxConns),
+	l := &listener{ln: &stoppable{TCPListener: tcp.(*net.TCPListener), log: s.cfg.Logger}, conns: newConnGuard(s.cfg.MaxConns),
 		served: make(chan struct{})}
 	l.adapted = fasthttpadaptor.NewFastHTTPHandler(adapted(s, s.cfg.Logger))
 	l.srv = &fasthttp.Server{
@@ -177,6 +178,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // serveFast answers a request on the listener: POST /grab natively, the
 // rest through the net/http handler.
 func (s *Server) serveFast(ctx *fasthttp.RequestCtx) {
+	defer s.recoverFast(ctx)
 	h := &ctx.Request.Header
 	if h.IsHTTP11() && len(h.Host()) == 0 {
 		s.refuseFast(ctx, http.StatusBadRequest, "missing required Host header")
@@ -202,6 +204,20 @@ func (s *Server) serveFast(ctx *fasthttp.RequestCtx) {
 		ctx.Request.SetBody(b)
 	}
 	s.listener.adapted(ctx)
+}
+
+// recoverFast answers a request whose handling panicked 500, JSON, and
+// closes its connection, as the adaptor's routes are answered (see
+// adapted): fasthttp does not recover, and a panic would take the process
+// down with every grab in flight.
+func (s *Server) recoverFast(ctx *fasthttp.RequestCtx) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	s.cfg.Logger.Error("panic serving a request", "method", string(ctx.Method()), "path", string(ctx.Path()),
+		"panic", p, "stack", string(debug.Stack()))
+	s.refuseFast(ctx, http.StatusInternalServerError, "internal error")
 }
 
 // isGrab says whether a request is POST /grab (a query, if any, aside).
@@ -243,8 +259,8 @@ func (s *Server) fastGrab(ctx *fasthttp.RequestCtx) {
 	}
 	start := time.Now()
 	gctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	s.serveGrab(fastExchange{ctx, gctx})
-	cancel()
 	if s.access.admit(start) {
 		s.cfg.Logger.Info("http", "request_id", id, "method", "POST", "path", "/grab",
 			"status", ctx.Response.StatusCode(), "duration_ms", float64(time.Since(start).Microseconds())/1000,

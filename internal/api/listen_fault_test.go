@@ -1,0 +1,135 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"rain/internal/grab"
+	"rain/internal/pool"
+)
+
+// panicky is a grab service that panics on every grab.
+type panicky struct{}
+
+func (panicky) Grab(context.Context, string, string) (grab.Result, error) { panic("boom") }
+
+// TestGrabThatPanicsIsAnswered500: a grab whose handling panics is
+// answered 500 with a JSON body, and the listener goes on serving; the
+// process is not taken down with every grab in flight.
+func TestGrabThatPanicsIsAnswered500(t *testing.T) {
+	for _, workers := range []bool{false, true} {
+		cfg := Config{Grabber: panicky{}}
+		if workers {
+			w, err := pool.New(pool.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { w.Close(5 * time.Second) })
+			cfg.Runner = w
+		}
+		url := serve(t, New(cfg))
+		for range 2 { // the second on a listener that survived the first
+			resp, err := http.Post(url+"/grab", "application/json", strings.NewReader(`{"pool_id":"p","user_id":"u"}`))
+			if err != nil {
+				t.Fatalf("POST /grab (workers %v): %v", workers, err)
+			}
+			var body map[string]any
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != 500 || body["status"] != "error" {
+				t.Fatalf("a grab that panicked (workers %v) = %d %v, want 500 {status: error}", workers, resp.StatusCode, body)
+			}
+		}
+	}
+}
+
+// TestServeOutlivesRunningOutOfFiles: the process out of file descriptors
+// for a moment (a flood of connections near the limit) does not end Serve
+// (and rain serve with it): accepting resumes once descriptors are free.
+func TestServeOutlivesRunningOutOfFiles(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	a := New(Config{Grabber: panicky{}, MaxConns: 1 << 16})
+	if err := a.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- a.Serve() }()
+	low := lim
+	low.Cur = 64
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for range 64 {
+		c, err := net.Dial("tcp", a.Addr().String())
+		if err != nil {
+			break // the dialing side is out of descriptors too
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(200 * time.Millisecond) // the accepts meanwhile fail: EMFILE
+	for _, c := range conns {
+		c.Close()
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned while the process ran out of file descriptors for a moment: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + a.Addr().String() + "/livez")
+	if err != nil {
+		t.Fatalf("GET /livez once descriptors are free: %v", err)
+	}
+	resp.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// TestStopTakesTheBacklog: a connection the kernel completed but rain had
+// not yet accepted when the listener stops is accepted (and its request
+// answered), not reset by the socket's close.
+func TestStopTakesTheBacklog(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &stoppable{TCPListener: tcp.(*net.TCPListener)}
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("POST /grab HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // in the backlog
+	l.Stop()
+	got, err := l.Accept()
+	if err != nil {
+		t.Fatalf("Accept after Stop with a connection in the backlog = %v, want the connection", err)
+	}
+	got.Close()
+	if _, err := l.Accept(); err != net.ErrClosed {
+		t.Fatalf("Accept with the backlog taken = %v, want net.ErrClosed", err)
+	}
+}

@@ -3,6 +3,7 @@ package lua
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -203,6 +204,19 @@ func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
 		}
 	}
 	return nil
+}
+
+// TestMinimalClaimIsTheBaselines: BenchmarkClaimMany's minimal script is
+// loadtest/baseline's, byte for byte (a main package: it cannot be
+// imported), so the two figures compare the same work.
+func TestMinimalClaimIsTheBaselines(t *testing.T) {
+	b, err := os.ReadFile("../../loadtest/baseline/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "const claimSrc = `"+minimalClaimSrc+"`") {
+		t.Fatal("loadtest/baseline's claimSrc is not BenchmarkClaimMany's minimalClaimSrc: copy it again")
+	}
 }
 
 // minimalClaimSrc is loadtest/baseline's claim script, the whole grab of

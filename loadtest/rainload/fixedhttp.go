@@ -72,8 +72,26 @@ func (f *fixed) serveNetHTTP(ctx context.Context, ln net.Listener) error {
 		WriteTimeout:      fixedWrite,
 		IdleTimeout:       fixedIdle,
 	}
+	return serveUntil(ctx, func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, func(sctx context.Context) error {
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close() // the requests still running after the timeout
+		}
+		return nil
+	})
+}
+
+// serveUntil runs serve until it fails or ctx ends; then it stops the
+// server by shutdown, given fixedStopTimeout, and returns serve's error,
+// else shutdown's (requests still running at the timeout are no error: the
+// process is ending).
+func serveUntil(ctx context.Context, serve func() error, shutdown func(context.Context) error) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serve() }()
 	select {
 	case err := <-errc:
 		return err
@@ -81,13 +99,14 @@ func (f *fixed) serveNetHTTP(ctx context.Context, ln net.Listener) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), fixedStopTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		srv.Close() // the requests still running after the timeout
+	err := shutdown(sctx)
+	if serr := <-errc; serr != nil {
+		return serr
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return err
+	if errors.Is(err, context.DeadlineExceeded) {
+		return nil
 	}
-	return nil
+	return err
 }
 
 // writeFixed writes one answer with its length (so net/http sends it
@@ -161,23 +180,7 @@ func (f *fixed) serveFastHTTP(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:           fixedIdle,
 		NoDefaultServerHeader: true,
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), fixedStopTimeout)
-	defer cancel()
-	err := srv.ShutdownWithContext(sctx)
-	if serr := <-errc; serr != nil {
-		return serr
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return nil // requests still running after the timeout: the process is ending
-	}
-	return err
+	return serveUntil(ctx, func() error { return srv.Serve(ln) }, srv.ShutdownWithContext)
 }
 
 // quiet is a fasthttp.Logger that logs nothing.

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -131,5 +133,52 @@ func TestStopTakesTheBacklog(t *testing.T) {
 	got.Close()
 	if _, err := l.Accept(); err != net.ErrClosed {
 		t.Fatalf("Accept with the backlog taken = %v, want net.ErrClosed", err)
+	}
+}
+
+// TestEarlyAnswerOutlivesALateBody: a grab answered before its body is
+// read (a Content-Type that is not JSON; the instance stopping) whose body
+// does not come in time has its connection closed lingering: a body that
+// arrives after the answer and the close is read and dropped, not
+// answered by a reset, which would destroy the answer before the client
+// reads it.
+func TestEarlyAnswerOutlivesALateBody(t *testing.T) {
+	for _, c := range []struct {
+		name, contentType string
+		stop              bool
+		code              int
+	}{
+		{"not JSON", "text/plain", false, 400},
+		{"stopping", "application/json", true, 503},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := New(Config{Grabber: panicky{}})
+			url := serve(t, a)
+			if c.stop {
+				a.Stop()
+			}
+			conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			body := `{"pool_id":"p","user_id":"u"}`
+			if _, err := fmt.Fprintf(conn, "POST /grab HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", c.contentType, len(body)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // answered, and closed (past bodyUnreadWait)
+			if _, err := conn.Write([]byte(body)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // a reset, if one comes, is here before the read
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("reading the answer after a late body: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != c.code {
+				t.Fatalf("answer = %d, want %d", resp.StatusCode, c.code)
+			}
+		})
 	}
 }

@@ -36,6 +36,9 @@ const (
 	// 21,000 grabs/s, 2 lanes 15,200, 4 lanes 13,600.
 	lanesPerShard = 1
 	maxBatch      = 128
+	// lingerMax bounds how long a lane waits for the claims it expects
+	// before it sends a batch (see linger).
+	lingerMax = 200 * time.Microsecond
 	// queuePerShard bounds the claims waiting for one shard's lane: a bound
 	// on memory, sized above the request places of a worker pool at its
 	// defaults (the bulkhead holds a shard to its share of those first).
@@ -180,6 +183,10 @@ func (b *batcher) admit(now int64) error {
 func (b *batcher) lane() {
 	var st laneState
 	batch := make([]*claimReq, 0, maxBatch)
+	// expect: the claims the lane expects in its next batch (see linger).
+	expect := 0
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		var first *claimReq
 		select {
@@ -196,21 +203,60 @@ func (b *batcher) lane() {
 				}
 			}
 		}
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-b.reqs:
-				batch = append(batch, r)
-			default:
-				break drain
-			}
+		batch = b.drain(append(batch[:0], first))
+		if len(batch) < expect {
+			batch = b.drain(b.linger(batch, expect, timer))
 		}
 		b.sent.Store(time.Now().UnixNano())
 		b.run(batch, &st)
 		b.sent.Store(0)
 		b.inflight.Add(-int64(len(batch)))
+		expect = min(len(batch)+len(b.reqs), maxBatch)
 	}
+}
+
+// drain adds to batch the claims queued, up to maxBatch.
+func (b *batcher) drain(batch []*claimReq) []*claimReq {
+	for len(batch) < maxBatch {
+		select {
+		case r := <-b.reqs:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// linger waits up to lingerMax for more claims while batch holds fewer
+// than expect, and returns the batch with those that came.
+//
+// Each batch costs its shard a fixed amount of work however many claims it
+// holds (the fsync above all, about as much as a dozen claims' scripts), so
+// at moderate load the claims of one shard are worth sending together. In
+// a steady state each claim answered is soon followed by its client's next
+// one, so the lane expects, after a batch, as many claims as it answered
+// plus those that queued while it was in flight. Without the wait the
+// claims of one shard split into two cohorts that take turns (those queued
+// behind the batch in flight, and those whose answers it carried), each
+// batch half of what the shard has in flight. Under light load a batch is
+// one claim, the next is expected to be one too, and nothing waits; under
+// a flood the queue already holds a full batch. A claim waits at most
+// lingerMax for the lane (a fraction of one fsync).
+func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
+	timer.Reset(lingerMax)
+	defer timer.Stop()
+	for len(batch) < expect {
+		select {
+		case r := <-b.reqs:
+			batch = append(batch, r)
+		case <-timer.C:
+			return batch
+		case <-b.stop:
+			return batch
+		}
+	}
+	return batch
 }
 
 // group is the claims of one batch on one sub-pool: one claim_many script.

@@ -36,16 +36,16 @@ func (e *env) settleByHand(t testing.TB, id string) int64 {
 			t.Fatal(err)
 		}
 		for _, en := range entries {
-			if en.Values["type"] == "grant" {
-				var serial int64
-				fmt.Sscan(en.Values["serial"].(string), &serial)
-				res, err := lua.Confirm(ctx, c, &k, en.Values["user"].(string), serial)
+			g, err := lua.ParseOutboxEntry(en.Values)
+			if err != nil {
+				t.Fatalf("outbox entry %v: %v", en.Values, err)
+			}
+			if !g.Release {
+				res, err := lua.Confirm(ctx, c, &k, g.User, g.Serial)
 				if err != nil || res != lua.Confirmed {
 					t.Fatalf("confirm %v = %v, %v", en.Values, res, err)
 				}
-				var amount int64
-				fmt.Sscan(en.Values["amount"].(string), &amount)
-				cents += amount
+				cents += g.Amount
 			}
 			if err := c.XDel(ctx, k.Outbox, en.ID).Err(); err != nil {
 				t.Fatal(err)

@@ -125,9 +125,9 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("outbox = %v, %v; want one entry", entries, err)
 	}
-	v := entries[0].Values
-	if v["user"] != "u1" || v["amount"] != "42" || v["serial"] != "77" || v["pool"] != "p" || v["sub"] != "0" {
-		t.Fatalf("outbox entry = %v, want the grant's user, amount, serial, pool, sub-pool", v)
+	e, err := ParseOutboxEntry(entries[0].Values)
+	if err != nil || e.Release || e.User != "u1" || e.Amount != 42 || e.Serial != 77 || e.DeadlineMS != got.DeadlineMS {
+		t.Fatalf("outbox entry %v = %+v, %v; want the grant's user, amount, serial and deadline", entries[0].Values, e, err)
 	}
 	if again, _ := claimOne(ctx, c, &k, "u1", 78, "", 0); again.Outcome != Already || again.Serial != 77 {
 		t.Fatalf("second claim = %+v, want already with serial 77", again)
@@ -307,7 +307,15 @@ func TestExpiredHoldReleasedOnRead(t *testing.T) {
 	entries, _ := c.XRange(ctx, k.Outbox, "-", "+").Result()
 	var kinds []string
 	for _, e := range entries {
-		kinds = append(kinds, fmt.Sprint(e.Values["type"], ":", e.Values["serial"]))
+		en, err := ParseOutboxEntry(e.Values)
+		if err != nil {
+			t.Fatalf("outbox entry %v: %v", e.Values, err)
+		}
+		kind := "grant"
+		if en.Release {
+			kind = "release"
+		}
+		kinds = append(kinds, fmt.Sprint(kind, ":", en.Serial))
 	}
 	if !slices.Equal(kinds, []string{"grant:1", "release:1", "grant:2"}) {
 		t.Fatalf("outbox %v, want grant:1 release:1 grant:2", kinds)

@@ -41,17 +41,18 @@
 -- home; the audit matches them (docs/architecture.md#the-audit).
 --
 -- The moves change the counters in this script's memory. write_books, the
--- last call of a script that moved money, writes them: one HINCRBY per
--- counter and one bump of the version however many moves the script made
--- (a batch of claims costs the counters of one), with the records that wait
--- for it (the grants made, and the stock popped for claims that did not
--- take it). Until then a script does not read its own grants back.
+-- last call of a script that moved money, writes them: one read and one
+-- write of the meta, the version bumped once, however many moves the
+-- script made (a batch of claims costs the counters of one), with the
+-- records that wait for it (the grants made, and the stock popped for
+-- claims that did not take it). Until then a script does not read its own
+-- grants back.
 --
 -- A move takes the sub-pool's keys in a table k (meta, stock, grants,
 -- deadlines, outbox, transfers, resolved: those it needs), all of one
--- sub-pool and so of one hash tag, and for outbox entries and notices the
--- pool id and sub-pool index (k.pool, k.index; write_books reads them from
--- the meta when they are not given).
+-- sub-pool and so of one hash tag, and for the stock's notice the pool id
+-- and sub-pool index (k.pool, k.index; write_books reads them from the
+-- meta when they are not given).
 --
 -- Amounts are strings of digits as Redis and the callers give them; sums
 -- are Lua numbers, exact to 2^53 (rain caps a pool at 1e15 cents), written
@@ -92,6 +93,14 @@ local function tally(name, amount)
   change(name .. '_cents', tonumber(amount))
 end
 
+-- The outbox: one entry per grant made (for settlement) and per grant
+-- released, each one packed field, the sub-pool its stream's:
+--   g  "amount:serial:deadline_ms:user"  a grant made (and o: the sibling
+--                                        its amount came from, when adopted)
+--   r  "amount:serial:deadline_ms:user"  a held grant released
+-- The user comes last: an id may hold ':' (lua.ParseOutboxEntry reads
+-- these, and the field-per-value entries rain wrote before them).
+
 -- hold records a new held grant: its record and deadline (written by
 -- write_books) and its outbox entry, for settlement. origin: the sibling
 -- its amount came from, nil when it came from this stock.
@@ -101,12 +110,11 @@ local function hold(k, user, amount, serial, deadline, origin)
   grants_made[#grants_made + 1] = rec
   deadlines_made[#deadlines_made + 1] = deadline
   deadlines_made[#deadlines_made + 1] = user
+  local entry = amount .. ':' .. serial .. ':' .. deadline .. ':' .. user
   if origin then
-    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
-      'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
+    redis.call('XADD', k.outbox, '*', 'g', entry, 'o', origin)
   else
-    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
-      'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+    redis.call('XADD', k.outbox, '*', 'g', entry)
   end
   return rec
 end
@@ -165,8 +173,7 @@ local function release_held(k, user, rec, now)
   redis.call('RPUSH', k.stock, amount)
   redis.call('HSET', k.grants, user, 'r' .. string.sub(rec, 2))
   redis.call('ZREM', k.deadlines, user)
-  redis.call('XADD', k.outbox, '*', 'type', 'release', 'pool', k.pool, 'sub', k.index, 'user', user,
-    'amount', amount, 'serial', serial, 'deadline_ms', deadline)
+  redis.call('XADD', k.outbox, '*', 'r', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)
   move('held', 'stock', amount)
   tally('released', amount)
   restocked = true
@@ -249,10 +256,14 @@ local function write_books(k)
     redis.call('ZADD', k.deadlines, unpack(deadlines_made))
   end
   if #booked > 0 then
-    redis.call('HINCRBY', k.meta, 'version', 1)
-    for _, counter in ipairs(booked) do
-      redis.call('HINCRBY', k.meta, counter, string.format('%d', books[counter]))
+    -- One read and one write of the meta, however many counters moved.
+    local was = redis.call('HMGET', k.meta, 'version', unpack(booked))
+    local set = {'version', string.format('%d', (tonumber(was[1]) or 0) + 1)}
+    for i, counter in ipairs(booked) do
+      set[#set + 1] = counter
+      set[#set + 1] = string.format('%d', (tonumber(was[i + 1]) or 0) + books[counter])
     end
+    redis.call('HSET', k.meta, unpack(set))
   end
   if restocked then
     local pool, index = k.pool, k.index

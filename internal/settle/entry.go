@@ -38,18 +38,17 @@ type batch struct {
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
 	for _, m := range msgs {
-		if m.Values["type"] != "grant" {
-			b.done = append(b.done, m.ID) // a release: not paid
-			continue
-		}
-		g, err := parseGrant(m)
-		if err != nil {
+		g, release, err := parseGrant(stream, m)
+		switch {
+		case err != nil:
 			w.anomalies.Add(1)
 			w.cfg.Logger.Error("settle: unreadable outbox entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
 			b.done = append(b.done, m.ID)
-			continue
+		case release:
+			b.done = append(b.done, m.ID) // not paid
+		default:
+			b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
 		}
-		b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
 	}
 	if len(b.grants) > 0 {
 		failed = w.settleGrants(ctx, sh, &b, p)
@@ -192,36 +191,31 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 	return res, errs, nil
 }
 
-// parseGrant reads a grant entry of an outbox. Its id is the time the
-// grant was made (the stream's own clock, ms).
-func parseGrant(m redis.XMessage) (Grant, error) {
-	v := m.Values
-	s := func(k string) string { x, _ := v[k].(string); return x }
-	n := func(k string) (int64, error) { return strconv.ParseInt(s(k), 10, 64) }
-	g := Grant{PoolID: s("pool"), UserID: s("user")}
-	var err error
-	var sub int64
-	if g.Serial, err = n("serial"); err != nil {
-		return g, fmt.Errorf("serial: %w", err)
+// parseGrant reads an entry of the outbox stream (lua.ParseOutboxEntry):
+// a grant, or release true for a release (not paid). A packed entry's pool
+// and sub-pool are its stream's. The grant's time is the entry id's (the
+// stream's own clock, ms).
+func parseGrant(stream string, m redis.XMessage) (g Grant, release bool, err error) {
+	e, err := lua.ParseOutboxEntry(m.Values)
+	if err != nil || e.Release {
+		return g, e.Release, err
 	}
-	if g.AmountCents, err = n("amount"); err != nil {
-		return g, fmt.Errorf("amount: %w", err)
+	g = Grant{PoolID: e.Pool, SubPool: e.Sub, UserID: e.User, AmountCents: e.Amount, Serial: e.Serial, DeadlineMS: e.DeadlineMS}
+	if e.Pool == "" {
+		sp, ok := rain.ParseOutbox(stream)
+		if !ok {
+			return g, false, fmt.Errorf("stream %q is no sub-pool's outbox", stream)
+		}
+		g.PoolID, g.SubPool = sp.Pool, sp.Index
 	}
-	if g.DeadlineMS, err = n("deadline_ms"); err != nil {
-		return g, fmt.Errorf("deadline_ms: %w", err)
-	}
-	if sub, err = n("sub"); err != nil {
-		return g, fmt.Errorf("sub: %w", err)
-	}
-	g.SubPool = int(sub)
 	if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
-		return g, errors.New("bad pool or user id")
+		return g, false, errors.New("bad pool or user id")
 	}
 	ms, _, _ := strings.Cut(m.ID, "-")
 	at, err := strconv.ParseInt(ms, 10, 64)
 	if err != nil {
-		return g, fmt.Errorf("entry id %q: %w", m.ID, err)
+		return g, false, fmt.Errorf("entry id %q: %w", m.ID, err)
 	}
 	g.GrantedAt = time.UnixMilli(at).UTC()
-	return g, nil
+	return g, false, nil
 }

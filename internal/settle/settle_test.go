@@ -494,3 +494,67 @@ func TestLagFollowsTheOldestUnsettled(t *testing.T) {
 		return w.Stats().Delivered == 20 && w.Stats().Lag == 0
 	})
 }
+
+// TestEntriesOfBothFormsAreSettled: an outbox written before the scripts
+// packed their entries (a field per value) is settled after an upgrade as
+// one written now: half of every outbox's grants are rewritten in the
+// older form beside the others, and each grant is paid once, at its
+// amount, to its pool and sub-pool.
+func TestEntriesOfBothFormsAreSettled(t *testing.T) {
+	e, grants := newEnv(t, 40, 0)
+	ctx := context.Background()
+	subs, err := e.cat.SubPools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type owner struct {
+		user string
+		sub  int
+	}
+	want := map[int64]owner{} // by serial
+	rewritten := 0
+	for _, sp := range subs {
+		c, key := e.shards.Client(sp.Shard), sp.Keys().Outbox
+		entries, err := c.XRange(ctx, key, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, en := range entries {
+			g, err := lua.ParseOutboxEntry(en.Values)
+			if err != nil || g.Release {
+				t.Fatalf("outbox entry %v = %+v, %v; want a grant", en.Values, g, err)
+			}
+			want[g.Serial] = owner{g.User, sp.Index}
+			if i%2 == 1 {
+				continue
+			}
+			old := []any{"type", "grant", "pool", sp.Pool, "sub", sp.Index, "user", g.User,
+				"amount", g.Amount, "serial", g.Serial, "deadline_ms", g.DeadlineMS}
+			if err := c.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: old}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.XDel(ctx, key, en.ID).Err(); err != nil {
+				t.Fatal(err)
+			}
+			rewritten++
+		}
+	}
+	if rewritten < 10 {
+		t.Fatalf("%d entries rewritten, want half of 40", rewritten)
+	}
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	w := settle.New(e.shards, e.cat, openLedger(t, path), fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+	stop()
+	if st := w.Stats(); st.Delivered != 40 || st.Anomalies != 0 {
+		t.Fatalf("stats %+v: want 40 delivered, no anomaly", st)
+	}
+	checkLedger(t, path, grants)
+	for serial, g := range readLedger(t, path) {
+		if g.PoolID != "p" || (owner{g.UserID, g.SubPool}) != want[serial] {
+			t.Fatalf("ledger line %+v, want user and sub-pool %+v", g, want[serial])
+		}
+	}
+	e.assertAudit(t)
+}

@@ -141,6 +141,13 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	}
 	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
 		API: acfg, Build: buildInfo(), Logger: log}
+	switch c.Outbox {
+	case "fields":
+	case "packed":
+		icfg.PackedOutbox = true
+	default:
+		return instance.Config{}, usagef("--outbox %q: want fields or packed", c.Outbox)
+	}
 	if !c.tryIt() {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err

@@ -48,6 +48,7 @@ type serveConfig struct {
 	ClientIPHeader  string
 	RateLimitKeys   int
 	Postgres        string   // the system of record closes reconcile with; "" = none
+	Outbox          string   // "fields" or "packed": the form of a grant's outbox entry
 	secretArgs      []string // warnings of secrets given on the command line
 	deprecated      []string // warnings of old flag names given (flags.deprecations)
 }
@@ -89,6 +90,8 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.AdminListen, "admin-listen", "", "serve the operator endpoints and the dashboard (/admin/) on this address only, not on --listen (keep them off the clients' network); empty: on --listen")
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
 	f.StringVar(&c.Postgres, "postgres", "", "the PostgreSQL database rain settle delivers into (postgres://...): a close reconciles the pool with it and records the account there; embedded, the in-process settle worker delivers into it; empty: none")
+	f.StringVar(&c.Outbox, "outbox", "fields", `form of each grant's entry in the outbox settlement reads: "fields" (a field per value, what every rain settle pays) or "packed" (one field: less Redis work per grant). Set packed only once every rain settle reading these shards is of this version or later: an older one acknowledges a packed grant without paying it`)
+	f.bindEnv("outbox", "RAIN_OUTBOX")
 	f.bindEnv("listen", "RAIN_LISTEN")
 	f.bindEnv("postgres", "RAIN_POSTGRES")
 	f.bindEnv("redis", "RAIN_REDIS")

@@ -77,8 +77,11 @@ type batcher struct {
 	stop <-chan struct{} // closed by Service.Close
 
 	// budget bounds one batch's round trip (the shard's call budget); a
-	// claim waits at most that for its batch, plus the batch before it.
+	// claim waits at most that for its batch, plus the batch before it and
+	// the lane's linger (lingerMax).
 	budget time.Duration
+	// packed: the grants' outbox entries are packed (Config.PackedOutbox).
+	packed bool
 	// replicated: the shard runs with replicas (Sentinel), and each batch
 	// waits for one to have it (WAIT) before its grants are answered.
 	replicated bool
@@ -204,7 +207,7 @@ func (b *batcher) lane() {
 			}
 		}
 		batch = b.drain(append(batch[:0], first))
-		if len(batch) < expect {
+		if len(batch) < expect && b.br.current() == breakerClosed {
 			batch = b.drain(b.linger(batch, expect, timer))
 		}
 		b.sent.Store(time.Now().UnixNano())
@@ -242,7 +245,8 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // batch half of what the shard has in flight. Under light load a batch is
 // one claim, the next is expected to be one too, and nothing waits; under
 // a flood the queue already holds a full batch. A claim waits at most
-// lingerMax for the lane (a fraction of one fsync).
+// lingerMax for the lane (a fraction of one fsync), and never while the
+// shard's breaker is not closed (its claims are then answered at once).
 func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
 	timer.Reset(lingerMax)
 	defer timer.Stop()
@@ -380,7 +384,7 @@ func (b *batcher) send(ctx context.Context, c redis.UniversalClient, gs []*group
 		if asking {
 			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
-		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, replicated, g.claims, g.args)
+		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, replicated, b.packed, g.claims, g.args)
 	}
 	var wait *redis.IntCmd
 	if replicated {

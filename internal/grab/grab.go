@@ -110,6 +110,12 @@ type Config struct {
 	OnBatch func(shard string, claims int, took time.Duration, failed bool)
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
+	// PackedOutbox: each grant's outbox entry is one packed field, not a
+	// field per value (see lua.ParseOutboxEntry). A rain settle older than
+	// the packed form acknowledges a packed grant unpaid: set it only once
+	// every rain settle that reads these shards reads it (rain serve
+	// --outbox packed).
+	PackedOutbox bool
 }
 
 // Service grabs from pools. Build it with New, stop it with Close.
@@ -196,7 +202,7 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	}
 	start := func(f func()) { s.goBackground(f) }
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
-		budget: shards.Timeout(), replicated: replicated, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
+		budget: shards.Timeout(), replicated: replicated, packed: s.cfg.PackedOutbox, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
 		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
 	placed := name
 	if cluster != "" {

@@ -72,6 +72,8 @@ type Config struct {
 	// SpillValidity is the spill reservations' validity (T) for the grab
 	// path and the reaper alike. Default lua.SpillValidity.
 	SpillValidity time.Duration
+	// PackedOutbox: grants' outbox entries are packed (grab.Config.PackedOutbox).
+	PackedOutbox bool
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -163,7 +165,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
-		OnBatch: in.Metrics.Batches(set.Names())}
+		OnBatch: in.Metrics.Batches(set.Names()), PackedOutbox: cfg.PackedOutbox}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool
 		pc.Logger = cfg.Logger

@@ -190,7 +190,7 @@ func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
 		r.claims = append(r.claims, ClaimArg{User: "u" + strconv.FormatInt(first+i, 10), Serial: first + i + 1})
 	}
 	pipe := r.c.Pipeline()
-	cmd := ClaimManyCmd(ctx, pipe, &r.keys, 0, false, r.claims, nil)
+	cmd := ClaimManyCmd(ctx, pipe, &r.keys, 0, false, true, r.claims, nil)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}

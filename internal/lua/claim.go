@@ -55,23 +55,30 @@ type ClaimArg struct {
 //
 // With fence the caller WAITs for a replica after the script on the same
 // connection: a run that answers a grant made before it then writes a
-// counter, so the WAIT covers that grant too (see claim_many.lua).
-func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence bool, claims []ClaimArg, args []any) *redis.Cmd {
-	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, claims)...)
+// counter, so the WAIT covers that grant too (see claim_many.lua). With
+// packed each grant's outbox entry is one field; without, a field per
+// value, the only form a rain settle older than the packed form pays (see
+// prelude.lua and ParseOutboxEntry).
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence, packed bool, claims []ClaimArg, args []any) *redis.Cmd {
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, packed, claims)...)
 }
 
 // ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
-// fence.
+// fence, its grants' outbox entries packed.
 func ClaimMany(ctx context.Context, c Client, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
-	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, claims)...).Slice()
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, true, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}
 	return parseClaimMany(res, len(claims))
 }
 
-func claimManyArgs(args []any, validityMS int64, fence bool, claims []ClaimArg) []any {
-	args = append(args[:0], validityMS, fenceFlag(fence))
+func claimManyArgs(args []any, validityMS int64, fence, packed bool, claims []ClaimArg) []any {
+	form := "fields"
+	if packed {
+		form = "packed"
+	}
+	args = append(args[:0], validityMS, fenceFlag(fence), form)
 	for _, c := range claims {
 		args = append(args, c.User, c.Serial, c.Token)
 	}

@@ -13,7 +13,10 @@
 -- ARGV[1] reservation validity in ms (T)
 -- ARGV[2] "1": fence (the caller WAITs for a replica after this script on
 --         the same connection, see below); "0": none
--- ARGV[3], ARGV[4], ARGV[5]: user, serial, spill token ("" for pools of one
+-- ARGV[3] the form of the grants' outbox entries: "packed" (one field) or
+--         "fields" (a field per value, what a rain settle before the packed
+--         form reads; see prelude.lua)
+-- ARGV[4], ARGV[5], ARGV[6]: user, serial, spill token ("" for pools of one
 --         sub-pool) of the first claim; then the next claim's three, ...
 --
 -- Each claim: the user's grant if they hold one ("already"; "granted"
@@ -54,7 +57,8 @@ local meta, grants, reserve = KEYS[1], KEYS[3], KEYS[6]
 local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5]}
 local validity = tonumber(ARGV[1])
 local fence = ARGV[2] == '1'
-local n = (#ARGV - 2) / 3
+k.packed = ARGV[3] == 'packed'
+local n = (#ARGV - 3) / 3
 local out = {}
 
 local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')
@@ -85,7 +89,7 @@ end
 -- second then finds that grant, as it would one batch later.
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[3 * i]
+  users[i] = ARGV[3 * i + 1]
 end
 local held = redis.call('HMGET', grants, unpack(users))
 local made = {} -- user -> grant record made in this batch
@@ -102,14 +106,14 @@ for i = 1, n do
   local user = users[i]
   if held[i] and expiredAt[user] == nil then
     local ser = string.match(held[i], '^%a:%d+:(%d+):%d+$')
-    if ser and ser ~= ARGV[3 * i + 1] and release_held(k, user, held[i], now) then
+    if ser and ser ~= ARGV[3 * i + 2] and release_held(k, user, held[i], now) then
       expiredAt[user] = i
     end
   end
 end
 
 for i = 1, n do
-  local user, serial, token = users[i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  local user, serial, token = users[i], ARGV[3 * i + 2], ARGV[3 * i + 3]
   local g = made[user]
   if g == nil and (expiredAt[user] == nil or i < expiredAt[user]) then
     g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab

@@ -30,7 +30,8 @@ type OutboxEntry struct {
 // the packed form, one field g (a grant) or r (a release) holding
 // "amount:serial:deadline_ms:user" (and o, the origin, for an adopted
 // grant), and the form rain wrote before it, a field per value (type,
-// pool, sub, user, amount, serial, deadline_ms, origin).
+// pool, sub, user, amount, serial, deadline_ms, origin). On an error,
+// Release still says whether the entry is a release.
 func ParseOutboxEntry(v map[string]any) (OutboxEntry, error) {
 	s := func(k string) string { x, _ := v[k].(string); return x }
 	var e OutboxEntry
@@ -39,11 +40,12 @@ func ParseOutboxEntry(v map[string]any) (OutboxEntry, error) {
 		packed, release = s("r"), true
 	}
 	if packed != "" {
+		e.Release = release // an unreadable release is still one (it pays nothing)
 		f := strings.SplitN(packed, ":", 4)
 		if len(f) != 4 || f[3] == "" {
 			return e, fmt.Errorf("outbox entry %q: want amount:serial:deadline_ms:user", packed)
 		}
-		e.Release, e.User, e.Origin = release, f[3], s("o")
+		e.User, e.Origin = f[3], s("o")
 		return e, e.numbers(f[0], f[1], f[2])
 	}
 	switch s("type") {

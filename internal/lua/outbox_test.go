@@ -1,7 +1,14 @@
 package lua
 
 import (
+	"context"
+	"fmt"
+	"strconv"
 	"testing"
+	"time"
+
+	"rain"
+	"rain/internal/wait/waittest"
 )
 
 // TestParseOutboxEntry reads both forms of an outbox entry: the packed one
@@ -38,12 +45,18 @@ func TestParseOutboxEntry(t *testing.T) {
 		{"g": "250:17:1790000000000:"},
 		{"g": "x:17:1790000000000:u1"},
 		{"r": "250:-:1790000000000:u1"},
+		{"r": "damaged"},
+		{"type": "release", "pool": "p", "sub": "0", "user": "u1", "amount": "x", "serial": "1", "deadline_ms": "1"},
 		{"type": "grant", "pool": "p", "sub": "x", "user": "u1", "amount": "1", "serial": "1", "deadline_ms": "1"},
 		{"type": "grant", "pool": "p", "sub": "0", "user": "u1", "amount": "1", "serial": "1"},
 		{"type": "other"},
 	} {
-		if got, err := ParseOutboxEntry(v); err == nil {
+		got, err := ParseOutboxEntry(v)
+		if err == nil {
 			t.Errorf("ParseOutboxEntry(%v) = %+v, nil; want an error", v, got)
+		}
+		if _, r := v["r"]; got.Release != (r || v["type"] == "release") {
+			t.Errorf("ParseOutboxEntry(%v) = %+v: an unreadable release is still one, nothing else is", v, got)
 		}
 	}
 }
@@ -63,4 +76,81 @@ func FuzzParseOutboxEntry(f *testing.F) {
 			t.Fatalf("ParseOutboxEntry(%q) = %+v", packed, e)
 		}
 	})
+}
+
+// TestClaimWritesTheOutboxFormAsked: claim_many writes a grant's entry
+// packed when asked, and a field per value otherwise (what a rain settle
+// older than the packed form pays: type grant, pool, sub, user, amount,
+// serial, deadline_ms).
+func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	sp := rain.SubPool{Pool: "p:x", Index: 1}
+	if _, _, err := Setup(ctx, c, sp, 2, 30, Window{HoldMS: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	load(t, c, sp, 0, 10, 20)
+	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
+		t.Fatal(err)
+	}
+	k := sp.Keys()
+	for i, packed := range []bool{true, false} {
+		pipe := c.Pipeline()
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, packed, []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}, nil)
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, errs, err := ParseClaimMany(cmd, 1); err != nil || errs[0] != nil || got[0].Outcome != Granted {
+			t.Fatalf("claim (packed %v) = %+v, %v, %v; want granted", packed, got, errs, err)
+		}
+	}
+	entries, err := c.XRange(ctx, k.Outbox, "-", "+").Result()
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("outbox = %v, %v; want two entries", entries, err)
+	}
+	if v := entries[0].Values; len(v) != 1 || v["g"] == nil {
+		t.Fatalf("packed entry = %v, want one field g", v)
+	}
+	v := entries[1].Values
+	if v["type"] != "grant" || v["pool"] != "p:x" || v["sub"] != "1" || v["user"] != "u:1" || v["serial"] != "2" ||
+		v["amount"] == nil || v["deadline_ms"] == nil {
+		t.Fatalf("entry in fields = %v, want type grant, pool p:x, sub 1, user u:1, serial 2, amount, deadline_ms", v)
+	}
+	for i, en := range entries {
+		e, err := ParseOutboxEntry(en.Values)
+		if err != nil || e.Release || e.User != fmt.Sprintf("u:%d", i) || e.Serial != int64(i+1) || e.Amount == 0 {
+			t.Fatalf("entry %v = %+v, %v", en.Values, e, err)
+		}
+	}
+}
+
+// TestCountersPastDoublesStayExact: a tally past 2^53 cents (a season of
+// turnovers of a pool at rain's cap) moves exactly, where a sum in a Lua
+// number would round: write_books leaves such a counter to HINCRBY.
+func TestCountersPastDoublesStayExact(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := openSubPool(t, c, 0, 20, 7, 8) // a hold of 20 ms
+	const big = "9007199254740993"      // 2^53 + 1: no double holds it
+	if err := c.HSet(ctx, k.Meta, "released_cents", big).Err(); err != nil {
+		t.Fatal(err)
+	}
+	first, err := claimOne(ctx, c, &k, "u", 1, "", 0)
+	if err != nil || first.Outcome != Granted {
+		t.Fatalf("claim = %+v, %v; want granted", first, err)
+	}
+	waittest.Until(t, 5*time.Second, "the grant's deadline passed on the shard's clock", func() bool {
+		tm, err := c.Time(ctx).Result()
+		return err == nil && tm.UnixMilli() > first.DeadlineMS
+	})
+	if next, err := claimOne(ctx, c, &k, "u", 2, "", 0); err != nil || next.Outcome != Granted {
+		t.Fatalf("a grab after the hold ran out = %+v, %v; want granted", next, err)
+	}
+	want := strconv.FormatInt(9007199254740993+first.Amount, 10)
+	if got, _ := c.HGet(ctx, k.Meta, "released_cents").Result(); got != want {
+		t.Fatalf("released_cents = %s, want %s exactly", got, want)
+	}
 }

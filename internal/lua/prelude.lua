@@ -50,9 +50,9 @@
 --
 -- A move takes the sub-pool's keys in a table k (meta, stock, grants,
 -- deadlines, outbox, transfers, resolved: those it needs), all of one
--- sub-pool and so of one hash tag, and for the stock's notice the pool id
--- and sub-pool index (k.pool, k.index; write_books reads them from the
--- meta when they are not given).
+-- sub-pool and so of one hash tag, and for a grant's outbox entry in
+-- fields and the stock's notice the pool id and sub-pool index (k.pool,
+-- k.index; write_books reads them from the meta when they are not given).
 --
 -- Amounts are strings of digits as Redis and the callers give them; sums
 -- are Lua numbers, exact to 2^53 (rain caps a pool at 1e15 cents), written
@@ -94,12 +94,17 @@ local function tally(name, amount)
 end
 
 -- The outbox: one entry per grant made (for settlement) and per grant
--- released, each one packed field, the sub-pool its stream's:
---   g  "amount:serial:deadline_ms:user"  a grant made (and o: the sibling
---                                        its amount came from, when adopted)
+-- released. Packed, an entry is one field, its sub-pool its stream's:
+--   g  "amount:serial:deadline_ms:user"  a grant made
 --   r  "amount:serial:deadline_ms:user"  a held grant released
--- The user comes last: an id may hold ':' (lua.ParseOutboxEntry reads
--- these, and the field-per-value entries rain wrote before them).
+-- The user comes last: an id may hold ':'. A grant's entry is packed only
+-- when the script is told so (k.packed: claim_many's ARGV, rain serve
+-- --outbox packed); else it has a field per value (type grant, pool, sub,
+-- user, amount, serial, deadline_ms, and origin for one a spill adopted),
+-- the only form a rain settle before the packed one pays: it acknowledges,
+-- unpaid, any entry whose type is not grant. That is right for a release,
+-- which pays nothing, so releases are always packed. lua.ParseOutboxEntry
+-- reads both forms.
 
 -- hold records a new held grant: its record and deadline (written by
 -- write_books) and its outbox entry, for settlement. origin: the sibling
@@ -110,11 +115,14 @@ local function hold(k, user, amount, serial, deadline, origin)
   grants_made[#grants_made + 1] = rec
   deadlines_made[#deadlines_made + 1] = deadline
   deadlines_made[#deadlines_made + 1] = user
-  local entry = amount .. ':' .. serial .. ':' .. deadline .. ':' .. user
-  if origin then
-    redis.call('XADD', k.outbox, '*', 'g', entry, 'o', origin)
+  if k.packed and not origin then
+    redis.call('XADD', k.outbox, '*', 'g', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)
+  elseif origin then
+    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
+      'amount', amount, 'serial', serial, 'deadline_ms', deadline, 'origin', origin)
   else
-    redis.call('XADD', k.outbox, '*', 'g', entry)
+    redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
+      'amount', amount, 'serial', serial, 'deadline_ms', deadline)
   end
   return rec
 end
@@ -257,13 +265,33 @@ local function write_books(k)
   end
   if #booked > 0 then
     -- One read and one write of the meta, however many counters moved.
+    -- A sum is exact in a Lua number below 2^53; a counter beyond 2^52
+    -- (a tally of many turnovers) or one that is not a number is left to
+    -- HINCRBY, exact to 2^63 and an error on a bad value.
     local was = redis.call('HMGET', k.meta, 'version', unpack(booked))
-    local set = {'version', string.format('%d', (tonumber(was[1]) or 0) + 1)}
+    local set, exact = {}, {'version'}
+    books.version = 1
     for i, counter in ipairs(booked) do
-      set[#set + 1] = counter
-      set[#set + 1] = string.format('%d', (tonumber(was[i + 1]) or 0) + books[counter])
+      local v = tonumber(was[i + 1] or '0')
+      if v and math.abs(v) < 2 ^ 52 and math.abs(books[counter]) < 2 ^ 52 then
+        set[#set + 1] = counter
+        set[#set + 1] = string.format('%d', v + books[counter])
+      else
+        exact[#exact + 1] = counter
+      end
     end
-    redis.call('HSET', k.meta, unpack(set))
+    local version = tonumber(was[1] or '0')
+    if version and version < 2 ^ 52 then
+      set[#set + 1] = 'version'
+      set[#set + 1] = string.format('%d', version + 1)
+      table.remove(exact, 1)
+    end
+    if #set > 0 then
+      redis.call('HSET', k.meta, unpack(set))
+    end
+    for _, counter in ipairs(exact) do
+      redis.call('HINCRBY', k.meta, counter, string.format('%d', books[counter]))
+    end
   end
   if restocked then
     local pool, index = k.pool, k.index

@@ -28,7 +28,9 @@ type batch struct {
 }
 
 // settleBatch settles msgs, the entries of one outbox (one sub-pool), in
-// one confirm script, one delivery and one acknowledgment. An entry whose
+// one confirm script, one delivery and one acknowledgment. An entry it
+// cannot read is acknowledged only when it is a release (which pays
+// nothing); any other is left pending for an operator. An entry whose
 // confirm or delivery fails stays pending (retried on the next pass over
 // the worker's own pending entries), and so does one whose serial the
 // sink paid for another grant (left for an operator); every other entry is
@@ -40,10 +42,15 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	for _, m := range msgs {
 		g, release, err := parseGrant(stream, m)
 		switch {
-		case err != nil:
+		case err != nil && release:
 			w.anomalies.Add(1)
-			w.cfg.Logger.Error("settle: unreadable outbox entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
-			b.done = append(b.done, m.ID)
+			w.cfg.Logger.Error("settle: unreadable release entry; acknowledged", "stream", stream, "id", m.ID, "err", err)
+			b.done = append(b.done, m.ID) // a release pays nothing
+		case err != nil:
+			// Perhaps a grant, or a form a later rain writes: acknowledged,
+			// it would never be paid, and its grant would be released at its
+			// deadline. Left pending for an operator, as a mismatch is.
+			w.leftForOperator(stream, m.ID, fmt.Errorf("unreadable outbox entry: %w", err))
 		case release:
 			b.done = append(b.done, m.ID) // not paid
 		default:

@@ -123,15 +123,16 @@ func (c *Config) init() {
 type Stats struct {
 	Delivered int64 // grants confirmed and delivered
 	Expired   int64 // grant entries whose grant had been released: not paid
-	Anomalies int64 // grant entries with no matching grant (logged)
+	Anomalies int64 // grant entries with no matching grant, release entries unreadable (logged)
 	// Failures counts what failed and is tried again: a read of a shard's
 	// outboxes (the shard down, a stream whose consumer group was lost), a
 	// confirm, a wait for a replica, a delivery. A stream that vanished
 	// with its pool's close is no failure.
 	Failures int64
 	// Conflicts counts entries left pending for an operator: a serial the
-	// sink had paid for another grant, or an entry whose amount is not its
-	// grant's (logged once each).
+	// sink had paid for another grant, an entry whose amount is not its
+	// grant's, or one that cannot be read as a grant or a release (logged
+	// once each).
 	Conflicts int64
 	// Lag is how far settlement is behind the grants: the age of the oldest
 	// outbox entry (its stream id is the time it was written) that may be

@@ -558,3 +558,36 @@ func TestEntriesOfBothFormsAreSettled(t *testing.T) {
 	}
 	e.assertAudit(t)
 }
+
+// TestUnreadableEntryIsLeftForAnOperator: an outbox entry settlement cannot
+// read (a form a later rain writes, a damaged entry) may be a grant: it is
+// left pending for an operator, not acknowledged unpaid; an unreadable
+// release, which pays nothing, is acknowledged. The grants beside them are
+// paid.
+func TestUnreadableEntryIsLeftForAnOperator(t *testing.T) {
+	e, grants := newEnv(t, 4, 0)
+	ctx := context.Background()
+	subs, err := e.cat.SubPools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, key := e.shards.Client(subs[0].Shard), subs[0].Keys().Outbox
+	for _, v := range []map[string]any{{"g": "a later form"}, {"r": "damaged"}} {
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: v}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	w := settle.New(e.shards, e.cat, openLedger(t, path), fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 20*time.Second, "the grants paid, the unreadable grant left", func() bool {
+		st := w.Stats()
+		return st.Delivered == 4 && st.Conflicts == 1 && st.Anomalies == 1 && e.outboxed(t) == 1
+	})
+	stop()
+	left, err := c.XRange(ctx, key, "-", "+").Result()
+	if err != nil || len(left) != 1 || left[0].Values["g"] != "a later form" {
+		t.Fatalf("outbox = %v, %v; want the unreadable grant entry alone", left, err)
+	}
+	checkLedger(t, path, grants)
+}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"rain"
 	"rain/internal/wait/waittest"
 )
 
@@ -85,18 +84,7 @@ func FuzzParseOutboxEntry(f *testing.F) {
 func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	sp := rain.SubPool{Pool: "p:x", Index: 1}
-	if _, _, err := Setup(ctx, c, sp, 2, 30, Window{HoldMS: 5000}); err != nil {
-		t.Fatal(err)
-	}
-	if err := LoadScripts(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	load(t, c, sp, 0, 10, 20)
-	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
-		t.Fatal(err)
-	}
-	k := sp.Keys()
+	k := openSubPool(t, c, 1, 5000, 10, 20)
 	for i, packed := range []bool{true, false} {
 		pipe := c.Pipeline()
 		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, packed, []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}, nil)
@@ -115,9 +103,9 @@ func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
 		t.Fatalf("packed entry = %v, want one field g", v)
 	}
 	v := entries[1].Values
-	if v["type"] != "grant" || v["pool"] != "p:x" || v["sub"] != "1" || v["user"] != "u:1" || v["serial"] != "2" ||
+	if v["type"] != "grant" || v["pool"] != "r" || v["sub"] != "1" || v["user"] != "u:1" || v["serial"] != "2" ||
 		v["amount"] == nil || v["deadline_ms"] == nil {
-		t.Fatalf("entry in fields = %v, want type grant, pool p:x, sub 1, user u:1, serial 2, amount, deadline_ms", v)
+		t.Fatalf("entry in fields = %v, want type grant, pool r, sub 1, user u:1, serial 2, amount, deadline_ms", v)
 	}
 	for i, en := range entries {
 		e, err := ParseOutboxEntry(en.Values)

@@ -64,9 +64,10 @@ func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, valid
 }
 
 // ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
-// fence, its grants' outbox entries packed.
+// fence, its grants' outbox entries a field per value (rain serve's
+// default, which every rain settle pays).
 func ClaimMany(ctx context.Context, c Client, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
-	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, true, claims)...).Slice()
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, false, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}

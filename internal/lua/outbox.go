@@ -9,7 +9,9 @@ import (
 
 // OutboxEntry is one entry of a sub-pool's outbox, as the scripts write it
 // (prelude.lua: hold, release_held): a grant made, for settlement, or a
-// held grant released at its deadline.
+// held grant released at its deadline. A grant's entry is a field per
+// value unless rain serve runs --outbox packed (one spill adopted always
+// is); a release's is always packed.
 type OutboxEntry struct {
 	Release    bool // a release; else a grant made
 	User       string
@@ -19,19 +21,19 @@ type OutboxEntry struct {
 	// Origin is, for a grant adopted by a spill, the sibling sub-pool its
 	// amount came from ("" otherwise).
 	Origin string
-	// Pool and Sub name the sub-pool when the entry does (those rain wrote
-	// before entries were packed); Pool is "" for a packed entry, whose
-	// sub-pool is its stream's (rain.ParseOutbox).
+	// Pool and Sub name the sub-pool when the entry does (a field per
+	// value); Pool is "" for a packed entry, whose sub-pool is its
+	// stream's (rain.ParseOutbox).
 	Pool string
 	Sub  int
 }
 
 // ParseOutboxEntry reads an outbox entry's values (XRANGE, XREADGROUP):
 // the packed form, one field g (a grant) or r (a release) holding
-// "amount:serial:deadline_ms:user" (and o, the origin, for an adopted
-// grant), and the form rain wrote before it, a field per value (type,
-// pool, sub, user, amount, serial, deadline_ms, origin). On an error,
-// Release still says whether the entry is a release.
+// "amount:serial:deadline_ms:user" (and o, an origin, when given), and a
+// field per value (type, pool, sub, user, amount, serial, deadline_ms,
+// origin): every form rain has written. On an error, Release still says
+// whether the entry is a release.
 func ParseOutboxEntry(v map[string]any) (OutboxEntry, error) {
 	s := func(k string) string { x, _ := v[k].(string); return x }
 	var e OutboxEntry

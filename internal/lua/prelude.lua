@@ -269,10 +269,14 @@ local function write_books(k)
     -- (a tally of many turnovers) or one that is not a number is left to
     -- HINCRBY, exact to 2^63 and an error on a bad value.
     local was = redis.call('HMGET', k.meta, 'version', unpack(booked))
+    local function integer(s) -- s as a number when it is an integer's digits, else nil
+      s = s or '0'
+      return string.match(s, '^%-?%d+$') and tonumber(s)
+    end
     local set, exact = {}, {'version'}
     books.version = 1
     for i, counter in ipairs(booked) do
-      local v = tonumber(was[i + 1] or '0')
+      local v = integer(was[i + 1])
       if v and math.abs(v) < 2 ^ 52 and math.abs(books[counter]) < 2 ^ 52 then
         set[#set + 1] = counter
         set[#set + 1] = string.format('%d', v + books[counter])
@@ -280,7 +284,7 @@ local function write_books(k)
         exact[#exact + 1] = counter
       end
     end
-    local version = tonumber(was[1] or '0')
+    local version = integer(was[1])
     if version and version < 2 ^ 52 then
       set[#set + 1] = 'version'
       set[#set + 1] = string.format('%d', version + 1)

@@ -33,7 +33,8 @@ const (
 	// that arrive meanwhile make the next batch: with one lane they wait
 	// for it, with more they leave in batches of their own. Measured with
 	// BenchmarkGrab (4 shards, always, 32 goroutines, 2 cores): 1 lane
-	// 21,000 grabs/s, 2 lanes 15,200, 4 lanes 13,600.
+	// 21,000 grabs/s, 2 lanes 15,200, 4 lanes 13,600; with the linger, 2
+	// lanes over HTTP 0.9x the grabs/s of 1 (docs/benchmarks.md, lever 4).
 	lanesPerShard = 1
 	maxBatch      = 128
 	// lingerMax bounds how long a lane waits for the claims it expects

@@ -30,9 +30,9 @@ type OutboxEntry struct {
 
 // ParseOutboxEntry reads an outbox entry's values (XRANGE, XREADGROUP):
 // the packed form, one field g (a grant) or r (a release) holding
-// "amount:serial:deadline_ms:user" (and o, an origin, when given), and a
-// field per value (type, pool, sub, user, amount, serial, deadline_ms,
-// origin): every form rain has written. On an error, Release still says
+// "amount:serial:deadline_ms:user", and a field per value (type, pool,
+// sub, user, amount, serial, deadline_ms, origin): every form rain has
+// written. On an error, Release still says
 // whether the entry is a release.
 func ParseOutboxEntry(v map[string]any) (OutboxEntry, error) {
 	s := func(k string) string { x, _ := v[k].(string); return x }
@@ -47,7 +47,7 @@ func ParseOutboxEntry(v map[string]any) (OutboxEntry, error) {
 		if len(f) != 4 || f[3] == "" {
 			return e, fmt.Errorf("outbox entry %q: want amount:serial:deadline_ms:user", packed)
 		}
-		e.User, e.Origin = f[3], s("o")
+		e.User = f[3]
 		return e, e.numbers(f[0], f[1], f[2])
 	}
 	switch s("type") {

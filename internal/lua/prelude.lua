@@ -93,6 +93,13 @@ local function tally(name, amount)
   change(name .. '_cents', tonumber(amount))
 end
 
+-- integer is s (a counter as HMGET reads it; false or nil: missing, 0) as
+-- a number when it is an integer's digits, else nil.
+local function integer(s)
+  s = s or '0'
+  return string.match(s, '^%-?%d+$') and tonumber(s)
+end
+
 -- The outbox: one entry per grant made (for settlement) and per grant
 -- released. Packed, an entry is one field, its sub-pool its stream's:
 --   g  "amount:serial:deadline_ms:user"  a grant made
@@ -269,12 +276,13 @@ local function write_books(k)
     -- (a tally of many turnovers) or one that is not a number is left to
     -- HINCRBY, exact to 2^63 and an error on a bad value.
     local was = redis.call('HMGET', k.meta, 'version', unpack(booked))
-    local function integer(s) -- s as a number when it is an integer's digits, else nil
-      s = s or '0'
-      return string.match(s, '^%-?%d+$') and tonumber(s)
+    local set, exact = {}, {}
+    local version = integer(was[1])
+    if version and version < 2 ^ 52 then
+      set[1], set[2] = 'version', string.format('%d', version + 1)
+    else
+      redis.call('HINCRBY', k.meta, 'version', 1)
     end
-    local set, exact = {}, {'version'}
-    books.version = 1
     for i, counter in ipairs(booked) do
       local v = integer(was[i + 1])
       if v and math.abs(v) < 2 ^ 52 and math.abs(books[counter]) < 2 ^ 52 then
@@ -283,12 +291,6 @@ local function write_books(k)
       else
         exact[#exact + 1] = counter
       end
-    end
-    local version = integer(was[1])
-    if version and version < 2 ^ 52 then
-      set[#set + 1] = 'version'
-      set[#set + 1] = string.format('%d', version + 1)
-      table.remove(exact, 1)
     end
     if #set > 0 then
       redis.call('HSET', k.meta, unpack(set))

@@ -22,6 +22,8 @@ import (
 // batch is one stream's entries of a read, as settleBatch sorts them.
 type batch struct {
 	stream string
+	sp     rain.SubPool // the stream's sub-pool, when spOK (rain.ParseOutbox)
+	spOK   bool
 	done   []string // ids of the entries settled: acknowledged and trimmed
 	grants []Grant  // grant entries to confirm and deliver
 	ids    []string // their ids
@@ -39,8 +41,9 @@ type batch struct {
 // was left pending for a failure (the caller then waits RetryDelay).
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
+	b.sp, b.spOK = rain.ParseOutbox(stream)
 	for _, m := range msgs {
-		g, release, err := parseGrant(stream, m)
+		g, release, err := b.parseGrant(m)
 		switch {
 		case err != nil && release:
 			w.anomalies.Add(1)
@@ -76,8 +79,8 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 // what is settled to b.done. It reports whether some are left pending for
 // a failure.
 func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
-	sp, ok := rain.ParseOutbox(b.stream)
-	if !ok {
+	sp := b.sp
+	if !b.spOK {
 		g0 := b.grants[0]
 		sp = rain.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
 	}
@@ -198,22 +201,21 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 	return res, errs, nil
 }
 
-// parseGrant reads an entry of the outbox stream (lua.ParseOutboxEntry):
-// a grant, or release true for a release (not paid). A packed entry's pool
+// parseGrant reads an entry of b's stream (lua.ParseOutboxEntry): a
+// grant, or release true for a release (not paid). A packed entry's pool
 // and sub-pool are its stream's. The grant's time is the entry id's (the
 // stream's own clock, ms).
-func parseGrant(stream string, m redis.XMessage) (g Grant, release bool, err error) {
+func (b *batch) parseGrant(m redis.XMessage) (g Grant, release bool, err error) {
 	e, err := lua.ParseOutboxEntry(m.Values)
 	if err != nil || e.Release {
 		return g, e.Release, err
 	}
 	g = Grant{PoolID: e.Pool, SubPool: e.Sub, UserID: e.User, AmountCents: e.Amount, Serial: e.Serial, DeadlineMS: e.DeadlineMS}
 	if e.Pool == "" {
-		sp, ok := rain.ParseOutbox(stream)
-		if !ok {
-			return g, false, fmt.Errorf("stream %q is no sub-pool's outbox", stream)
+		if !b.spOK {
+			return g, false, fmt.Errorf("stream %q is no sub-pool's outbox", b.stream)
 		}
-		g.PoolID, g.SubPool = sp.Pool, sp.Index
+		g.PoolID, g.SubPool = b.sp.Pool, b.sp.Index
 	}
 	if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
 		return g, false, errors.New("bad pool or user id")

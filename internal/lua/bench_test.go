@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,6 +40,58 @@ func BenchmarkClaimMany(b *testing.B) {
 	}
 	for _, n := range []int{1, 16, 128} {
 		b.Run("minimal/batch="+strconv.Itoa(n), func(b *testing.B) { benchClaims(b, n, newMinimalClaims) })
+	}
+}
+
+// BenchmarkNextLevers measures, before anyone builds them, what the two
+// largest pieces of claim_many's work per grant cost, by running variants
+// of the script that leave them out (they are not rain's: their grants
+// would not be settled or released) beside it, as BenchmarkClaimMany
+// measures it, packed form:
+//
+//	claim_many             the script as rain runs it
+//	one-xadd               the grants of a batch in one outbox entry (one
+//	                       XADD per script, not one per grant)
+//	one-xadd-no-deadlines  that, and no deadline index (no ZADD of each
+//	                       grant: a reaper driven by the grants' order)
+//
+// Each variant is the real script with its text replaced where named; a
+// replacement that no longer finds its text fails the benchmark, so it
+// never measures the script unchanged. docs/benchmarks.md, "The next
+// levers", has the figures.
+//
+//	go test -run x -bench NextLevers -count 3 ./internal/lua
+func BenchmarkNextLevers(b *testing.B) {
+	oneXadd := []string{
+		"local restocked = false -- an amount came back to the stock\n",
+		"local restocked = false -- an amount came back to the stock\nlocal entries = {}\n",
+		"    redis.call('XADD', k.outbox, '*', 'g', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)\n",
+		"    entries[#entries + 1] = amount .. ':' .. serial .. ':' .. deadline .. ':' .. user\n",
+		"  if #grants_made > 0 then\n",
+		"  if #entries > 0 then\n    redis.call('XADD', k.outbox, '*', 'G', table.concat(entries, ' '))\n  end\n  if #grants_made > 0 then\n",
+	}
+	noDeadlines := []string{"    redis.call('ZADD', k.deadlines, unpack(deadlines_made))\n", ""}
+	variants := []struct {
+		name  string
+		edits []string // old, new, old, new, ...
+	}{
+		{"claim_many", nil},
+		{"one-xadd", oneXadd},
+		{"one-xadd-no-deadlines", append(slices.Clone(oneXadd), noDeadlines...)},
+	}
+	for _, v := range variants {
+		src := prelude + source("claim_many")
+		for i := 0; i < len(v.edits); i += 2 {
+			if strings.Count(src, v.edits[i]) != 1 {
+				b.Fatalf("%s: the script no longer holds %q once: update the variant", v.name, v.edits[i])
+			}
+			src = strings.Replace(src, v.edits[i], v.edits[i+1], 1)
+		}
+		for _, n := range []int{16, 128} {
+			b.Run(v.name+"/batch="+strconv.Itoa(n), func(b *testing.B) {
+				benchClaims(b, n, func(c *redis.Client) claimer { return &rainClaims{c: c, script: redis.NewScript(src)} })
+			})
+		}
 	}
 }
 
@@ -145,6 +198,7 @@ type rainClaims struct {
 	sub    int // sub-pools made so far; the latest is where claims go
 	keys   rain.Keys
 	claims []ClaimArg
+	script *redis.Script // claim_many as rain runs it when nil; else a variant (BenchmarkNextLevers)
 }
 
 func newRainClaims(c *redis.Client) claimer { return &rainClaims{c: c} }
@@ -157,6 +211,11 @@ func (r *rainClaims) refill(ctx context.Context, packets int64) error {
 	}
 	if err := LoadScripts(ctx, r.c); err != nil {
 		return err
+	}
+	if r.script != nil {
+		if err := r.script.Load(ctx, r.c).Err(); err != nil {
+			return err
+		}
 	}
 	amounts := make([]int64, 1000)
 	for i := range amounts {
@@ -190,7 +249,12 @@ func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
 		r.claims = append(r.claims, ClaimArg{User: "u" + strconv.FormatInt(first+i, 10), Serial: first + i + 1})
 	}
 	pipe := r.c.Pipeline()
-	cmd := ClaimManyCmd(ctx, pipe, &r.keys, 0, false, true, r.claims, nil)
+	var cmd *redis.Cmd
+	if r.script == nil {
+		cmd = ClaimManyCmd(ctx, pipe, &r.keys, 0, false, true, r.claims, nil)
+	} else {
+		cmd = r.script.EvalSha(ctx, pipe, claimKeys(&r.keys), claimManyArgs(nil, 0, false, true, r.claims)...)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}

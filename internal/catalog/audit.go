@@ -122,7 +122,11 @@ func checkSubPool(r *rain.Report, j int, name string, state rain.State, a *lua.S
 	}
 	// Read with the counters, atomically: these hold on a live pool.
 	add("stock_count (list length)", a.StockCount, a.ListLen)
-	add("deadline index entries (held_count)", a.HeldCount, a.DeadlineEntries)
+	if a.HeldCount > 0 && a.DeadlineEntries == 0 {
+		// A member names every grant of a batch: with any held, the index
+		// has one (which grants it names, the recount checks).
+		add("deadline index members while grants are held", 1, 0)
+	}
 	add("inflight_count (transfers)", a.InflightCount, a.Transfers)
 	add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)
 	if live {
@@ -140,6 +144,7 @@ func checkSubPool(r *rain.Report, j int, name string, state rain.State, a *lua.S
 	// counters.
 	add("stock_cents (list sum)", a.StockCents, a.ListSum)
 	add("held_count (grants)", a.HeldCount, a.GrantsHeld)
+	add("held grants the deadline index does not name", 0, a.Unindexed)
 	add("held_cents (grants)", a.HeldCents, a.GrantsHeldCents)
 	add("confirmed_count (grants)", a.ConfirmedCount, a.GrantsConfirmed)
 	add("confirmed_cents (grants)", a.ConfirmedCents, a.GrantsConfirmedCents)

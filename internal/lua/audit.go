@@ -31,7 +31,7 @@ type SubPoolAudit struct {
 	SentCount, SentCents           int64 // taken from here, acked by their homes
 	InflightCount, InflightCents   int64 // taken from here, not resolved yet
 	ListLen                        int64 // LLEN of the stock, read with the counters
-	DeadlineEntries                int64 // entries in the deadline index, read with the counters
+	DeadlineEntries                int64 // members of the deadline index, read with the counters (a member names one or more grants' users)
 	Transfers, TransfersCents      int64 // recount of transfers in flight, read with the counters
 	BadRecords                     int64 // grant and spill records that do not parse
 
@@ -45,9 +45,13 @@ type SubPoolAudit struct {
 	GrantsConfirmed, GrantsConfirmedCents int64
 	GrantsReleased, GrantsReleasedCents   int64
 	DuplicateSerials                      int64
-	Acked, AckedCents                     int64 // recount of resolved transfers
-	Untaken, UntakenCents                 int64
-	Adopted, AdoptedCents                 int64 // recount of adopted verdicts
+	// Unindexed counts the held grants that no member of the deadline
+	// index names under their deadline: grants the reaper would never
+	// release.
+	Unindexed             int64
+	Acked, AckedCents     int64 // recount of resolved transfers
+	Untaken, UntakenCents int64
+	Adopted, AdoptedCents int64 // recount of adopted verdicts
 
 	// The spill records, for matching across sub-pools (token -> record).
 	TransferRecords, ResolvedRecords, VerdictRecords map[string]string
@@ -74,7 +78,10 @@ func (a *SubPoolAudit) numbers() map[string]*int64 {
 const (
 	AuditListPage = 5_000 // amounts one LRANGE of a stock reads
 	AuditHashPage = 500   // the COUNT of one HSCAN of a grants or spill hash
-	auditTries    = 3     // recounts tried before a changing sub-pool is left unrecounted
+	// AuditIndexPage is the COUNT of one ZSCAN of a deadline index, whose
+	// members each name up to a batch of users.
+	AuditIndexPage = 20
+	auditTries     = 3 // recounts tried before a changing sub-pool is left unrecounted
 )
 
 // AuditSubPool reads the sub-pool for the audit: its counters atomically
@@ -163,7 +170,8 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 		}
 	}
 	serials := map[string]bool{}
-	err := scanHash(ctx, c, k.Grants, func(_, rec string) {
+	held := map[string]int64{} // user -> deadline of the grant held
+	err := scanHash(ctx, c, k.Grants, func(user, rec string) {
 		st, amount, serial, ok := grantFields(rec)
 		switch {
 		case !ok:
@@ -171,6 +179,7 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 			return
 		case st == 'h':
 			a.GrantsHeld, a.GrantsHeldCents = a.GrantsHeld+1, a.GrantsHeldCents+amount
+			held[user], _ = strconv.ParseInt(rec[strings.LastIndexByte(rec, ':')+1:], 10, 64) // grantFields read it
 		case st == 'c':
 			a.GrantsConfirmed, a.GrantsConfirmedCents = a.GrantsConfirmed+1, a.GrantsConfirmedCents+amount
 		case st == 'r':
@@ -187,6 +196,10 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 	if err != nil {
 		return err
 	}
+	if err := unindexed(ctx, c, k.Deadlines, held); err != nil {
+		return err
+	}
+	a.Unindexed = int64(len(held))
 	a.ResolvedRecords = map[string]string{}
 	if err := scanHash(ctx, c, k.Resolved, func(token, rec string) {
 		a.ResolvedRecords[token] = rec
@@ -213,6 +226,37 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 			a.Adopted, a.AdoptedCents = a.Adopted+1, a.AdoptedCents+v.Amount
 		}
 	})
+}
+
+// unindexed reads the deadline index with ZSCAN in pages and deletes from
+// held (user -> deadline) every grant a member names under its deadline:
+// what is left is held and unnamed. A member that is there from the first
+// page to the last is read at least once. One that comes or goes meanwhile
+// is a money move, which the recount's version check sees, or the reaper
+// dropping a member that names no grant still held.
+func unindexed(ctx context.Context, c redis.Cmdable, key string, held map[string]int64) error {
+	var cursor uint64
+	for len(held) > 0 {
+		ms, next, err := c.ZScan(ctx, key, cursor, "", AuditIndexPage).Result()
+		if err != nil {
+			return err
+		}
+		for i := 0; i+1 < len(ms); i += 2 {
+			score, err := strconv.ParseFloat(ms[i+1], 64)
+			if err != nil {
+				continue // not a deadline: it names nothing
+			}
+			for _, user := range strings.Fields(ms[i]) {
+				if d, ok := held[user]; ok && float64(d) == score {
+					delete(held, user)
+				}
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	return nil
 }
 
 // scanHash calls f once per field of the hash at key, reading it with HSCAN

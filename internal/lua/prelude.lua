@@ -61,7 +61,8 @@
 local books = {}  -- counter -> what this script's moves changed it by
 local booked = {} -- those counters, in the order first changed
 local popped, used = nil, 0 -- the stock pop_to_held popped, and how much of it it used
-local grants_made, deadlines_made = {}, {} -- HSET and ZADD arguments of the grants made
+local grants_made = {} -- HSET arguments of the grants made
+local due_users, due_order = {}, {} -- deadline -> users of the grants made that fall due then; those deadlines in order
 local restocked = false -- an amount came back to the stock
 
 -- change adds by to counter in this script's books.
@@ -113,6 +114,21 @@ end
 -- which pays nothing, so releases are always packed. lua.ParseOutboxEntry
 -- reads both forms.
 
+-- The deadline index (the deadlines sorted set) names every held grant
+-- under its deadline, for the reaper (release.lua). A script's grants that
+-- fall due at the same time share one member: their users, separated by
+-- spaces (an id holds none), scored by that deadline; a member of one user
+-- is the same form (a spill's adopted grant, or any grant of an earlier
+-- rain, which made a member per grant). One ZADD of a member per batch
+-- costs a fraction of a member per grant (docs/benchmarks.md, the next
+-- levers). A grant confirmed or released before its deadline leaves its
+-- member where it is (ZREM user removes only a member of that user
+-- alone): the reaper, at the member's deadline, releases those of its
+-- users whose grant is still held and past its deadline (release_held
+-- checks both: a user granted again since holds a later deadline) and
+-- then removes the member. So the index holds a member while any grant it
+-- names is held, and at most until its deadline after that.
+
 -- hold records a new held grant: its record and deadline (written by
 -- write_books) and its outbox entry, for settlement. origin: the sibling
 -- its amount came from, nil when it came from this stock.
@@ -120,8 +136,13 @@ local function hold(k, user, amount, serial, deadline, origin)
   local rec = 'h:' .. amount .. ':' .. serial .. ':' .. deadline
   grants_made[#grants_made + 1] = user
   grants_made[#grants_made + 1] = rec
-  deadlines_made[#deadlines_made + 1] = deadline
-  deadlines_made[#deadlines_made + 1] = user
+  local users = due_users[deadline]
+  if users == nil then
+    users = {}
+    due_users[deadline] = users
+    due_order[#due_order + 1] = deadline
+  end
+  users[#users + 1] = user
   if k.packed and not origin then
     redis.call('XADD', k.outbox, '*', 'g', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)
   elseif origin then
@@ -177,9 +198,10 @@ end
 -- release_held: held -> stock, + released. user's grant record rec is
 -- released only if it is still held and past its deadline (now, the
 -- shard's clock), so no grant is released twice, nor one confirmed: the
--- amount goes back to the stock, the record is marked released, its
--- deadline leaves the index and a release entry goes to the outbox.
--- Returns the amount released, or nil.
+-- amount goes back to the stock, the record is marked released, a
+-- deadline index member of this user alone leaves the index (a shared one
+-- stays until its deadline, see above) and a release entry goes to the
+-- outbox. Returns the amount released, or nil.
 local function release_held(k, user, rec, now)
   local st, amount, serial, deadline = string.match(rec, '^(%a):(%d+):(%d+):(%d+)')
   if st ~= 'h' or tonumber(deadline) > now then
@@ -197,7 +219,8 @@ end
 
 -- confirm_held: held -> confirmed, for good: a confirmed grant is never
 -- released. rec is user's grant record, neither confirmed nor released
--- (the caller answers those). Returns its amount.
+-- (the caller answers those); a deadline index member of this user alone
+-- leaves the index. Returns its amount.
 local function confirm_held(k, user, rec)
   local amount = string.match(rec, '^%a:(%d+):')
   redis.call('HSET', k.grants, user, 'c' .. string.sub(rec, 2))
@@ -268,7 +291,12 @@ local function write_books(k)
   end
   if #grants_made > 0 then
     redis.call('HSET', k.grants, unpack(grants_made))
-    redis.call('ZADD', k.deadlines, unpack(deadlines_made))
+    local zadd = {}
+    for _, deadline in ipairs(due_order) do
+      zadd[#zadd + 1] = deadline
+      zadd[#zadd + 1] = table.concat(due_users[deadline], ' ')
+    end
+    redis.call('ZADD', k.deadlines, unpack(zadd))
   end
   if #booked > 0 then
     -- One read and one write of the meta, however many counters moved.

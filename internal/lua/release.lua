@@ -7,20 +7,25 @@
 -- KEYS[5] outbox     rain:{P:j}:outbox
 -- ARGV[1] most grants to release in this call
 --
--- Deadlines are read on the shard's clock (TIME). Each grant is released by
--- release_held (prelude.lua), only if it is still held and past its
--- deadline, checked there, atomically: a stale or concurrent reaper can
--- never release a grant twice, nor one that was confirmed. A released user
--- may grab again. A due entry of the deadline index whose grant is not
--- released (confirmed, or gone) leaves the index.
+-- Deadlines are read on the shard's clock (TIME). A member of the deadline
+-- index names the users of grants that fall due at its score (prelude.lua,
+-- the deadline index). Each due member's users are looked at in turn, and
+-- each one's grant is released by release_held, only if it is still held
+-- and past its deadline, checked there, atomically: a stale or concurrent
+-- reaper can never release a grant twice, nor one that was confirmed, nor
+-- a later grant of a user granted again. A released user may grab again.
+-- The member then leaves the index: every grant it named is now released,
+-- confirmed, gone, or named by a later member.
+-- ARGV[1] bounds the users looked at: whole members are taken until that
+-- many users have been (a member names at most a batch of claims).
 -- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
--- oldest_overdue_ms is how long past its deadline the oldest overdue grant
--- was (0 if none); more is 1 when the batch was full and more may be due;
--- next_ms is how long until a grant can next fall due: the earliest
--- deadline left, and at most the hold (a grant made later falls due no
--- sooner), so the reaper need not look before; held is how many grants are
--- still held here (0: the reaper has nothing to do here until a grab marks
--- the sub-pool again).
+-- oldest_overdue_ms is how long past its deadline the oldest due member
+-- was (0 if none); more is 1 when the call stopped at its bound and more
+-- may be due; next_ms is how long until a grant can next fall due: the
+-- earliest deadline left, and at most the hold (a grant made later falls
+-- due no sooner), so the reaper need not look before; held is how many
+-- members the index still has (0: no grant is held here, and the reaper
+-- has nothing to do until a grab marks the sub-pool again).
 local meta, grants, deadlines = KEYS[1], KEYS[3], KEYS[4]
 local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = deadlines, outbox = KEYS[5]}
 local limit = tonumber(ARGV[1])
@@ -33,23 +38,27 @@ if #due > 0 then
 end
 local m = redis.call('HMGET', meta, 'pool', 'index', 'hold_ms')
 k.pool, k.index = m[1], m[2]
-local n, cents = 0, 0
+local n, cents, seen, more = 0, 0, 0, 0
+if #due / 2 >= limit then
+  more = 1 -- more members may be due than were read
+end
 for i = 1, #due, 2 do
-  local user = due[i]
-  local g = redis.call('HGET', grants, user)
-  local amount = g and release_held(k, user, g, now)
-  if amount then
-    n = n + 1
-    cents = cents + tonumber(amount)
-  else
-    redis.call('ZREM', deadlines, user)
+  if seen >= limit then
+    more = 1
+    break
   end
+  for user in string.gmatch(due[i], '[^ ]+') do
+    seen = seen + 1
+    local g = redis.call('HGET', grants, user)
+    local amount = g and release_held(k, user, g, now)
+    if amount then
+      n = n + 1
+      cents = cents + tonumber(amount)
+    end
+  end
+  redis.call('ZREM', deadlines, due[i])
 end
 write_books(k)
-local more = 0
-if #due / 2 >= limit then
-  more = 1
-end
 local nextms = tonumber(m[3]) or 0
 local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
 if #first > 0 then

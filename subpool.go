@@ -42,7 +42,13 @@ type Keys struct {
 	Meta      string // hash: spec, state, counters
 	Stock     string // list: pre-split amounts
 	Grants    string // hash: user -> "state:amount:serial:deadline_ms"
-	Deadlines string // zset: user by deadline_ms
+	Deadlines string // zset: user by deadline_ms (a grant alone at its deadline; the form of every release before batches)
+	// Batches is the deadline index of grants made together: zset of the
+	// users of one batch's grants, separated by spaces, by their shared
+	// deadline_ms. A key of its own, so that a reaper of an earlier
+	// release, which reads a member of Deadlines as one user, never meets
+	// one (docs/operations.md, upgrades).
+	Batches string
 	Outbox    string // stream: grants for settlement
 	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
 	Transfers string // hash: token -> "amount:home:ms:user", spills out in flight (as a sibling)
@@ -73,12 +79,13 @@ func (s SubPool) Keys() Keys {
 		Transfers: p + "transfers",
 		Resolved:  p + "settled", // its earlier name, kept: see Keys
 		Verdicts:  p + "verdicts",
+		Batches:   p + "deadline_batches",
 	}
 }
 
 // All lists every key of the sub-pool.
 func (k Keys) All() []string {
-	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Resolved, k.Verdicts}
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Transfers, k.Resolved, k.Verdicts, k.Batches}
 }
 
 // ParseOutbox is the sub-pool whose outbox key is key (as Keys builds it);

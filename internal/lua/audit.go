@@ -117,7 +117,7 @@ func AuditSubPool(ctx context.Context, c redis.Cmdable, sp rain.SubPool) (SubPoo
 
 // auditCounters runs the audit script: the counters and what goes with them.
 func auditCounters(ctx context.Context, c redis.Cmdable, sp rain.SubPool, k *rain.Keys) (SubPoolAudit, error) {
-	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Deadlines, k.Transfers}).Slice()
+	res, err := auditScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Deadlines, k.Transfers, k.Batches}).Slice()
 	if err != nil {
 		return SubPoolAudit{}, fmt.Errorf("audit %s: %w", sp.Tag(), err)
 	}
@@ -196,8 +196,10 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 	if err != nil {
 		return err
 	}
-	if err := unindexed(ctx, c, k.Deadlines, held); err != nil {
-		return err
+	for _, index := range []string{k.Deadlines, k.Batches} {
+		if err := unindexed(ctx, c, index, held); err != nil {
+			return err
+		}
 	}
 	a.Unindexed = int64(len(held))
 	a.ResolvedRecords = map[string]string{}
@@ -228,7 +230,7 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 	})
 }
 
-// unindexed reads the deadline index with ZSCAN in pages and deletes from
+// unindexed reads a deadline index key with ZSCAN in pages and deletes from
 // held (user -> deadline) every grant a member names under its deadline:
 // what is left is held and unnamed. A member that is there from the first
 // page to the last is read at least once. One that comes or goes meanwhile

@@ -1,7 +1,7 @@
 -- audit: the counters of one sub-pool and what can be checked against them
 -- at once, atomically, in time that does not grow with the sub-pool.
 --
--- KEYS[1] meta  KEYS[2] stock  KEYS[3] deadlines  KEYS[4] transfers
+-- KEYS[1] meta  KEYS[2] stock  KEYS[3] deadlines  KEYS[4] transfers  KEYS[5] batches
 --
 -- The recounts of the stock list and of the grants, resolved transfers and
 -- verdicts hashes are read after this, in bounded pages (AuditSubPool), so
@@ -11,7 +11,8 @@
 --
 -- Returns field/value pairs (a flat array), {"found", 0} when the sub-pool
 -- does not exist: the state, the meta counters and version under their own
--- names, list_len (LLEN of the stock), deadline_entries (ZCARD), the
+-- names, list_len (LLEN of the stock), deadline_entries (the members of
+-- the deadline index: ZCARD of deadlines and batches), the
 -- transfers in flight recounted (transfers, transfers_cents; a few at any
 -- time) and as HGETALL returns them ("transfers_list"), and bad_records.
 local meta, stock, deadlines, transfers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -34,7 +35,7 @@ local function put(name, value)
   table.insert(out, value)
 end
 put('list_len', redis.call('LLEN', stock))
-put('deadline_entries', redis.call('ZCARD', deadlines))
+put('deadline_entries', redis.call('ZCARD', deadlines) + redis.call('ZCARD', KEYS[5]))
 local tr = redis.call('HGETALL', transfers)
 local tn, tsum, bad = 0, 0, 0
 for i = 2, #tr, 2 do

@@ -43,17 +43,17 @@ func BenchmarkClaimMany(b *testing.B) {
 	}
 }
 
-// BenchmarkNextLevers measures, before anyone builds them, what the two
-// largest pieces of claim_many's work per grant cost, by running variants
-// of the script that leave them out (they are not rain's: their grants
-// would not be settled or released) beside it, as BenchmarkClaimMany
-// measures it, packed form:
+// BenchmarkNextLevers measures, before anyone builds them, what the
+// largest pieces left of claim_many's work per grant cost, by running
+// variants of the script that leave them out (they are not rain's: their
+// grants would not be settled or released) beside it, as
+// BenchmarkClaimMany measures it, packed form:
 //
-//	claim_many             the script as rain runs it
-//	one-xadd               the grants of a batch in one outbox entry (one
-//	                       XADD per script, not one per grant)
-//	one-xadd-no-deadlines  that, and no deadline index (no ZADD of each
-//	                       grant: a reaper driven by the grants' order)
+//	claim_many         the script as rain runs it
+//	one-xadd           the grants of a batch in one outbox entry (one XADD
+//	                   per script, not one per grant)
+//	one-xadd-no-index  that, and no deadline index at all (no ZADD: what
+//	                   is left of the index's cost, one member per batch)
 //
 // Each variant is the real script with its text replaced where named; a
 // replacement that no longer finds its text fails the benchmark, so it
@@ -70,14 +70,14 @@ func BenchmarkNextLevers(b *testing.B) {
 		"  if #grants_made > 0 then\n",
 		"  if #entries > 0 then\n    redis.call('XADD', k.outbox, '*', 'G', table.concat(entries, ' '))\n  end\n  if #grants_made > 0 then\n",
 	}
-	noDeadlines := []string{"    redis.call('ZADD', k.deadlines, unpack(deadlines_made))\n", ""}
+	noIndex := []string{"      redis.call('ZADD', k.batches, unpack(shared))\n", ""}
 	variants := []struct {
 		name  string
 		edits []string // old, new, old, new, ...
 	}{
 		{"claim_many", nil},
 		{"one-xadd", oneXadd},
-		{"one-xadd-no-deadlines", append(slices.Clone(oneXadd), noDeadlines...)},
+		{"one-xadd-no-index", append(slices.Clone(oneXadd), noIndex...)},
 	}
 	for _, v := range variants {
 		src := prelude + source("claim_many")

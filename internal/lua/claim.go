@@ -117,7 +117,7 @@ func parseClaimMany(res []any, n int) ([]Claim, []error, error) {
 }
 
 func claimKeys(k *rain.Keys) []string {
-	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve}
+	return []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Reserve, k.Batches}
 }
 
 func parseClaim(res []any) (Claim, error) {
@@ -280,7 +280,7 @@ type Released struct {
 // stock, grants marked released, counters, an outbox record each. Sent
 // again, it releases nothing twice (what it released is no longer held).
 func ReleaseExpired(ctx context.Context, c Client, k *rain.Keys, limit int) (Released, error) {
-	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox}, limit).Slice()
+	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Batches}, limit).Slice()
 	if err != nil {
 		return Released{}, err
 	}

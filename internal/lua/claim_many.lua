@@ -10,6 +10,7 @@
 -- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
 -- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
 -- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
+-- KEYS[7] batches    rain:{P:j}:deadline_batches (zset: a batch's users by their deadline_ms)
 -- ARGV[1] reservation validity in ms (T)
 -- ARGV[2] "1": fence (the caller WAITs for a replica after this script on
 --         the same connection, see below); "0": none
@@ -54,7 +55,7 @@
 --   | {"empty"} | {"reserved"} | {"busy"} | {"not_started", ms_left} | {"ended"} | {"closed"}
 -- or a bad grant record's error as {"error", message}.
 local meta, grants, reserve = KEYS[1], KEYS[3], KEYS[6]
-local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5]}
+local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5], batches = KEYS[7]}
 local validity = tonumber(ARGV[1])
 local fence = ARGV[2] == '1'
 k.packed = ARGV[3] == 'packed'

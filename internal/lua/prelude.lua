@@ -49,7 +49,7 @@
 -- grants back.
 --
 -- A move takes the sub-pool's keys in a table k (meta, stock, grants,
--- deadlines, outbox, transfers, resolved: those it needs), all of one
+-- deadlines, batches, outbox, transfers, resolved: those it needs), all of one
 -- sub-pool and so of one hash tag, and for a grant's outbox entry in
 -- fields and the stock's notice the pool id and sub-pool index (k.pool,
 -- k.index; write_books reads them from the meta when they are not given).
@@ -114,20 +114,23 @@ end
 -- which pays nothing, so releases are always packed. lua.ParseOutboxEntry
 -- reads both forms.
 
--- The deadline index (the deadlines sorted set) names every held grant
--- under its deadline, for the reaper (release.lua). A script's grants that
--- fall due at the same time share one member: their users, separated by
--- spaces (an id holds none), scored by that deadline; a member of one user
--- is the same form (a spill's adopted grant, or any grant of an earlier
--- rain, which made a member per grant). One ZADD of a member per batch
--- costs a fraction of a member per grant (docs/benchmarks.md, the next
--- levers). A grant confirmed or released before its deadline leaves its
--- member where it is (ZREM user removes only a member of that user
--- alone): the reaper, at the member's deadline, releases those of its
--- users whose grant is still held and past its deadline (release_held
--- checks both: a user granted again since holds a later deadline) and
--- then removes the member. So the index holds a member while any grant it
--- names is held, and at most until its deadline after that.
+-- The deadline index names every held grant under its deadline, for the
+-- reaper (release.lua), in two sorted sets of the same form: a member is
+-- users separated by spaces (an id holds none), scored by the deadline of
+-- their grants. A script's grants that fall due at the same time share one
+-- member: one ZADD of a member per batch costs a fraction of a member per
+-- grant (docs/benchmarks.md). A member of several users goes to
+-- k.batches; a member of one user to k.deadlines, the form and key every
+-- earlier release wrote and reads (a reaper of an earlier release, in a
+-- rolling upgrade, reads a member of k.deadlines as one user id: it must
+-- never meet a member of several). A grant confirmed or released before
+-- its deadline removes its user's member from k.deadlines (ZREM user) and
+-- leaves a member of several users where it is: the reaper, at a member's
+-- deadline, releases those of its users whose grant is still held and
+-- past its deadline (release_held checks both: a user granted again since
+-- holds a later deadline) and then removes the member. So the index holds
+-- a member while any grant it names is held, and at most until its
+-- deadline after that.
 
 -- hold records a new held grant: its record and deadline (written by
 -- write_books) and its outbox entry, for settlement. origin: the sibling
@@ -291,12 +294,25 @@ local function write_books(k)
   end
   if #grants_made > 0 then
     redis.call('HSET', k.grants, unpack(grants_made))
-    local zadd = {}
+    local alone, shared = {}, {} -- ZADD arguments of k.deadlines and k.batches
     for _, deadline in ipairs(due_order) do
-      zadd[#zadd + 1] = deadline
-      zadd[#zadd + 1] = table.concat(due_users[deadline], ' ')
+      local users = due_users[deadline]
+      if #users == 1 or k.batches == nil then
+        for _, user in ipairs(users) do
+          alone[#alone + 1] = deadline
+          alone[#alone + 1] = user
+        end
+      else
+        shared[#shared + 1] = deadline
+        shared[#shared + 1] = table.concat(users, ' ')
+      end
     end
-    redis.call('ZADD', k.deadlines, unpack(zadd))
+    if #alone > 0 then
+      redis.call('ZADD', k.deadlines, unpack(alone))
+    end
+    if #shared > 0 then
+      redis.call('ZADD', k.batches, unpack(shared))
+    end
   end
   if #booked > 0 then
     -- One read and one write of the meta, however many counters moved.

@@ -7,17 +7,20 @@
 -- KEYS[5] outbox     rain:{P:j}:outbox
 -- ARGV[1] most grants to release in this call
 --
--- Deadlines are read on the shard's clock (TIME). A member of the deadline
--- index names the users of grants that fall due at its score (prelude.lua,
--- the deadline index). Each due member's users are looked at in turn, and
--- each one's grant is released by release_held, only if it is still held
--- and past its deadline, checked there, atomically: a stale or concurrent
--- reaper can never release a grant twice, nor one that was confirmed, nor
--- a later grant of a user granted again. A released user may grab again.
--- The member then leaves the index: every grant it named is now released,
--- confirmed, gone, or named by a later member.
--- ARGV[1] bounds the users looked at: whole members are taken until that
--- many users have been (a member names at most a batch of claims).
+-- Deadlines are read on the shard's clock (TIME). The deadline index is two
+-- sorted sets (prelude.lua, the deadline index): deadlines, a member per
+-- user, and batches, a member per batch naming its users. Each due member's
+-- users are looked at in turn, and each one's grant is released by
+-- release_held, only if it is still held and past its deadline, checked
+-- there, atomically: a stale or concurrent reaper can never release a
+-- grant twice, nor one that was confirmed, nor a later grant of a user
+-- granted again. A released user may grab again. The member then leaves
+-- the index: every grant it named is now released, confirmed, gone, or
+-- named by a later member.
+-- KEYS[6] batches  rain:{P:j}:deadline_batches
+-- ARGV[1] bounds the users looked at: whole members are taken, the due
+-- members of deadlines first, until that many users have been (a member
+-- names at most a batch of claims).
 -- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
 -- oldest_overdue_ms is how long past its deadline the oldest due member
 -- was (0 if none); more is 1 when the call stopped at its bound and more
@@ -26,42 +29,51 @@
 -- due no sooner), so the reaper need not look before; held is how many
 -- members the index still has (0: no grant is held here, and the reaper
 -- has nothing to do until a grab marks the sub-pool again).
-local meta, grants, deadlines = KEYS[1], KEYS[3], KEYS[4]
-local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = deadlines, outbox = KEYS[5]}
+local meta, grants = KEYS[1], KEYS[3]
+local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5], batches = KEYS[6]}
 local limit = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-local oldest = 0
-if #due > 0 then
-  oldest = now - tonumber(due[2])
-end
 local m = redis.call('HMGET', meta, 'pool', 'index', 'hold_ms')
 k.pool, k.index = m[1], m[2]
-local n, cents, seen, more = 0, 0, 0, 0
-if #due / 2 >= limit then
-  more = 1 -- more members may be due than were read
-end
-for i = 1, #due, 2 do
-  if seen >= limit then
-    more = 1
-    break
-  end
-  for user in string.gmatch(due[i], '[^ ]+') do
-    seen = seen + 1
-    local g = redis.call('HGET', grants, user)
-    local amount = g and release_held(k, user, g, now)
-    if amount then
-      n = n + 1
-      cents = cents + tonumber(amount)
+local n, cents, seen, more, oldest = 0, 0, 0, 0, 0
+for _, index in ipairs({k.deadlines, k.batches}) do
+  local due = {}
+  if seen < limit then
+    due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit - seen)
+    if #due / 2 >= limit - seen then
+      more = 1 -- more members may be due than were read
     end
+  elseif redis.call('ZCOUNT', index, '-inf', now) > 0 then
+    more = 1
   end
-  redis.call('ZREM', deadlines, due[i])
+  if #due > 0 then
+    oldest = math.max(oldest, now - tonumber(due[2]))
+  end
+  for i = 1, #due, 2 do
+    if seen >= limit then
+      more = 1
+      break
+    end
+    for user in string.gmatch(due[i], '[^ ]+') do
+      seen = seen + 1
+      local g = redis.call('HGET', grants, user)
+      local amount = g and release_held(k, user, g, now)
+      if amount then
+        n = n + 1
+        cents = cents + tonumber(amount)
+      end
+    end
+    redis.call('ZREM', index, due[i])
+  end
 end
 write_books(k)
-local nextms = tonumber(m[3]) or 0
-local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
-if #first > 0 then
-  nextms = math.min(nextms, math.max(0, tonumber(first[2]) - now))
+local nextms, held = tonumber(m[3]) or 0, 0
+for _, index in ipairs({k.deadlines, k.batches}) do
+  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    nextms = math.min(nextms, math.max(0, tonumber(first[2]) - now))
+  end
+  held = held + redis.call('ZCARD', index)
 end
-return {n, cents, oldest, more, nextms, redis.call('ZCARD', deadlines)}
+return {n, cents, oldest, more, nextms, held}

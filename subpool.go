@@ -48,7 +48,7 @@ type Keys struct {
 	// deadline_ms. A key of its own, so that a reaper of an earlier
 	// release, which reads a member of Deadlines as one user, never meets
 	// one (docs/operations.md, upgrades).
-	Batches string
+	Batches   string
 	Outbox    string // stream: grants for settlement
 	Reserve   string // hash: user -> "token:ms", spill reservations (as a home)
 	Transfers string // hash: token -> "amount:home:ms:user", spills out in flight (as a sibling)

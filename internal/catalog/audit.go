@@ -19,8 +19,8 @@ import (
 //
 // Per sub-pool, from one atomic read in constant time: count + received -
 // sent = stock + held + confirmed + in flight by the counters, the stock
-// list's length, the deadline index and the transfers in flight agree with
-// them. Then the records are recounted in bounded pages (no call holds a
+// list's length and the transfers in flight agree with them, and the
+// deadline index names at least as many users as grants are held. Then the records are recounted in bounded pages (no call holds a
 // shard for more than a few milliseconds, whatever the pool's size): the
 // stock's sum, the grants by state, the acked transfers and the adopted
 // verdicts agree with the counters, and no serial appears twice; a recount
@@ -122,10 +122,11 @@ func checkSubPool(r *rain.Report, j int, name string, state rain.State, a *lua.S
 	}
 	// Read with the counters, atomically: these hold on a live pool.
 	add("stock_count (list length)", a.StockCount, a.ListLen)
-	if a.HeldCount > 0 && a.DeadlineEntries == 0 {
-		// A member names every grant of a batch: with any held, the index
-		// has one (which grants it names, the recount checks).
-		add("deadline index members while grants are held", 1, 0)
+	if a.DeadlineEntries < a.HeldCount {
+		// The index names a user per grant held, and a member may name a
+		// few more (grants confirmed before its deadline): at least
+		// held_count. Which grants it names, the recount checks.
+		add("users the deadline index names (held_count at least)", a.HeldCount, a.DeadlineEntries)
 	}
 	add("inflight_count (transfers)", a.InflightCount, a.Transfers)
 	add("inflight_cents (transfers)", a.InflightCents, a.TransfersCents)

@@ -31,7 +31,7 @@ type SubPoolAudit struct {
 	SentCount, SentCents           int64 // taken from here, acked by their homes
 	InflightCount, InflightCents   int64 // taken from here, not resolved yet
 	ListLen                        int64 // LLEN of the stock, read with the counters
-	DeadlineEntries                int64 // members of the deadline index, read with the counters (a member names one or more grants' users)
+	DeadlineEntries                int64 // users the deadline index names, read with the counters (at least HeldCount)
 	Transfers, TransfersCents      int64 // recount of transfers in flight, read with the counters
 	BadRecords                     int64 // grant and spill records that do not parse
 
@@ -78,8 +78,9 @@ func (a *SubPoolAudit) numbers() map[string]*int64 {
 const (
 	AuditListPage = 5_000 // amounts one LRANGE of a stock reads
 	AuditHashPage = 500   // the COUNT of one HSCAN of a grants or spill hash
-	// AuditIndexPage is the COUNT of one ZSCAN of a deadline index, whose
-	// members each name up to a batch of users.
+	// AuditIndexPage is the COUNT of one ZSCAN of a deadline index's
+	// batches, whose members each name up to a batch of users (the
+	// deadlines, a user each, are read AuditHashPage at a time).
 	AuditIndexPage = 20
 	auditTries     = 3 // recounts tried before a changing sub-pool is left unrecounted
 )
@@ -196,8 +197,11 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 	if err != nil {
 		return err
 	}
-	for _, index := range []string{k.Deadlines, k.Batches} {
-		if err := unindexed(ctx, c, index, held); err != nil {
+	for _, index := range []struct {
+		key  string
+		page int64
+	}{{k.Deadlines, AuditHashPage}, {k.Batches, AuditIndexPage}} {
+		if err := unindexed(ctx, c, index.key, index.page, held); err != nil {
 			return err
 		}
 	}
@@ -236,10 +240,10 @@ func recount(ctx context.Context, c redis.Cmdable, k *rain.Keys, a *SubPoolAudit
 // page to the last is read at least once. One that comes or goes meanwhile
 // is a money move, which the recount's version check sees, or the reaper
 // dropping a member that names no grant still held.
-func unindexed(ctx context.Context, c redis.Cmdable, key string, held map[string]int64) error {
+func unindexed(ctx context.Context, c redis.Cmdable, key string, page int64, held map[string]int64) error {
 	var cursor uint64
 	for len(held) > 0 {
-		ms, next, err := c.ZScan(ctx, key, cursor, "", AuditIndexPage).Result()
+		ms, next, err := c.ZScan(ctx, key, cursor, "", page).Result()
 		if err != nil {
 			return err
 		}

@@ -11,8 +11,9 @@
 --
 -- Returns field/value pairs (a flat array), {"found", 0} when the sub-pool
 -- does not exist: the state, the meta counters and version under their own
--- names, list_len (LLEN of the stock), deadline_entries (the members of
--- the deadline index: ZCARD of deadlines and batches), the
+-- names, list_len (LLEN of the stock), deadline_entries (the users the
+-- deadline index names: the members of deadlines, one user each, and the
+-- meta's batched_users, those named in batches), the
 -- transfers in flight recounted (transfers, transfers_cents; a few at any
 -- time) and as HGETALL returns them ("transfers_list"), and bad_records.
 local meta, stock, deadlines, transfers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -35,7 +36,7 @@ local function put(name, value)
   table.insert(out, value)
 end
 put('list_len', redis.call('LLEN', stock))
-put('deadline_entries', redis.call('ZCARD', deadlines) + redis.call('ZCARD', KEYS[5]))
+put('deadline_entries', redis.call('ZCARD', deadlines) + (tonumber(redis.call('HGET', meta, 'batched_users')) or 0))
 local tr = redis.call('HGETALL', transfers)
 local tn, tsum, bad = 0, 0, 0
 for i = 2, #tr, 2 do

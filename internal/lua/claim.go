@@ -264,21 +264,25 @@ func parseConfirmMany(res []any, n int) ([]ConfirmResult, []error, error) {
 // Released is what one release call did.
 type Released struct {
 	Count, Cents int64
-	// OldestOverdueMS is how long past its deadline the oldest overdue grant
-	// was when the call began; 0 if none was.
+	// OldestOverdueMS is how long past its deadline the oldest grant it
+	// released was; 0 if it released none.
 	OldestOverdueMS int64
-	// More is true when the batch was full: more grants may be due.
+	// More is true when the call stopped at its limit: more may be due.
 	More bool
 	// NextMS is how long until a grant of the sub-pool can next fall due.
 	NextMS int64
-	// Held is how many grants are still held there.
+	// Held is how many members the deadline index still has: 0 when no
+	// grant is held there (a member may outlive the grants it names that
+	// were confirmed, until its deadline).
 	Held int64
 }
 
-// ReleaseExpired releases up to limit grants of the sub-pool that are still
-// held and past their deadline (by the shard's clock): amounts back to the
-// stock, grants marked released, counters, an outbox record each. Sent
-// again, it releases nothing twice (what it released is no longer held).
+// ReleaseExpired releases the grants of the sub-pool that are still held
+// and past their deadline (by the shard's clock), looking at the users of
+// due deadline index members until it has looked at limit (whole members:
+// a member names up to a batch of claims): amounts back to the stock,
+// grants marked released, counters, an outbox record each. Sent again, it
+// releases nothing twice (what it released is no longer held).
 func ReleaseExpired(ctx context.Context, c Client, k *rain.Keys, limit int) (Released, error) {
 	res, err := releaseScript.Run(ctx, c, []string{k.Meta, k.Stock, k.Grants, k.Deadlines, k.Outbox, k.Batches}, limit).Slice()
 	if err != nil {

@@ -7,7 +7,7 @@
 -- KEYS[1] meta       rain:{P:j}:meta       (hash: state, window, counters)
 -- KEYS[2] stock      rain:{P:j}:stock      (list of amounts in cents)
 -- KEYS[3] grants     rain:{P:j}:grants     (hash: user -> "state:amount:serial:deadline_ms")
--- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: user by deadline_ms)
+-- KEYS[4] deadlines  rain:{P:j}:deadlines  (zset: a grant's user alone by its deadline_ms)
 -- KEYS[5] outbox     rain:{P:j}:outbox     (stream of grants for settlement)
 -- KEYS[6] reserve    rain:{P:j}:reserve    (hash: user -> "token:ms", spill reservations)
 -- KEYS[7] batches    rain:{P:j}:deadline_batches (zset: a batch's users by their deadline_ms)
@@ -120,7 +120,11 @@ for i = 1, n do
     g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab
   end
   local answer
-  if g then
+  if string.find(user, ' ', 1, true) then
+    -- The deadline index separates users with spaces (prelude.lua): an id
+    -- holds none (rain.ValidID), and a claim of one is refused unwritten.
+    answer = {'error', 'RAINSTATE a user id with a space'}
+  elseif g then
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then
       answer = {'error', 'RAINSTATE bad grant record for ' .. user}

@@ -130,7 +130,10 @@ end
 -- past its deadline (release_held checks both: a user granted again since
 -- holds a later deadline) and then removes the member. So the index holds
 -- a member while any grant it names is held, and at most until its
--- deadline after that.
+-- deadline after that. The meta's batched_users counts the users named in
+-- k.batches (write_books adds, the reaper takes away), so that the audit
+-- checks at once that the index names at least as many users as grants
+-- are held.
 
 -- hold records a new held grant: its record and deadline (written by
 -- write_books) and its outbox entry, for settlement. origin: the sibling
@@ -218,6 +221,33 @@ local function release_held(k, user, rec, now)
   tally('released', amount)
   restocked = true
   return amount
+end
+
+-- release_due: the reaper's step on one due member of the deadline index
+-- (index: k.deadlines or k.batches). Each user it names has the grant it
+-- holds released by release_held, which checks that it is still held and
+-- past its deadline (a user granted again since holds a later deadline,
+-- named by a later member); then the member leaves the index. Returns how
+-- many users it names, and the count, cents and earliest deadline (nil:
+-- none) of the grants released.
+local function release_due(k, index, member, now)
+  local named, n, cents, earliest = 0, 0, 0, nil
+  for user in string.gmatch(member, '[^ ]+') do
+    named = named + 1
+    local g = redis.call('HGET', k.grants, user)
+    local amount = g and release_held(k, user, g, now)
+    if amount then
+      n, cents = n + 1, cents + tonumber(amount)
+      local deadline = tonumber(string.match(g, ':(%d+)$'))
+      if earliest == nil or deadline < earliest then
+        earliest = deadline
+      end
+    end
+  end
+  if redis.call('ZREM', index, member) == 1 and index == k.batches then
+    change('batched_users', -named)
+  end
+  return named, n, cents, earliest
 end
 
 -- confirm_held: held -> confirmed, for good: a confirmed grant is never
@@ -310,8 +340,14 @@ local function write_books(k)
     if #alone > 0 then
       redis.call('ZADD', k.deadlines, unpack(alone))
     end
-    if #shared > 0 then
-      redis.call('ZADD', k.batches, unpack(shared))
+    -- batched_users (a meta field) counts the users the members of
+    -- k.batches name, for the audit's check that the index can name every
+    -- grant held: a member made again (the same users, a later deadline;
+    -- every grant its first run named is gone) is counted once.
+    for i = 1, #shared, 2 do
+      if redis.call('ZADD', k.batches, shared[i], shared[i + 1]) == 1 then
+        change('batched_users', #due_users[shared[i]])
+      end
     end
   end
   if #booked > 0 then

@@ -30,7 +30,7 @@ var moves = map[string][]string{
 	"setup":        {"zero_books"},
 	"load":         {"load_stock", "write_books"},
 	"claim_many":   {"pop_to_held", "release_held", "write_books"},
-	"release":      {"release_held", "write_books"},
+	"release":      {"release_due", "write_books"},
 	"confirm":      {"confirm_held", "write_books"},
 	"confirm_many": {"confirm_held", "write_books"},
 	"take":         {"pop_to_transfer", "write_books"},
@@ -617,6 +617,7 @@ func (w *walk) check(after string) {
 			{"held_count = grants held", a.HeldCount, a.GrantsHeld},
 			{"held_cents = grants held", a.HeldCents, a.GrantsHeldCents},
 			{"held grants the deadline index names = grants held", a.GrantsHeld, a.GrantsHeld - a.Unindexed},
+			{"users the deadline index names, at least held_count", a.HeldCount, min(a.HeldCount, a.DeadlineEntries)},
 			{"confirmed_count = grants confirmed", a.ConfirmedCount, a.GrantsConfirmed},
 			{"confirmed_cents = grants confirmed", a.ConfirmedCents, a.GrantsConfirmedCents},
 			{"inflight_count = transfers in flight", a.InflightCount, a.Transfers},
@@ -670,5 +671,27 @@ func subIndex(k rain.Keys) int {
 		if (rain.SubPool{Pool: "r", Index: i}).Keys() == k {
 			return i
 		}
+	}
+}
+
+// TestAnIDWithASpaceIsRefusedUnwritten: the deadline index separates the
+// users of a batch with spaces, so claim_many refuses a claim whose user id
+// holds one (rain.ValidID refuses it long before) and writes nothing for
+// it, while the rest of the batch is granted and indexed.
+func TestAnIDWithASpaceIsRefusedUnwritten(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := openSubPool(t, c, 0, 60_000, 100, 200, 300)
+	res, errs, err := ClaimMany(ctx, c, &k, 0, []ClaimArg{{User: "a b", Serial: 1}, {User: "a", Serial: 2}, {User: "b", Serial: 3}})
+	if err != nil || errs[0] == nil || errs[1] != nil || res[1].Outcome != Granted || errs[2] != nil || res[2].Outcome != Granted {
+		t.Fatalf("claims = %+v, %v, %v; want the first refused with an error, the others granted", res, errs, err)
+	}
+	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
+	if err != nil || !a.Recounted || a.HeldCount != 2 || a.GrantsHeld != 2 || a.StockCount != 1 || a.ListLen != 1 ||
+		a.Unindexed != 0 || a.DeadlineEntries != 2 {
+		t.Fatalf("audit = %+v, %v; want two grants held and named by the index, one amount in the stock", a, err)
+	}
+	if n, err := c.HExists(ctx, k.Grants, "a b").Result(); err != nil || n {
+		t.Fatalf("a grant of %q: %v, %v; want none", "a b", n, err)
 	}
 }

@@ -5,25 +5,25 @@
 -- KEYS[3] grants     rain:{P:j}:grants
 -- KEYS[4] deadlines  rain:{P:j}:deadlines
 -- KEYS[5] outbox     rain:{P:j}:outbox
--- ARGV[1] most grants to release in this call
+-- KEYS[6] batches    rain:{P:j}:deadline_batches
 --
 -- Deadlines are read on the shard's clock (TIME). The deadline index is two
 -- sorted sets (prelude.lua, the deadline index): deadlines, a member per
 -- user, and batches, a member per batch naming its users. Each due member's
--- users are looked at in turn, and each one's grant is released by
--- release_held, only if it is still held and past its deadline, checked
--- there, atomically: a stale or concurrent reaper can never release a
--- grant twice, nor one that was confirmed, nor a later grant of a user
--- granted again. A released user may grab again. The member then leaves
--- the index: every grant it named is now released, confirmed, gone, or
--- named by a later member.
--- KEYS[6] batches  rain:{P:j}:deadline_batches
+-- users are looked at in turn by release_due, and each one's grant is
+-- released by release_held, only if it is still held and past its
+-- deadline, checked there, atomically: a stale or concurrent reaper can
+-- never release a grant twice, nor one that was confirmed, nor a later
+-- grant of a user granted again. A released user may grab again. The
+-- member then leaves the index: every grant it named is now released,
+-- confirmed, gone, or named by a later member.
 -- ARGV[1] bounds the users looked at: whole members are taken, the due
 -- members of deadlines first, until that many users have been (a member
 -- names at most a batch of claims).
 -- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
--- oldest_overdue_ms is how long past its deadline the oldest due member
--- was (0 if none); more is 1 when the call stopped at its bound and more
+-- oldest_overdue_ms is how long past its deadline the oldest grant released
+-- was (0 if none: a member naming only grants confirmed before their
+-- deadline is no lag); more is 1 when the call stopped at its bound and more
 -- may be due; next_ms is how long until a grant can next fall due: the
 -- earliest deadline left, and at most the hold (a grant made later falls
 -- due no sooner), so the reaper need not look before; held is how many
@@ -47,24 +47,16 @@ for _, index in ipairs({k.deadlines, k.batches}) do
   elseif redis.call('ZCOUNT', index, '-inf', now) > 0 then
     more = 1
   end
-  if #due > 0 then
-    oldest = math.max(oldest, now - tonumber(due[2]))
-  end
   for i = 1, #due, 2 do
     if seen >= limit then
       more = 1
       break
     end
-    for user in string.gmatch(due[i], '[^ ]+') do
-      seen = seen + 1
-      local g = redis.call('HGET', grants, user)
-      local amount = g and release_held(k, user, g, now)
-      if amount then
-        n = n + 1
-        cents = cents + tonumber(amount)
-      end
+    local named, released, released_cents, earliest = release_due(k, index, due[i], now)
+    seen, n, cents = seen + named, n + released, cents + released_cents
+    if earliest then
+      oldest = math.max(oldest, now - earliest)
     end
-    redis.call('ZREM', index, due[i])
   end
 end
 write_books(k)

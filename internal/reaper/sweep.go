@@ -18,8 +18,9 @@ import (
 	"rain/internal/shard"
 )
 
-// releaseBatch is the most grants one release script call handles, so no
-// call blocks a shard for long.
+// releaseBatch is how many users of due deadline index members one
+// release script call looks at (and the rest of its last member, a batch
+// of claims at most), so no call blocks a shard for long.
 const releaseBatch = 500
 
 // Sweep is what one pass did.

@@ -34,7 +34,8 @@
 # rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
 # rain serve packs its grants' outbox entries (RAIN_OUTBOX=fields: a field per
-# value, its default).
+# value, its default) and names a batch's grants by one deadline index member
+# (RAIN_DEADLINE_INDEX=grant: a member per grant, its default).
 #
 # grab and driver load their targets with loadtest/rainload, an open-loop driver:
 # requests are due at the times of a fixed arrival rate, whatever the answers, and
@@ -223,9 +224,12 @@ need_tools() {
 # unless a FLAG says otherwise. Its grants' outbox entries are packed
 # (RAIN_OUTBOX=packed unless RAIN_OUTBOX says fields: the form a deployment
 # runs once its rain settle reads it; a rain built before the flag ignores
-# the variable). Uses $tmp (bash scoping is dynamic).
+# the variable), and a batch's grants share a deadline index member
+# (RAIN_DEADLINE_INDEX=batch unless it says grant: the form a deployment runs
+# once every rain serve reads it). Uses $tmp (bash scoping is dynamic).
 rain_fsync=${RAIN_FSYNC:-always}
 rain_outbox=${RAIN_OUTBOX:-packed}
+rain_deadline_index=${RAIN_DEADLINE_INDEX:-batch}
 
 # user_auth_none BIN: no_user_auth=(--user-auth none) when BIN's rain serve
 # takes it (and so requires it on real shards), else empty.
@@ -260,7 +264,7 @@ start_rain_on() {
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   user_auth_none "${rain_bin:-$bin/rain}"
   free_port rp
-  RAIN_OUTBOX=$rain_outbox "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
+  RAIN_OUTBOX=$rain_outbox RAIN_DEADLINE_INDEX=$rain_deadline_index "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
     "${durability[@]}" "${no_user_auth[@]}" "${@:5}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +52,78 @@ func TestServeOutboxForm(t *testing.T) {
 			}
 		} else if got != "grant u:1 o" {
 			t.Errorf("default: entry %v, want a field per value (type grant, user u:1, pool o)", v)
+		}
+	}
+}
+
+// TestServeDeadlineIndexForm: rain serve names each grant in the deadline
+// index by a member of its own by default (what every earlier reaper
+// releases), and the grants of a batch by one member of the batches key
+// with --deadline-index batch (RAIN_DEADLINE_INDEX); any other form is a
+// usage error. Grabs go in rounds of concurrent requests until a batch of
+// several grants has been made (with batch), or for as many rounds (by
+// default); then the reaper's index names every grant held, and by default
+// the batches key was never written.
+func TestServeDeadlineIndexForm(t *testing.T) {
+	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--deadline-index", "zip"}, env(nil), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), `--deadline-index "zip": want grant or batch`) || exitCode(err) != exitUsage {
+		t.Fatalf("serve --deadline-index zip = %v, want a usage error", err)
+	}
+	for _, form := range []string{"", "batch"} {
+		srv := redistest.Start(t, durable)
+		environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr, "RAIN_ADMIN_TOKEN": longToken}
+		if form != "" {
+			environ["RAIN_DEADLINE_INDEX"] = form
+		}
+		addr, _ := startServe(t, nil, environ)
+		if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"d","total_cents":100000,"count":1000}`); code != 201 {
+			t.Fatalf("preload = %d %v", code, body)
+		}
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { c.Close() })
+		ctx := context.Background()
+		k := rain.SubPool{Pool: "d"}.Keys()
+		granted := 0
+		for round := 0; round < 20; round++ {
+			var wg sync.WaitGroup
+			var ok atomic.Int64
+			for i := range 32 {
+				wg.Go(func() {
+					body := fmt.Sprintf(`{"pool_id":"d","user_id":"u%d.%d"}`, round, i)
+					resp, err := http.Post("http://"+addr+"/grab", "application/json", strings.NewReader(body))
+					if err == nil {
+						if resp.StatusCode == 200 {
+							ok.Add(1)
+						}
+						resp.Body.Close()
+					}
+				})
+			}
+			wg.Wait()
+			granted += int(ok.Load())
+			if n, err := c.ZCard(ctx, k.Batches).Result(); err != nil || (form == "batch" && n > 0) {
+				break
+			}
+		}
+		alone, err := c.ZCard(ctx, k.Deadlines).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		members, err := c.ZRange(ctx, k.Batches, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		named := int(alone)
+		for _, m := range members {
+			named += len(strings.Split(m, " "))
+		}
+		switch {
+		case form == "" && len(members) > 0:
+			t.Errorf("default: the batches key holds %v, want nothing (a member per grant)", members)
+		case form == "batch" && len(members) == 0:
+			t.Errorf("--deadline-index batch: no batch of several grants in 20 rounds of 32 concurrent grabs")
+		case named != granted:
+			t.Errorf("form %q: the deadline index names %d users (%d alone, batches %v), want the %d granted", form, named, alone, members, granted)
 		}
 	}
 }

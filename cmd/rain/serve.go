@@ -148,6 +148,13 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	default:
 		return instance.Config{}, usagef("--outbox %q: want fields or packed", c.Outbox)
 	}
+	switch c.DeadlineIndex {
+	case "grant":
+	case "batch":
+		icfg.BatchedDeadlines = true
+	default:
+		return instance.Config{}, usagef("--deadline-index %q: want grant or batch", c.DeadlineIndex)
+	}
 	if !c.tryIt() {
 		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err

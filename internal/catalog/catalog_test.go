@@ -303,7 +303,9 @@ func TestPreloadArbitration(t *testing.T) {
 
 // TestAuditInPages: the audit of a big sub-pool never holds its shard for
 // long: every command it sends reads one page (an LRANGE of at most
-// lua's list page, an HSCAN asking at most its hash page), read through a
+// lua's list page, an HSCAN asking at most its hash page, a ZSCAN of the
+// deadline index asking at most its page: the hash page for a member per
+// grant, the index page for a member per batch), read through a
 // recording proxy, none the whole list or hash at once; and it still finds
 // the pool whole. And an audit while users grab reports no false problem.
 func TestAuditInPages(t *testing.T) {
@@ -319,13 +321,18 @@ func TestAuditInPages(t *testing.T) {
 	}
 	k := p.SubPool(0).Keys()
 	c := e.shards.Client("s1")
-	for b := range 100 { // 50,000 grants, 500 a batch
+	for b := range 100 { // 50,000 grants, 500 a batch, every other one named by a member per batch
 		batch := make([]lua.ClaimArg, 500)
 		for i := range batch {
 			n := int64(b*500 + i + 1)
 			batch[i] = lua.ClaimArg{User: "u" + strconv.FormatInt(n, 10), Serial: 1e9 + n}
 		}
-		if _, _, err := lua.ClaimMany(ctx, c, &k, 0, batch); err != nil {
+		pipe := c.Pipeline()
+		cmd := lua.ClaimManyCmd(ctx, pipe, &k, 0, false, lua.Form{BatchedDeadlines: b%2 == 0}, batch, nil)
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := lua.ParseClaimMany(cmd, len(batch)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -334,7 +341,7 @@ func TestAuditInPages(t *testing.T) {
 	if err != nil || !rep.OK || len(rep.Notes) != 0 {
 		t.Fatalf("audit of a quiet big pool = %+v, %v; want ok and recounted", rep, err)
 	}
-	pages := 0
+	pages, zscans := 0, map[string]int{}
 	for _, x := range proxy.Exchanges() {
 		cmd := x.Cmd
 		switch cmd[0] {
@@ -350,6 +357,15 @@ func TestAuditInPages(t *testing.T) {
 				t.Errorf("the audit sent %q: want COUNT %d", cmd, lua.AuditHashPage)
 			}
 			pages++
+		case "ZSCAN":
+			page := lua.AuditHashPage
+			if cmd[1] == k.Batches {
+				page = lua.AuditIndexPage
+			}
+			if i := slices.IndexFunc(cmd, func(a string) bool { return strings.EqualFold(a, "count") }); i < 0 || cmd[i+1] != strconv.Itoa(page) {
+				t.Errorf("the audit sent %q: want COUNT %d", cmd, page)
+			}
+			zscans[cmd[1]]++
 		case "HGETALL", "HVALS", "HKEYS", "SMEMBERS", "ZRANGE":
 			if !strings.HasSuffix(cmd[1], ":pool") {
 				t.Errorf("the audit sent %q: a whole key at once", cmd)
@@ -358,6 +374,9 @@ func TestAuditInPages(t *testing.T) {
 	}
 	if pages < packets/lua.AuditListPage {
 		t.Fatalf("the audit read %d pages, want at least %d", pages, packets/lua.AuditListPage)
+	}
+	if zscans[k.Deadlines] == 0 || zscans[k.Batches] == 0 {
+		t.Fatalf("the audit read the deadline index in %v ZSCANs, want both keys read", zscans)
 	}
 
 	// Audits while users grab: counters are always checked; a recount that

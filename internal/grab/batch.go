@@ -81,8 +81,9 @@ type batcher struct {
 	// claim waits at most that for its batch, plus the batch before it and
 	// the lane's linger (lingerMax).
 	budget time.Duration
-	// packed: the grants' outbox entries are packed (Config.PackedOutbox).
-	packed bool
+	// form: how the grants made are written (Config.PackedOutbox,
+	// Config.BatchedDeadlines).
+	form lua.Form
 	// replicated: the shard runs with replicas (Sentinel), and each batch
 	// waits for one to have it (WAIT) before its grants are answered.
 	replicated bool
@@ -385,7 +386,7 @@ func (b *batcher) send(ctx context.Context, c redis.UniversalClient, gs []*group
 		if asking {
 			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 		}
-		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, replicated, b.packed, g.claims, g.args)
+		g.cmd = lua.ClaimManyCmd(ctx, pipe, g.keys, valid, replicated, b.form, g.claims, g.args)
 	}
 	var wait *redis.IntCmd
 	if replicated {

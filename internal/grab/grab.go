@@ -116,6 +116,11 @@ type Config struct {
 	// every rain settle that reads these shards reads it (rain serve
 	// --outbox packed).
 	PackedOutbox bool
+	// BatchedDeadlines: a batch's grants are named by one member of the
+	// deadline index's batches key (lua.Form). A reaper older than that key
+	// never releases them: set it only once every rain serve on these
+	// shards reads it (rain serve --deadline-index batch).
+	BatchedDeadlines bool
 }
 
 // Service grabs from pools. Build it with New, stop it with Close.
@@ -202,7 +207,7 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	}
 	start := func(f func()) { s.goBackground(f) }
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
-		budget: shards.Timeout(), replicated: replicated, packed: s.cfg.PackedOutbox, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
+		budget: shards.Timeout(), replicated: replicated, form: lua.Form{PackedOutbox: s.cfg.PackedOutbox, BatchedDeadlines: s.cfg.BatchedDeadlines}, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
 		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
 	placed := name
 	if cluster != "" {

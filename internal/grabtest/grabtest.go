@@ -42,13 +42,14 @@ func Start(tb testing.TB, n int, opts redistest.Options) *Env {
 // On is the service on servers, reached at addrs (theirs, or proxies in
 // front of them), with rain serve's client options, go-redis's retries
 // included. Its grants' outbox entries are packed (rain serve --outbox
-// packed), so the packages that test with it settle that form; rain
-// serve's own tests run its default, a field per value.
+// packed) and its batches' grants share a deadline index member (rain
+// serve --deadline-index batch), so the packages that test with it settle
+// and reap those forms; rain serve's own tests run its defaults.
 func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	tb.Helper()
 	set := shardtest.Open(tb, addrs, shard.Options{})
 	e := &Env{Servers: servers, Shards: set}
-	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{PackedOutbox: true})
+	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{PackedOutbox: true, BatchedDeadlines: true})
 	for _, name := range set.Names() {
 		e.Clients = append(e.Clients, set.Client(name))
 	}

@@ -74,6 +74,9 @@ type Config struct {
 	SpillValidity time.Duration
 	// PackedOutbox: grants' outbox entries are packed (grab.Config.PackedOutbox).
 	PackedOutbox bool
+	// BatchedDeadlines: a batch's grants share a member of the deadline
+	// index (grab.Config.BatchedDeadlines).
+	BatchedDeadlines bool
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -165,7 +168,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
-		OnBatch: in.Metrics.Batches(set.Names()), PackedOutbox: cfg.PackedOutbox}
+		OnBatch: in.Metrics.Batches(set.Names()), PackedOutbox: cfg.PackedOutbox, BatchedDeadlines: cfg.BatchedDeadlines}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool
 		pc.Logger = cfg.Logger

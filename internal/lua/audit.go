@@ -252,7 +252,7 @@ func unindexed(ctx context.Context, c redis.Cmdable, key string, page int64, hel
 			if err != nil {
 				continue // not a deadline: it names nothing
 			}
-			for _, user := range strings.Fields(ms[i]) {
+			for _, user := range strings.Split(ms[i], " ") { // as the reaper reads a member (prelude.lua)
 				if d, ok := held[user]; ok && float64(d) == score {
 					delete(held, user)
 				}

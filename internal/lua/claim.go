@@ -55,31 +55,52 @@ type ClaimArg struct {
 //
 // With fence the caller WAITs for a replica after the script on the same
 // connection: a run that answers a grant made before it then writes a
-// counter, so the WAIT covers that grant too (see claim_many.lua). With
-// packed each grant's outbox entry is one field; without, a field per
-// value, the only form a rain settle older than the packed form pays (see
-// prelude.lua and ParseOutboxEntry).
-func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence, packed bool, claims []ClaimArg, args []any) *redis.Cmd {
-	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, packed, claims)...)
+// counter, so the WAIT covers that grant too (see claim_many.lua). form
+// says how the grants made are written (Form).
+func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence bool, form Form, claims []ClaimArg, args []any) *redis.Cmd {
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, form, claims)...)
+}
+
+// Form is how claim_many writes the grants it makes. The zero Form is what
+// every earlier release writes and reads.
+type Form struct {
+	// PackedOutbox: each grant's outbox entry is one field; else a field
+	// per value, the only form a rain settle older than the packed form
+	// pays (see prelude.lua and ParseOutboxEntry).
+	PackedOutbox bool
+	// BatchedDeadlines: the grants of a batch are named by one member of
+	// the deadline index's batches key; else each by a member of its own
+	// in deadlines, the only form a reaper older than the batches key
+	// releases (see prelude.lua, the deadline index).
+	BatchedDeadlines bool
+}
+
+// arg is the form as claim_many's ARGV[3] gives it: "packed" or "fields",
+// then " batched" when the deadlines are.
+func (f Form) arg() string {
+	s := "fields"
+	if f.PackedOutbox {
+		s = "packed"
+	}
+	if f.BatchedDeadlines {
+		s += " batched"
+	}
+	return s
 }
 
 // ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
-// fence, its grants' outbox entries a field per value (rain serve's
-// default, which every rain settle pays).
+// fence, in the zero Form (rain serve's default, which every rain settle
+// pays and every reaper releases).
 func ClaimMany(ctx context.Context, c Client, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
-	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, false, claims)...).Slice()
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, Form{}, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}
 	return parseClaimMany(res, len(claims))
 }
 
-func claimManyArgs(args []any, validityMS int64, fence, packed bool, claims []ClaimArg) []any {
-	form := "fields"
-	if packed {
-		form = "packed"
-	}
-	args = append(args[:0], validityMS, fenceFlag(fence), form)
+func claimManyArgs(args []any, validityMS int64, fence bool, form Form, claims []ClaimArg) []any {
+	args = append(args[:0], validityMS, fenceFlag(fence), form.arg())
 	for _, c := range claims {
 		args = append(args, c.User, c.Serial, c.Token)
 	}

@@ -14,9 +14,12 @@
 -- ARGV[1] reservation validity in ms (T)
 -- ARGV[2] "1": fence (the caller WAITs for a replica after this script on
 --         the same connection, see below); "0": none
--- ARGV[3] the form of the grants' outbox entries: "packed" (one field) or
---         "fields" (a field per value, what a rain settle before the packed
---         form reads; see prelude.lua)
+-- ARGV[3] the form of what the grants write (lua.Form): their outbox
+--         entries "packed" (one field) or "fields" (a field per value, what
+--         a rain settle before the packed form reads), then " batched"
+--         when a batch's grants are named by one member of the deadline
+--         index's batches key, which a reaper before that key never reads
+--         (see prelude.lua)
 -- ARGV[4], ARGV[5], ARGV[6]: user, serial, spill token ("" for pools of one
 --         sub-pool) of the first claim; then the next claim's three, ...
 --
@@ -58,7 +61,8 @@ local meta, grants, reserve = KEYS[1], KEYS[3], KEYS[6]
 local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5], batches = KEYS[7]}
 local validity = tonumber(ARGV[1])
 local fence = ARGV[2] == '1'
-k.packed = ARGV[3] == 'packed'
+k.packed = string.sub(ARGV[3], 1, 6) == 'packed'
+k.batched = string.find(ARGV[3], ' batched', 1, true) ~= nil
 local n = (#ARGV - 3) / 3
 local out = {}
 
@@ -120,10 +124,11 @@ for i = 1, n do
     g = held[i] -- from expiredAt[user] on, released above: decided below as a new grab
   end
   local answer
-  if string.find(user, ' ', 1, true) then
+  if user == '' or string.find(user, ' ', 1, true) then
     -- The deadline index separates users with spaces (prelude.lua): an id
-    -- holds none (rain.ValidID), and a claim of one is refused unwritten.
-    answer = {'error', 'RAINSTATE a user id with a space'}
+    -- is never empty and holds none (rain.ValidID), and a claim of one
+    -- that does is refused unwritten.
+    answer = {'error', 'RAINSTATE an empty user id, or one with a space'}
   elseif g then
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then

@@ -89,7 +89,7 @@ func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
 	k := openSubPool(t, c, 1, 5000, 10, 20)
 	for i, packed := range []bool{true, false} {
 		pipe := c.Pipeline()
-		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, packed, []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}, nil)
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, Form{PackedOutbox: packed}, []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}, nil)
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.Fatal(err)
 		}

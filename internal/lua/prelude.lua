@@ -120,10 +120,12 @@ end
 -- their grants. A script's grants that fall due at the same time share one
 -- member: one ZADD of a member per batch costs a fraction of a member per
 -- grant (docs/benchmarks.md). A member of several users goes to
--- k.batches; a member of one user to k.deadlines, the form and key every
--- earlier release wrote and reads (a reaper of an earlier release, in a
--- rolling upgrade, reads a member of k.deadlines as one user id: it must
--- never meet a member of several). A grant confirmed or released before
+-- k.batches, and only when the script is told so (k.batched: claim_many's
+-- ARGV, rain serve --deadline-index batch): a reaper before that key never
+-- reads it, and never releases what it names. Else, and for a grant alone,
+-- each user has a member in k.deadlines, the form and key every earlier
+-- release writes and reads (such a reaper reads a member of k.deadlines as
+-- one user id: it must never meet a member of several). A grant confirmed or released before
 -- its deadline removes its user's member from k.deadlines (ZREM user) and
 -- leaves a member of several users where it is: the reaper, at a member's
 -- deadline, releases those of its users whose grant is still held and
@@ -207,9 +209,9 @@ end
 -- amount goes back to the stock, the record is marked released, a
 -- deadline index member of this user alone leaves the index (a shared one
 -- stays until its deadline, see above) and a release entry goes to the
--- outbox. Returns the amount released, or nil.
+-- outbox. Returns the amount released and its deadline (a number), or nil.
 local function release_held(k, user, rec, now)
-  local st, amount, serial, deadline = string.match(rec, '^(%a):(%d+):(%d+):(%d+)')
+  local st, amount, serial, deadline = string.match(rec, '^(%a):(%d+):(%d+):(%d+)$')
   if st ~= 'h' or tonumber(deadline) > now then
     return nil
   end
@@ -220,7 +222,7 @@ local function release_held(k, user, rec, now)
   move('held', 'stock', amount)
   tally('released', amount)
   restocked = true
-  return amount
+  return amount, tonumber(deadline)
 end
 
 -- release_due: the reaper's step on one due member of the deadline index
@@ -235,10 +237,12 @@ local function release_due(k, index, member, now)
   for user in string.gmatch(member, '[^ ]+') do
     named = named + 1
     local g = redis.call('HGET', k.grants, user)
-    local amount = g and release_held(k, user, g, now)
+    local amount, deadline
+    if g then
+      amount, deadline = release_held(k, user, g, now)
+    end
     if amount then
       n, cents = n + 1, cents + tonumber(amount)
-      local deadline = tonumber(string.match(g, ':(%d+)$'))
       if earliest == nil or deadline < earliest then
         earliest = deadline
       end
@@ -327,7 +331,7 @@ local function write_books(k)
     local alone, shared = {}, {} -- ZADD arguments of k.deadlines and k.batches
     for _, deadline in ipairs(due_order) do
       local users = due_users[deadline]
-      if #users == 1 or k.batches == nil then
+      if #users == 1 or not k.batched then
         for _, user in ipairs(users) do
           alone[#alone + 1] = deadline
           alone[#alone + 1] = user

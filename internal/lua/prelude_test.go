@@ -146,7 +146,7 @@ func TestMoneyWritesFound(t *testing.T) {
 
 // moneyCounter matches the name of a money counter of a sub-pool's meta,
 // or the version every money move bumps.
-var moneyCounter = regexp.MustCompile(`^(stock|held|confirmed|released|inflight|received|sent)_(count|cents)$|^version$`)
+var moneyCounter = regexp.MustCompile(`^(stock|held|confirmed|released|inflight|received|sent)_(count|cents)$|^version$|^batched_users$`)
 
 // Commands by what moneyWrites makes of them.
 var (
@@ -156,7 +156,7 @@ var (
 	hashSets  = map[string]bool{"HSET": true, "HMSET": true, "HSETNX": true}
 	keyWrites = map[string]bool{"HSET": true, "HMSET": true, "HSETNX": true, "HDEL": true, "ZADD": true,
 		"DEL": true, "UNLINK": true, "RENAME": true, "COPY": true, "RESTORE": true, "SET": true}
-	moneyKeys = map[string]bool{"stock": true, "grants": true, "deadlines": true, "outbox": true,
+	moneyKeys = map[string]bool{"stock": true, "grants": true, "deadlines": true, "batches": true, "outbox": true,
 		"transfers": true, "resolved": true}
 )
 
@@ -166,8 +166,8 @@ var (
 // A key is known by the name the script's header gives it ("KEYS[n]
 // name"), through the locals and table fields the script gives KEYS[n]
 // to. The meta's other fields (named by literals), the spill's
-// reservations and verdicts, the deadline entries release.lua drops and
-// the entries settlement acknowledges are the script's own; so are reads.
+// reservations and verdicts and the entries settlement acknowledges are
+// the script's own; so are reads.
 func moneyWrites(script string) []string {
 	code := stripComments(script)
 	role := map[string]string{}
@@ -377,11 +377,16 @@ func TestEveryMoveConserves(t *testing.T) {
 					}
 					batch = append(batch, ClaimArg{User: user, Serial: serial, Token: strconv.FormatInt(serial, 10)})
 				}
-				res, errs, err := ClaimMany(ctx, c, k, valid, batch)
+				// Either form of the deadline index, as during an upgrade.
+				form := Form{BatchedDeadlines: rng.IntN(3) > 0}
+				pipe := c.Pipeline()
+				cmd := ClaimManyCmd(ctx, pipe, k, valid, false, form, batch, nil)
+				_, _ = pipe.Exec(ctx)
+				res, errs, err := ParseClaimMany(cmd, len(batch))
 				if err != nil {
 					t.Fatal(err)
 				}
-				what = fmt.Sprintf("claim_many at %d: %v %v", j, res, errs)
+				what = fmt.Sprintf("claim_many %+v at %d: %v %v", form, j, res, errs)
 				for i, cl := range res {
 					if cl.Outcome == Reserved && rng.IntN(4) > 0 {
 						what += "; " + w.spill(rng, j, batch[i], valid)
@@ -682,8 +687,8 @@ func TestAnIDWithASpaceIsRefusedUnwritten(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	k := openSubPool(t, c, 0, 60_000, 100, 200, 300)
-	res, errs, err := ClaimMany(ctx, c, &k, 0, []ClaimArg{{User: "a b", Serial: 1}, {User: "a", Serial: 2}, {User: "b", Serial: 3}})
-	if err != nil || errs[0] == nil || errs[1] != nil || res[1].Outcome != Granted || errs[2] != nil || res[2].Outcome != Granted {
+	res, errs, err := ClaimMany(ctx, c, &k, 0, []ClaimArg{{User: "a b", Serial: 1}, {User: "a", Serial: 2}, {User: "b", Serial: 3}, {User: "", Serial: 4}})
+	if err != nil || errs[0] == nil || errs[1] != nil || res[1].Outcome != Granted || errs[2] != nil || res[2].Outcome != Granted || errs[3] == nil {
 		t.Fatalf("claims = %+v, %v, %v; want the first refused with an error, the others granted", res, errs, err)
 	}
 	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
@@ -693,5 +698,52 @@ func TestAnIDWithASpaceIsRefusedUnwritten(t *testing.T) {
 	}
 	if n, err := c.HExists(ctx, k.Grants, "a b").Result(); err != nil || n {
 		t.Fatalf("a grant of %q: %v, %v; want none", "a b", n, err)
+	}
+}
+
+// TestReleaseReadsAFewBatchesACall: a member of the deadline index's
+// batches names up to a batch of users, so one release call reads at most
+// 8 of them (and says there is more) whatever its limit; calls until no
+// more release every grant and empty the index.
+func TestReleaseReadsAFewBatchesACall(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	amounts := make([]int64, 60)
+	for i := range amounts {
+		amounts[i] = int64(i + 1)
+	}
+	k := openSubPool(t, c, 0, 0, amounts...) // holds run out at once
+	for b := range 20 {
+		batch := []ClaimArg{{User: fmt.Sprint("a", b), Serial: int64(3*b + 1)}, {User: fmt.Sprint("b", b), Serial: int64(3*b + 2)},
+			{User: fmt.Sprint("c", b), Serial: int64(3*b + 3)}}
+		pipe := c.Pipeline()
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, Form{BatchedDeadlines: true}, batch, nil)
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res, errs, err := ParseClaimMany(cmd, 3); err != nil || errs[0] != nil || res[2].Outcome != Granted {
+			t.Fatalf("batch %d: %+v, %v, %v; want granted", b, res, errs, err)
+		}
+	}
+	if n, err := c.ZCard(ctx, k.Batches).Result(); err != nil || n != 20 {
+		t.Fatalf("batches = %d, %v; want 20 members", n, err)
+	}
+	r, err := ReleaseExpired(ctx, c, &k, 500)
+	if err != nil || r.Count != 24 || !r.More {
+		t.Fatalf("first release = %+v, %v; want the 24 grants of 8 members, and more", r, err)
+	}
+	released := r.Count
+	for calls := 0; r.More; calls++ {
+		if calls > 10 {
+			t.Fatalf("more after %d calls", calls)
+		}
+		if r, err = ReleaseExpired(ctx, c, &k, 500); err != nil {
+			t.Fatal(err)
+		}
+		released += r.Count
+	}
+	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
+	if released != 60 || r.Held != 0 || err != nil || a.HeldCount != 0 || a.DeadlineEntries != 0 || a.StockCount != 60 {
+		t.Fatalf("released %d, last call %+v, audit %+v, %v; want all 60 back in the stock and an empty index", released, r, a, err)
 	}
 }

@@ -19,7 +19,7 @@
 -- confirmed, gone, or named by a later member.
 -- ARGV[1] bounds the users looked at: whole members are taken, the due
 -- members of deadlines first, until that many users have been (a member
--- names at most a batch of claims).
+-- names at most a batch of claims), and at most 8 members of batches.
 -- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
 -- oldest_overdue_ms is how long past its deadline the oldest grant released
 -- was (0 if none: a member naming only grants confirmed before their
@@ -40,8 +40,14 @@ local n, cents, seen, more, oldest = 0, 0, 0, 0, 0
 for _, index in ipairs({k.deadlines, k.batches}) do
   local due = {}
   if seen < limit then
-    due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit - seen)
-    if #due / 2 >= limit - seen then
+    -- A member of batches names up to a batch of users (8 KB of ids): read
+    -- a few, not as many as users are left to look at.
+    local want = limit - seen
+    if index == k.batches then
+      want = math.min(want, 8)
+    end
+    due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'WITHSCORES', 'LIMIT', 0, want)
+    if #due / 2 >= want then
       more = 1 -- more members may be due than were read
     end
   elseif redis.call('ZCOUNT', index, '-inf', now) > 0 then

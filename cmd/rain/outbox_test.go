@@ -21,20 +21,9 @@ import (
 // with --outbox packed (RAIN_OUTBOX), and refuses any other form as a
 // usage error.
 func TestServeOutboxForm(t *testing.T) {
-	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--outbox", "zip"}, env(nil), &bytes.Buffer{}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), `--outbox "zip": want fields or packed`) || exitCode(err) != exitUsage {
-		t.Fatalf("serve --outbox zip = %v, want a usage error", err)
-	}
+	refusesForm(t, "--outbox", `want fields or packed`)
 	for _, form := range []string{"", "packed"} {
-		srv := redistest.Start(t, durable)
-		environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr, "RAIN_ADMIN_TOKEN": longToken}
-		if form != "" {
-			environ["RAIN_OUTBOX"] = form
-		}
-		addr, _ := startServe(t, nil, environ)
-		if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"o","total_cents":100,"count":1}`); code != 201 {
-			t.Fatalf("preload = %d %v", code, body)
-		}
+		addr, srv := serveInForm(t, "RAIN_OUTBOX", form, `{"pool_id":"o","total_cents":100,"count":1}`)
 		if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"o","user_id":"u:1"}`); code != 200 || body["status"] != "granted" {
 			t.Fatalf("grab = %d %v, want granted", code, body)
 		}
@@ -65,20 +54,9 @@ func TestServeOutboxForm(t *testing.T) {
 // default); then the reaper's index names every grant held, and by default
 // the batches key was never written.
 func TestServeDeadlineIndexForm(t *testing.T) {
-	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--deadline-index", "zip"}, env(nil), &bytes.Buffer{}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), `--deadline-index "zip": want grant or batch`) || exitCode(err) != exitUsage {
-		t.Fatalf("serve --deadline-index zip = %v, want a usage error", err)
-	}
+	refusesForm(t, "--deadline-index", `want grant or batch`)
 	for _, form := range []string{"", "batch"} {
-		srv := redistest.Start(t, durable)
-		environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr, "RAIN_ADMIN_TOKEN": longToken}
-		if form != "" {
-			environ["RAIN_DEADLINE_INDEX"] = form
-		}
-		addr, _ := startServe(t, nil, environ)
-		if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"d","total_cents":100000,"count":1000}`); code != 201 {
-			t.Fatalf("preload = %d %v", code, body)
-		}
+		addr, srv := serveInForm(t, "RAIN_DEADLINE_INDEX", form, `{"pool_id":"d","total_cents":100000,"count":1000}`)
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { c.Close() })
 		ctx := context.Background()
@@ -126,4 +104,31 @@ func TestServeDeadlineIndexForm(t *testing.T) {
 			t.Errorf("form %q: the deadline index names %d users (%d alone, batches %v), want the %d granted", form, named, alone, members, granted)
 		}
 	}
+}
+
+// refusesForm: rain serve refuses flag zip as a usage error saying what it
+// wants.
+func refusesForm(t *testing.T, flag, want string) {
+	t.Helper()
+	err := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", flag, "zip"}, env(nil), &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), flag+` "zip": `+want) || exitCode(err) != exitUsage {
+		t.Fatalf("serve %s zip = %v, want a usage error (%s)", flag, err, want)
+	}
+}
+
+// serveInForm starts rain serve on a shard of its own with the environment
+// variable name set to form (unset when ""), and preloads pool, a POST
+// /admin/pools body; it returns the listener's address and the shard.
+func serveInForm(t *testing.T, name, form, pool string) (string, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t, durable)
+	environ := map[string]string{"RAIN_REDIS": "s1=1@" + srv.Addr, "RAIN_ADMIN_TOKEN": longToken}
+	if form != "" {
+		environ[name] = form
+	}
+	addr, _ := startServe(t, nil, environ)
+	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, pool); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	return addr, srv
 }

@@ -19,7 +19,7 @@
 -- confirmed, gone, or named by a later member.
 -- ARGV[1] bounds the users looked at: whole members are taken, the due
 -- members of deadlines first, until that many users have been (a member
--- names at most a batch of claims), and at most 8 members of batches.
+-- names at most a batch of claims), reading batches 8 members at a time.
 -- Returns {released, released_cents, oldest_overdue_ms, more, next_ms, held}:
 -- oldest_overdue_ms is how long past its deadline the oldest grant released
 -- was (0 if none: a member naming only grants confirmed before their
@@ -38,31 +38,32 @@ local m = redis.call('HMGET', meta, 'pool', 'index', 'hold_ms')
 k.pool, k.index = m[1], m[2]
 local n, cents, seen, more, oldest = 0, 0, 0, 0, 0
 for _, index in ipairs({k.deadlines, k.batches}) do
-  local due = {}
-  if seen < limit then
-    -- A member of batches names up to a batch of users (8 KB of ids): read
-    -- a few, not as many as users are left to look at.
-    local want = limit - seen
-    if index == k.batches then
-      want = math.min(want, 8)
-    end
-    due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'WITHSCORES', 'LIMIT', 0, want)
-    if #due / 2 >= want then
-      more = 1 -- more members may be due than were read
-    end
-  elseif redis.call('ZCOUNT', index, '-inf', now) > 0 then
-    more = 1
+  -- A member of batches names up to a batch of users (8 KB of ids): it is
+  -- read a few members at a time, not as many as users are left to look
+  -- at. Each member read leaves the index, so the next read starts after.
+  local page = limit
+  if index == k.batches then
+    page = 8
   end
-  for i = 1, #due, 2 do
-    if seen >= limit then
-      more = 1
-      break
+  while seen < limit do
+    local want = math.min(page, limit - seen)
+    local due = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'WITHSCORES', 'LIMIT', 0, want)
+    for i = 1, #due, 2 do
+      if seen >= limit then
+        break
+      end
+      local named, released, released_cents, earliest = release_due(k, index, due[i], now)
+      seen, n, cents = seen + named, n + released, cents + released_cents
+      if earliest then
+        oldest = math.max(oldest, now - earliest)
+      end
     end
-    local named, released, released_cents, earliest = release_due(k, index, due[i], now)
-    seen, n, cents = seen + named, n + released, cents + released_cents
-    if earliest then
-      oldest = math.max(oldest, now - earliest)
+    if #due / 2 < want then
+      break -- nothing more is due here
     end
+  end
+  if more == 0 and seen >= limit and redis.call('ZCOUNT', index, '-inf', now) > 0 then
+    more = 1
   end
 end
 write_books(k)

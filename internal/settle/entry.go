@@ -53,7 +53,7 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 			// Perhaps a grant, or a form a later rain writes: acknowledged,
 			// it would never be paid, and its grant would be released at its
 			// deadline. Left pending for an operator, as a mismatch is.
-			w.leftForOperator(stream, m.ID, fmt.Errorf("unreadable outbox entry: %w", err))
+			w.leftForOperator(p, stream, m.ID, fmt.Errorf("unreadable outbox entry: %w", err))
 		case release:
 			b.done = append(b.done, m.ID) // not paid
 		default:
@@ -116,7 +116,7 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *p
 			// The entry would pay another amount than the grant holds:
 			// nothing is confirmed or paid; left pending for an operator
 			// (the pool cannot close until one looks).
-			w.leftForOperator(b.stream, b.ids[i], fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
+			w.leftForOperator(p, b.stream, b.ids[i], fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
 				g, g.Serial, g.AmountCents, res[i].Amount))
 		default:
 			w.anomalies.Add(1)
@@ -138,7 +138,7 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *p
 		case ctx.Err() != nil:
 			return failed
 		case errors.Is(err, ErrSerialConflict):
-			w.leftForOperator(b.stream, payIDs[i], err)
+			w.leftForOperator(p, b.stream, payIDs[i], err)
 		default:
 			p.behind(payIDs[i])
 			w.failures.Add(1)
@@ -150,8 +150,10 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *p
 }
 
 // leftForOperator counts and logs, once per entry though it is met on
-// every pass, an entry left pending for an operator.
-func (w *Worker) leftForOperator(stream, id string, err error) {
+// every pass, an entry left pending for an operator, and notes it in the
+// pass (Stats.LeftForOperator).
+func (w *Worker) leftForOperator(p *pass, stream, id string, err error) {
+	p.leave(stream + " " + id)
 	if _, seen := w.conflicted.LoadOrStore(stream+" "+id, true); !seen {
 		w.conflicts.Add(1)
 		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "err", err)

@@ -134,6 +134,13 @@ type Stats struct {
 	// grant's, or one that cannot be read as a grant or a release (logged
 	// once each).
 	Conflicts int64
+	// LeftForOperator is how many entries left pending for an operator the
+	// worker's last pass over each shard met (its own pending entries are
+	// read again every pass), summed over the shards: not 0 while one still
+	// waits for an operator, and so blocks its pool's close; 0 again once
+	// the operator has cleared them. A pass that could not read a shard
+	// keeps that shard's figure.
+	LeftForOperator int64
 	// Lag is how far settlement is behind the grants: the age of the oldest
 	// outbox entry (its stream id is the time it was written) that may be
 	// unsettled, the largest over the shards; 0 when every shard's last pass
@@ -154,6 +161,7 @@ type Worker struct {
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
 	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry that may be unsettled; 0: none (see note)
+	waiting                                            []atomic.Int64 // per shard: entries left for an operator its last pass met (see note)
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id" of entries left pending for an operator
 }
@@ -162,14 +170,19 @@ type Worker struct {
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 	cfg.init()
 	n := len(shards.Names())
-	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n)}
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n),
+		waiting: make([]atomic.Int64, n)}
 }
 
 // Stats returns what the worker did so far.
 func (w *Worker) Stats() Stats {
+	var waiting int64
+	for i := range w.waiting {
+		waiting += w.waiting[i].Load()
+	}
 	return Stats{Delivered: w.delivered.Load(), Expired: w.expired.Load(),
 		Anomalies: w.anomalies.Load(), Failures: w.failures.Load(), Conflicts: w.conflicts.Load(),
-		Lag: w.lag(time.Now())}
+		LeftForOperator: waiting, Lag: w.lag(time.Now())}
 }
 
 // lag is Stats.Lag at now.
@@ -191,10 +204,21 @@ func (w *Worker) lag(now time.Time) time.Duration {
 // pass is what one pass over a shard's outboxes left unsettled. Its
 // streams' batches note in it at once.
 type pass struct {
-	mu         sync.Mutex // guards the fields below
-	oldest     int64      // unix ms of the oldest entry left unsettled; 0: none
-	incomplete bool       // a read failed: the pass does not know
-	vanished   bool       // a stream was gone (its pool closed): list them again
+	mu         sync.Mutex      // guards the fields below
+	oldest     int64           // unix ms of the oldest entry left unsettled; 0: none
+	incomplete bool            // a read failed: the pass does not know
+	vanished   bool            // a stream was gone (its pool closed): list them again
+	left       map[string]bool // "stream id" of the entries left for an operator it met
+}
+
+// leave notes an entry left for an operator.
+func (p *pass) leave(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.left == nil {
+		p.left = map[string]bool{}
+	}
+	p.left[key] = true
 }
 
 // behind notes that the entry id was left unsettled (or, for the last of
@@ -269,6 +293,7 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		}
 		if len(sh.streams) == 0 {
 			w.behind[sh.i].Store(0)
+			w.waiting[sh.i].Store(0)
 			sh.settled = now
 			_ = wait.For(ctx, w.cfg.Refresh)
 			continue
@@ -306,6 +331,9 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 // shows in the metrics (and the alerts on them).
 func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
 	defer w.reading[sh.i].Store(0) // what it read is settled, or noted in behind
+	if left := int64(len(p.left)); !p.incomplete || left > w.waiting[sh.i].Load() {
+		w.waiting[sh.i].Store(left) // an incomplete pass may have missed some: never lower
+	}
 	if !p.incomplete {
 		w.behind[sh.i].Store(p.oldest)
 		sh.settled = start

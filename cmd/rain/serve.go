@@ -144,14 +144,14 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	switch c.Outbox {
 	case "fields":
 	case "packed":
-		icfg.PackedOutbox = true
+		icfg.Form.PackedOutbox = true
 	default:
 		return instance.Config{}, usagef("--outbox %q: want fields or packed", c.Outbox)
 	}
 	switch c.DeadlineIndex {
 	case "grant":
 	case "batch":
-		icfg.BatchedDeadlines = true
+		icfg.Form.BatchedDeadlines = true
 	default:
 		return instance.Config{}, usagef("--deadline-index %q: want grant or batch", c.DeadlineIndex)
 	}

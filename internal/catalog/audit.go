@@ -20,10 +20,12 @@ import (
 // Per sub-pool, from one atomic read in constant time: count + received -
 // sent = stock + held + confirmed + in flight by the counters, the stock
 // list's length and the transfers in flight agree with them, and the
-// deadline index names at least as many users as grants are held. Then the records are recounted in bounded pages (no call holds a
-// shard for more than a few milliseconds, whatever the pool's size): the
-// stock's sum, the grants by state, the acked transfers and the adopted
-// verdicts agree with the counters, and no serial appears twice; a recount
+// deadline index names at least as many users as grants are held. Then
+// the records are recounted in bounded pages (no call holds a shard for
+// more than a few milliseconds, whatever the pool's size): the stock's
+// sum, the grants by state, the acked transfers and the adopted verdicts
+// agree with the counters, every held grant is named by the deadline index
+// under its deadline, and no serial appears twice; a recount
 // is compared only when the sub-pool did not change while it was read (a
 // version every money move bumps), else it is noted and not counted as a
 // problem.

@@ -81,8 +81,7 @@ type batcher struct {
 	// claim waits at most that for its batch, plus the batch before it and
 	// the lane's linger (lingerMax).
 	budget time.Duration
-	// form: how the grants made are written (Config.PackedOutbox,
-	// Config.BatchedDeadlines).
+	// form: how the grants made are written (Config.Form).
 	form lua.Form
 	// replicated: the shard runs with replicas (Sentinel), and each batch
 	// waits for one to have it (WAIT) before its grants are answered.

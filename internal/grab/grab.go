@@ -110,17 +110,12 @@ type Config struct {
 	OnBatch func(shard string, claims int, took time.Duration, failed bool)
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
-	// PackedOutbox: each grant's outbox entry is one packed field, not a
-	// field per value (see lua.ParseOutboxEntry). A rain settle older than
-	// the packed form acknowledges a packed grant unpaid: set it only once
-	// every rain settle that reads these shards reads it (rain serve
-	// --outbox packed).
-	PackedOutbox bool
-	// BatchedDeadlines: a batch's grants are named by one member of the
-	// deadline index's batches key (lua.Form). A reaper older than that key
-	// never releases them: set it only once every rain serve on these
-	// shards reads it (rain serve --deadline-index batch).
-	BatchedDeadlines bool
+	// Form is how the grants made are written (lua.Form): the zero Form is
+	// what every rain settle pays and every reaper releases. Each other
+	// form is set only once every rain settle (a packed outbox) or every
+	// rain serve (a batched deadline index) on these shards reads it (rain
+	// serve --outbox, --deadline-index).
+	Form lua.Form
 }
 
 // Service grabs from pools. Build it with New, stop it with Close.
@@ -207,7 +202,7 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	}
 	start := func(f func()) { s.goBackground(f) }
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
-		budget: shards.Timeout(), replicated: replicated, form: lua.Form{PackedOutbox: s.cfg.PackedOutbox, BatchedDeadlines: s.cfg.BatchedDeadlines}, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
+		budget: shards.Timeout(), replicated: replicated, form: s.cfg.Form, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
 		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
 	placed := name
 	if cluster != "" {

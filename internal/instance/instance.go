@@ -24,6 +24,7 @@ import (
 	"rain/internal/idgen"
 	"rain/internal/limit"
 	"rain/internal/lock"
+	"rain/internal/lua"
 	"rain/internal/metrics"
 	"rain/internal/pool"
 	"rain/internal/reaper"
@@ -72,11 +73,8 @@ type Config struct {
 	// SpillValidity is the spill reservations' validity (T) for the grab
 	// path and the reaper alike. Default lua.SpillValidity.
 	SpillValidity time.Duration
-	// PackedOutbox: grants' outbox entries are packed (grab.Config.PackedOutbox).
-	PackedOutbox bool
-	// BatchedDeadlines: a batch's grants share a member of the deadline
-	// index (grab.Config.BatchedDeadlines).
-	BatchedDeadlines bool
+	// Form is how the grants made are written (grab.Config.Form).
+	Form lua.Form
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -168,7 +166,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
-		OnBatch: in.Metrics.Batches(set.Names()), PackedOutbox: cfg.PackedOutbox, BatchedDeadlines: cfg.BatchedDeadlines}
+		OnBatch: in.Metrics.Batches(set.Names()), Form: cfg.Form}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool
 		pc.Logger = cfg.Logger

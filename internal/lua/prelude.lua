@@ -125,9 +125,10 @@ end
 -- reads it, and never releases what it names. Else, and for a grant alone,
 -- each user has a member in k.deadlines, the form and key every earlier
 -- release writes and reads (such a reaper reads a member of k.deadlines as
--- one user id: it must never meet a member of several). A grant confirmed or released before
--- its deadline removes its user's member from k.deadlines (ZREM user) and
--- leaves a member of several users where it is: the reaper, at a member's
+-- one user id: it must never meet a member of several). A grant confirmed
+-- or released before its deadline removes its user's member from
+-- k.deadlines (ZREM user) and leaves a member of several users where it
+-- is: the reaper, at a member's
 -- deadline, releases those of its users whose grant is still held and
 -- past its deadline (release_held checks both: a user granted again since
 -- holds a later deadline) and then removes the member. So the index holds

@@ -18,6 +18,7 @@ import (
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/ledger"
+	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
@@ -68,6 +69,29 @@ func (s *stack) instance(t *testing.T, age time.Duration) *instance.Instance {
 	t.Helper()
 	in, _ := startInstance(t, s.specs, func(c *instance.Config) { c.Reaper.SpillAge = age })
 	return in
+}
+
+// dump logs, for a failure, what each sub-pool of pool holds in flight
+// (its transfers and reservations) and its place in its shard's due index,
+// straight from the shards.
+func (s *stack) dump(t *testing.T, pool string, subPools int) {
+	ctx := context.Background()
+	for j := range subPools {
+		k := rain.SubPool{Pool: pool, Index: j}.Keys()
+		for _, srv := range s.servers {
+			c := redistest.Client(t, srv)
+			if n, _ := c.Exists(ctx, k.Meta).Result(); n == 0 {
+				continue
+			}
+			tr, _ := c.HGetAll(ctx, k.Transfers).Result()
+			res, _ := c.HGetAll(ctx, k.Reserve).Result()
+			at, err := c.ZScore(ctx, lua.DueAt, k.Meta).Result()
+			gen, _ := c.HGet(ctx, lua.DueGen, k.Meta).Result()
+			now, _ := c.Time(ctx).Result()
+			t.Logf("sub-pool %d on %s: transfers %v reservations %v; due at %v (%v) gen %q; shard time %d ms",
+				j, srv.Addr, tr, res, int64(at), err, gen, now.UnixMilli())
+		}
+	}
 }
 
 func (s *stack) setLoss(rate float64) {
@@ -174,6 +198,13 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 	st.setLoss(0)
 
 	// Let the reaper finish every transfer in flight.
+	var last string // what the wait last saw, for a failure's log
+	defer func() {
+		if t.Failed() {
+			t.Log("last seen:\n" + last)
+			st.dump(t, "chaos", subPools)
+		}
+	}()
 	waittest.Until(t, 30*time.Second, "every spill in flight finished and the audit ok", func() bool {
 		s, err := ia.Catalog.Status(ctx, "chaos")
 		if err != nil {
@@ -183,6 +214,7 @@ func testChaosLostReplies(t *testing.T, loss float64) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		last = fmt.Sprintf("status %+v\naudit %+v", s, rep)
 		return rep.OK && s.RemainingCount+s.HeldCount+s.ConfirmedCount == packets
 	})
 

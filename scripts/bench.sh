@@ -33,9 +33,10 @@
 #
 # rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
-# rain serve packs its grants' outbox entries (RAIN_OUTBOX=fields: a field per
-# value, its default) and names a batch's grants by one deadline index member
-# (RAIN_DEADLINE_INDEX=grant: a member per grant, its default).
+# rain serve writes one outbox entry per batch of grants (RAIN_OUTBOX=packed: one
+# per grant; fields: a field per value, its default) and names a batch's grants
+# by one deadline index member (RAIN_DEADLINE_INDEX=grant: a member per grant,
+# its default).
 #
 # grab and driver load their targets with loadtest/rainload, an open-loop driver:
 # requests are due at the times of a fixed arrival rate, whatever the answers, and
@@ -221,26 +222,33 @@ need_tools() {
 # unless set: the durability rain serve requires; anything else runs it with
 # --durability relaxed). User auth is off (--user-auth none, which rain serve
 # on real shards needs said; a rain built before it existed is not given it)
-# unless a FLAG says otherwise. Its grants' outbox entries are packed
-# (RAIN_OUTBOX=packed unless RAIN_OUTBOX says fields: the form a deployment
-# runs once its rain settle reads it; a rain built before the flag ignores
-# the variable), and a batch's grants share a deadline index member
+# unless a FLAG says otherwise. A batch's grants share one outbox entry
+# (RAIN_OUTBOX=batch unless RAIN_OUTBOX says packed or fields: the form a
+# deployment runs once its rain settle reads it; a rain built before that
+# form runs packed, and one before the flag ignores the variable), and a
+# batch's grants share a deadline index member
 # (RAIN_DEADLINE_INDEX=batch unless it says grant: the form a deployment runs
 # once every rain serve reads it). Uses $tmp (bash scoping is dynamic).
 rain_fsync=${RAIN_FSYNC:-always}
-rain_outbox=${RAIN_OUTBOX:-packed}
+rain_outbox=${RAIN_OUTBOX:-batch}
 rain_deadline_index=${RAIN_DEADLINE_INDEX:-batch}
 
 # user_auth_none BIN: no_user_auth=(--user-auth none) when BIN's rain serve
 # takes it (and so requires it on real shards), else empty.
+# user_auth_none BIN also sets outbox to $rain_outbox, or packed when BIN's
+# rain serve has no batch form.
 user_auth_none() {
   no_user_auth=()
+  outbox=$rain_outbox
   # The help is read whole first: with pipefail, grep -q leaving early
   # would fail the pipe when rain is still writing (SIGPIPE).
   local help
   help=$("$1" serve -h 2>&1 || true)
   if grep -q -- '"none": off' <<<"$help"; then
     no_user_auth=(--user-auth none)
+  fi
+  if [ "$outbox" = batch ] && ! grep -q -- '"batch" (one entry' <<<"$help"; then
+    outbox=packed
   fi
 }
 rain_seq=0
@@ -264,7 +272,7 @@ start_rain_on() {
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   user_auth_none "${rain_bin:-$bin/rain}"
   free_port rp
-  RAIN_OUTBOX=$rain_outbox RAIN_DEADLINE_INDEX=$rain_deadline_index "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
+  RAIN_OUTBOX=$outbox RAIN_DEADLINE_INDEX=$rain_deadline_index "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
     "${durability[@]}" "${no_user_auth[@]}" "${@:5}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!

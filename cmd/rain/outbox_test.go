@@ -18,11 +18,11 @@ import (
 
 // TestServeOutboxForm: rain serve writes each grant's outbox entry a field
 // per value by default (what every rain settle pays), packed in one field
-// with --outbox packed (RAIN_OUTBOX), and refuses any other form as a
-// usage error.
+// with --outbox packed (RAIN_OUTBOX), a batch's grants in one entry of one
+// field with --outbox batch, and refuses any other form as a usage error.
 func TestServeOutboxForm(t *testing.T) {
-	refusesForm(t, "--outbox", `want fields or packed`)
-	for _, form := range []string{"", "packed"} {
+	refusesForm(t, "--outbox", `want fields, packed or batch`)
+	for _, form := range []string{"", "packed", "batch"} {
 		addr, srv := serveInForm(t, "RAIN_OUTBOX", form, `{"pool_id":"o","total_cents":100,"count":1}`)
 		if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"o","user_id":"u:1"}`); code != 200 || body["status"] != "granted" {
 			t.Fatalf("grab = %d %v, want granted", code, body)
@@ -35,12 +35,19 @@ func TestServeOutboxForm(t *testing.T) {
 		}
 		v := entries[0].Values
 		got := fmt.Sprint(v["type"], " ", v["user"], " ", v["pool"])
-		if form == "packed" {
+		switch form {
+		case "packed":
 			if g, _ := v["g"].(string); len(v) != 1 || !strings.HasSuffix(g, ":u:1") {
 				t.Errorf("--outbox packed: entry %v, want one field g ending in the user", v)
 			}
-		} else if got != "grant u:1 o" {
-			t.Errorf("default: entry %v, want a field per value (type grant, user u:1, pool o)", v)
+		case "batch":
+			if g, _ := v["G"].(string); len(v) != 1 || !strings.HasSuffix(g, ":u:1") {
+				t.Errorf("--outbox batch: entry %v, want one field G ending in the user (a batch of one grant)", v)
+			}
+		default:
+			if got != "grant u:1 o" {
+				t.Errorf("default: entry %v, want a field per value (type grant, user u:1, pool o)", v)
+			}
 		}
 	}
 }

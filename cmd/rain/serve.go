@@ -20,6 +20,7 @@ import (
 	"rain/internal/auth"
 	"rain/internal/instance"
 	"rain/internal/limit"
+	"rain/internal/lua"
 	"rain/internal/pool"
 	"rain/internal/shard"
 )
@@ -141,12 +142,9 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	}
 	icfg := instance.Config{Shards: specs, ShardOptions: shard.Options{Timeout: c.ShardTimeout, TLS: tlsCfg, Serial: c.SerialShard},
 		API: acfg, Build: buildInfo(), Logger: log}
-	switch c.Outbox {
-	case "fields":
-	case "packed":
-		icfg.Form.PackedOutbox = true
-	default:
-		return instance.Config{}, usagef("--outbox %q: want fields or packed", c.Outbox)
+	var ok bool
+	if icfg.Form.Outbox, ok = lua.ParseOutboxForm(c.Outbox); !ok {
+		return instance.Config{}, usagef("--outbox %q: want fields, packed or batch", c.Outbox)
 	}
 	switch c.DeadlineIndex {
 	case "grant":

@@ -48,7 +48,7 @@ type serveConfig struct {
 	ClientIPHeader  string
 	RateLimitKeys   int
 	Postgres        string   // the system of record closes reconcile with; "" = none
-	Outbox          string   // "fields" or "packed": the form of a grant's outbox entry
+	Outbox          string   // "fields", "packed" or "batch": the form of a grant's outbox entry (lua.ParseOutboxForm)
 	DeadlineIndex   string   // "grant" or "batch": a deadline index member per grant, or per batch
 	secretArgs      []string // warnings of secrets given on the command line
 	deprecated      []string // warnings of old flag names given (flags.deprecations)
@@ -91,7 +91,7 @@ func serveFlags(stderr io.Writer) (*flags, *serveConfig) {
 	f.StringVar(&c.AdminListen, "admin-listen", "", "serve the operator endpoints and the dashboard (/admin/) on this address only, not on --listen (keep them off the clients' network); empty: on --listen")
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "serve GET /metrics on this address only, not on --listen (keep stock and load figures off the clients' network); empty: on --listen")
 	f.StringVar(&c.Postgres, "postgres", "", "the PostgreSQL database rain settle delivers into (postgres://...): a close reconciles the pool with it and records the account there; embedded, the in-process settle worker delivers into it; empty: none")
-	f.StringVar(&c.Outbox, "outbox", "fields", `form of each grant's entry in the outbox settlement reads: "fields" (a field per value, what every rain settle pays) or "packed" (one field: less Redis work per grant). Set packed only once every rain settle reading these shards is of this version or later: an older one acknowledges a packed grant without paying it`)
+	f.StringVar(&c.Outbox, "outbox", "fields", `form of the grants' entries in the outbox settlement reads: "fields" (an entry per grant, a field per value, what every rain settle pays), "packed" (an entry per grant, one field: less Redis work per grant) or "batch" (one entry for a batch's grants: less still). Set packed only once every rain settle reading these shards is of a version that pays it (an older one acknowledges a packed grant without paying it), and batch only once every one is of this version or later (an older one leaves it pending for an operator)`)
 	f.bindEnv("outbox", "RAIN_OUTBOX")
 	f.StringVar(&c.DeadlineIndex, "deadline-index", "grant", `how the reaper's deadline index names the grants a batch of claims makes: "grant" (a member each, what every rain serve reads) or "batch" (one member for the batch: less Redis work per grant). Set batch only once every rain serve on these shards is of this version or later: the reaper of an older one never releases grants named per batch`)
 	f.bindEnv("deadline-index", "RAIN_DEADLINE_INDEX")

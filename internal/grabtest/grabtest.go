@@ -50,7 +50,7 @@ func On(tb testing.TB, servers []*redistest.Server, addrs []string) *Env {
 	tb.Helper()
 	set := shardtest.Open(tb, addrs, shard.Options{})
 	e := &Env{Servers: servers, Shards: set}
-	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{Form: lua.Form{PackedOutbox: true, BatchedDeadlines: true}})
+	e.Serials, e.Catalog, e.Service = Service(tb, set, grab.Config{Form: lua.Form{Outbox: lua.OutboxBatch, BatchedDeadlines: true}})
 	for _, name := range set.Names() {
 		e.Clients = append(e.Clients, set.Client(name))
 	}

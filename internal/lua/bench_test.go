@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,41 +42,32 @@ func BenchmarkClaimMany(b *testing.B) {
 	}
 }
 
-// BenchmarkNextLevers measures, before anyone builds them, what the
-// largest pieces left of claim_many's work per grant cost, by running
-// variants of the script that leave them out (they are not rain's: their
-// grants would not be settled or released) beside it, as
-// BenchmarkClaimMany measures it, packed form:
+// BenchmarkNextLevers measures what the pieces of claim_many's work per
+// grant cost, by running the outbox's forms and variants of the script
+// that leave a piece out (a variant is not rain's: its grants would not be
+// released) beside each other, as BenchmarkClaimMany measures them:
 //
-//	claim_many         the script as rain runs it
-//	one-xadd           the grants of a batch in one outbox entry (one XADD
-//	                   per script, not one per grant)
-//	one-xadd-no-index  that, and no deadline index at all (no ZADD: what
-//	                   is left of the index's cost, one member per batch)
+//	packed          an outbox entry per grant (rain serve --outbox packed)
+//	batch           one outbox entry per batch (--outbox batch)
+//	batch-no-index  that, and no deadline index at all (no ZADD: what is
+//	                left of the index's cost, one member per batch)
 //
-// Each variant is the real script with its text replaced where named; a
+// A variant is the real script with its text replaced where named; a
 // replacement that no longer finds its text fails the benchmark, so it
 // never measures the script unchanged. docs/benchmarks.md, "The next
-// levers", has the figures.
+// levers" and "The outbox entry per batch", has the figures.
 //
 //	go test -run x -bench NextLevers -count 3 ./internal/lua
 func BenchmarkNextLevers(b *testing.B) {
-	oneXadd := []string{
-		"local restocked = false -- an amount came back to the stock\n",
-		"local restocked = false -- an amount came back to the stock\nlocal entries = {}\n",
-		"    redis.call('XADD', k.outbox, '*', 'g', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)\n",
-		"    entries[#entries + 1] = amount .. ':' .. serial .. ':' .. deadline .. ':' .. user\n",
-		"  if #grants_made > 0 then\n",
-		"  if #entries > 0 then\n    redis.call('XADD', k.outbox, '*', 'G', table.concat(entries, ' '))\n  end\n  if #grants_made > 0 then\n",
-	}
 	noIndex := []string{"      if redis.call('ZADD', k.batches, shared[i], shared[i + 1]) == 1 then\n", "      if false then\n"}
 	variants := []struct {
 		name  string
+		form  OutboxForm
 		edits []string // old, new, old, new, ...
 	}{
-		{"claim_many", nil},
-		{"one-xadd", oneXadd},
-		{"one-xadd-no-index", append(slices.Clone(oneXadd), noIndex...)},
+		{"packed", OutboxPacked, nil},
+		{"batch", OutboxBatch, nil},
+		{"batch-no-index", OutboxBatch, noIndex},
 	}
 	for _, v := range variants {
 		src := prelude + source("claim_many")
@@ -87,9 +77,10 @@ func BenchmarkNextLevers(b *testing.B) {
 			}
 			src = strings.Replace(src, v.edits[i], v.edits[i+1], 1)
 		}
+		form := Form{Outbox: v.form, BatchedDeadlines: true}
 		for _, n := range []int{16, 128} {
 			b.Run(v.name+"/batch="+strconv.Itoa(n), func(b *testing.B) {
-				benchClaims(b, n, func(c *redis.Client) claimer { return &rainClaims{c: c, script: redis.NewScript(src)} })
+				benchClaims(b, n, func(c *redis.Client) claimer { return &rainClaims{c: c, form: form, script: redis.NewScript(src)} })
 			})
 		}
 	}
@@ -192,9 +183,9 @@ func (m *redisMeter) read(b *testing.B) (cpu, lua float64) {
 	return cpu, lua
 }
 
-// benchForm is the form the benchmarks claim in: what scripts/bench.sh
-// runs rain serve with (--outbox packed --deadline-index batch).
-var benchForm = Form{PackedOutbox: true, BatchedDeadlines: true}
+// benchForm is the form BenchmarkClaimMany claims in: what scripts/bench.sh
+// runs rain serve with (--outbox batch --deadline-index batch).
+var benchForm = Form{Outbox: OutboxBatch, BatchedDeadlines: true}
 
 // rainClaims sends claim_many batches, as the lane does.
 type rainClaims struct {
@@ -202,10 +193,11 @@ type rainClaims struct {
 	sub    int // sub-pools made so far; the latest is where claims go
 	keys   rain.Keys
 	claims []ClaimArg
+	form   Form
 	script *redis.Script // claim_many as rain runs it when nil; else a variant (BenchmarkNextLevers)
 }
 
-func newRainClaims(c *redis.Client) claimer { return &rainClaims{c: c} }
+func newRainClaims(c *redis.Client) claimer { return &rainClaims{c: c, form: benchForm} }
 
 func (r *rainClaims) refill(ctx context.Context, packets int64) error {
 	sp := rain.SubPool{Pool: "bench", Index: r.sub}
@@ -255,9 +247,9 @@ func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
 	pipe := r.c.Pipeline()
 	var cmd *redis.Cmd
 	if r.script == nil {
-		cmd = ClaimManyCmd(ctx, pipe, &r.keys, 0, false, benchForm, r.claims, nil)
+		cmd = ClaimManyCmd(ctx, pipe, &r.keys, 0, false, r.form, r.claims, nil)
 	} else {
-		cmd = r.script.EvalSha(ctx, pipe, claimKeys(&r.keys), claimManyArgs(nil, 0, false, benchForm, r.claims)...)
+		cmd = r.script.EvalSha(ctx, pipe, claimKeys(&r.keys), claimManyArgs(nil, 0, false, r.form, r.claims)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err

@@ -64,10 +64,9 @@ func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, valid
 // Form is how claim_many writes the grants it makes. The zero Form is what
 // every earlier release writes and reads.
 type Form struct {
-	// PackedOutbox: each grant's outbox entry is one field; else a field
-	// per value, the only form a rain settle older than the packed form
-	// pays (see prelude.lua and ParseOutboxEntry).
-	PackedOutbox bool
+	// Outbox is the form of the grants' outbox entries (see prelude.lua
+	// and ParseOutboxEntries).
+	Outbox OutboxForm
 	// BatchedDeadlines: the grants of a batch are named by one member of
 	// the deadline index's batches key; else each by a member of its own
 	// in deadlines, the only form a reaper older than the batches key
@@ -75,13 +74,44 @@ type Form struct {
 	BatchedDeadlines bool
 }
 
-// arg is the form as claim_many's ARGV[3] gives it: "packed" or "fields",
-// then " batched" when the deadlines are.
-func (f Form) arg() string {
-	s := "fields"
-	if f.PackedOutbox {
-		s = "packed"
+// OutboxForm is the form of a grant's outbox entry. Each is read by every
+// rain settle since the release that brought it, and by none before.
+type OutboxForm uint8
+
+const (
+	// OutboxFields: an entry per grant, a field per value, the only form
+	// a rain settle older than the packed form pays.
+	OutboxFields OutboxForm = iota
+	// OutboxPacked: an entry per grant, one field (g).
+	OutboxPacked
+	// OutboxBatch: one entry of one field (G) for the grants of a batch.
+	OutboxBatch
+)
+
+// ParseOutboxForm reads an outbox form by its name (rain serve --outbox):
+// fields, packed or batch.
+func ParseOutboxForm(s string) (OutboxForm, bool) {
+	for f, name := range outboxForms {
+		if s == name {
+			return OutboxForm(f), true
+		}
 	}
+	return 0, false
+}
+
+var outboxForms = [...]string{OutboxFields: "fields", OutboxPacked: "packed", OutboxBatch: "batch"}
+
+func (f OutboxForm) String() string {
+	if int(f) < len(outboxForms) {
+		return outboxForms[f]
+	}
+	return fmt.Sprintf("OutboxForm(%d)", uint8(f))
+}
+
+// arg is the form as claim_many's ARGV[3] gives it: the outbox form's
+// name, then " batched" when the deadlines are.
+func (f Form) arg() string {
+	s := f.Outbox.String()
 	if f.BatchedDeadlines {
 		s += " batched"
 	}

@@ -15,8 +15,9 @@
 -- ARGV[2] "1": fence (the caller WAITs for a replica after this script on
 --         the same connection, see below); "0": none
 -- ARGV[3] the form of what the grants write (lua.Form): their outbox
---         entries "packed" (one field) or "fields" (a field per value, what
---         a rain settle before the packed form reads), then " batched"
+--         entries "batch" (one entry of one field for the batch's grants),
+--         "packed" (one field per grant) or "fields" (a field per value,
+--         what a rain settle before the packed form reads), then " batched"
 --         when a batch's grants are named by one member of the deadline
 --         index's batches key, which a reaper before that key never reads
 --         (see prelude.lua)
@@ -61,7 +62,9 @@ local meta, grants, reserve = KEYS[1], KEYS[3], KEYS[6]
 local k = {meta = meta, stock = KEYS[2], grants = grants, deadlines = KEYS[4], outbox = KEYS[5], batches = KEYS[7]}
 local validity = tonumber(ARGV[1])
 local fence = ARGV[2] == '1'
-k.packed = string.sub(ARGV[3], 1, 6) == 'packed'
+local form = string.match(ARGV[3], '^%a+')
+k.packed = form == 'packed' or form == 'batch'
+k.grouped = form == 'batch'
 k.batched = string.find(ARGV[3], ' batched', 1, true) ~= nil
 local n = (#ARGV - 3) / 3
 local out = {}

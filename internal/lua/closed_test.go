@@ -430,7 +430,7 @@ func TestWaitAfterAResendCoversTheGrant(t *testing.T) {
 	resend := func(fence bool) (Claim, int64) {
 		t.Helper()
 		pipe := other.Pipeline()
-		cmd := ClaimManyCmd(ctx, pipe, &k, 0, fence, Form{PackedOutbox: true, BatchedDeadlines: true}, []ClaimArg{{User: "u", Serial: 1}}, nil)
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, fence, Form{Outbox: OutboxBatch, BatchedDeadlines: true}, []ClaimArg{{User: "u", Serial: 1}}, nil)
 		w := redis.NewIntCmd(ctx, "wait", 1, 300)
 		_ = pipe.Process(ctx, w)
 		_, _ = pipe.Exec(ctx)

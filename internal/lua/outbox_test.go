@@ -79,27 +79,97 @@ func FuzzParseOutboxEntry(f *testing.F) {
 	})
 }
 
+// TestParseOutboxEntries reads an entry of a batch's grants whole, each
+// grant as the packed form reads it, and refuses the whole entry when one
+// of its grants is unreadable (settlement then leaves it for an operator,
+// never pays part of it and acknowledges the rest); every other form reads
+// as ParseOutboxEntry reads it, one entry.
+func TestParseOutboxEntries(t *testing.T) {
+	got, err := ParseOutboxEntries(map[string]any{"G": "250:17:1790000000000:u:1 5:18:1790000000000:u2"})
+	want := []OutboxEntry{{User: "u:1", Amount: 250, Serial: 17, DeadlineMS: 1790000000000},
+		{User: "u2", Amount: 5, Serial: 18, DeadlineMS: 1790000000000}}
+	if err != nil || len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("ParseOutboxEntries = %+v, %v; want %+v", got, err, want)
+	}
+	for _, g := range []string{"", " ", "250:17:1790000000000:u1 ", "250:17:1790000000000:u1  5:18:1:u2",
+		"250:17:1790000000000:u1 x:18:1:u2", "250:17:1790000000000:u1 5:18:1"} {
+		if got, err := ParseOutboxEntries(map[string]any{"G": g}); err == nil || len(got) != 1 || got[0].Release {
+			t.Errorf("ParseOutboxEntries(G %q) = %+v, %v; want an error, and not a release", g, got, err)
+		}
+	}
+	for _, v := range []map[string]any{{"g": "250:17:1790000000000:u:1"}, {"r": "250:17:1790000000000:u1"}, {"r": "damaged"}, {"type": "x"}} {
+		one, err1 := ParseOutboxEntry(v)
+		got, err := ParseOutboxEntries(v)
+		if len(got) != 1 || got[0] != one || (err == nil) != (err1 == nil) {
+			t.Errorf("ParseOutboxEntries(%v) = %+v, %v; ParseOutboxEntry = %+v, %v", v, got, err, one, err1)
+		}
+	}
+}
+
+// FuzzParseOutboxEntries: any entry of a batch's grants is read or
+// refused, never a panic; one read has a grant per space-separated part,
+// each read as the packed form reads it alone.
+func FuzzParseOutboxEntries(f *testing.F) {
+	f.Add("250:17:1790000000000:u1 5:18:1790000000000:u:2")
+	f.Add(" ")
+	f.Fuzz(func(t *testing.T, group string) {
+		es, err := ParseOutboxEntries(map[string]any{"G": group})
+		if err != nil {
+			return
+		}
+		parts := strings.Split(group, " ")
+		if len(es) != len(parts) {
+			t.Fatalf("ParseOutboxEntries(%q) = %d grants, %d parts", group, len(es), len(parts))
+		}
+		for i, part := range parts {
+			if e, err := ParseOutboxEntry(map[string]any{"g": part}); err != nil || e != es[i] {
+				t.Fatalf("ParseOutboxEntries(%q)[%d] = %+v; alone %+v, %v", group, i, es[i], e, err)
+			}
+		}
+	})
+}
+
 // TestClaimWritesTheOutboxFormAsked: claim_many writes a grant's entry
-// packed when asked, and a field per value otherwise (what a rain settle
+// packed when asked, a field per value by default (what a rain settle
 // older than the packed form pays: type grant, pool, sub, user, amount,
-// serial, deadline_ms).
+// serial, deadline_ms), and under batch one entry G for the grants of the
+// batch, each read back by ParseOutboxEntries as it was made.
 func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
-	k := openSubPool(t, c, 1, 5000, 10, 20)
-	for i, packed := range []bool{true, false} {
+	k := openSubPool(t, c, 1, 5000, 10, 20, 30, 40, 50)
+	forms := []OutboxForm{OutboxPacked, OutboxFields, OutboxBatch}
+	batch := []ClaimArg{{User: "u:2", Serial: 3}, {User: "u:3", Serial: 4}, {User: "u:2", Serial: 5}, {User: "u:4", Serial: 6}}
+	var made []Claim // the grants made, in order
+	for i, form := range forms {
+		claims := []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}
+		if form == OutboxBatch {
+			claims = batch
+		}
 		pipe := c.Pipeline()
-		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, Form{PackedOutbox: packed}, []ClaimArg{{User: fmt.Sprintf("u:%d", i), Serial: int64(i + 1)}}, nil)
+		cmd := ClaimManyCmd(ctx, pipe, &k, 0, false, Form{Outbox: form}, claims, nil)
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got, errs, err := ParseClaimMany(cmd, 1); err != nil || errs[0] != nil || got[0].Outcome != Granted {
-			t.Fatalf("claim (packed %v) = %+v, %v, %v; want granted", packed, got, errs, err)
+		got, errs, err := ParseClaimMany(cmd, len(claims))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, g := range got {
+			if errs[j] != nil {
+				t.Fatalf("claim %d (%v) = %v", j, form, errs[j])
+			}
+			if g.Outcome == Granted {
+				made = append(made, g)
+			}
 		}
 	}
+	if len(made) != 5 { // u:2's second claim finds its grant
+		t.Fatalf("made %d grants, want 5: %+v", len(made), made)
+	}
 	entries, err := c.XRange(ctx, k.Outbox, "-", "+").Result()
-	if err != nil || len(entries) != 2 {
-		t.Fatalf("outbox = %v, %v; want two entries", entries, err)
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("outbox = %v, %v; want three entries", entries, err)
 	}
 	if v := entries[0].Values; len(v) != 1 || v["g"] == nil {
 		t.Fatalf("packed entry = %v, want one field g", v)
@@ -109,10 +179,27 @@ func TestClaimWritesTheOutboxFormAsked(t *testing.T) {
 		v["amount"] == nil || v["deadline_ms"] == nil {
 		t.Fatalf("entry in fields = %v, want type grant, pool r, sub 1, user u:1, serial 2, amount, deadline_ms", v)
 	}
-	for i, en := range entries {
-		e, err := ParseOutboxEntry(en.Values)
-		if err != nil || e.Release || e.User != fmt.Sprintf("u:%d", i) || e.Serial != int64(i+1) || e.Amount == 0 {
-			t.Fatalf("entry %v = %+v, %v", en.Values, e, err)
+	if v := entries[2].Values; len(v) != 1 || v["G"] == nil {
+		t.Fatalf("batch entry = %v, want one field G", v)
+	}
+	if _, err := ParseOutboxEntry(entries[2].Values); err == nil {
+		t.Fatal("ParseOutboxEntry read an entry of several grants as one")
+	}
+	var read []OutboxEntry
+	for _, en := range entries {
+		es, err := ParseOutboxEntries(en.Values)
+		if err != nil {
+			t.Fatalf("entry %v: %v", en.Values, err)
+		}
+		read = append(read, es...)
+	}
+	users := []string{"u:0", "u:1", "u:2", "u:3", "u:4"}
+	if len(read) != len(made) {
+		t.Fatalf("read %d grants, made %d", len(read), len(made))
+	}
+	for i, e := range read {
+		if e.Release || e.User != users[i] || e.Serial != made[i].Serial || e.Amount != made[i].Amount || e.DeadlineMS != made[i].DeadlineMS {
+			t.Errorf("grant %d read %+v; made %+v for %s", i, e, made[i], users[i])
 		}
 	}
 }

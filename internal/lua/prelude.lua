@@ -63,6 +63,7 @@ local booked = {} -- those counters, in the order first changed
 local popped, used = nil, 0 -- the stock pop_to_held popped, and how much of it it used
 local grants_made = {} -- HSET arguments of the grants made
 local due_users, due_order = {}, {} -- deadline -> users of the grants made that fall due then; those deadlines in order
+local outbox_grants = {} -- the grants made for the script's one outbox entry (k.grouped)
 local restocked = false -- an amount came back to the stock
 
 -- change adds by to counter in this script's books.
@@ -101,18 +102,22 @@ local function integer(s)
   return string.match(s, '^%-?%d+$') and tonumber(s)
 end
 
--- The outbox: one entry per grant made (for settlement) and per grant
--- released. Packed, an entry is one field, its sub-pool its stream's:
+-- The outbox: entries of the grants made (for settlement) and one per
+-- grant released. Packed, an entry is one field, its sub-pool its stream's:
 --   g  "amount:serial:deadline_ms:user"  a grant made
+--   G  the same of each grant a script made, separated by spaces: the
+--      grants of one batch in one entry (an id holds no space)
 --   r  "amount:serial:deadline_ms:user"  a held grant released
 -- The user comes last: an id may hold ':'. A grant's entry is packed only
 -- when the script is told so (k.packed: claim_many's ARGV, rain serve
--- --outbox packed); else it has a field per value (type grant, pool, sub,
--- user, amount, serial, deadline_ms, and origin for one a spill adopted),
--- the only form a rain settle before the packed one pays: it acknowledges,
--- unpaid, any entry whose type is not grant. That is right for a release,
--- which pays nothing, so releases are always packed. lua.ParseOutboxEntry
--- reads both forms.
+-- --outbox packed), and a batch's grants share one only when told that
+-- (k.grouped: --outbox batch), since a rain settle before that form leaves
+-- it pending for an operator; else it has a field per value (type grant,
+-- pool, sub, user, amount, serial, deadline_ms, and origin for one a spill
+-- adopted), the only form a rain settle before the packed one pays: it
+-- acknowledges, unpaid, any entry whose type is not grant. That is right
+-- for a release, which pays nothing, so releases are always packed.
+-- lua.ParseOutboxEntries reads every form.
 
 -- The deadline index names every held grant under its deadline, for the
 -- reaper (release.lua), in two sorted sets of the same form: a member is
@@ -152,7 +157,9 @@ local function hold(k, user, amount, serial, deadline, origin)
     due_order[#due_order + 1] = deadline
   end
   users[#users + 1] = user
-  if k.packed and not origin then
+  if k.grouped and not origin then
+    outbox_grants[#outbox_grants + 1] = amount .. ':' .. serial .. ':' .. deadline .. ':' .. user -- XADD by write_books
+  elseif k.packed and not origin then
     redis.call('XADD', k.outbox, '*', 'g', amount .. ':' .. serial .. ':' .. deadline .. ':' .. user)
   elseif origin then
     redis.call('XADD', k.outbox, '*', 'type', 'grant', 'pool', k.pool, 'sub', k.index, 'user', user,
@@ -329,6 +336,9 @@ local function write_books(k)
   end
   if #grants_made > 0 then
     redis.call('HSET', k.grants, unpack(grants_made))
+    if #outbox_grants > 0 then
+      redis.call('XADD', k.outbox, '*', 'G', table.concat(outbox_grants, ' '))
+    end
     local alone, shared = {}, {} -- ZADD arguments of k.deadlines and k.batches
     for _, deadline in ipairs(due_order) do
       local users = due_users[deadline]

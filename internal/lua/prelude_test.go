@@ -377,8 +377,9 @@ func TestEveryMoveConserves(t *testing.T) {
 					}
 					batch = append(batch, ClaimArg{User: user, Serial: serial, Token: strconv.FormatInt(serial, 10)})
 				}
-				// Either form of the deadline index, as during an upgrade.
-				form := Form{BatchedDeadlines: rng.IntN(3) > 0}
+				// Any form of the outbox and of the deadline index, as during
+				// an upgrade.
+				form := Form{Outbox: OutboxForm(rng.IntN(3)), BatchedDeadlines: rng.IntN(3) > 0}
 				pipe := c.Pipeline()
 				cmd := ClaimManyCmd(ctx, pipe, k, valid, false, form, batch, nil)
 				_, _ = pipe.Exec(ctx)
@@ -649,6 +650,7 @@ func (w *walk) check(after string) {
 		if err != nil {
 			w.t.Fatal(err)
 		}
+		w.checkOutbox(after, j, k, grants)
 		for _, g := range grants {
 			if f := strings.Split(g, ":"); f[0] == "h" || f[0] == "c" {
 				amounts = append(amounts, num(f[1]))
@@ -667,6 +669,46 @@ func (w *walk) check(after string) {
 	slices.Sort(amounts)
 	if !slices.Equal(amounts, w.preloaded) {
 		w.t.Fatalf("after %s: the amounts in stock, held, confirmed and in flight are %v, want the preloaded %v", after, amounts, w.preloaded)
+	}
+}
+
+// checkOutbox checks that sub-pool j's outbox (never settled in a walk)
+// has an entry of every grant its grants hash holds (held, confirmed or
+// released: the user, amount and serial), of every serial once, and a
+// release entry of every grant released: whatever the form, settlement
+// would pay every grant made.
+func (w *walk) checkOutbox(after string, j int, k rain.Keys, grants map[string]string) {
+	w.t.Helper()
+	entries, err := w.c.XRange(context.Background(), k.Outbox, "-", "+").Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	made, released := map[int64]OutboxEntry{}, map[int64]bool{}
+	for _, en := range entries {
+		es, err := ParseOutboxEntries(en.Values)
+		if err != nil {
+			w.t.Fatalf("after %s: sub-pool %d: outbox entry %v: %v", after, j, en.Values, err)
+		}
+		for _, e := range es {
+			if e.Release {
+				released[e.Serial] = true
+				continue
+			}
+			if _, twice := made[e.Serial]; twice {
+				w.t.Fatalf("after %s: sub-pool %d: serial %d in two grant entries of the outbox", after, j, e.Serial)
+			}
+			made[e.Serial] = e
+		}
+	}
+	for user, rec := range grants {
+		f := strings.Split(rec, ":")
+		serial := num(f[2])
+		if e, ok := made[serial]; !ok || e.User != user || e.Amount != num(f[1]) {
+			w.t.Fatalf("after %s: sub-pool %d: grant %s %s has outbox entry %+v (%v); want its user and amount", after, j, user, rec, e, ok)
+		}
+		if f[0] == "r" && !released[serial] {
+			w.t.Fatalf("after %s: sub-pool %d: grant %s %s released without a release entry", after, j, user, rec)
+		}
 	}
 }
 

@@ -1,9 +1,10 @@
 package settle
 
 // This file is one batch of outbox entries settled: the grants confirmed in
-// one script (and, on a shard with replicas, on a replica before anything
-// is paid), delivered in one call to the sink, and every entry settled
-// acknowledged and trimmed from the stream in one script.
+// one script per Config.Batch of them (and, on a shard with replicas, on a
+// replica before anything is paid), delivered in one call to the sink per
+// script, and every entry settled acknowledged and trimmed from the stream
+// in one script.
 
 import (
 	"context"
@@ -25,17 +26,69 @@ type batch struct {
 	sp     rain.SubPool // the stream's sub-pool, when spOK (rain.ParseOutbox)
 	spOK   bool
 	done   []string // ids of the entries settled: acknowledged and trimmed
-	grants []Grant  // grant entries to confirm and deliver
-	ids    []string // their ids
+	grants []Grant  // the grants of the grant entries, to confirm and deliver
+	ids    []string // the id of each grant's entry
+	// open counts, per entry of several grants (an entry of a batch's
+	// grants, lua.ParseOutboxEntries), its grants not settled yet: the
+	// entry is settled with the last of them.
+	open map[string]int
+	// paid lists, per entry of several grants, the keys of its grants in
+	// Worker.paid, to drop once the entry is acknowledged.
+	paid map[string][]string
 }
 
-// settleBatch settles msgs, the entries of one outbox (one sub-pool), in
-// one confirm script, one delivery and one acknowledgment. An entry it
-// cannot read is acknowledged only when it is a release (which pays
-// nothing); any other is left pending for an operator. An entry whose
-// confirm or delivery fails stays pending (retried on the next pass over
-// the worker's own pending entries), and so does one whose serial the
-// sink paid for another grant (left for an operator); every other entry is
+// paidKey names a grant of an entry in Worker.paid.
+func paidKey(stream, id string, serial int64) string {
+	return stream + " " + id + " " + strconv.FormatInt(serial, 10)
+}
+
+// maxPaid bounds Worker.paid. The keys of an entry another worker
+// acknowledged (it took the entry over) or an operator cleared are never
+// dropped one by one; past the bound the set is emptied, which costs only
+// deliveries again that the sinks dedupe.
+const maxPaid = 1 << 16
+
+// notePaid notes in Worker.paid a grant delivered from an entry of
+// several grants still pending.
+func (w *Worker) notePaid(key string) {
+	if _, had := w.paid.LoadOrStore(key, true); !had && w.paidN.Add(1) > maxPaid {
+		w.paid.Clear()
+		w.paidN.Store(0)
+	}
+}
+
+// dropPaid drops a key of an entry acknowledged.
+func (w *Worker) dropPaid(key string) {
+	if _, had := w.paid.LoadAndDelete(key); had {
+		w.paidN.Add(-1)
+	}
+}
+
+// settled notes that b.grants[i] is settled; its entry is, with the last
+// of its grants.
+func (b *batch) settled(i int) {
+	id := b.ids[i]
+	if n, several := b.open[id]; several {
+		if b.open[id] = n - 1; n > 1 {
+			return
+		}
+	}
+	b.done = append(b.done, id)
+}
+
+// settleBatch settles msgs, the entries of one outbox (one sub-pool): its
+// grants in confirm scripts and deliveries of at most Config.Batch grants
+// each, then one acknowledgment. An entry it cannot read is acknowledged
+// only when it is a release (which pays nothing); any other is left
+// pending for an operator. A grant whose confirm or delivery fails leaves
+// its entry pending (retried on the next pass over the worker's own
+// pending entries), and so does one whose serial the sink paid for another
+// grant (left for an operator). An entry of several grants is acknowledged
+// once every one of them is settled; until then each pass settles again
+// those of its grants this worker has not paid (Worker.paid; confirm and
+// the sinks are idempotent, so a worker that takes the entry over pays
+// none twice either), so that one grant left for an operator never keeps
+// the others of its entry from being retried and paid. Every other entry is
 // acknowledged and deleted from the stream, so that an outbox holds what
 // is unsettled, not everything ever granted. It reports whether an entry
 // was left pending for a failure (the caller then waits RetryDelay).
@@ -43,7 +96,7 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	b := batch{stream: stream}
 	b.sp, b.spOK = rain.ParseOutbox(stream)
 	for _, m := range msgs {
-		g, release, err := b.parseGrant(m)
+		gs, release, err := b.parseGrants(m)
 		switch {
 		case err != nil && release:
 			w.anomalies.Add(1)
@@ -53,15 +106,40 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 			// Perhaps a grant, or a form a later rain writes: acknowledged,
 			// it would never be paid, and its grant would be released at its
 			// deadline. Left pending for an operator, as a mismatch is.
-			w.leftForOperator(p, stream, m.ID, fmt.Errorf("unreadable outbox entry: %w", err))
+			w.leftForOperator(p, stream, m.ID, "", fmt.Errorf("unreadable outbox entry: %w", err))
 		case release:
 			b.done = append(b.done, m.ID) // not paid
+		case len(gs) == 1:
+			b.grants, b.ids = append(b.grants, gs[0]), append(b.ids, m.ID)
 		default:
-			b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
+			// An entry of several grants, perhaps met before: the grants
+			// this worker paid from it then are settled.
+			if b.open == nil {
+				b.open, b.paid = map[string]int{}, map[string][]string{}
+			}
+			for _, g := range gs {
+				key := paidKey(stream, m.ID, g.Serial)
+				if _, paid := w.paid.Load(key); paid {
+					b.paid[m.ID] = append(b.paid[m.ID], key)
+					continue
+				}
+				b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
+				b.open[m.ID]++
+			}
+			if b.open[m.ID] == 0 {
+				b.done = append(b.done, m.ID)
+			}
 		}
 	}
-	if len(b.grants) > 0 {
-		failed = w.settleGrants(ctx, sh, &b, p)
+	// A read of Config.Batch entries of a batch's grants each holds up to
+	// that many times more grants: confirmed and delivered in parts no
+	// larger than a read of entries of one grant each (a confirm's HMGET of
+	// tens of thousands of users would fail in Lua, every pass).
+	part := int(w.cfg.Batch)
+	for from := 0; from < len(b.grants) && ctx.Err() == nil; from += part {
+		if w.settleGrants(ctx, sh, &b, from, min(from+part, len(b.grants)), p) {
+			failed = true
+		}
 	}
 	if len(b.done) > 0 {
 		if err := lua.Acknowledge(ctx, sh.c, stream, w.cfg.Group, b.done); err != nil && ctx.Err() == nil {
@@ -69,60 +147,66 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 			// sinks are idempotent), on the next pass.
 			w.cfg.Logger.Warn("settle: acknowledge", "stream", stream, "err", err)
 			p.behindAll(b.done)
-			failed = true
+			return true
+		}
+		for _, id := range b.done {
+			for _, key := range b.paid[id] {
+				w.dropPaid(key)
+			}
 		}
 	}
 	return failed
 }
 
-// settleGrants confirms b's grants, delivers those confirmed, and adds
-// what is settled to b.done. It reports whether some are left pending for
-// a failure.
-func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
+// settleGrants confirms b's grants from to to (exclusive), delivers those
+// confirmed, and notes what is settled (batch.settled). It reports whether
+// some are left pending for a failure.
+func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from, to int, p *pass) (failed bool) {
 	sp := b.sp
 	if !b.spOK {
-		g0 := b.grants[0]
+		g0 := b.grants[from]
 		sp = rain.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
 	}
 	k := sp.Keys()
-	args := make([]lua.ConfirmArg, len(b.grants))
-	for i, g := range b.grants {
-		args[i] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
+	args := make([]lua.ConfirmArg, 0, to-from)
+	for _, g := range b.grants[from:to] {
+		args = append(args, lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents})
 	}
 	res, errs, err := w.confirm(ctx, sh, &k, args)
 	if err != nil {
 		if ctx.Err() == nil {
-			w.failures.Add(int64(len(b.grants)))
-			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "entries", len(b.grants), "err", err)
+			w.failures.Add(int64(to - from))
+			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "grants", to-from, "err", err)
 		}
-		p.behindAll(b.ids)
+		p.behindAll(b.ids[from:to])
 		return true
 	}
 	var pay []Grant
-	var payIDs []string
-	for i, g := range b.grants {
+	var payAt []int // the place in b.grants of each grant of pay
+	for j, g := range b.grants[from:to] {
+		i := from + j
 		switch {
-		case errs[i] != nil:
+		case errs[j] != nil:
 			w.failures.Add(1)
-			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "err", errs[i])
+			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", g.Serial, "err", errs[j])
 			p.behind(b.ids[i])
 			failed = true
-		case res[i].Result == lua.Confirmed || res[i].Result == lua.AlreadyConfirmed:
-			pay, payIDs = append(pay, g), append(payIDs, b.ids[i])
-		case res[i].Result == lua.WasReleased:
+		case res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed:
+			pay, payAt = append(pay, g), append(payAt, i)
+		case res[j].Result == lua.WasReleased:
 			w.expired.Add(1) // released at its deadline first: not paid
-			b.done = append(b.done, b.ids[i])
-		case res[i].Result == lua.AmountMismatch:
+			b.settled(i)
+		case res[j].Result == lua.AmountMismatch:
 			// The entry would pay another amount than the grant holds:
 			// nothing is confirmed or paid; left pending for an operator
 			// (the pool cannot close until one looks).
-			w.leftForOperator(p, b.stream, b.ids[i], fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
-				g, g.Serial, g.AmountCents, res[i].Amount))
+			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10), fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
+				g, g.Serial, g.AmountCents, res[j].Amount))
 		default:
 			w.anomalies.Add(1)
 			w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
 				"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
-			b.done = append(b.done, b.ids[i])
+			b.settled(i)
 		}
 	}
 	if len(pay) == 0 {
@@ -130,33 +214,40 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, p *p
 	}
 	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
 	defer cancel()
-	for i, err := range w.sink.Deliver(dctx, pay) {
+	for j, err := range w.sink.Deliver(dctx, pay) {
+		i := payAt[j]
 		switch {
 		case err == nil:
 			w.delivered.Add(1)
-			b.done = append(b.done, payIDs[i])
+			if _, several := b.open[b.ids[i]]; several {
+				key := paidKey(b.stream, b.ids[i], pay[j].Serial)
+				w.notePaid(key)
+				b.paid[b.ids[i]] = append(b.paid[b.ids[i]], key)
+			}
+			b.settled(i)
 		case ctx.Err() != nil:
 			return failed
 		case errors.Is(err, ErrSerialConflict):
-			w.leftForOperator(p, b.stream, payIDs[i], err)
+			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(pay[j].Serial, 10), err)
 		default:
-			p.behind(payIDs[i])
+			p.behind(b.ids[i])
 			w.failures.Add(1)
-			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", payIDs[i], "err", err)
+			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", pay[j].Serial, "err", err)
 			failed = true
 		}
 	}
 	return failed
 }
 
-// leftForOperator counts and logs, once per entry though it is met on
-// every pass, an entry left pending for an operator, and notes it in the
-// pass (Stats.LeftForOperator).
-func (w *Worker) leftForOperator(p *pass, stream, id string, err error) {
+// leftForOperator counts and logs, once per entry and grant (serial; ""
+// for the whole entry) though it is met on every pass, an entry left
+// pending for an operator, and notes the entry in the pass
+// (Stats.LeftForOperator).
+func (w *Worker) leftForOperator(p *pass, stream, id, serial string, err error) {
 	p.leave(stream + " " + id)
-	if _, seen := w.conflicted.LoadOrStore(stream+" "+id, true); !seen {
+	if _, seen := w.conflicted.LoadOrStore(stream+" "+id+" "+serial, true); !seen {
 		w.conflicts.Add(1)
-		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "err", err)
+		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "serial", serial, "err", err)
 	}
 }
 
@@ -203,30 +294,34 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 	return res, errs, nil
 }
 
-// parseGrant reads an entry of b's stream (lua.ParseOutboxEntry): a
-// grant, or release true for a release (not paid). A packed entry's pool
-// and sub-pool are its stream's. The grant's time is the entry id's (the
-// stream's own clock, ms).
-func (b *batch) parseGrant(m redis.XMessage) (g Grant, release bool, err error) {
-	e, err := lua.ParseOutboxEntry(m.Values)
-	if err != nil || e.Release {
-		return g, e.Release, err
-	}
-	g = Grant{PoolID: e.Pool, SubPool: e.Sub, UserID: e.User, AmountCents: e.Amount, Serial: e.Serial, DeadlineMS: e.DeadlineMS}
-	if e.Pool == "" {
-		if !b.spOK {
-			return g, false, fmt.Errorf("stream %q is no sub-pool's outbox", b.stream)
-		}
-		g.PoolID, g.SubPool = b.sp.Pool, b.sp.Index
-	}
-	if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
-		return g, false, errors.New("bad pool or user id")
+// parseGrants reads an entry of b's stream (lua.ParseOutboxEntries): its
+// grants (several for an entry of a batch's grants), or release true for
+// a release (not paid). A packed entry's pool and sub-pool are its
+// stream's. A grant's time is the entry id's (the stream's own clock, ms).
+func (b *batch) parseGrants(m redis.XMessage) (gs []Grant, release bool, err error) {
+	es, err := lua.ParseOutboxEntries(m.Values)
+	if err != nil || es[0].Release {
+		return nil, es[0].Release, err
 	}
 	ms, _, _ := strings.Cut(m.ID, "-")
 	at, err := strconv.ParseInt(ms, 10, 64)
 	if err != nil {
-		return g, false, fmt.Errorf("entry id %q: %w", m.ID, err)
+		return nil, false, fmt.Errorf("entry id %q: %w", m.ID, err)
 	}
-	g.GrantedAt = time.UnixMilli(at).UTC()
-	return g, false, nil
+	gs = make([]Grant, len(es))
+	for i, e := range es {
+		g := Grant{PoolID: e.Pool, SubPool: e.Sub, UserID: e.User, AmountCents: e.Amount, Serial: e.Serial, DeadlineMS: e.DeadlineMS,
+			GrantedAt: time.UnixMilli(at).UTC()}
+		if e.Pool == "" {
+			if !b.spOK {
+				return nil, false, fmt.Errorf("stream %q is no sub-pool's outbox", b.stream)
+			}
+			g.PoolID, g.SubPool = b.sp.Pool, b.sp.Index
+		}
+		if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
+			return nil, false, errors.New("bad pool or user id")
+		}
+		gs[i] = g
+	}
+	return gs, false, nil
 }

@@ -59,7 +59,8 @@ type Config struct {
 	// Default hostname-pid.
 	Consumer string
 	// Batch is the most entries read per stream per call, settled as one
-	// batch. Default 500.
+	// batch, and the most grants one confirm script and one delivery take
+	// (an entry may hold a batch's grants). Default 500.
 	Batch int64
 	// Block is how long one read waits for new entries. Default 1s.
 	Block time.Duration
@@ -93,7 +94,7 @@ func (c *Config) init() {
 		host, _ := os.Hostname()
 		c.Consumer = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if c.Batch == 0 {
+	if c.Batch <= 0 {
 		c.Batch = 500
 	}
 	if c.Block == 0 {
@@ -163,7 +164,14 @@ type Worker struct {
 	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry that may be unsettled; 0: none (see note)
 	waiting                                            []atomic.Int64 // per shard: entries left for an operator its last pass met (see note)
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
-	conflicted                                         sync.Map       // "stream id" of entries left pending for an operator
+	conflicted                                         sync.Map       // "stream id serial" of entries (and their grants) left pending for an operator
+	// paid holds "stream id serial" of each grant this worker delivered
+	// from an entry of several grants still pending (another of its grants
+	// failed, or is left for an operator): later passes settle the rest of
+	// the entry without paying it again. Dropped when the entry is
+	// acknowledged (notePaid, dropPaid).
+	paid  sync.Map
+	paidN atomic.Int64 // about how many keys paid holds
 }
 
 // New returns a worker; Run starts it.

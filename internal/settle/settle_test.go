@@ -520,10 +520,11 @@ func TestEntriesOfBothFormsAreSettled(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, en := range entries {
-			g, err := lua.ParseOutboxEntry(en.Values)
-			if err != nil || g.Release {
-				t.Fatalf("outbox entry %v = %+v, %v; want a grant", en.Values, g, err)
+			gs, err := lua.ParseOutboxEntries(en.Values)
+			if err != nil || len(gs) != 1 || gs[0].Release {
+				t.Fatalf("outbox entry %v = %+v, %v; want one grant (one grab a batch)", en.Values, gs, err)
 			}
+			g := gs[0]
 			want[g.Serial] = owner{g.User, sp.Index}
 			if i%2 == 1 {
 				continue

@@ -12,7 +12,6 @@ import (
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/lua"
-	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/wait/waittest"
@@ -198,13 +197,7 @@ func TestOneGrantOfABatchLeftForAnOperator(t *testing.T) {
 	}
 	// The operator, having checked every grant of the entry (the runbook),
 	// clears it.
-	if err := c.XAck(ctx, key, "settle", left[0].ID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.XDel(ctx, key, left[0].ID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	waittest.Until(t, 20*time.Second, "no entry left for an operator", func() bool { return w.Stats().LeftForOperator == 0 })
+	clearEntry(t, c, key, left[0].ID, w)
 	stop()
 	if st := w.Stats(); st.Conflicts != 1 || st.Delivered != 39 {
 		t.Fatalf("stats %+v: want the conflict counted once, and 39 grants delivered once each over every pass", st)
@@ -216,25 +209,5 @@ func TestOneGrantOfABatchLeftForAnOperator(t *testing.T) {
 // and their entries are acknowledged.
 func TestReleasedGrantsOfABatchAreNotPaid(t *testing.T) {
 	e, _ := batchEnv(t, 24, 2, 8, 1)
-	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
-	var released int64
-	waittest.Until(t, 10*time.Second, "the 24 grants released at their deadline", func() bool {
-		sw, err := reap.Sweep(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		released += sw.Released
-		return released == 24
-	})
-	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	w := settle.New(e.shards, e.cat, openLedger(t, path), fastConfig("a"))
-	stop := run(t, w)
-	waittest.Until(t, 20*time.Second, "every entry handled", func() bool {
-		return w.Stats().Expired == 24 && pending(t, e) == 0 && e.outboxed(t) == 0
-	})
-	stop()
-	if got := readLedger(t, path); len(got) != 0 {
-		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
-	}
-	e.assertAudit(t)
+	checkReleasedNotPaid(t, e, 24)
 }

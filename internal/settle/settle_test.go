@@ -321,21 +321,30 @@ func TestWebhookRetriesAndDedupes(t *testing.T) {
 // settlement saw it is acknowledged, not delivered.
 func TestReleasedGrantIsNotPaid(t *testing.T) {
 	e, _ := newEnv(t, 20, 1)
+	checkReleasedNotPaid(t, e, 20)
+}
+
+// checkReleasedNotPaid has the reaper release the n grants of e (their
+// hold runs out), then settles: none is paid, and every entry is
+// acknowledged and trimmed.
+func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
+	t.Helper()
 	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
 	var released int64
-	waittest.Until(t, 10*time.Second, "the 20 grants released at their deadline", func() bool {
+	waittest.Until(t, 10*time.Second, fmt.Sprintf("the %d grants released at their deadline", n), func() bool {
 		sw, err := reap.Sweep(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		released += sw.Released
-		return released == 20
+		return released == n
 	})
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
-	l := openLedger(t, path)
-	w := settle.New(e.shards, e.cat, l, fastConfig("a"))
+	w := settle.New(e.shards, e.cat, openLedger(t, path), fastConfig("a"))
 	stop := run(t, w)
-	waittest.Until(t, 20*time.Second, "every entry handled", func() bool { return w.Stats().Expired == 20 && pending(t, e) == 0 })
+	waittest.Until(t, 20*time.Second, "every entry handled", func() bool {
+		return w.Stats().Expired == n && pending(t, e) == 0 && e.outboxed(t) == 0
+	})
 	stop()
 	if got := readLedger(t, path); len(got) != 0 {
 		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
@@ -591,16 +600,25 @@ func TestUnreadableEntryIsLeftForAnOperator(t *testing.T) {
 	}
 	// An operator clears it (the runbook's XACK and XDEL): the worker's
 	// next pass no longer meets it.
-	if err := c.XAck(ctx, key, "settle", left[0].ID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.XDel(ctx, key, left[0].ID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	waittest.Until(t, 20*time.Second, "no entry left for an operator", func() bool { return w.Stats().LeftForOperator == 0 })
+	clearEntry(t, c, key, left[0].ID, w)
 	stop()
 	if st := w.Stats(); st.Conflicts != 1 {
 		t.Fatalf("stats %+v: want the conflict still counted once", st)
 	}
 	checkLedger(t, path, grants)
+}
+
+// clearEntry does what an operator does to an entry left for one (the
+// runbook's XACK and XDEL of stream key's entry id), then waits until
+// w's next pass no longer meets it.
+func clearEntry(t *testing.T, c redis.UniversalClient, key, id string, w *settle.Worker) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.XAck(ctx, key, "settle", id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.XDel(ctx, key, id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 20*time.Second, "no entry left for an operator", func() bool { return w.Stats().LeftForOperator == 0 })
 }

@@ -31,6 +31,8 @@
 #                               beside rain built from the working tree, rounds
 #                               alternating (what a change costs; see bench_versus)
 #
+# rain runs on 4 shards (RAIN_SHARDS=N: N; budget sets its own), each a
+# redis-server on this machine, so their fsyncs share one disk.
 # rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
 # rain serve writes one outbox entry per batch of grants (RAIN_OUTBOX=packed: one
@@ -230,6 +232,7 @@ need_tools() {
 # (RAIN_DEADLINE_INDEX=batch unless it says grant: the form a deployment runs
 # once every rain serve reads it). Uses $tmp (bash scoping is dynamic).
 rain_fsync=${RAIN_FSYNC:-always}
+rain_shards=${RAIN_SHARDS:-4}
 rain_outbox=${RAIN_OUTBOX:-batch}
 rain_deadline_index=${RAIN_DEADLINE_INDEX:-batch}
 

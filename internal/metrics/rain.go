@@ -60,9 +60,9 @@ func (r *Registry) Serials(stats func() idgen.Stats) {
 func (r *Registry) Settle(stats func() settle.Stats) {
 	r.Counter("rain_settle_delivered_total", "Grants confirmed and delivered to the sink.", func() float64 { return float64(stats().Delivered) })
 	r.Counter("rain_settle_expired_total", "Outbox grants already released at their deadline: not paid.", func() float64 { return float64(stats().Expired) })
-	r.Counter("rain_settle_anomalies_total", "Outbox entries with no matching grant.", func() float64 { return float64(stats().Anomalies) })
+	r.Counter("rain_settle_anomalies_total", "Grants of the outbox with no matching grant, unreadable release entries, and paid grants whose confirm was lost.", func() float64 { return float64(stats().Anomalies) })
 	r.Counter("rain_settle_failures_total", "Failed reads of the outboxes, confirms, replica waits and deliveries (each retried).", func() float64 { return float64(stats().Failures) })
-	r.Counter("rain_settle_conflicts_total", "Outbox entries left pending for an operator: a serial the sink had paid for another grant, or an amount not the grant's.", func() float64 { return float64(stats().Conflicts) })
+	r.Counter("rain_settle_conflicts_total", "What left an outbox entry pending for an operator, once each: a grant whose serial the sink had paid for another grant, an amount not the grant's, a grant paid and then released, or an entry that cannot be read.", func() float64 { return float64(stats().Conflicts) })
 	r.Gauge("rain_settle_left_for_operator", "Outbox entries left pending for an operator that the last pass over each shard met, summed: each blocks its pool's close until an operator clears it.", func() float64 { return float64(stats().LeftForOperator) })
 	r.Gauge("rain_settle_lag_seconds", "Age of the oldest outbox entry that may be unsettled, the largest over the shards (while a shard's outboxes cannot be read, from the last pass that read them all); 0 when settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
 }

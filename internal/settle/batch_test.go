@@ -8,10 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"rain"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/lua"
+	"rain/internal/reaper"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/wait/waittest"
@@ -23,6 +27,12 @@ import (
 // returns the grants by serial.
 func batchEnv(t *testing.T, count, subs, per int, hold int64) (*env, map[int64]grab.Result) {
 	t.Helper()
+	return formEnv(t, lua.OutboxBatch, count, subs, per, hold)
+}
+
+// formEnv is batchEnv with the outbox form given.
+func formEnv(t *testing.T, outbox lua.OutboxForm, count, subs, per int, hold int64) (*env, map[int64]grab.Result) {
+	t.Helper()
 	ge := grabtest.Start(t, 2, redistest.Options{})
 	ctx := context.Background()
 	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: subs, HoldSeconds: hold}); err != nil {
@@ -32,7 +42,7 @@ func batchEnv(t *testing.T, count, subs, per int, hold int64) (*env, map[int64]g
 	if err != nil {
 		t.Fatal(err)
 	}
-	form := lua.Form{Outbox: lua.OutboxBatch, BatchedDeadlines: true}
+	form := lua.Form{Outbox: outbox, BatchedDeadlines: true}
 	grants := map[int64]grab.Result{}
 	serial := int64(1 << 40) // far from the generator's
 	for _, sp := range sps {
@@ -210,4 +220,340 @@ func TestOneGrantOfABatchLeftForAnOperator(t *testing.T) {
 func TestReleasedGrantsOfABatchAreNotPaid(t *testing.T) {
 	e, _ := batchEnv(t, 24, 2, 8, 1)
 	checkReleasedNotPaid(t, e, 24)
+}
+
+// memSink pays each serial once (it dedupes, as every sink must), counts
+// every delivery of each serial, and takes delay per Deliver call (a
+// wallet or a database that takes its time).
+type memSink struct {
+	delay time.Duration
+	mu    sync.Mutex
+	paid  map[int64]settle.Grant
+	calls map[int64]int
+	fail  map[int64]bool // serials whose delivery fails (not a conflict)
+}
+
+func newMemSink(delay time.Duration) *memSink {
+	return &memSink{delay: delay, paid: map[int64]settle.Grant{}, calls: map[int64]int{}, fail: map[int64]bool{}}
+}
+
+func (s *memSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	if s.delay > 0 {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+		}
+	}
+	errs := make([]error, len(gs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, g := range gs {
+		if ctx.Err() != nil {
+			errs[i] = ctx.Err()
+			continue
+		}
+		s.calls[g.Serial]++
+		if s.fail[g.Serial] {
+			errs[i] = fmt.Errorf("the wallet refuses %d for now", g.Serial)
+			continue
+		}
+		if p, ok := s.paid[g.Serial]; ok {
+			if !p.Same(g) {
+				errs[i] = settle.ErrSerialConflict
+			}
+			continue
+		}
+		s.paid[g.Serial] = g
+	}
+	return errs
+}
+
+// stats is how many serials were paid, and how many deliveries were of a
+// serial delivered before.
+func (s *memSink) stats() (paid, again int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.calls {
+		again += max(0, n-1)
+	}
+	return len(s.paid), again
+}
+
+// checkPaid checks that sink paid every grant once, at its amount.
+func (s *memSink) checkPaid(t *testing.T, grants map[int64]grab.Result) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.paid) != len(grants) {
+		t.Fatalf("%d serials paid, want %d", len(s.paid), len(grants))
+	}
+	for serial, r := range grants {
+		if s.paid[serial].AmountCents != r.Amount {
+			t.Fatalf("serial %d paid %+v, want %d cents", serial, s.paid[serial], r.Amount)
+		}
+	}
+}
+
+// TestNoTakeoverWhileAReadIsSettled: two workers, a sink that takes 20 ms
+// a delivery, claim-after 1 s, reads of 20 entries. Under --outbox batch
+// one read is 2,560 grants in 128 parts, seconds of work: after each part
+// the worker acknowledges what it settled and claims the rest of its read
+// again, so the other worker never takes it over and nothing is delivered
+// twice, as under --outbox packed, where a read is one part.
+func TestNoTakeoverWhileAReadIsSettled(t *testing.T) {
+	for _, form := range []lua.OutboxForm{lua.OutboxPacked, lua.OutboxBatch} {
+		t.Run(form.String(), func(t *testing.T) {
+			e, grants := formEnv(t, form, 2560, 1, 128, 0)
+			sink := newMemSink(20 * time.Millisecond)
+			cfg := func(name string) settle.Config {
+				return settle.Config{Consumer: name, Batch: 20, Block: 50 * time.Millisecond, Refresh: 50 * time.Millisecond,
+					ClaimAfter: time.Second, RetryDelay: 20 * time.Millisecond}
+			}
+			a := settle.New(e.shards, e.cat, sink, cfg("a"))
+			b := settle.New(e.shards, e.cat, sink, cfg("b"))
+			stopA, stopB := run(t, a), run(t, b)
+			waittest.Until(t, 120*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+			stopA()
+			stopB()
+			sink.checkPaid(t, grants)
+			if _, again := sink.stats(); again != 0 {
+				t.Fatalf("%d deliveries of grants delivered before (a %+v, b %+v): a read was taken over while its worker settled it",
+					again, a.Stats(), b.Stats())
+			}
+			e.assertAudit(t)
+		})
+	}
+}
+
+// TestAWorkerTakesOverMidEntry: worker a pays every grant of an entry of
+// 128 but one, whose delivery keeps failing; a stops; b takes the entry
+// over and pays the rest. Every grant is paid once, the entry acknowledged.
+func TestAWorkerTakesOverMidEntry(t *testing.T) {
+	e, grants := batchEnv(t, 256, 1, 128, 0)
+	ctx := context.Background()
+	subs, err := e.cat.SubPools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := e.shards.Client(subs[0].Shard).XRange(ctx, subs[0].Keys().Outbox, "-", "+").Result()
+	if err != nil || len(entries) != 2 {
+		t.Fatalf("outbox = %d entries, %v; want 2", len(entries), err)
+	}
+	es, err := lua.ParseOutboxEntries(entries[0].Values)
+	if err != nil || len(es) != 128 {
+		t.Fatalf("entry = %d grants, %v; want 128", len(es), err)
+	}
+	victim := es[100].Serial
+	sink := newMemSink(0)
+	sink.fail[victim] = true
+	a := settle.New(e.shards, e.cat, sink, fastConfig("a"))
+	stopA := run(t, a)
+	waittest.Until(t, 20*time.Second, "all but the victim paid", func() bool { paid, _ := sink.stats(); return paid == 255 })
+	stopA()
+	sink.mu.Lock()
+	delete(sink.fail, victim)
+	sink.mu.Unlock()
+	b := settle.New(e.shards, e.cat, sink, fastConfig("b"))
+	stopB := run(t, b)
+	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+	stopB()
+	sink.checkPaid(t, grants)
+	e.assertAudit(t)
+}
+
+// TestGrantsOfAWaitingEntryAreCountedOnce: an entry of 10 grants, one
+// confirmed whose serial the sink paid for another grant (left for an
+// operator), the other nine released at their deadline before settlement
+// read them. While the entry waits, every pass confirms the nine again,
+// but counts them as expired once.
+func TestGrantsOfAWaitingEntryAreCountedOnce(t *testing.T) {
+	e, _ := batchEnv(t, 10, 1, 10, 1)
+	ctx := context.Background()
+	subs, err := e.cat.SubPools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, k := e.shards.Client(subs[0].Shard), subs[0].Keys()
+	entries, err := c.XRange(ctx, k.Outbox, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("outbox = %d entries, %v; want 1", len(entries), err)
+	}
+	es, err := lua.ParseOutboxEntries(entries[0].Values)
+	if err != nil || len(es) != 10 {
+		t.Fatalf("entry = %+v, %v; want 10 grants", es, err)
+	}
+	victim := es[0]
+	if _, _, err := lua.ConfirmMany(ctx, c, &k, []lua.ConfirmArg{{User: victim.User, Serial: victim.Serial, Amount: victim.Amount}}); err != nil {
+		t.Fatal(err)
+	}
+	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
+	var released int64
+	waittest.Until(t, 10*time.Second, "the other nine released at their deadline", func() bool {
+		sw, err := reap.Sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released += sw.Released
+		return released == 9
+	})
+	sink := newMemSink(0)
+	sink.paid[victim.Serial] = settle.Grant{Serial: victim.Serial, PoolID: "elsewhere", UserID: "x", AmountCents: 1}
+	w := settle.New(e.shards, e.cat, sink, fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 10*time.Second, "the entry left for an operator", func() bool { return w.Stats().LeftForOperator == 1 })
+	time.Sleep(time.Second) // many passes over the waiting entry
+	stop()
+	if st := w.Stats(); st.Expired != 9 || st.Conflicts != 1 || st.Delivered != 0 {
+		t.Fatalf("stats %+v: want the nine released grants counted once, one conflict, nothing delivered", st)
+	}
+	if n := e.outboxed(t); n != 1 {
+		t.Fatalf("%d outbox entries, want the waiting one", n)
+	}
+}
+
+// TestCrashAtEveryStepOfABatch is TestCrashAtEveryStep on entries of ten
+// grants: a worker dies right after its second confirm (its reply lost),
+// or after its tenth delivery, mid-entry; a second takes over. One ledger
+// line per serial, every grant confirmed.
+func TestCrashAtEveryStepOfABatch(t *testing.T) {
+	for _, step := range []string{"confirmed", "delivered"} {
+		t.Run(step, func(t *testing.T) {
+			e, grants := batchEnv(t, 60, 2, 10, 0)
+			path := filepath.Join(t.TempDir(), "ledger.jsonl")
+			l := openLedger(t, path)
+			set, cat, proxies, die := e.doomed(t)
+			var sink settle.Sink = l
+			if step == "confirmed" {
+				for _, p := range proxies {
+					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm_many")), 2, die)
+				}
+			} else {
+				sink = &dying{Sink: l, at: 10, die: die}
+			}
+			first := settle.New(set, cat, sink, fastConfig("first"))
+			stopFirst := run(t, first)
+			waittest.Until(t, 20*time.Second, "the first worker cut off", func() bool { return proxies[0].Partitioned() })
+			stopFirst()
+			l.Close()
+			if e.confirmed(t) == 60 {
+				t.Fatal("the first worker settled everything before its crash")
+			}
+			l2 := openLedger(t, path)
+			second := settle.New(e.shards, e.cat, l2, fastConfig("second"))
+			stop := run(t, second)
+			waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
+			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 && e.outboxed(t) == 0 })
+			stop()
+			checkLedger(t, path, grants)
+			e.assertAudit(t)
+		})
+	}
+}
+
+// lostConfirm is a sink that, the first time it is given at least n
+// grants, delivers them and then plays a shard that lost the writes made
+// since restore's snapshot (the confirm of those grants: a failover to a
+// replica without it, an AOF tail lost under --durability relaxed) and is
+// out of reach for a moment (the worker's acknowledgment fails).
+type lostConfirm struct {
+	*memSink
+	n       int
+	once    sync.Once
+	restore func()
+	cut     func()
+}
+
+func (s *lostConfirm) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	errs := s.memSink.Deliver(ctx, gs)
+	if len(gs) >= s.n {
+		s.once.Do(func() { s.restore(); s.cut() })
+	}
+	return errs
+}
+
+// TestALostConfirmIsMadeAgain: an entry's grants are confirmed and paid;
+// the shard then loses the confirm (the records held again) and the
+// worker's acknowledgment fails. The entry is read again and each grant is
+// confirmed again (confirm is idempotent: it heals), in either form; a
+// worker that skipped the grants it paid would acknowledge the entry with
+// the grants still held, and the reaper would put their amounts back in
+// the stock, to be granted and paid a second time.
+func TestALostConfirmIsMadeAgain(t *testing.T) {
+	for _, form := range []lua.OutboxForm{lua.OutboxPacked, lua.OutboxBatch} {
+		t.Run(form.String(), func(t *testing.T) {
+			e, grants := formEnv(t, form, 10, 1, 10, 1)
+			ctx := context.Background()
+			subs, err := e.cat.SubPools(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, k := e.shards.Client(subs[0].Shard), subs[0].Keys()
+			meta, err := c.HGetAll(ctx, k.Meta).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := c.HGetAll(ctx, k.Grants).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			due, err := c.ZRangeWithScores(ctx, k.Batches, 0, -1).Result()
+			if err != nil || len(due) == 0 {
+				t.Fatalf("deadline index = %v, %v", due, err)
+			}
+			set, cat, proxies, _ := e.doomed(t)
+			sink := &lostConfirm{memSink: newMemSink(0), n: 10}
+			sink.restore = func() {
+				pipe := c.TxPipeline()
+				pipe.Del(ctx, k.Meta, k.Grants)
+				pipe.HSet(ctx, k.Meta, meta)
+				pipe.HSet(ctx, k.Grants, recs)
+				pipe.ZAdd(ctx, k.Batches, due...)
+				if _, err := pipe.Exec(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+			sink.cut = func() {
+				for _, p := range proxies {
+					p.Partition()
+				}
+				time.AfterFunc(700*time.Millisecond, func() {
+					for _, p := range proxies {
+						p.Heal()
+					}
+				})
+			}
+			cfg := fastConfig("a")
+			cfg.Batch = 500
+			w := settle.New(set, cat, sink, cfg)
+			stop := run(t, w)
+			waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+			stop()
+			sink.checkPaid(t, grants)
+			if n := e.confirmed(t); n != 10 {
+				t.Fatalf("%d grants confirmed after settlement, want the 10 paid", n)
+			}
+			reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
+			var sw reaper.Sweep
+			waittest.Until(t, 10*time.Second, "a sweep past the grants' deadline", func() bool {
+				past := time.Now().UnixMilli() > dueAfter(due)+100 // the shard's clock is this machine's
+				if sw, err = reap.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return sw.Released > 0 || past
+			})
+			if sw.Released != 0 {
+				t.Fatalf("%d paid grants released back to the stock", sw.Released)
+			}
+			e.assertAudit(t)
+		})
+	}
+}
+
+// dueAfter is the latest deadline of the deadline index's members.
+func dueAfter(due []redis.Z) int64 {
+	var last int64
+	for _, z := range due {
+		last = max(last, int64(z.Score))
+	}
+	return last
 }

@@ -25,43 +25,60 @@ type batch struct {
 	stream string
 	sp     rain.SubPool // the stream's sub-pool, when spOK (rain.ParseOutbox)
 	spOK   bool
-	done   []string // ids of the entries settled: acknowledged and trimmed
+	done   []string // ids of the entries settled, to acknowledge and trim
 	grants []Grant  // the grants of the grant entries, to confirm and deliver
 	ids    []string // the id of each grant's entry
 	// open counts, per entry of several grants (an entry of a batch's
 	// grants, lua.ParseOutboxEntries), its grants not settled yet: the
 	// entry is settled with the last of them.
 	open map[string]int
-	// paid lists, per entry of several grants, the keys of its grants in
-	// Worker.paid, to drop once the entry is acknowledged.
-	paid map[string][]string
+	// span is, per entry of several grants, where its grants are in grants
+	// (together, in order): [start, end).
+	span map[string][2]int
 }
 
-// paidKey names a grant of an entry in Worker.paid.
-func paidKey(stream, id string, serial int64) string {
+// seenKey names a grant of an entry of several grants in Worker.seen.
+func seenKey(stream, id string, serial int64) string {
 	return stream + " " + id + " " + strconv.FormatInt(serial, 10)
 }
 
-// maxPaid bounds Worker.paid. The keys of an entry another worker
+// outcome is what this worker did before with a grant of an entry of
+// several grants still pending (Worker.seen).
+type outcome uint8
+
+const (
+	notSeen    outcome = iota
+	paidOut            // confirmed and delivered
+	expiredOut         // released at its deadline before its confirm: not paid
+	unmatched          // no grant matches it: an anomaly, counted
+)
+
+// maxSeen bounds Worker.seen. The keys of an entry another worker
 // acknowledged (it took the entry over) or an operator cleared are never
 // dropped one by one; past the bound the set is emptied, which costs only
-// deliveries again that the sinks dedupe.
-const maxPaid = 1 << 16
+// deliveries again, which the sinks dedupe, and counts again.
+const maxSeen = 1 << 16
 
-// notePaid notes in Worker.paid a grant delivered from an entry of
-// several grants still pending.
-func (w *Worker) notePaid(key string) {
-	if _, had := w.paid.LoadOrStore(key, true); !had && w.paidN.Add(1) > maxPaid {
-		w.paid.Clear()
-		w.paidN.Store(0)
+// see notes in Worker.seen what became of a grant of an entry of several
+// grants (key: seenKey).
+func (w *Worker) see(key string, o outcome) {
+	if _, had := w.seen.Swap(key, o); !had && w.seenN.Add(1) > maxSeen {
+		w.seen.Clear()
+		w.seenN.Store(0)
 	}
 }
 
-// dropPaid drops a key of an entry acknowledged.
-func (w *Worker) dropPaid(key string) {
-	if _, had := w.paid.LoadAndDelete(key); had {
-		w.paidN.Add(-1)
+// seenBefore is what Worker.seen holds of b.grants[i], and its key there
+// ("" for a grant alone in its entry, which is never noted).
+func (w *Worker) seenBefore(b *batch, i int) (outcome, string) {
+	id := b.ids[i]
+	if _, several := b.open[id]; !several {
+		return notSeen, ""
 	}
+	key := seenKey(b.stream, id, b.grants[i].Serial)
+	v, _ := w.seen.Load(key)
+	o, _ := v.(outcome)
+	return o, key
 }
 
 // settled notes that b.grants[i] is settled; its entry is, with the last
@@ -83,15 +100,20 @@ func (b *batch) settled(i int) {
 // pending for an operator. A grant whose confirm or delivery fails leaves
 // its entry pending (retried on the next pass over the worker's own
 // pending entries), and so does one whose serial the sink paid for another
-// grant (left for an operator). An entry of several grants is acknowledged
-// once every one of them is settled; until then each pass settles again
-// those of its grants this worker has not paid (Worker.paid; confirm and
-// the sinks are idempotent, so a worker that takes the entry over pays
-// none twice either), so that one grant left for an operator never keeps
-// the others of its entry from being retried and paid. Every other entry is
-// acknowledged and deleted from the stream, so that an outbox holds what
-// is unsettled, not everything ever granted. It reports whether an entry
-// was left pending for a failure (the caller then waits RetryDelay).
+// grant (left for an operator). Every other entry is acknowledged and
+// deleted from the stream, so that an outbox holds what is unsettled, not
+// everything ever granted. It reports whether an entry was left pending
+// for a failure (the caller then waits RetryDelay).
+//
+// An entry of several grants is acknowledged once every one of them is
+// settled. Until then each pass confirms all of them again (confirm is
+// idempotent, and heals a confirm a shard lost) and delivers again only
+// those this worker has not paid (Worker.seen), so that one grant left for
+// an operator never keeps the others of its entry from being retried and
+// paid, and nothing is counted twice. A read of such entries may take
+// several parts: after each, the entries settled are acknowledged and the
+// rest of the read is claimed again (keep), so that no other worker takes
+// over what this one is still working through.
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
 	b.sp, b.spOK = rain.ParseOutbox(stream)
@@ -109,25 +131,16 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 			w.leftForOperator(p, stream, m.ID, "", fmt.Errorf("unreadable outbox entry: %w", err))
 		case release:
 			b.done = append(b.done, m.ID) // not paid
-		case len(gs) == 1:
-			b.grants, b.ids = append(b.grants, gs[0]), append(b.ids, m.ID)
 		default:
-			// An entry of several grants, perhaps met before: the grants
-			// this worker paid from it then are settled.
-			if b.open == nil {
-				b.open, b.paid = map[string]int{}, map[string][]string{}
+			if len(gs) > 1 {
+				if b.open == nil {
+					b.open, b.span = map[string]int{}, map[string][2]int{}
+				}
+				b.open[m.ID] = len(gs)
+				b.span[m.ID] = [2]int{len(b.grants), len(b.grants) + len(gs)}
 			}
 			for _, g := range gs {
-				key := paidKey(stream, m.ID, g.Serial)
-				if _, paid := w.paid.Load(key); paid {
-					b.paid[m.ID] = append(b.paid[m.ID], key)
-					continue
-				}
 				b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
-				b.open[m.ID]++
-			}
-			if b.open[m.ID] == 0 {
-				b.done = append(b.done, m.ID)
 			}
 		}
 	}
@@ -137,25 +150,68 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	// tens of thousands of users would fail in Lua, every pass).
 	part := int(w.cfg.Batch)
 	for from := 0; from < len(b.grants) && ctx.Err() == nil; from += part {
-		if w.settleGrants(ctx, sh, &b, from, min(from+part, len(b.grants)), p) {
+		to := min(from+part, len(b.grants))
+		if w.settleGrants(ctx, sh, &b, from, to, p) {
 			failed = true
 		}
+		if to < len(b.grants) {
+			if w.acknowledge(ctx, sh, &b, p) {
+				failed = true
+			}
+			w.keep(ctx, sh, &b, to)
+		}
 	}
-	if len(b.done) > 0 {
-		if err := lua.Acknowledge(ctx, sh.c, stream, w.cfg.Group, b.done); err != nil && ctx.Err() == nil {
-			// Pending still: settled again, at no cost (confirm and the
-			// sinks are idempotent), on the next pass.
-			w.cfg.Logger.Warn("settle: acknowledge", "stream", stream, "err", err)
-			p.behindAll(b.done)
+	if w.acknowledge(ctx, sh, &b, p) {
+		failed = true
+	}
+	return failed
+}
+
+// acknowledge acknowledges and trims the entries of b settled so far, and
+// forgets what Worker.seen holds of them. It reports a failure (the
+// entries are then settled again, at no cost, on the next pass).
+func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
+	if len(b.done) == 0 {
+		return false
+	}
+	done := b.done
+	b.done = nil
+	if err := lua.Acknowledge(ctx, sh.c, b.stream, w.cfg.Group, done); err != nil {
+		if ctx.Err() == nil {
+			w.cfg.Logger.Warn("settle: acknowledge", "stream", b.stream, "err", err)
+			p.behindAll(done)
 			return true
 		}
-		for _, id := range b.done {
-			for _, key := range b.paid[id] {
-				w.dropPaid(key)
+		return false
+	}
+	for _, id := range done {
+		if sp, several := b.span[id]; several {
+			for i := sp[0]; i < sp[1]; i++ {
+				if _, had := w.seen.LoadAndDelete(seenKey(b.stream, id, b.grants[i].Serial)); had {
+					w.seenN.Add(-1)
+				}
 			}
 		}
 	}
-	return failed
+	return false
+}
+
+// keep claims again for this worker (XCLAIM JUSTID: their idle time back
+// to 0) the entries of b with grants from the from'th on, so that they do
+// not look abandoned (Config.ClaimAfter) while the parts before them take
+// their time. A failure only lets another worker take them over, which
+// pays nothing twice.
+func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
+	var ids []string
+	for i := from; i < len(b.ids); i++ {
+		if len(ids) == 0 || ids[len(ids)-1] != b.ids[i] {
+			ids = append(ids, b.ids[i])
+		}
+	}
+	err := sh.c.XClaimJustID(ctx, &redis.XClaimArgs{Stream: b.stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer, Messages: ids}).Err()
+	if err != nil && ctx.Err() == nil {
+		w.cfg.Logger.Warn("settle: claim again the rest of a read", "stream", b.stream, "entries", len(ids), "err", err)
+	}
 }
 
 // settleGrants confirms b's grants from to to (exclusive), delivers those
@@ -185,16 +241,35 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 	var payAt []int // the place in b.grants of each grant of pay
 	for j, g := range b.grants[from:to] {
 		i := from + j
+		before, key := w.seenBefore(b, i)
 		switch {
 		case errs[j] != nil:
 			w.failures.Add(1)
 			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", g.Serial, "err", errs[j])
 			p.behind(b.ids[i])
 			failed = true
+		case before == paidOut && res[j].Result == lua.AlreadyConfirmed:
+			b.settled(i) // paid on an earlier pass, its entry still pending
 		case res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed:
+			if before == paidOut {
+				// Confirmed again: its shard had lost the confirm made before
+				// the payout. Delivered again (the sink dedupes).
+				w.anomalies.Add(1)
+				w.cfg.Logger.Error("settle: a paid grant's confirm was lost and is made again", "stream", b.stream, "id", b.ids[i], "serial", g.Serial)
+			}
 			pay, payAt = append(pay, g), append(payAt, i)
+		case res[j].Result == lua.WasReleased && before == paidOut:
+			// Paid, then released: its shard lost the confirm, and the
+			// amount is back in the stock. Left for an operator.
+			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
+				fmt.Errorf("%s serial %d was paid, then released at its deadline: its shard lost the confirm", g, g.Serial))
 		case res[j].Result == lua.WasReleased:
-			w.expired.Add(1) // released at its deadline first: not paid
+			if before != expiredOut {
+				w.expired.Add(1) // released at its deadline first: not paid
+				if key != "" {
+					w.see(key, expiredOut)
+				}
+			}
 			b.settled(i)
 		case res[j].Result == lua.AmountMismatch:
 			// The entry would pay another amount than the grant holds:
@@ -203,9 +278,14 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10), fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
 				g, g.Serial, g.AmountCents, res[j].Amount))
 		default:
-			w.anomalies.Add(1)
-			w.cfg.Logger.Error("settle: outbox grant has no matching grant; acknowledged",
-				"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
+			if before != unmatched {
+				w.anomalies.Add(1)
+				w.cfg.Logger.Error("settle: outbox grant has no matching grant; settled unpaid",
+					"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
+				if key != "" {
+					w.see(key, unmatched)
+				}
+			}
 			b.settled(i)
 		}
 	}
@@ -219,10 +299,8 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 		switch {
 		case err == nil:
 			w.delivered.Add(1)
-			if _, several := b.open[b.ids[i]]; several {
-				key := paidKey(b.stream, b.ids[i], pay[j].Serial)
-				w.notePaid(key)
-				b.paid[b.ids[i]] = append(b.paid[b.ids[i]], key)
+			if _, key := w.seenBefore(b, i); key != "" {
+				w.see(key, paidOut)
 			}
 			b.settled(i)
 		case ctx.Err() != nil:

@@ -3,11 +3,13 @@
 //
 // A Worker reads each shard's outbox streams with a Redis consumer group, in
 // batches of up to Config.Batch entries per stream, every stream of a shard
-// at once, and for every batch, in this order:
+// at once, and for every batch, in parts of up to Config.Batch grants (an
+// entry of rain serve --outbox batch holds a batch's grants), in this
+// order:
 //
-//  1. confirms its grants (one confirm_many script): from then on the
-//     reaper can never release them. A grant the reaper released first is
-//     not paid.
+//  1. confirms the part's grants (one confirm_many script): from then on
+//     the reaper can never release them. A grant the reaper released first
+//     is not paid.
 //  2. delivers them to the Sink (internal/postgres, internal/ledger's
 //     file, internal/webhook's wallet) in one call, which dedupes by
 //     serial.
@@ -124,16 +126,17 @@ func (c *Config) init() {
 type Stats struct {
 	Delivered int64 // grants confirmed and delivered
 	Expired   int64 // grant entries whose grant had been released: not paid
-	Anomalies int64 // grant entries with no matching grant, release entries unreadable (logged)
+	Anomalies int64 // grants of the outbox with no matching grant, release entries unreadable, paid grants whose confirm was lost (logged)
 	// Failures counts what failed and is tried again: a read of a shard's
 	// outboxes (the shard down, a stream whose consumer group was lost), a
 	// confirm, a wait for a replica, a delivery. A stream that vanished
 	// with its pool's close is no failure.
 	Failures int64
-	// Conflicts counts entries left pending for an operator: a serial the
-	// sink had paid for another grant, an entry whose amount is not its
-	// grant's, or one that cannot be read as a grant or a release (logged
-	// once each).
+	// Conflicts counts what left an entry pending for an operator, once
+	// each: a grant whose serial the sink had paid for another grant, a
+	// grant whose amount is not what its record holds, a grant paid and
+	// then released (its shard lost the confirm), or an entry that cannot
+	// be read as grants or a release (logged once each).
 	Conflicts int64
 	// LeftForOperator is how many entries left pending for an operator the
 	// worker's last pass over each shard met (its own pending entries are
@@ -165,13 +168,14 @@ type Worker struct {
 	waiting                                            []atomic.Int64 // per shard: entries left for an operator its last pass met (see note)
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id serial" of entries (and their grants) left pending for an operator
-	// paid holds "stream id serial" of each grant this worker delivered
-	// from an entry of several grants still pending (another of its grants
-	// failed, or is left for an operator): later passes settle the rest of
-	// the entry without paying it again. Dropped when the entry is
-	// acknowledged (notePaid, dropPaid).
-	paid  sync.Map
-	paidN atomic.Int64 // about how many keys paid holds
+	// seen holds, for each grant this worker settled of an entry of
+	// several grants still pending (another of its grants failed, or is
+	// left for an operator), what became of it ("stream id serial" ->
+	// outcome): later passes settle the rest of the entry without paying
+	// or counting it again. Dropped when the entry is acknowledged (see,
+	// acknowledge).
+	seen  sync.Map
+	seenN atomic.Int64 // about how many keys seen holds
 }
 
 // New returns a worker; Run starts it.

@@ -43,7 +43,9 @@
 --
 -- Re-sent (a reply lost on the wire), every claim answers as its first run
 -- did: the grant made under a claim's serial is "granted" again, the
--- reservation made under its token "reserved" again.
+-- reservation made under its token "reserved" again; but a claim that comes
+-- again only after its grant was released at its deadline is refused with
+-- an error, unwritten (a new grant would reuse its serial).
 --
 -- The fence: a claim answered with a grant made before this run (sent
 -- again, or "already") writes nothing of its own, and WAIT counts the
@@ -136,6 +138,11 @@ for i = 1, n do
     local st, amount, ser, dl = string.match(g, '^(%a):(%d+):(%d+):(%d+)$')
     if st == nil then
       answer = {'error', 'RAINSTATE bad grant record for ' .. user}
+    elseif st == 'r' and ser == serial then
+      -- This very claim, sent again after its grant was released at its
+      -- deadline (a reply lost, a retry later than the hold): a new grant
+      -- would reuse the serial. Refused unwritten; a new claim may grab.
+      answer = {'error', 'RAINSTATE the grant of serial ' .. serial .. ' was released before its claim came again'}
     elseif st ~= 'r' then
       if ser == serial then
         answer = {'granted', tonumber(amount), tonumber(ser), tonumber(dl)}

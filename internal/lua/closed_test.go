@@ -275,6 +275,40 @@ func TestClaimManyReleasesBeforeItPops(t *testing.T) {
 	}
 }
 
+// TestAClaimSentAgainAfterItsReleaseIsRefused: a claim whose reply was
+// lost and which comes again only after its grant was released at its
+// deadline is refused unwritten: granting again under its serial would
+// give two grants one serial (the first one's outbox entry would then wait
+// for an operator). A new claim of the user is granted.
+func TestAClaimSentAgainAfterItsReleaseIsRefused(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := openSubPool(t, c, 0, 20, 7, 8) // a hold of 20 ms
+	first, err := claimOne(ctx, c, &k, "u", 1, "", 0)
+	if err != nil || first.Outcome != Granted {
+		t.Fatalf("claim = %+v, %v", first, err)
+	}
+	waittest.Until(t, 5*time.Second, "the grant released at its deadline", func() bool {
+		r, err := ReleaseExpired(ctx, c, &k, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count == 1
+	})
+	claims, errs, err := ClaimMany(ctx, c, &k, 0, []ClaimArg{{User: "u", Serial: 1}})
+	if err != nil || errs[0] == nil || !strings.Contains(errs[0].Error(), "released before its claim came again") {
+		t.Fatalf("the claim sent again = %+v, %v, %v; want refused", claims, errs, err)
+	}
+	a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 0})
+	if err != nil || a.StockCount != 2 || a.HeldCount != 0 || a.ReleasedCount != 1 || a.DuplicateSerials != 0 {
+		t.Fatalf("audit %+v, %v: want both packets in stock, nothing held, one released", a, err)
+	}
+	again, err := claimOne(ctx, c, &k, "u", 2, "", 0)
+	if err != nil || again.Outcome != Granted || again.Serial != 2 {
+		t.Fatalf("a new claim = %+v, %v; want granted under its serial", again, err)
+	}
+}
+
 // TestConfirmManyRefusesAnotherAmount: settlement confirms a grant only for
 // the amount it is about to pay; an outbox entry whose amount is not the
 // grant's confirms nothing and says what the grant holds.

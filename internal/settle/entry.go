@@ -110,10 +110,13 @@ func (b *batch) settled(i int) {
 // idempotent, and heals a confirm a shard lost) and delivers again only
 // those this worker has not paid (Worker.seen), so that one grant left for
 // an operator never keeps the others of its entry from being retried and
-// paid, and nothing is counted twice. A read of such entries may take
-// several parts: after each, the entries settled are acknowledged and the
-// rest of the read is claimed again (keep), so that no other worker takes
-// over what this one is still working through.
+// paid, and nothing is counted twice. A grant this worker paid that is no
+// longer confirmed (its shard lost the confirm) is left for an operator;
+// a worker that did not pay it (restarted, or taking the entry over) does
+// not know, and takes it for released unpaid. A read of such entries may
+// take several parts: after each, the entries settled are acknowledged and
+// the rest of the read is claimed again (keep), so that no other worker
+// takes over what this one is still working through.
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
 	b.sp, b.spOK = rain.ParseOutbox(stream)
@@ -197,10 +200,12 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 }
 
 // keep claims again for this worker (XCLAIM JUSTID: their idle time back
-// to 0) the entries of b with grants from the from'th on, so that they do
-// not look abandoned (Config.ClaimAfter) while the parts before them take
-// their time. A failure only lets another worker take them over, which
-// pays nothing twice.
+// to 0) the entries of b with grants from the from'th on that have been
+// idle a quarter of Config.ClaimAfter, so that they do not look abandoned
+// while the parts before them take their time; one another worker took
+// over meanwhile (a part longer than ClaimAfter) is idle less than that
+// and stays where it is. A failure, or a part longer than ClaimAfter, only
+// lets another worker deliver some grants again, which pays nothing twice.
 func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 	var ids []string
 	for i := from; i < len(b.ids); i++ {
@@ -208,7 +213,8 @@ func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 			ids = append(ids, b.ids[i])
 		}
 	}
-	err := sh.c.XClaimJustID(ctx, &redis.XClaimArgs{Stream: b.stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer, Messages: ids}).Err()
+	err := sh.c.XClaimJustID(ctx, &redis.XClaimArgs{Stream: b.stream, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
+		MinIdle: w.cfg.ClaimAfter / 4, Messages: ids}).Err()
 	if err != nil && ctx.Err() == nil {
 		w.cfg.Logger.Warn("settle: claim again the rest of a read", "stream", b.stream, "entries", len(ids), "err", err)
 	}
@@ -258,11 +264,13 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 				w.cfg.Logger.Error("settle: a paid grant's confirm was lost and is made again", "stream", b.stream, "id", b.ids[i], "serial", g.Serial)
 			}
 			pay, payAt = append(pay, g), append(payAt, i)
-		case res[j].Result == lua.WasReleased && before == paidOut:
-			// Paid, then released: its shard lost the confirm, and the
-			// amount is back in the stock. Left for an operator.
+		case before == paidOut:
+			// Paid, and no longer confirmed: released at its deadline (and
+			// perhaps its user granted again under another serial), so its
+			// shard lost the confirm, and the amount is back in the stock.
+			// Left for an operator.
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
-				fmt.Errorf("%s serial %d was paid, then released at its deadline: its shard lost the confirm", g, g.Serial))
+				fmt.Errorf("%s serial %d was paid and is no longer confirmed (%v): its shard lost the confirm, and its amount is back in the stock", g, g.Serial, res[j].Result))
 		case res[j].Result == lua.WasReleased:
 			if before != expiredOut {
 				w.expired.Add(1) // released at its deadline first: not paid

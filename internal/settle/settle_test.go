@@ -225,12 +225,24 @@ func (e *env) sumOutboxes(t *testing.T, count func(ctx context.Context, c redis.
 // TestCrashAtEveryStep: a worker dies (it is cut off from every shard: a
 // partition, which to the shards is a process that died) right after its
 // second batch of confirms ran (its reply lost), or right after its tenth
-// delivery (before its ack); a second worker takes the pending entries
-// over. Exactly one ledger line per serial, every grant confirmed.
+// delivery (before its ack), on entries of one grant each or of ten (under
+// --outbox batch: mid-entry); a second worker takes the pending entries
+// over. Exactly one ledger line per serial, every grant confirmed, every
+// entry acknowledged.
 func TestCrashAtEveryStep(t *testing.T) {
-	for _, step := range []string{"confirmed", "delivered"} {
-		t.Run(step, func(t *testing.T) {
-			e, grants := newEnv(t, 60, 0)
+	for _, c := range []struct {
+		step string
+		per  int // grants an entry
+	}{{"confirmed", 1}, {"delivered", 1}, {"confirmed", 10}, {"delivered", 10}} {
+		t.Run(fmt.Sprintf("%s/per=%d", c.step, c.per), func(t *testing.T) {
+			step := c.step
+			var e *env
+			var grants map[int64]grab.Result
+			if c.per == 1 {
+				e, grants = newEnv(t, 60, 0)
+			} else {
+				e, grants = batchEnv(t, 60, 2, c.per, 0)
+			}
 			path := filepath.Join(t.TempDir(), "ledger.jsonl")
 			l := openLedger(t, path)
 			set, cat, proxies, die := e.doomed(t)
@@ -256,7 +268,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			second := settle.New(e.shards, e.cat, l2, fastConfig("second"))
 			stop := run(t, second)
 			waittest.Until(t, 20*time.Second, "all grants confirmed", func() bool { return e.confirmed(t) == 60 })
-			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 })
+			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return pending(t, e) == 0 && e.outboxed(t) == 0 })
 			stop()
 			checkLedger(t, path, grants)
 			e.assertAudit(t)

@@ -38,8 +38,9 @@
 -- released, a release entry in the outbox), before any claim of the batch is
 -- decided: no answer shows a hold that has run out, the user may grab again,
 -- and the amount released is stock for every claim of the batch (no false
--- "empty"). Not for the claim that made the grant, sent again: that one
--- answers "granted" as its first run did.
+-- "empty"). Not when the claim that made the grant is in the batch (sent
+-- again): it answers "granted" as its first run did, and every other claim
+-- of its user "already"; the reaper releases the hold.
 --
 -- Re-sent (a reply lost on the wire), every claim answers as its first run
 -- did: the grant made under a claim's serial is "granted" again, the
@@ -112,11 +113,21 @@ local earlier = false -- a claim was answered with a grant made before this run 
 -- claim of the batch, those before its user's included. A claim that popped
 -- before a later release would answer "empty" beside a packet in the stock.
 local expiredAt = {} -- user -> the claim whose user's hold ran out: released here, for it
+-- A hold the batch's own claim made (the batch sent again) is not released
+-- here, even for another claim of its user in the batch: that claim is
+-- answered its grant, as in the first run, never a grant released beside
+-- it; the reaper releases it.
+local resent = {} -- user -> a claim of the batch made the user's hold
+for i = 1, n do
+  if held[i] and string.match(held[i], '^%a:%d+:(%d+):%d+$') == ARGV[3 * i + 2] then
+    resent[users[i]] = true
+  end
+end
 for i = 1, n do
   local user = users[i]
-  if held[i] and expiredAt[user] == nil then
+  if held[i] and expiredAt[user] == nil and not resent[user] then
     local ser = string.match(held[i], '^%a:%d+:(%d+):%d+$')
-    if ser and ser ~= ARGV[3 * i + 2] and release_held(k, user, held[i], now) then
+    if ser and release_held(k, user, held[i], now) then
       expiredAt[user] = i
     end
   end

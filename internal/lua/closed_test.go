@@ -309,6 +309,40 @@ func TestAClaimSentAgainAfterItsReleaseIsRefused(t *testing.T) {
 	}
 }
 
+// TestABatchSentAgainWithTwoClaimsOfAUser: two grabs of one user in one
+// batch, the batch sent again after the hold ran out and before the reaper
+// came. The claim that made the grant is answered it again, as in the first
+// run, and so is the other ("already"): the other claim never releases it
+// for a new grant while the first is answered a grant this run released.
+// Either order of the serials in the batch (sub-pools 0 and 1).
+func TestABatchSentAgainWithTwoClaimsOfAUser(t *testing.T) {
+	for _, made := range []int{0, 1} {
+		ctx := context.Background()
+		c := newClient(t)
+		k := openSubPool(t, c, made, 20, 7, 8) // a hold of 20 ms
+		batch := []ClaimArg{{User: "u", Serial: 1}, {User: "u", Serial: 2}}
+		if made == 1 {
+			batch[0], batch[1] = batch[1], batch[0]
+		}
+		first, errs, err := ClaimMany(ctx, c, &k, 0, batch)
+		if err != nil || errs[0] != nil || errs[1] != nil || first[0].Outcome != Granted || first[1].Outcome != Already {
+			t.Fatalf("batch = %+v, %v, %v; want the first claim granted, the second already", first, errs, err)
+		}
+		waittest.Until(t, 5*time.Second, "the grant's deadline passed on the shard's clock", func() bool {
+			tm, err := c.Time(ctx).Result()
+			return err == nil && tm.UnixMilli() > first[0].DeadlineMS
+		})
+		again, errs, err := ClaimMany(ctx, c, &k, 0, batch)
+		if err != nil || errs[0] != nil || errs[1] != nil || again[0] != first[0] || again[1] != first[1] {
+			t.Fatalf("batch sent again = %+v, %v, %v; want the first run's answers %+v", again, errs, err, first)
+		}
+		a, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: made})
+		if err != nil || a.HeldCount != 1 || a.ReleasedCount != 0 || a.StockCount != 1 {
+			t.Fatalf("audit %+v, %v: want the grant still held, nothing released, one packet in stock", a, err)
+		}
+	}
+}
+
 // TestConfirmManyRefusesAnotherAmount: settlement confirms a grant only for
 // the amount it is about to pay; an outbox entry whose amount is not the
 // grant's confirms nothing and says what the grant holds.

@@ -203,9 +203,10 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 // to 0) the entries of b with grants from the from'th on that have been
 // idle a quarter of Config.ClaimAfter, so that they do not look abandoned
 // while the parts before them take their time; one another worker took
-// over meanwhile (a part longer than ClaimAfter) is idle less than that
-// and stays where it is. A failure, or a part longer than ClaimAfter, only
-// lets another worker deliver some grants again, which pays nothing twice.
+// over within that quarter (after a part of this worker's longer than
+// about three quarters of ClaimAfter) stays where it is. A failure, or
+// parts that long, only let two workers deliver some grants each, which
+// pays nothing twice: the sinks dedupe.
 func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 	var ids []string
 	for i := from; i < len(b.ids); i++ {

@@ -15,6 +15,7 @@ import (
 	"rain/internal/grabtest"
 	"rain/internal/lua"
 	"rain/internal/reaper"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
 	"rain/internal/wait/waittest"
@@ -609,4 +610,41 @@ func grantsOf(t *testing.T, m redis.XMessage, n int) []lua.OutboxEntry {
 		t.Fatalf("entry %s = %+v, %v; want %d grants", m.ID, es, err, n)
 	}
 	return es
+}
+
+// TestAnAcknowledgmentLostMidRead: a read of four entries of ten grants in
+// parts of five; the acknowledgment after the second part never runs, or
+// runs with its reply lost, four times over (beyond go-redis's retries).
+// The later parts go on; every grant is paid, none delivered twice, every
+// entry acknowledged in the end, and the failure counted.
+func TestAnAcknowledgmentLostMidRead(t *testing.T) {
+	for _, lost := range []string{"request", "reply"} {
+		t.Run(lost, func(t *testing.T) {
+			e, grants := batchEnv(t, 40, 1, 10, 0)
+			set, cat, proxies, _ := e.doomed(t)
+			for _, p := range proxies {
+				if lost == "request" {
+					p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
+				} else {
+					p.DropReplies(redisproxy.Script(lua.SHA("acknowledge")), 4)
+				}
+			}
+			sink := newMemSink(0)
+			w := settle.New(set, cat, sink, fastConfig("a"))
+			stop := run(t, w)
+			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.outboxed(t) == 0 && pending(t, e) == 0 })
+			stop()
+			sink.checkPaid(t, grants)
+			if _, again := sink.stats(); again != 0 {
+				t.Fatalf("%d deliveries of grants delivered before", again)
+			}
+			if st := w.Stats(); st.Failures == 0 {
+				t.Fatalf("stats %+v: want the lost acknowledgment counted as a failure", st)
+			}
+			if n := e.confirmed(t); n != 40 {
+				t.Fatalf("%d grants confirmed, want 40", n)
+			}
+			e.assertAudit(t)
+		})
+	}
 }

@@ -181,7 +181,8 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 	b.done = nil
 	if err := lua.Acknowledge(ctx, sh.c, b.stream, w.cfg.Group, done); err != nil {
 		if ctx.Err() == nil {
-			w.cfg.Logger.Warn("settle: acknowledge", "stream", b.stream, "err", err)
+			w.failures.Add(int64(len(done)))
+			w.cfg.Logger.Warn("settle: acknowledge; entries left pending", "stream", b.stream, "entries", len(done), "err", err)
 			p.behindAll(done)
 			return true
 		}

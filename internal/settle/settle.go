@@ -129,7 +129,7 @@ type Stats struct {
 	Anomalies int64 // grants of the outbox with no matching grant, release entries unreadable, paid grants whose confirm was lost (logged)
 	// Failures counts what failed and is tried again: a read of a shard's
 	// outboxes (the shard down, a stream whose consumer group was lost), a
-	// confirm, a wait for a replica, a delivery. A stream that vanished
+	// confirm, a wait for a replica, a delivery, an acknowledgment. A stream that vanished
 	// with its pool's close is no failure.
 	Failures int64
 	// Conflicts counts what left an entry pending for an operator, once

@@ -333,6 +333,7 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 // (Stats.LeftForOperator).
 func (w *Worker) leftForOperator(p *pass, stream, id, serial string, err error) {
 	p.leave(stream + " " + id)
+	w.waiting4op.Store(stream+" "+id, true)
 	if _, seen := w.conflicted.LoadOrStore(stream+" "+id+" "+serial, true); !seen {
 		w.conflicts.Add(1)
 		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "serial", serial, "err", err)

@@ -168,6 +168,7 @@ type Worker struct {
 	waiting                                            []atomic.Int64 // per shard: entries left for an operator its last pass met (see note)
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id serial" of entries (and their grants) left pending for an operator
+	waiting4op                                         sync.Map       // "stream id" of the entries left pending for an operator (settling)
 	// seen holds, for each grant this worker settled of an entry of
 	// several grants still pending (another of its grants failed, or is
 	// left for an operator), what became of it ("stream id serial" ->
@@ -361,11 +362,16 @@ func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
 	w.behind[sh.i].Store(at)
 }
 
-// settling notes, while a pass settles msgs, the oldest of them in
-// reading: a pass that hangs (a delivery that does not return) shows in
-// the lag at once, not when it ends.
-func (w *Worker) settling(sh *shardLoop, msgs []redis.XMessage) {
+// settling notes, while a pass settles msgs, the entries of stream, the
+// oldest of them in reading: a pass that hangs (a delivery that does not
+// return) shows in the lag at once, not when it ends. An entry left for an
+// operator before is not counted: it is no lag (RainSettlementConflict
+// says it waits), as a pass's end leaves it out too (pass.behind).
+func (w *Worker) settling(sh *shardLoop, stream string, msgs []redis.XMessage) {
 	for _, m := range msgs {
+		if _, waits := w.waiting4op.Load(stream + " " + m.ID); waits {
+			continue
+		}
 		ms, _, _ := strings.Cut(m.ID, "-")
 		at, err := strconv.ParseInt(ms, 10, 64)
 		if err != nil {
@@ -467,7 +473,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		return w.readFailed(ctx, sh, key, err, p)
 	}
 	for _, st := range res {
-		w.settling(sh, st.Messages)
+		w.settling(sh, st.Stream, st.Messages)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -503,7 +509,7 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, id string, block t
 		}
 		for _, st := range res {
 			read += len(st.Messages)
-			w.settling(sh, st.Messages)
+			w.settling(sh, st.Stream, st.Messages)
 			failed = w.settleBatch(ctx, sh, st.Stream, st.Messages, p) || failed
 			if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
 				p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
@@ -582,7 +588,7 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool
 				break
 			}
 			if len(msgs) > 0 {
-				w.settling(sh, msgs)
+				w.settling(sh, key, msgs)
 				failed = w.settleBatch(ctx, sh, key, msgs, p) || failed
 			}
 			if next == "0-0" || len(msgs) == 0 {

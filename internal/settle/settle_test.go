@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -610,6 +612,17 @@ func TestUnreadableEntryIsLeftForAnOperator(t *testing.T) {
 	if err != nil || len(left) != 1 || left[0].Values["g"] != "a later form" {
 		t.Fatalf("outbox = %v, %v; want the unreadable grant entry alone", left, err)
 	}
+	// Waiting, it is no lag (RainSettlementConflict says it waits), not even
+	// while a pass reads it again: the lag stays below its age, sampled
+	// until it is two seconds old.
+	var lag time.Duration
+	waittest.Until(t, 10*time.Second, "the waiting entry two seconds old", func() bool {
+		lag = max(lag, w.Stats().Lag)
+		return time.Since(entryTime(t, left[0].ID)) > 2*time.Second
+	})
+	if lag > time.Second {
+		t.Fatalf("settlement lag reached %v while the only entry left waited for an operator", lag)
+	}
 	// An operator clears it (the runbook's XACK and XDEL): the worker's
 	// next pass no longer meets it.
 	clearEntry(t, c, key, left[0].ID, w)
@@ -633,4 +646,15 @@ func clearEntry(t *testing.T, c redis.UniversalClient, key, id string, w *settle
 		t.Fatal(err)
 	}
 	waittest.Until(t, 20*time.Second, "no entry left for an operator", func() bool { return w.Stats().LeftForOperator == 0 })
+}
+
+// entryTime is when the stream entry id was added, by its shard's clock.
+func entryTime(t *testing.T, id string) time.Time {
+	t.Helper()
+	ms, _, _ := strings.Cut(id, "-")
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.UnixMilli(at)
 }

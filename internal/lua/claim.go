@@ -109,14 +109,26 @@ func (f OutboxForm) String() string {
 }
 
 // arg is the form as claim_many's ARGV[3] gives it: the outbox form's
-// name, then " batched" when the deadlines are.
+// name, then " batched" when the deadlines are (formArgs: nothing is built
+// per batch).
 func (f Form) arg() string {
-	s := f.Outbox.String()
-	if f.BatchedDeadlines {
-		s += " batched"
+	if int(f.Outbox) >= len(formArgs) {
+		return f.Outbox.String() // unknown: claim_many writes fields
 	}
-	return s
+	if f.BatchedDeadlines {
+		return formArgs[f.Outbox][1]
+	}
+	return formArgs[f.Outbox][0]
 }
+
+// formArgs is each form's arg: by outbox form, without and with batched
+// deadlines.
+var formArgs = func() (a [len(outboxForms)][2]string) {
+	for f, name := range outboxForms {
+		a[f] = [2]string{name, name + " batched"}
+	}
+	return a
+}()
 
 // ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
 // fence, in the zero Form (rain serve's default, which every rain settle

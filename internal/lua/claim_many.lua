@@ -118,18 +118,19 @@ local expiredAt = {} -- user -> the claim whose user's hold ran out: released he
 -- answered its grant, as in the first run, never a grant released beside
 -- it; the reaper releases it.
 local resent = {} -- user -> a claim of the batch made the user's hold
+local heldSerial = {} -- claim -> the serial of the grant its user holds
 for i = 1, n do
-  if held[i] and string.match(held[i], '^%a:%d+:(%d+):%d+$') == ARGV[3 * i + 2] then
-    resent[users[i]] = true
+  if held[i] then
+    heldSerial[i] = string.match(held[i], '^%a:%d+:(%d+):%d+$')
+    if heldSerial[i] == ARGV[3 * i + 2] then
+      resent[users[i]] = true
+    end
   end
 end
 for i = 1, n do
   local user = users[i]
-  if held[i] and expiredAt[user] == nil and not resent[user] then
-    local ser = string.match(held[i], '^%a:%d+:(%d+):%d+$')
-    if ser and release_held(k, user, held[i], now) then
-      expiredAt[user] = i
-    end
+  if heldSerial[i] and expiredAt[user] == nil and not resent[user] and release_held(k, user, held[i], now) then
+    expiredAt[user] = i
   end
 end
 

@@ -28,14 +28,16 @@ type batch struct {
 	done   []string // ids of the entries settled, to acknowledge and trim
 	grants []Grant  // the grants of the grant entries, to confirm and deliver
 	ids    []string // the id of each grant's entry
-	// open counts, per entry of several grants (an entry of a batch's
-	// grants, lua.ParseOutboxEntries), its grants not settled yet: the
-	// entry is settled with the last of them.
-	open map[string]int
-	// span is, per entry of several grants, where its grants are in grants
-	// (together, in order): [start, end).
-	span map[string][2]int
+	// several holds each entry of several grants (an entry of a batch's
+	// grants, lua.ParseOutboxEntries): where its grants are in grants
+	// (together, in order), and how many are not settled yet (the entry
+	// is settled with the last of them).
+	several map[string]*span
 }
+
+// span is an entry's grants in batch.grants, [start, end), and how many of
+// them are not settled yet.
+type span struct{ start, end, open int }
 
 // seenKey names a grant of an entry of several grants in Worker.seen.
 func seenKey(stream, id string, serial int64) string {
@@ -72,7 +74,7 @@ func (w *Worker) see(key string, o outcome) {
 // ("" for a grant alone in its entry, which is never noted).
 func (w *Worker) seenBefore(b *batch, i int) (outcome, string) {
 	id := b.ids[i]
-	if _, several := b.open[id]; !several {
+	if _, several := b.several[id]; !several {
 		return notSeen, ""
 	}
 	key := seenKey(b.stream, id, b.grants[i].Serial)
@@ -85,8 +87,8 @@ func (w *Worker) seenBefore(b *batch, i int) (outcome, string) {
 // of its grants.
 func (b *batch) settled(i int) {
 	id := b.ids[i]
-	if n, several := b.open[id]; several {
-		if b.open[id] = n - 1; n > 1 {
+	if sp, several := b.several[id]; several {
+		if sp.open--; sp.open > 0 {
 			return
 		}
 	}
@@ -136,11 +138,10 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 			b.done = append(b.done, m.ID) // not paid
 		default:
 			if len(gs) > 1 {
-				if b.open == nil {
-					b.open, b.span = map[string]int{}, map[string][2]int{}
+				if b.several == nil {
+					b.several = map[string]*span{}
 				}
-				b.open[m.ID] = len(gs)
-				b.span[m.ID] = [2]int{len(b.grants), len(b.grants) + len(gs)}
+				b.several[m.ID] = &span{start: len(b.grants), end: len(b.grants) + len(gs), open: len(gs)}
 			}
 			for _, g := range gs {
 				b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
@@ -189,8 +190,8 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 		return false
 	}
 	for _, id := range done {
-		if sp, several := b.span[id]; several {
-			for i := sp[0]; i < sp[1]; i++ {
+		if sp, several := b.several[id]; several {
+			for i := sp.start; i < sp.end; i++ {
 				if _, had := w.seen.LoadAndDelete(seenKey(b.stream, id, b.grants[i].Serial)); had {
 					w.seenN.Add(-1)
 				}
@@ -309,8 +310,8 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 		switch {
 		case err == nil:
 			w.delivered.Add(1)
-			if _, key := w.seenBefore(b, i); key != "" {
-				w.see(key, paidOut)
+			if _, several := b.several[b.ids[i]]; several {
+				w.see(seenKey(b.stream, b.ids[i], pay[j].Serial), paidOut)
 			}
 			b.settled(i)
 		case ctx.Err() != nil:
@@ -333,7 +334,7 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 // (Stats.LeftForOperator).
 func (w *Worker) leftForOperator(p *pass, stream, id, serial string, err error) {
 	p.leave(stream + " " + id)
-	w.waiting4op.Store(stream+" "+id, true)
+	w.awaitingOperator.Store(stream+" "+id, true)
 	if _, seen := w.conflicted.LoadOrStore(stream+" "+id+" "+serial, true); !seen {
 		w.conflicts.Add(1)
 		w.cfg.Logger.Error("settle: entry left pending for an operator", "stream", stream, "id", id, "serial", serial, "err", err)

@@ -168,7 +168,7 @@ type Worker struct {
 	waiting                                            []atomic.Int64 // per shard: entries left for an operator its last pass met (see note)
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id serial" of entries (and their grants) left pending for an operator
-	waiting4op                                         sync.Map       // "stream id" of the entries left pending for an operator (settling)
+	awaitingOperator                                   sync.Map       // "stream id" of the entries left pending for an operator (settling)
 	// seen holds, for each grant this worker settled of an entry of
 	// several grants still pending (another of its grants failed, or is
 	// left for an operator), what became of it ("stream id serial" ->
@@ -369,7 +369,7 @@ func (w *Worker) note(sh *shardLoop, p *pass, start time.Time) {
 // says it waits), as a pass's end leaves it out too (pass.behind).
 func (w *Worker) settling(sh *shardLoop, stream string, msgs []redis.XMessage) {
 	for _, m := range msgs {
-		if _, waits := w.waiting4op.Load(stream + " " + m.ID); waits {
+		if _, waits := w.awaitingOperator.Load(stream + " " + m.ID); waits {
 			continue
 		}
 		ms, _, _ := strings.Cut(m.ID, "-")

@@ -8,10 +8,10 @@
 // capacity = arrival rate × service time × headroom, re-estimated every
 // Config.Interval, clamped to [Min, Max], changed with ants' Tune in bounded
 // steps and only when the change is large enough (hysteresis), so it does not
-// flap. Callers beyond the workers wait in a bounded queue (ants'
-// MaxBlockingTasks); past that, Do returns ErrOverloaded in microseconds and
-// the HTTP layer answers 503 with Retry-After. Accepted requests keep a low
-// tail latency instead of everyone timing out.
+// flap. Callers beyond the workers wait in a bounded queue (Admit counts the
+// places; the callers wait inside ants); past that, Do returns ErrOverloaded
+// in microseconds and the HTTP layer answers 503 with Retry-After. Accepted
+// requests keep a low tail latency instead of everyone timing out.
 //
 // A request holds a place from Admit to Leave, and a worker only while its
 // task runs: a grab's task queues its claim at a shard and returns, and the
@@ -151,16 +151,13 @@ func New(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	p := &Pool{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
-	opts := []ants.Option{
-		ants.WithPanicHandler(p.antsPanic),
-		ants.WithLogger(discard{}),
-	}
-	if cfg.Queue < 0 {
-		opts = append(opts, ants.WithNonblocking(true))
-	} else {
-		opts = append(opts, ants.WithMaxBlockingTasks(cfg.Queue))
-	}
-	a, err := ants.NewPoolWithFuncGeneric(cfg.Min, p.run, opts...)
+	// Admit bounds the callers (one task each at a time) to the workers plus
+	// the queue, so ants itself never refuses: a task's answer reaches its
+	// caller just before ants puts the worker back on its idle list, and a
+	// caller admitted in that instant waits it out instead of being shed
+	// with a place in hand.
+	a, err := ants.NewPoolWithFuncGeneric(cfg.Min, p.run,
+		ants.WithPanicHandler(p.antsPanic), ants.WithLogger(discard{}))
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
@@ -224,9 +221,6 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context)) error {
 		taskPool.Put(t)
 	}
 	switch {
-	case errors.Is(err, ants.ErrPoolOverload):
-		p.shed.Add(1)
-		return ErrOverloaded
 	case errors.Is(err, ants.ErrPoolClosed):
 		return ErrClosed
 	case err != nil:

@@ -322,3 +322,36 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAnAdmittedCallerIsNeverShed: a task's answer reaches its caller before
+// ants has put the worker back on its idle list, so a caller admitted the
+// moment another left could find every ants worker still busy. The places
+// are counted by Admit; once a caller holds one, Run waits out that instant
+// instead of refusing it (the trial's api suite answered a grab 503 here).
+func TestAnAdmittedCallerIsNeverShed(t *testing.T) {
+	for _, queue := range []int{-1, 1} {
+		t.Run(fmt.Sprintf("queue=%d", queue), func(t *testing.T) {
+			p := newPool(t, Config{Min: 1, Max: 1, Queue: queue})
+			limit := 1 + max(queue, 0)
+			var wg sync.WaitGroup
+			var shed atomic.Int64
+			for range limit {
+				wg.Go(func() {
+					for range 20_000 {
+						err := p.Do(context.Background(), func(context.Context) {})
+						if errors.Is(err, ErrOverloaded) {
+							shed.Add(1)
+						} else if err != nil {
+							t.Errorf("Do = %v", err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if n := shed.Load(); n != 0 {
+				t.Fatalf("%d of %d tasks shed with %d callers for %d places", n, limit*20_000, limit, limit)
+			}
+		})
+	}
+}

@@ -35,6 +35,8 @@
 # redis-server on this machine, so their fsyncs share one disk.
 # rain's shards run with an AOF and appendfsync always (RAIN_FSYNC=everysec runs
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
+# The baseline runs on one Redis (BASELINE_SHARDS=N: on N, its users split over
+# them by a hash of their id, the minimal design sharded as rain is).
 # rain serve writes one outbox entry per batch of grants (RAIN_OUTBOX=packed: one
 # per grant; fields: a field per value, its default) and names a batch's grants
 # by one deadline index member (RAIN_DEADLINE_INDEX=grant: a member per grant,
@@ -317,16 +319,21 @@ clk_tck=$(getconf CLK_TCK)
 
 # start_baseline VAR: the baseline on its own redis-server (AOF with appendfsync
 # $BASELINE_FSYNC, everysec unless set: the minimal design's usual setting);
-# its port into VAR, its Redis's port into redis_ports_of[VAR's port].
+# its port into VAR, its Redis's port into redis_ports_of[VAR's port]. With
+# BASELINE_SHARDS=N (1 unless set), on N redis-servers, its users split over
+# them by a hash of their id: the minimal design sharded as rain is, so that
+# what the shards alone cost on this machine is measured beside rain.
 start_baseline() {
-  local br bp
-  start_redis br "$tmp/baseline-redis" "${BASELINE_FSYNC:-everysec}"
+  local br bp i addrs="" pids="" ports=""
+  for ((i = 1; i <= ${BASELINE_SHARDS:-1}; i++)); do
+    start_redis br "$tmp/baseline-redis$i" "${BASELINE_FSYNC:-everysec}"
+    addrs+="${addrs:+,}127.0.0.1:$br" pids+="${pids:+ }$redis_pid" ports+="${ports:+ }$br"
+  done
   free_port bp
-  local bredis=$redis_pid
-  "$bin/baseline" -listen "127.0.0.1:$bp" -redis "127.0.0.1:$br" -admin-token "$token" \
+  "$bin/baseline" -listen "127.0.0.1:$bp" -redis "$addrs" -admin-token "$token" \
     >"$tmp/baseline.log" 2>&1 &
   started+=($!)
-  app_of[$bp]=$! redis_of[$bp]=$bredis redis_ports_of[$bp]=$br
+  app_of[$bp]=$! redis_of[$bp]=$pids redis_ports_of[$bp]=$ports
   wait_port $! "$bp" baseline "$tmp/baseline.log"
   printf -v "$1" %d "$bp"
 }
@@ -1156,7 +1163,7 @@ redis_ports() {
   if [ -n "${shards_of[$1]:-}" ]; then
     tr ',' '\n' <<<"${shards_of[$1]}" | sed 's/.*://'
   elif [ -n "${redis_ports_of[$1]:-}" ]; then
-    echo "${redis_ports_of[$1]}"
+    tr ' ' '\n' <<<"${redis_ports_of[$1]}"
   fi
 }
 

@@ -86,6 +86,69 @@ func BenchmarkNextLevers(b *testing.B) {
 	}
 }
 
+// BenchmarkBatchFixedCost measures what claim_many pays once per batch,
+// by variants that leave one per-batch step out (not rain's: their books
+// are wrong), at the small batches a shard sees under moderate load:
+//
+//	rain           claim_many as rain runs it (the batch form)
+//	no-meta-read   the sub-pool's meta (state, window, hold) as constants
+//	no-time        the shard's clock as a constant
+//	no-counters    no read and write of the meta's counters
+//	no-xadd        no outbox entry
+//	no-index       no deadline index member
+//
+// beside the minimal design's script, one EVALSHA per claim, alone and with
+// the prelude in front of it (minimal+prelude: what the prelude's function
+// definitions cost each call).
+//
+//	go test -run x -bench BatchFixedCost -benchtime 2s ./internal/lua
+func BenchmarkBatchFixedCost(b *testing.B) {
+	variants := []struct {
+		name  string
+		edits []string
+	}{
+		{"rain", nil},
+		{"no-meta-read", []string{"local m = redis.call('HMGET', meta, 'state', 'hold_ms', 'starts_ms', 'ends_ms', 'pool', 'index', 'ended')",
+			"local m = {'open', '3600000', '0', '0', 'bench', '0', false}"}},
+		{"no-time", []string{"local t = redis.call('TIME')", "local t = {'1800000000', '0'}"}},
+		{"no-counters", []string{"  if #booked > 0 then\n    -- One read", "  if false then\n    -- One read"}},
+		{"no-xadd", []string{"      redis.call('XADD', k.outbox, '*', 'G', table.concat(outbox_grants, ' '))\n", ""}},
+		{"no-index", []string{"      if redis.call('ZADD', k.batches, shared[i], shared[i + 1]) == 1 then\n", "      if false then\n",
+			"      redis.call('ZADD', k.deadlines, unpack(alone))\n", ""}},
+	}
+	for _, n := range []int{1, 8} {
+		for _, v := range variants {
+			b.Run(v.name+"/batch="+strconv.Itoa(n), func(b *testing.B) {
+				src := editedClaimMany(b, v.edits)
+				benchClaims(b, n, func(c *redis.Client) claimer { return &rainClaims{c: c, form: benchForm, script: redis.NewScript(src)} })
+			})
+		}
+		b.Run("minimal/batch="+strconv.Itoa(n), func(b *testing.B) { benchClaims(b, n, newMinimalClaims) })
+		b.Run("minimal+prelude/batch="+strconv.Itoa(n), func(b *testing.B) {
+			benchClaims(b, n, func(c *redis.Client) claimer {
+				m := newMinimalClaims(c).(*minimalClaims)
+				m.script = redis.NewScript(prelude + minimalClaimSrc)
+				return m
+			})
+		})
+	}
+}
+
+// editedClaimMany is claim_many as rain runs it with each edits[i] (once in
+// it, or the benchmark fails: it would measure the script unchanged)
+// replaced by edits[i+1].
+func editedClaimMany(b *testing.B, edits []string) string {
+	b.Helper()
+	src := prelude + source("claim_many")
+	for i := 0; i < len(edits); i += 2 {
+		if strings.Count(src, edits[i]) != 1 {
+			b.Fatalf("the script no longer holds %q once: update the variant", edits[i])
+		}
+		src = strings.Replace(src, edits[i], edits[i+1], 1)
+	}
+	return src
+}
+
 // claimer sends one batch of n claims of new users and checks that each
 // was granted; refill gives it fresh stock for at least `packets` more.
 type claimer interface {

@@ -2,6 +2,12 @@
 // in scripts/bench.sh: one net/http server, one go-redis client, one Redis, no worker
 // pool, and exactly one Script.Run (EVALSHA, EVAL on NOSCRIPT) per POST /grab.
 //
+// Given several Redis addresses (-redis a,b,...), it is the minimal design sharded
+// as rain is: each user's grabs go to one of them, by a hash of the user id, and a
+// pool's stock is dealt out among them (a user whose shard is empty is told sold
+// out, with no spillover). scripts/bench.sh floor runs it so, beside the one-Redis
+// form, to measure what the shards alone cost on one machine.
+//
 // It speaks just enough of docs/api.md to be loaded the same way as rain:
 //
 //	POST /admin/pools  {"pool_id","total_cents","count"} with Authorization: Bearer <token>
@@ -28,11 +34,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"rain"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -75,7 +83,7 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("baseline", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8081", "HTTP listen address")
-	addr := fs.String("redis", "127.0.0.1:6379", "Redis address")
+	addr := fs.String("redis", "127.0.0.1:6379", "Redis `address`, or several separated by commas: the users split over them by a hash of their id")
 	token := fs.String("admin-token", "", "bearer token for /admin/pools (required)")
 	poolSize := fs.Int("redis-pool", 0, "go-redis PoolSize; 0 = go-redis default (10 × GOMAXPROCS)")
 	fixed := fs.Bool("fixed", false, "POST /grab only decodes and validates the request and answers a fixed sold_out JSON, "+
@@ -91,13 +99,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: *poolSize})
-	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("ping %s: %w", *addr, err)
+	s := &server{claim: redis.NewScript(claimSrc), token: []byte(*token), log: log, fixed: *fixed}
+	for a := range strings.SplitSeq(*addr, ",") {
+		rdb := redis.NewClient(&redis.Options{Addr: a, PoolSize: *poolSize})
+		defer rdb.Close()
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("ping %s: %w", a, err)
+		}
+		s.shards = append(s.shards, rdb)
 	}
-
-	s := &server{rdb: rdb, claim: redis.NewScript(claimSrc), token: []byte(*token), log: log, fixed: *fixed}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /grab", s.grab)
 	mux.HandleFunc("POST /admin/pools", s.preload)
@@ -131,11 +141,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 }
 
 type server struct {
-	rdb   *redis.Client
-	claim *redis.Script
-	token []byte
-	log   *slog.Logger
-	fixed bool // answer every valid grab sold_out without Redis
+	shards []*redis.Client // a user's grabs go to shards[xxhash(user) % len]
+	claim  *redis.Script
+	token  []byte
+	log    *slog.Logger
+	fixed  bool // answer every valid grab sold_out without Redis
 }
 
 type grabRequest struct {
@@ -169,7 +179,8 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusGone, resp)
 		return
 	}
-	res, err := s.claim.Run(r.Context(), s.rdb, keys(req.PoolID), req.UserID).Int64Slice()
+	rdb := s.shards[xxhash.Sum64String(req.UserID)%uint64(len(s.shards))]
+	res, err := s.claim.Run(r.Context(), rdb, keys(req.PoolID), req.UserID).Int64Slice()
 	if err != nil || len(res) != 2 {
 		// Not logged: this is the hot path, and a failing Redis shows up in the
 		// benchmark as 503s in grab.lua's status counts.
@@ -198,10 +209,11 @@ type preloadRequest struct {
 	Count      int64  `json:"count"`
 }
 
-// preload pushes count amounts into the pool's stock. A pool id already loaded
-// answers 200 and pushes nothing (SETNX on the meta key); it does not compare specs,
-// and a preload that dies midway is not finished by a second one. Grabs see the
-// stock as it arrives: scripts/bench.sh loads only after the preload has answered.
+// preload pushes count amounts into the pool's stock, dealt out among the shards
+// in turn. A pool id already loaded answers 200 and pushes nothing (SETNX on the
+// meta key of the first shard); it does not compare specs, and a preload that dies
+// midway is not finished by a second one. Grabs see the stock as it arrives:
+// scripts/bench.sh loads only after the preload has answered.
 func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), append([]byte("Bearer "), s.token...)) != 1 {
 		reply(w, http.StatusUnauthorized, map[string]string{"error": "missing or bad admin token"})
@@ -218,7 +230,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	k := keys(req.PoolID)
-	fresh, err := s.rdb.SetNX(ctx, k[2], req.Count, 0).Result()
+	fresh, err := s.shards[0].SetNX(ctx, k[2], req.Count, 0).Result()
 	if err != nil {
 		reply(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
@@ -228,7 +240,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	if err := s.push(ctx, k[0], req.TotalCents, req.Count); err != nil {
+	if err := s.push(ctx, k, req.TotalCents, req.Count); err != nil {
 		s.log.Error("preload", "pool_id", req.PoolID, "err", err)
 		reply(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
@@ -238,25 +250,33 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 }
 
 // push RPUSHes count amounts summing to total: total/count each, one more cent on
-// the first total%count.
-func (s *server) push(ctx context.Context, stock string, total, count int64) error {
+// the first total%count; amount i to shard i % len(shards), each shard's meta key
+// set (the first one's is, by preload) so that an empty shard answers sold out.
+func (s *server) push(ctx context.Context, k []string, total, count int64) error {
 	each, extra := total/count, total%count
-	pipe := s.rdb.Pipeline()
-	batch := make([]any, 0, preloadBatch)
-	for i := range count {
-		a := each
-		if i < extra {
-			a++
-		}
-		batch = append(batch, a)
-		if len(batch) == preloadBatch || i == count-1 {
-			pipe.RPush(ctx, stock, batch...)
-			batch = make([]any, 0, preloadBatch)
-		}
-		if pipe.Len() == preloadPipe || i == count-1 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				return fmt.Errorf("rpush %s: %w", stock, err)
+	n := int64(len(s.shards))
+	for sh, rdb := range s.shards {
+		pipe := rdb.Pipeline()
+		pipe.SetNX(ctx, k[2], count, 0)
+		batch := make([]any, 0, preloadBatch)
+		for i := int64(sh); i < count; i += n {
+			a := each
+			if i < extra {
+				a++
 			}
+			batch = append(batch, a)
+			if len(batch) == preloadBatch || i+n >= count {
+				pipe.RPush(ctx, k[0], batch...)
+				batch = make([]any, 0, preloadBatch)
+			}
+			if pipe.Len() == preloadPipe {
+				if _, err := pipe.Exec(ctx); err != nil {
+					return fmt.Errorf("rpush %s: %w", k[0], err)
+				}
+			}
+		}
+		if _, err := pipe.Exec(ctx); err != nil { // the rest (an empty pipeline sends nothing)
+			return fmt.Errorf("rpush %s: %w", k[0], err)
 		}
 	}
 	return nil

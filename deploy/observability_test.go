@@ -16,13 +16,13 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"rain/internal/logtest"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -187,7 +187,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 // returns the address it logs that it serves on.
 func start(t *testing.T, cmd *exec.Cmd) (addr string) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -208,25 +208,6 @@ func start(t *testing.T, cmd *exec.Cmd) (addr string) {
 		return m != nil
 	})
 	return addr
-}
-
-// lockedBuffer is a process's log, written by its copier and read by the
-// test.
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func waitOK(t *testing.T, url string) {

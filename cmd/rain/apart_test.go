@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/logtest"
 	"rain/internal/wait/waittest"
 )
 
 // apartAddr is the address rain serve's side listener of --flag reports
 // in its log (it listens on port 0).
-func apartAddr(t *testing.T, logs *syncBuffer, flag string) string {
+func apartAddr(t *testing.T, logs *logtest.Buffer, flag string) string {
 	t.Helper()
 	re := regexp.MustCompile(`flag=` + flag + ` addr=(\S+)`)
 	var addr string

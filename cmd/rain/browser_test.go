@@ -15,6 +15,8 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"rain/internal/logtest"
 )
 
 // browser is headless Chromium on one tab, and what went wrong in the
@@ -31,7 +33,7 @@ type browser struct {
 // openBrowser starts headless Chromium (the system's package;
 // scripts/test.sh installs it) on url. It fails, never skips, when
 // Chromium cannot run. Every step after the start is bounded by within.
-func openBrowser(t *testing.T, url string, within time.Duration, logs *syncBuffer) *browser {
+func openBrowser(t *testing.T, url string, within time.Duration, logs *logtest.Buffer) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true),

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/logtest"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -59,7 +60,7 @@ func TestToolsOnACluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, &syncBuffer{})
+		done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
 	}()
 	t.Cleanup(cancel)
 	var out string

@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 
+	"rain/internal/logtest"
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
@@ -316,7 +317,7 @@ func startSettle(t *testing.T, environ map[string]string) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"settle", "--ledger", filepath.Join(t.TempDir(), "ledger.jsonl"), "--consumer", "console"},
-			env(environ), &bytes.Buffer{}, &syncBuffer{})
+			env(environ), &bytes.Buffer{}, &logtest.Buffer{})
 	}()
 	t.Cleanup(func() {
 		cancel()

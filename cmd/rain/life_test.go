@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"rain/internal/logtest"
 	"rain/internal/pgtest"
 	"rain/internal/redistest"
 	"rain/internal/shard/shardtest"
@@ -54,7 +55,7 @@ func TestCloseCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &syncBuffer{})
+		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
 	}()
 	t.Cleanup(cancel)
 	var out string

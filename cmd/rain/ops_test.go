@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/logtest"
 	"rain/internal/metrics"
 	"rain/internal/redistest"
 	"rain/internal/shard/shardtest"
@@ -328,7 +329,7 @@ func TestErrorsAreJSON(t *testing.T) {
 func TestDrainOnStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	go func() {
 		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
 	}()

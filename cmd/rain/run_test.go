@@ -11,13 +11,13 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"rain/internal/logtest"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard/shardtest"
@@ -47,24 +47,6 @@ func (c cleanup) Run() int {
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // longToken is an admin token strong enough for rain serve --redis (the
 // hex of 16 random bytes).
 const longToken = "5d0c8e2fa7194b63e0d8c1f2a9b7463e"
@@ -73,9 +55,9 @@ const longToken = "5d0c8e2fa7194b63e0d8c1f2a9b7463e"
 // until the test ends, and returns the address it logs that it serves on.
 // User auth is off (RAIN_USER_AUTH=none, which --redis needs said) unless
 // the test's environment or flags say otherwise.
-func startServe(t *testing.T, args []string, environ map[string]string) (addr string, logs *syncBuffer) {
+func startServe(t *testing.T, args []string, environ map[string]string) (addr string, logs *logtest.Buffer) {
 	t.Helper()
-	logs = &syncBuffer{}
+	logs = &logtest.Buffer{}
 	withNone := map[string]string{"RAIN_USER_AUTH": userAuthNone}
 	for k, v := range environ {
 		withNone[k] = v
@@ -103,7 +85,7 @@ var servingRE = regexp.MustCompile(`msg=serving addr=(\S+)|"msg":"serving","addr
 // serving waits until the logs say where rain serves and returns that
 // address; done, when rain returns early, fails the test (the error is
 // put back for the caller's cleanup).
-func serving(t *testing.T, logs *syncBuffer, done chan error) (addr string) {
+func serving(t *testing.T, logs *logtest.Buffer, done chan error) (addr string) {
 	t.Helper()
 	waittest.Until(t, 20*time.Second, "rain logging the address it serves on", func() bool {
 		select {
@@ -320,7 +302,7 @@ func TestSettleCommand(t *testing.T) {
 	ledger := t.TempDir() + "/ledger.jsonl"
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	go func() {
 		done <- run(ctx, []string{"settle", "--ledger", ledger, "--consumer", "t1"}, env(environ), &bytes.Buffer{}, logs)
 	}()

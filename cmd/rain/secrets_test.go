@@ -15,6 +15,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"rain/internal/logtest"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
@@ -181,7 +182,7 @@ func TestSecretFlagsWarned(t *testing.T) {
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--postgres", "postgres://rain:hunter2@127.0.0.1:1/rain?sslmode=verify-full"}, "--postgres"},
 		{[]string{"settle", "--redis", "s1=1@127.0.0.1:1", "--webhook", "https://rain:hunter2@wallet.example/credit"}, "--webhook"},
 	} {
-		var out syncBuffer
+		var out logtest.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // settle waits for its shards
 		_ = run(ctx, c.args, env(nil), &out, &out)
 		cancel()
@@ -217,7 +218,7 @@ func TestSettleWebhookURL(t *testing.T) {
 		{map[string]string{"RAIN_WEBHOOK": "http://rain:hunter2@127.0.0.1:1/credit?key=k3y", "RAIN_WEBHOOK_ALLOW_HTTP": "true"}, "webhook over plain http"},
 	} {
 		c.environ["RAIN_REDIS"] = shards
-		logs := &syncBuffer{}
+		logs := &logtest.Buffer{}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- run(ctx, []string{"settle", "--consumer", "t"}, env(c.environ), &bytes.Buffer{}, logs) }()
@@ -297,7 +298,7 @@ func TestPostgresTLS(t *testing.T) {
 		{"host=/run/postgresql user=rain sslmode=disable connect_timeout=1", "", ""},
 		{"postgres://rain@" + far + "/rain?sslmode=verify-full&connect_timeout=1", "", ""},
 	} {
-		var out syncBuffer
+		var out logtest.Buffer
 		err := run(context.Background(), []string{"close", "--redis", "s1=1@127.0.0.1:1", "--pool", "p", "--postgres", c.url}, env(nil), &out, &out)
 		refused := err != nil && exitCode(err) == exitUsage
 		switch {
@@ -320,7 +321,7 @@ func TestEmbeddedOnEveryInterface(t *testing.T) {
 		listen string
 		warn   bool
 	}{{"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
-		logs := &syncBuffer{}
+		logs := &logtest.Buffer{}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {

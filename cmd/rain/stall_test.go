@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/logtest"
 	"rain/internal/redistest"
 	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
@@ -112,7 +113,7 @@ func TestStalledPreloadCannotReopen(t *testing.T) {
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(sctx, []string{"settle", "--ledger", filepath.Join(t.TempDir(), "ledger.jsonl")}, env(environ), &bytes.Buffer{}, &syncBuffer{})
+		done <- run(sctx, []string{"settle", "--ledger", filepath.Join(t.TempDir(), "ledger.jsonl")}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
 	}()
 	waittest.Until(t, 30*time.Second, "the pool closes once its grants are settled", func() bool {
 		_, err := tool("close", "--pool", "big")

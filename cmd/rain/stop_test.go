@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"rain/internal/logtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -33,7 +34,7 @@ func TestStopAnswersEveryRequest(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
-			logs := &syncBuffer{}
+			logs := &logtest.Buffer{}
 			go func() {
 				done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", delay, "--admin-token", "stop"}, env(nil), &bytes.Buffer{}, logs)
 			}()

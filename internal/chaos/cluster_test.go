@@ -16,6 +16,7 @@ import (
 	"rain/internal/grab"
 	"rain/internal/instance"
 	"rain/internal/ledger"
+	"rain/internal/logtest"
 	"rain/internal/reaper"
 	"rain/internal/redistest"
 	"rain/internal/settle"
@@ -135,7 +136,7 @@ func TestClusterFailover(t *testing.T) {
 	// or two: the watch may read the cluster between the two).
 	defer func() {
 		if t.Failed() {
-			t.Logf("logs:\n%s", logs.buf.String())
+			t.Logf("logs:\n%s", logs.String())
 		}
 	}()
 	waittest.Until(t, 10*time.Second, "a log line naming the failover", func() bool {
@@ -150,22 +151,11 @@ func TestClusterFailover(t *testing.T) {
 }
 
 // lines is a log sink tests can read while it is written.
-type lines struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type lines struct{ logtest.Buffer }
 
 // has reports whether a line satisfies ok.
 func (l *lines) has(ok func(string) bool) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.ContainsFunc(strings.Split(l.buf.String(), "\n"), ok)
+	return slices.ContainsFunc(strings.Split(l.String(), "\n"), ok)
 }
 
 // TestClusterPoolLife: a pool's whole life on a cluster shard: grants

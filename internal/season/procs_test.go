@@ -5,7 +5,6 @@ package season
 // started again.
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"rain/internal/logtest"
 )
 
 var (
@@ -54,24 +55,6 @@ func rainBinary(t *testing.T) string {
 	return binPath
 }
 
-// logBuf keeps a process's log, safe for its writers and the test.
-type logBuf struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 var servingRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
 
 // proc is one rain process: rain serve or rain settle, listening on port
@@ -85,8 +68,8 @@ type proc struct {
 
 	mu     sync.Mutex // guards the fields below
 	cmd    *exec.Cmd
-	exited chan struct{} // closed when cmd has exited
-	logs   *logBuf       // this run's log
+	exited chan struct{}   // closed when cmd has exited
+	logs   *logtest.Buffer // this run's log
 	all    strings.Builder
 	addr   string
 	runs   int
@@ -105,7 +88,7 @@ func startProc(t *testing.T, name, bin string, env []string, args ...string) *pr
 // start runs the process and waits (up to 60s) for its "serving" line.
 func (p *proc) start() {
 	p.t.Helper()
-	logs := &logBuf{}
+	logs := &logtest.Buffer{}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logs, logs

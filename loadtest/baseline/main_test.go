@@ -1,41 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
+	"rain/internal/logtest"
 	"rain/internal/redistest"
 	"rain/internal/wait/waittest"
 )
-
-// logBuffer is the baseline's log, read while it runs.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestShardedBaseline: with two Redis addresses, every user's grabs go to the
 // shard its id hashes to, the stock is dealt out among the shards, and the
@@ -44,7 +25,7 @@ func (l *logBuffer) String() string {
 func TestShardedBaseline(t *testing.T) {
 	a, b := redistest.Start(t, redistest.Options{}), redistest.Start(t, redistest.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
-	var log logBuffer
+	var log logtest.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-redis", a.Addr + "," + b.Addr, "-admin-token", "t"}, &log)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,48 @@ func memory(t *testing.T, c *redis.Client) int64 {
 		return 0
 	}
 	return field("used_memory") - field("mem_clients_normal")
+}
+
+// memoryStats is MEMORY STATS of a shard, its byte figures by name (a
+// database's as db.N.name), for a failure's log.
+func memoryStats(ctx context.Context, c *redis.Client) map[string]int64 {
+	m := map[string]int64{}
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch v := v.(type) {
+		case []any:
+			for i := 0; i+1 < len(v); i += 2 {
+				walk(prefix+fmt.Sprint(v[i]), v[i+1])
+			}
+		case map[any]any:
+			for k, x := range v {
+				walk(prefix+fmt.Sprint(k), x)
+			}
+		case int64:
+			m[prefix] = v
+		}
+	}
+	if r, err := c.Do(ctx, "MEMORY", "STATS").Result(); err == nil {
+		switch r := r.(type) {
+		case []any:
+			for i := 0; i+1 < len(r); i += 2 {
+				if x, ok := r[i+1].([]any); ok {
+					walk(fmt.Sprint(r[i])+".", x)
+				} else {
+					walk(fmt.Sprint(r[i]), r[i+1])
+				}
+			}
+		case map[any]any:
+			for k, x := range r {
+				if _, ok := x.(map[any]any); ok {
+					walk(fmt.Sprint(k)+".", x)
+				} else {
+					walk(fmt.Sprint(k), x)
+				}
+			}
+		}
+	}
+	return m
 }
 
 // keyUsage is MEMORY USAGE of every key of a shard, by key.
@@ -177,9 +220,11 @@ func TestSeason(t *testing.T) {
 		}
 		before := make([]int64, len(shards))
 		usage := make([]map[string]int64, len(shards)) // by key, for a failure's log
+		stats := make([]map[string]int64, len(shards)) // MEMORY STATS, for a failure's log
 		for i, c := range shards {
 			before[i] = steadyMemory(t, c)
 			usage[i] = keyUsage(ctx, c)
+			stats[i] = memoryStats(ctx, c)
 		}
 		body := fmt.Sprintf(`{"pool_id":%q,"total_cents":200000,"count":2000,"sub_pools":4}`, id)
 		if code, m := call(t, client, "POST", base+"/admin/pools", adminToken, body); code != 201 {
@@ -268,7 +313,20 @@ func TestSeason(t *testing.T) {
 							desc = append(desc, fmt.Sprintf("%s %d -> %d bytes", k, usage[i][k], u))
 						}
 					}
-					t.Logf("%s: not yet (%d); %v", what, memory(t, c)-before[i], desc)
+					var moved []string
+					for k, v := range memoryStats(ctx, c) {
+						if d := v - stats[i][k]; (d > 256 || d < -256) && !strings.Contains(k, "ratio") && !strings.Contains(k, "percentage") {
+							moved = append(moved, fmt.Sprintf("%s %+d", k, d))
+						}
+					}
+					slices.Sort(moved)
+					lazy := "?"
+					if info, err := c.Info(ctx, "memory").Result(); err == nil {
+						if _, v, ok := strings.Cut(info, "lazyfree_pending_objects:"); ok {
+							lazy, _, _ = strings.Cut(v, "\r\n")
+						}
+					}
+					t.Logf("%s: not yet (%d); keys %v; MEMORY STATS %v; lazyfree_pending_objects %s", what, memory(t, c)-before[i], desc, moved, lazy)
 				}
 				time.Sleep(10 * time.Millisecond)
 				return false

@@ -100,40 +100,29 @@ func memory(t *testing.T, c *redis.Client) int64 {
 // database's as db.N.name), for a failure's log.
 func memoryStats(ctx context.Context, c *redis.Client) map[string]int64 {
 	m := map[string]int64{}
-	var walk func(prefix string, v any)
-	walk = func(prefix string, v any) {
-		switch v := v.(type) {
-		case []any:
-			for i := 0; i+1 < len(v); i += 2 {
-				walk(prefix+fmt.Sprint(v[i]), v[i+1])
+	var walk func(name string, v any)
+	walk = func(name string, v any) {
+		at := func(k any) string {
+			if name == "" {
+				return fmt.Sprint(k)
 			}
-		case map[any]any:
+			return name + "." + fmt.Sprint(k)
+		}
+		switch v := v.(type) {
+		case []any: // RESP2: name, value, name, value, ...
+			for i := 0; i+1 < len(v); i += 2 {
+				walk(at(v[i]), v[i+1])
+			}
+		case map[any]any: // RESP3
 			for k, x := range v {
-				walk(prefix+fmt.Sprint(k), x)
+				walk(at(k), x)
 			}
 		case int64:
-			m[prefix] = v
+			m[name] = v
 		}
 	}
 	if r, err := c.Do(ctx, "MEMORY", "STATS").Result(); err == nil {
-		switch r := r.(type) {
-		case []any:
-			for i := 0; i+1 < len(r); i += 2 {
-				if x, ok := r[i+1].([]any); ok {
-					walk(fmt.Sprint(r[i])+".", x)
-				} else {
-					walk(fmt.Sprint(r[i]), r[i+1])
-				}
-			}
-		case map[any]any:
-			for k, x := range r {
-				if _, ok := x.(map[any]any); ok {
-					walk(fmt.Sprint(k)+".", x)
-				} else {
-					walk(fmt.Sprint(k), x)
-				}
-			}
-		}
+		walk("", r)
 	}
 	return m
 }

@@ -70,13 +70,7 @@ func BenchmarkNextLevers(b *testing.B) {
 		{"batch-no-index", OutboxBatch, noIndex},
 	}
 	for _, v := range variants {
-		src := prelude + source("claim_many")
-		for i := 0; i < len(v.edits); i += 2 {
-			if strings.Count(src, v.edits[i]) != 1 {
-				b.Fatalf("%s: the script no longer holds %q once: update the variant", v.name, v.edits[i])
-			}
-			src = strings.Replace(src, v.edits[i], v.edits[i+1], 1)
-		}
+		src := editedClaimMany(b, v.edits)
 		form := Form{Outbox: v.form, BatchedDeadlines: true}
 		for _, n := range []int{16, 128} {
 			b.Run(v.name+"/batch="+strconv.Itoa(n), func(b *testing.B) {

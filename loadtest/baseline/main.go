@@ -5,8 +5,8 @@
 // Given several Redis addresses (-redis a,b,...), it is the minimal design sharded
 // as rain is: each user's grabs go to one of them, by a hash of the user id, and a
 // pool's stock is dealt out among them (a user whose shard is empty is told sold
-// out, with no spillover). scripts/bench.sh floor runs it so, beside the one-Redis
-// form, to measure what the shards alone cost on one machine.
+// out, with no spillover). BASELINE_SHARDS=N scripts/bench.sh runs it so, to
+// measure what the shards alone cost on one machine.
 //
 // It speaks just enough of docs/api.md to be loaded the same way as rain:
 //

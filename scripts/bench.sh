@@ -1073,6 +1073,9 @@ bench_driver() {
 #   switches  the context switches of the target's process per answer, over
 #             all its threads (voluntary + nonvoluntary, /proc/PID/task/*/status):
 #             its wake-ups.
+#   allocs    for rain, its heap allocations per answer: /debug/pprof/allocs
+#             before and after, the difference in allocated objects (see
+#             alloc_objects).
 #   profile   for rain, a CPU profile of the run (/debug/pprof/profile on its
 #             --debug-listen, the run's length less a second). The rounds'
 #             profiles of a configuration are merged, and each sample counts
@@ -1246,14 +1249,19 @@ budget_run() {
       "http://127.0.0.1:$dbg/debug/pprof/profile?seconds=$profile_s" &
     prof=$!
   fi
+  [ -z "$dbg" ] || curl -fsS -H "Authorization: Bearer $token" -o "$base.allocs0" "http://127.0.0.1:$dbg/debug/pprof/allocs"
   c0=$(ctx_switches "$app")
   load "$name" sat "$round" "$port" -pool "$pool" -rate "$offer" -duration "$duration" \
     -max-inflight "$inflight" -conns "$conns" -user-prefix "s$round." -repeat "$repeat"
   c1=$(ctx_switches "$app")
+  [ -z "$dbg" ] || curl -fsS -H "Authorization: Bearer $token" -o "$base.allocs1" "http://127.0.0.1:$dbg/debug/pprof/allocs"
   [ "$(result_of "$base.out" sold_out)" = 0 ] ||
     echo "$section: warning: $name sold out during round $round: raise PACKETS or shorten DURATION" >&2
   n=$(result_of "$base.out" answered)
   extra=$(awk -v c=$((c1 - c0)) -v n="$n" 'BEGIN { printf "csw=%.3f", n ? c / n : 0 }')
+  if [ -n "$dbg" ]; then
+    extra+=$(awk -v a="$(alloc_objects "$base.allocs0" "$base.allocs1")" -v n="$n" 'BEGIN { printf " allocs=%.1f", n ? a / n : 0 }')
+  fi
   local calls=0 usec=0
   if [ -n "$rpids" ]; then
     read -r calls usec < <(evalsha_stats "${rports[@]}")
@@ -1478,6 +1486,8 @@ budget_report() {
     out+=("$(awk -v a="$(med "$cfg" sat csw)" -v m="$(med "minimal-${cfg#*-}" sat csw)" 'BEGIN { printf "%.2f (%.2f)\n", a, m }')")
   done
   budget_row "context switches per grab (the minimal's)" "${out[@]}"
+  out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" allocs)"); done
+  budget_row "heap allocations per grab, rain's process" "${out[@]}"
   out=(); for cfg in "${cols[@]}"; do
     if [ -s "$tmp/$cfg.strace.fig" ]; then out+=("$(awk '{ printf "%.2f / %.1f\n", $1, $2 }' "$tmp/$cfg.strace.fig")"); else out+=(-); fi
   done
@@ -1595,6 +1605,16 @@ classify() {
       sum[c] += w; tot += w
     }
     END { for (c in sum) printf "%s %.3f\n", c, sum[c]; printf "total %.3f\n", tot }'
+}
+
+# alloc_objects BEFORE AFTER: the heap allocations the process made between
+# two /debug/pprof/allocs profiles (the runtime samples one allocation per
+# 512 KB allocated and pprof scales the samples up: an estimate, good to a
+# few percent over a run of a second or more).
+alloc_objects() {
+  go tool pprof -sample_index=alloc_objects -base "$1" -top "$2" 2>/dev/null | awk '
+    /^Showing nodes accounting for/ { for (i = 1; i <= NF; i++) if ($i == "total") n = $(i - 1) }
+    END { print n + 0 }'
 }
 
 # pprof_stacks BIN PROFILE...: the samples of the Go CPU profiles, merged, as

@@ -16,6 +16,7 @@ import (
 	"rain/internal/grab"
 	"rain/internal/limit"
 	"rain/internal/metrics"
+	"rain/internal/pool"
 )
 
 // MaxGrabBody is the largest POST /grab body accepted.
@@ -47,14 +48,14 @@ type Pools interface {
 
 // Runner runs grabs as tasks (internal/pool's Pool). Admit takes a place
 // for a grab once its body is read (a body held back never holds a place),
-// or reports false (shed: 503 at once); an admitted request may Run its task, which
-// waits for the task and returns pool.ErrOverloaded when it sheds after
-// all, pool.ErrPanicked when it panicked, or ctx's error when the client has
-// gone; it Leaves once answered, whatever the answer.
+// or reports false (shed: 503 at once); an admitted request may RunTask its
+// task, which waits for the task and returns pool.ErrPanicked when it
+// panicked, or ctx's error when the client has gone; it Leaves once
+// answered, whatever the answer.
 type Runner interface {
 	Admit() bool
 	Leave()
-	Run(ctx context.Context, fn func(ctx context.Context)) error
+	RunTask(ctx context.Context, t pool.Task) error
 }
 
 // Config wires a Server. Grabber, Pools, Admins and Ready are required.

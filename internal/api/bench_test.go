@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"rain/internal/pool"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/valyala/fasthttp"
 )
 
 // fixedGrabber answers every grab with the same grant: BenchmarkServeGrab
@@ -134,6 +136,40 @@ func BenchmarkServeGrab(b *testing.B) {
 			_ = json.NewEncoder(w).Encode(map[string]any{"status": "granted", "pool_id": req.PoolID, "user_id": req.UserID,
 				"amount_cents": res.Amount, "serial": res.Serial, "expires_at": res.ExpiresAt})
 		}))
+	})
+}
+
+// BenchmarkServeFastGrab: POST /grab as the listener serves it (serveFast
+// on fasthttp's request, the worker pool, the answer), on a grabber that
+// answers at once, with allocations: what the HTTP layer costs a grab in
+// the process beside the network's syscalls (scripts/bench.sh budget
+// measures the whole, over loopback).
+func BenchmarkServeFastGrab(b *testing.B) {
+	workers, err := pool.New(pool.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer workers.Close(time.Second)
+	s := New(Config{Grabber: fixedGrabber{}, Runner: workers, Ready: func(context.Context) grab.Readiness { return grab.Readiness{Ready: true} }})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var ctx fasthttp.RequestCtx
+		conn, peer := net.Pipe() // a connection that takes deadlines; nothing goes over it
+		defer conn.Close()
+		defer peer.Close()
+		for pb.Next() {
+			ctx.Init2(conn, nil, false)
+			ctx.Request.Header.SetMethod("POST")
+			ctx.Request.SetRequestURI("/grab")
+			ctx.Request.Header.SetHost("rain")
+			ctx.Request.Header.SetContentType("application/json")
+			ctx.Request.SetBodyString(`{"pool_id":"cny2027","user_id":"u_123456"}`)
+			s.serveFast(&ctx)
+			if c := ctx.Response.StatusCode(); c != 200 {
+				b.Errorf("answer %d %s", c, ctx.Response.Body())
+				return
+			}
+		}
 	})
 }
 

@@ -44,7 +44,12 @@ func decodeGrab(body io.Reader, userOptional bool) (grabRequest, error) {
 	if fast, ok := fastGrab(buf); ok {
 		req = fast
 	} else {
-		if err := decodeStrict(buf, &req); err != nil {
+		// Its own variable: the decoder keeps its address, and req's
+		// would be allocated for every grab, the fast ones too.
+		var strict grabRequest
+		err := decodeStrict(buf, &strict)
+		req = strict
+		if err != nil {
 			return req, err
 		}
 		if err := rain.CheckID("pool_id", req.PoolID); err != nil {

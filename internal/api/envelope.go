@@ -31,7 +31,12 @@ func newRequestIDs() *requestIDs {
 }
 
 func (g *requestIDs) next() string {
-	return g.prefix + strconv.FormatUint(g.n.Add(1), 36)
+	return string(g.appendNext(nil))
+}
+
+// appendNext appends a new id to dst.
+func (g *requestIDs) appendNext(dst []byte) []byte {
+	return strconv.AppendUint(append(dst, g.prefix...), g.n.Add(1), 36)
 }
 
 // maxRequestID bounds a request id taken from the request.

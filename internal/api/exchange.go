@@ -21,11 +21,14 @@ type exchange interface {
 	// one (a header a chain of proxies appends to).
 	header(name string) string
 	lastHeader(name string) string
-	// context is the grab's: it ends once the grab is answered, and on
-	// net/http when the client goes away too (on the listener nothing
-	// watches the connection while a grab runs: a grab whose client left
-	// is run and answered, and the client gets its grant back by
-	// retrying, already_granted).
+	// jsonBody says whether the request's Content-Type is
+	// application/json (see isJSON).
+	jsonBody() bool
+	// context is the grab's: on net/http it ends when the client goes
+	// away. On the listener it never ends: nothing watches the connection
+	// while a grab runs, so a grab whose client left is run and answered
+	// (the client gets its grant back by retrying, already_granted), and
+	// what bounds the grab is its shard's call budget.
 	context() context.Context
 	// remoteAddr is the peer's address, host:port.
 	remoteAddr() string
@@ -62,6 +65,7 @@ func (x httpExchange) lastHeader(name string) string {
 	return v[len(v)-1]
 }
 
+func (x httpExchange) jsonBody() bool           { return isJSON(x.r.Header.Get("Content-Type")) }
 func (x httpExchange) context() context.Context { return x.r.Context() }
 func (x httpExchange) remoteAddr() string       { return x.r.RemoteAddr }
 func (x httpExchange) body() io.Reader          { return x.r.Body }
@@ -83,8 +87,7 @@ func (x httpExchange) reply(code int, b []byte) {
 // Server.headerReceived): the grab is called once the body's first byte
 // is in, and reads the rest under its own deadline.
 type fastExchange struct {
-	ctx  *fasthttp.RequestCtx
-	grab context.Context // ends once the grab is answered
+	ctx *fasthttp.RequestCtx
 }
 
 func (x fastExchange) header(name string) string {
@@ -99,7 +102,16 @@ func (x fastExchange) lastHeader(name string) string {
 	return string(v[len(v)-1])
 }
 
-func (x fastExchange) context() context.Context { return x.grab }
+// jsonBody is isJSON without a string or a map for the common value,
+// application/json as it is (in any case).
+func (x fastExchange) jsonBody() bool {
+	ct := x.ctx.Request.Header.Peek("Content-Type")
+	return bytes.EqualFold(ct, jsonType) || isJSON(string(ct))
+}
+
+var jsonType = []byte("application/json")
+
+func (x fastExchange) context() context.Context { return context.Background() }
 func (x fastExchange) remoteAddr() string       { return x.ctx.RemoteAddr().String() }
 
 func (x fastExchange) body() io.Reader {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"rain/internal/auth"
@@ -100,7 +101,7 @@ func (s *Server) serveGrab(x exchange) {
 // application/json, within the body timeout (Config.GrabBodyTimeout). A body that is not all there in time is an
 // invalid request, answered at once, and its connection closed.
 func (s *Server) readGrab(x exchange) (grabRequest, error) {
-	if !isJSON(x.header("Content-Type")) {
+	if !x.jsonBody() {
 		bodyUnread(x)
 		return grabRequest{}, errNotJSON
 	}
@@ -140,21 +141,42 @@ func (s *Server) run(ctx context.Context, req grabRequest) (grab.Result, error) 
 	if s.cfg.Runner == nil {
 		return s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID)
 	}
-	// What the task sets is read only when Run returns nil: the task has
-	// finished then; on any error it may still be running.
-	if b, ok := s.cfg.Grabber.(beginner); ok {
-		var pending grab.Pending
-		if err := s.cfg.Runner.Run(ctx, func(ctx context.Context) { pending = b.Begin(ctx, req.PoolID, req.UserID) }); err != nil {
-			return grab.Result{}, err
-		}
+	t := grabTasks.Get().(*grabTask)
+	t.g, t.req = s.cfg.Grabber, req
+	if err := s.cfg.Runner.RunTask(ctx, t); err != nil {
+		return grab.Result{}, err // the task may still be running: it is not reused
+	}
+	// What the task set is read only once RunTask has returned nil: the
+	// task has finished then.
+	pending, res, err := t.pending, t.res, t.err
+	*t = grabTask{}
+	grabTasks.Put(t)
+	if _, ok := s.cfg.Grabber.(beginner); ok {
 		return pending.Wait()
 	}
-	var res grab.Result
-	var gerr error
-	if err := s.cfg.Runner.Run(ctx, func(ctx context.Context) { res, gerr = s.cfg.Grabber.Grab(ctx, req.PoolID, req.UserID) }); err != nil {
-		return grab.Result{}, err
+	return res, err
+}
+
+// grabTask is a grab as a worker runs it: Begin when the Grabber has two
+// parts (the request then waits for the shard's answer off the worker
+// pool, in Pending.Wait), else the whole Grab. Reused through grabTasks, so
+// that handing a grab to a worker allocates nothing.
+type grabTask struct {
+	g       Grabber
+	req     grabRequest
+	pending grab.Pending
+	res     grab.Result
+	err     error
+}
+
+var grabTasks = sync.Pool{New: func() any { return new(grabTask) }}
+
+func (t *grabTask) Run(ctx context.Context) {
+	if b, ok := t.g.(beginner); ok {
+		t.pending = b.Begin(ctx, t.req.PoolID, t.req.UserID)
+		return
 	}
-	return res, gerr
+	t.res, t.err = t.g.Grab(ctx, t.req.PoolID, t.req.UserID)
 }
 
 // bodyUnreadWait is how long an answer given before the request's body
@@ -275,15 +297,21 @@ func (s *Server) answer(x exchange, start time.Time, req grabRequest, res grab.R
 		secs := int64((res.RetryAfter + time.Second - 1) / time.Second)
 		x.setHeader("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	var buf [256]byte
-	b := appendGrab(buf[:0], st, req, res)
+	buf := answerBufs.Get().(*[]byte)
+	b := appendGrab((*buf)[:0], st, req, res)
 	if rs >= 0 {
 		b = append(b[:len(b)-2], `,"error":"`...) // ids and reasons need no escaping
 		b = append(b, rs.text()...)
 		b = append(b, "\"}\n"...)
 	}
-	x.reply(st.code(), b)
+	x.reply(st.code(), b) // reply copies b
+	*buf = b
+	answerBufs.Put(buf)
 }
+
+// answerBufs holds the buffers grab answers are written in (an answer's
+// buffer would otherwise be allocated for each: reply is an interface's).
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 func outcomeStatus(o grab.Outcome) status {
 	switch o {

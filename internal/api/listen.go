@@ -252,28 +252,29 @@ func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfi
 // request: the request id, Connection: close once draining, the access
 // log.
 func (s *Server) fastGrab(ctx *fasthttp.RequestCtx) {
-	id := s.fastRequestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", id)
+	var buf [64]byte
+	id := s.fastRequestID(ctx, buf[:0])
+	ctx.Response.Header.SetBytesV("X-Request-Id", id)
 	if s.draining.Load() {
 		ctx.SetConnectionClose() // see Drain
 	}
 	start := time.Now()
-	gctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s.serveGrab(fastExchange{ctx, gctx})
+	s.serveGrab(fastExchange{ctx})
 	if s.access.admit(start) {
-		s.cfg.Logger.Info("http", "request_id", id, "method", "POST", "path", "/grab",
+		s.cfg.Logger.Info("http", "request_id", string(id), "method", "POST", "path", "/grab",
 			"status", ctx.Response.StatusCode(), "duration_ms", float64(time.Since(start).Microseconds())/1000,
 			"remote", ctx.RemoteAddr().String())
 	}
 }
 
-// fastRequestID is requestID on the listener.
-func (s *Server) fastRequestID(ctx *fasthttp.RequestCtx) string {
+// fastRequestID is requestID on the listener, without a string: the
+// request's own id (valid while the request is served), or a new one
+// appended to dst.
+func (s *Server) fastRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 	if v := ctx.Request.Header.PeekAll("X-Request-Id"); len(v) == 1 && saneRequestID(v[0]) {
-		return string(v[0])
+		return v[0]
 	}
-	return s.ids.next()
+	return s.ids.appendNext(dst)
 }
 
 // refuseRequest answers a request the listener could not read (the

@@ -213,8 +213,24 @@ func (p *Pool) Places() (inUse, limit int64) { return p.admitted.Load(), p.limit
 // ctx: it leaves when a worker frees up (the queue is bounded, so that is at
 // most Queue × service time / capacity), and then does no work.
 func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context)) error {
+	return p.RunTask(ctx, funcTask(fn))
+}
+
+// Task is work RunTask runs on a worker: what Run's function is, as a
+// value the caller may keep and reuse (a grab's task allocates nothing).
+type Task interface {
+	Run(ctx context.Context)
+}
+
+// funcTask is a function as a Task.
+type funcTask func(ctx context.Context)
+
+func (f funcTask) Run(ctx context.Context) { f(ctx) }
+
+// RunTask is Run of a Task: fn is tk.Run.
+func (p *Pool) RunTask(ctx context.Context, tk Task) error {
 	t := taskPool.Get().(*task)
-	t.ctx, t.fn = ctx, fn
+	t.ctx, t.fn = ctx, tk
 	err := p.ants.Invoke(t)
 	if err != nil {
 		t.ctx, t.fn = nil, nil
@@ -239,7 +255,7 @@ func (p *Pool) Run(ctx context.Context, fn func(ctx context.Context)) error {
 // task is one Do in flight. Reused through taskPool once its answer is read.
 type task struct {
 	ctx  context.Context
-	fn   func(ctx context.Context)
+	fn   Task
 	done chan error // capacity 1: the worker never blocks on it
 }
 
@@ -269,7 +285,7 @@ func (p *Pool) run(t *task) {
 		}
 		t.done <- nil
 	}()
-	fn(ctx)
+	fn.Run(ctx)
 }
 
 // antsPanic is ants' backstop: run recovers every panic itself, so this

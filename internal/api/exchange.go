@@ -102,14 +102,10 @@ func (x fastExchange) lastHeader(name string) string {
 	return string(v[len(v)-1])
 }
 
-// jsonBody is isJSON without a string or a map for the common value,
-// application/json as it is (in any case).
+// jsonBody is isJSONBytes of the request's Content-Type.
 func (x fastExchange) jsonBody() bool {
-	ct := x.ctx.Request.Header.Peek("Content-Type")
-	return bytes.EqualFold(ct, jsonType) || isJSON(string(ct))
+	return isJSONBytes(x.ctx.Request.Header.Peek("Content-Type"))
 }
-
-var jsonType = []byte("application/json")
 
 func (x fastExchange) context() context.Context { return context.Background() }
 func (x fastExchange) remoteAddr() string       { return x.ctx.RemoteAddr().String() }

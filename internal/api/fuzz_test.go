@@ -120,3 +120,21 @@ func topKeys(body []byte) ([]string, bool) {
 	}
 	return keys, true
 }
+
+// FuzzIsJSONBytes: the listener's Content-Type check, without a string for
+// the common value, agrees with isJSON (mime.ParseMediaType) on every
+// value.
+func FuzzIsJSONBytes(f *testing.F) {
+	for _, seed := range []string{
+		"application/json", "Application/JSON", "APPLICATION/JSON", "application/json; charset=utf-8",
+		"application/j\u017fon", "application/jsoN ", " application/json", "application/json;", "text/plain",
+		"application/json-patch+json", "application/jsonx", "applicationxjson", "", "application/\u212ason",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, ct []byte) {
+		if got, want := isJSONBytes(ct), isJSON(string(ct)); got != want {
+			t.Fatalf("isJSONBytes(%q) = %v, isJSON says %v", ct, got, want)
+		}
+	})
+}

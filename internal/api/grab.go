@@ -134,6 +134,31 @@ func isJSON(contentType string) bool {
 	return err == nil && mt == "application/json"
 }
 
+// isJSONBytes is isJSON of a header's bytes, without a string or mime's
+// map for the common value: application/json as it is, in any ASCII case
+// (bytes.EqualFold would also take Unicode's look-alikes, which
+// mime.ParseMediaType refuses). FuzzIsJSONBytes checks the two agree.
+func isJSONBytes(ct []byte) bool {
+	const want = "application/json"
+	if len(ct) == len(want) {
+		same := true
+		for i := range len(want) {
+			c := ct[i]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != want[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return true
+		}
+	}
+	return isJSON(string(ct))
+}
+
 // run runs an admitted grab: on the worker pool when there is one (only
 // its first part when the Grabber has two, see beginner), else on the
 // handler's goroutine.

@@ -236,6 +236,7 @@ func TestGrabNeedsJSON(t *testing.T) {
 		{"text/plain", 400}, {"text/plain;charset=UTF-8", 400}, {"application/x-www-form-urlencoded", 400},
 		{"multipart/form-data; boundary=x", 400}, {"", 400}, {"application/json-patch+json", 400}, {"json", 400},
 		{"application/json", 200}, {"application/json; charset=utf-8", 200}, {"Application/JSON", 200},
+		{"application/j\u017fon", 400}, {"application/json ", 200}, {"APPLICATION/JSON", 200},
 	} {
 		req, _ := http.NewRequest("POST", s.url+"/grab", strings.NewReader(body))
 		if c.contentType != "" {

@@ -81,7 +81,16 @@ func TestServeSecrets(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waittest.Until(t, 5*time.Second, "token B accepted after SIGHUP", func() bool { return preload(tokB, "q") == 201 })
+	// Until the reload, token B is refused (401); then its preload loads q
+	// (201), or finds q loaded by a try whose answer came too late for the
+	// shard's deadline on a busy machine (200).
+	waittest.Until(t, 30*time.Second, "token B accepted after SIGHUP", func() bool {
+		code := preload(tokB, "q")
+		if code != 401 && code != 201 && code != 200 {
+			t.Logf("preload with token B after SIGHUP = %d; trying again", code)
+		}
+		return code == 201 || code == 200
+	})
 	if code := preload(tokA, "p"); code != 200 {
 		t.Fatalf("token A during the rotation = %d, want 200 (pool already loaded)", code)
 	}

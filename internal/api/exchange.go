@@ -28,7 +28,8 @@ type exchange interface {
 	// away. On the listener it never ends: nothing watches the connection
 	// while a grab runs, so a grab whose client left is run and answered
 	// (the client gets its grant back by retrying, already_granted), and
-	// what bounds the grab is its shard's call budget.
+	// what bounds the grab is the budget of each call it makes (its
+	// claim's: the shard's call budget).
 	context() context.Context
 	// remoteAddr is the peer's address, host:port.
 	remoteAddr() string

@@ -4,6 +4,7 @@ package api
 // and the reasons of a 503 are in status.go).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -135,28 +136,13 @@ func isJSON(contentType string) bool {
 }
 
 // isJSONBytes is isJSON of a header's bytes, without a string or mime's
-// map for the common value: application/json as it is, in any ASCII case
-// (bytes.EqualFold would also take Unicode's look-alikes, which
-// mime.ParseMediaType refuses). FuzzIsJSONBytes checks the two agree.
+// map for the common value: application/json as it is, in any ASCII case.
+// (EqualFold also folds Unicode's look-alikes, which mime.ParseMediaType
+// refuses, but each is more than a byte: at the length of application/json
+// only ASCII matches.) FuzzIsJSONBytes checks the two agree.
 func isJSONBytes(ct []byte) bool {
 	const want = "application/json"
-	if len(ct) == len(want) {
-		same := true
-		for i := range len(want) {
-			c := ct[i]
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			if c != want[i] {
-				same = false
-				break
-			}
-		}
-		if same {
-			return true
-		}
-	}
-	return isJSON(string(ct))
+	return len(ct) == len(want) && bytes.EqualFold(ct, []byte(want)) || isJSON(string(ct))
 }
 
 // run runs an admitted grab: on the worker pool when there is one (only
@@ -173,10 +159,10 @@ func (s *Server) run(ctx context.Context, req grabRequest) (grab.Result, error) 
 	}
 	// What the task set is read only once RunTask has returned nil: the
 	// task has finished then.
-	pending, res, err := t.pending, t.res, t.err
+	begun, pending, res, err := t.begun, t.pending, t.res, t.err
 	*t = grabTask{}
 	grabTasks.Put(t)
-	if _, ok := s.cfg.Grabber.(beginner); ok {
+	if begun {
 		return pending.Wait()
 	}
 	return res, err
@@ -189,6 +175,7 @@ func (s *Server) run(ctx context.Context, req grabRequest) (grab.Result, error) 
 type grabTask struct {
 	g       Grabber
 	req     grabRequest
+	begun   bool // Begin ran: pending is the grab's, to Wait for
 	pending grab.Pending
 	res     grab.Result
 	err     error
@@ -198,7 +185,7 @@ var grabTasks = sync.Pool{New: func() any { return new(grabTask) }}
 
 func (t *grabTask) Run(ctx context.Context) {
 	if b, ok := t.g.(beginner); ok {
-		t.pending = b.Begin(ctx, t.req.PoolID, t.req.UserID)
+		t.begun, t.pending = true, b.Begin(ctx, t.req.PoolID, t.req.UserID)
 		return
 	}
 	t.res, t.err = t.g.Grab(ctx, t.req.PoolID, t.req.UserID)

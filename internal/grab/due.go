@@ -5,6 +5,12 @@ package grab
 // sub-pools with work rather than every sub-pool of every pool: a season
 // preloaded ahead of its rains costs nothing while it waits.
 //
+// A grant falls due no sooner than what the index holds, so its mark keeps
+// a sub-pool's time. A spill's transfer may need the reaper within the
+// spill's age, long before the grants held there fall due: its mark
+// (markSooner) brings the sub-pool's time forward, and is made for every
+// transfer (spills are rare), so none waits for the grants' deadline.
+//
 // Marks leave in the background, gathered per shard (one script call for
 // every sub-pool marked meanwhile), so no grab waits for one. A sub-pool is
 // marked at most once per markEvery by this instance; a grant it made in
@@ -19,6 +25,7 @@ package grab
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,12 +48,31 @@ type marker struct {
 	mu      sync.Mutex
 	last    map[string]time.Time // by meta key: when this instance last marked it
 	pending map[string][]string  // by shard name: meta keys to mark
+	sooner  map[string][]string  // by shard name: meta keys to mark sooner (markSooner)
 	pruned  time.Time            // when last was last cleared of old marks
 }
 
 func newMarker(shards *shard.Set, log *slog.Logger) *marker {
 	return &marker{shards: shards, log: log, kick: make(chan struct{}, 1),
-		last: map[string]time.Time{}, pending: map[string][]string{}}
+		last: map[string]time.Time{}, pending: map[string][]string{}, sooner: map[string][]string{}}
+}
+
+// markSooner marks the sub-pool whose meta key is meta, on the named shard,
+// as having a spill's transfer in flight: due for a look soon, even when it
+// was due later.
+func (m *marker) markSooner(shardName, meta string) {
+	m.mu.Lock()
+	m.sooner[shardName] = append(m.sooner[shardName], meta)
+	m.mu.Unlock()
+	m.wake()
+}
+
+// wake has run flush.
+func (m *marker) wake() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
 }
 
 // mark marks the sub-pool whose meta key is meta, on the named shard,
@@ -61,10 +87,7 @@ func (m *marker) mark(shardName, meta string) {
 	m.last[meta] = now
 	m.pending[shardName] = append(m.pending[shardName], meta)
 	m.mu.Unlock()
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
+	m.wake()
 }
 
 // run sends the marks as they come until stop is closed, then sends what
@@ -85,12 +108,12 @@ func (m *marker) run(stop <-chan struct{}) {
 	}
 }
 
-// flush sends every shard's pending marks, one call per shard. A shard that
-// fails keeps its marks for a flush a second later.
+// flush sends every shard's pending marks, one call per shard and kind. A
+// shard that fails keeps its marks for a flush a second later.
 func (m *marker) flush(ctx context.Context) {
 	m.mu.Lock()
-	pending := m.pending
-	m.pending = map[string][]string{}
+	pending, sooner := m.pending, m.sooner
+	m.pending, m.sooner = map[string][]string{}, map[string][]string{}
 	now := time.Now()
 	if now.Sub(m.pruned) > time.Minute {
 		for k, t := range m.last {
@@ -101,23 +124,29 @@ func (m *marker) flush(ctx context.Context) {
 		m.pruned = now
 	}
 	m.mu.Unlock()
-	for name, metas := range pending {
+	m.send(ctx, pending, lua.MarkDue, func() map[string][]string { return m.pending })
+	m.send(ctx, sooner, lua.MarkDueSooner, func() map[string][]string { return m.sooner })
+}
+
+// send sends marks of one kind, by shard; a shard's that fail go back into
+// the map again returns (under m.mu), and are sent a second later.
+func (m *marker) send(ctx context.Context, marks map[string][]string,
+	mark func(context.Context, lua.Client, time.Duration, []string) error, again func() map[string][]string) {
+	for name, metas := range marks {
 		c := m.shards.Client(name)
 		if c == nil {
 			continue
 		}
-		if err := lua.MarkDue(ctx, c, 2*markEvery, metas); err != nil {
+		slices.Sort(metas)
+		metas = slices.Compact(metas) // a sub-pool spilled from many times since the last flush is marked once
+		if err := mark(ctx, c, 2*markEvery, metas); err != nil {
 			m.failed.Add(1)
 			m.log.Debug("due marks not sent; sent again in a second", "shard", name, "sub_pools", len(metas), "err", err)
 			m.mu.Lock()
-			m.pending[name] = append(m.pending[name], metas...)
+			back := again()
+			back[name] = append(back[name], metas...)
 			m.mu.Unlock()
-			time.AfterFunc(time.Second, func() {
-				select {
-				case m.kick <- struct{}{}:
-				default:
-				}
-			})
+			time.AfterFunc(time.Second, m.wake)
 		}
 	}
 }

@@ -116,8 +116,9 @@ func (s *Service) take(ctx context.Context, p *poolView, j, h int, token, userID
 		return 0, 0, err
 	}
 	// A transfer may now be in flight at j, whatever the answer: the
-	// reaper's until the spill settles it (see due.go).
-	defer s.marks.mark(p.rec.Placement[j], p.keys[j].Meta)
+	// reaper's until the spill settles it, within the spill's age, however
+	// late the grants held there fall due (see due.go).
+	defer s.marks.markSooner(p.rec.Placement[j], p.keys[j].Meta)
 	return lua.Take(ctx, c, &p.keys[j], token, h, userID, wait)
 }
 

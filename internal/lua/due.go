@@ -42,10 +42,22 @@ const DueQuiet = 2 * time.Second
 
 // MarkDue marks the sub-pools (their meta keys) of one shard as having work
 // for the reaper: due after the given time from now (by the shard's clock)
-// unless already in the index.
+// unless already in the index (a grant made falls due no sooner than what
+// the index holds).
 func MarkDue(ctx context.Context, c Client, after time.Duration, metas []string) error {
-	args := make([]any, 0, len(metas)+1)
-	args = append(args, after.Milliseconds())
+	return markDue(ctx, c, after, "keep", metas)
+}
+
+// MarkDueSooner is MarkDue for a sub-pool that may need the reaper sooner
+// than the index says (a spill's transfer taken there): due after the given
+// time from now unless it is due sooner already.
+func MarkDueSooner(ctx context.Context, c Client, after time.Duration, metas []string) error {
+	return markDue(ctx, c, after, "sooner", metas)
+}
+
+func markDue(ctx context.Context, c Client, after time.Duration, mode string, metas []string) error {
+	args := make([]any, 0, len(metas)+2)
+	args = append(args, after.Milliseconds(), mode)
 	for _, m := range metas {
 		args = append(args, m)
 	}
@@ -88,9 +100,12 @@ const (
 )
 
 // DoneDue tells the index the reaper swept d (or could not): look again
-// after in, or, with in negative, nothing is left to do there, and d
-// leaves the index unless it was marked since it was read or within
-// DueQuiet (then it is looked at again once DueQuiet has passed).
+// after in (after DueQuiet at the latest when d was marked since it was
+// read: a spill's transfer taken after the reaper looked needs a look
+// before the grants held there fall due), or, with in negative, nothing is
+// left to do there, and d leaves the index unless it was marked since it
+// was read or within DueQuiet (then it is looked at again once DueQuiet
+// has passed).
 func DoneDue(ctx context.Context, c Client, d Due, in time.Duration) (DueDone, error) {
 	ms := int64(-1)
 	if in >= 0 {

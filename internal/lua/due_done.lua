@@ -11,17 +11,23 @@
 -- nor within quiet before now: a grab marks a sub-pool at most every so
 -- often, and a grant it made meanwhile, unmarked, may have landed after the
 -- reaper looked (then the sub-pool is looked at again once quiet has
--- passed). Returns 1 when it left the index, 2 when its time moved on, 0
--- when it stays due.
+-- passed). A sub-pool with work is looked at again when the reaper says,
+-- or, marked since the reaper read it, within quiet at the latest: the mark
+-- may be a spill's transfer taken after the reaper looked for transfers,
+-- which needs a look long before the grants held there fall due. Returns 1
+-- when it left the index, 2 when its time moved on, 0 when it stays due.
 local at, gen = KEYS[1], KEYS[2]
 local m, seen, later, quiet = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = redis.call('HGET', gen, m) or '0'
 if later >= 0 then
+  if cur ~= seen then
+    later = math.min(later, quiet)
+  end
   redis.call('ZADD', at, 'XX', now + later, m)
   return 2
 end
-local cur = redis.call('HGET', gen, m) or '0'
 if cur ~= seen then
   return 0
 end

@@ -12,7 +12,8 @@ import (
 )
 
 // TestDueIndex: a marked sub-pool is due once the time given has passed;
-// marking it again keeps the time the reaper set; a reaper that found
+// marking it again keeps the time the reaper set, unless the mark is a
+// spill's transfer's and asks for a sooner one; a reaper that found
 // nothing to do drops it only if nobody marked it since it read it, nor
 // within DueQuiet before (then it is looked at again once that has
 // passed).
@@ -43,6 +44,32 @@ func testDueIndex(t *testing.T, c *redis.Client) {
 	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 59*time.Minute {
 		t.Fatalf("ReadDue = %+v, %v, %v; want nothing due, a in an hour", due, next, err)
 	}
+	// A mark for a grant keeps a's time; one for a spill's transfer brings
+	// it forward (and one for a later time leaves it), as a transfer needs
+	// the reaper long before the grants held there fall due.
+	if err := MarkDue(ctx, c, 0, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 59*time.Minute {
+		t.Fatalf("after a grant's mark, ReadDue = %+v, %v, %v; want a still in an hour", due, next, err)
+	}
+	if err := MarkDueSooner(ctx, c, 10*time.Minute, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	if err := MarkDueSooner(ctx, c, 30*time.Minute, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 9*time.Minute || next > 10*time.Minute {
+		t.Fatalf("after a transfer's marks, ReadDue = %+v, %v, %v; want a in 10 minutes", due, next, err)
+	}
+	if err := MarkDueSooner(ctx, c, time.Hour, []string{b}); err != nil { // not in the index: added
+		t.Fatal(err)
+	}
+	if n, err := c.ZCard(ctx, DueAt).Result(); err != nil || n != 2 {
+		t.Fatalf("%d sub-pools in the index after a transfer's mark of b, %v; want 2", n, err)
+	}
+	c.ZRem(ctx, DueAt, b)
+	c.HDel(ctx, DueGen, b)
 	if err := MarkDue(ctx, c, 0, []string{b}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +110,20 @@ func testDueIndex(t *testing.T, c *redis.Client) {
 	}
 	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next < 59*time.Second || next > time.Minute {
 		t.Fatalf("ReadDue = %+v, %v, %v; want a in a minute", due, next, err)
+	}
+	// Marked while the reaper swept it (a spill's transfer taken after the
+	// reaper looked for transfers there), a sub-pool with grants held is
+	// looked at again within DueQuiet, not when its grants fall due.
+	c.ZAdd(ctx, DueAt, redis.Z{Score: 0, Member: a})
+	due, _, _ = ReadDue(ctx, c, 0, 10)
+	if err := MarkDueSooner(ctx, c, 2*time.Minute, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := DoneDue(ctx, c, due[0], time.Hour); err != nil || done != DueMoved {
+		t.Fatalf("DoneDue(a, an hour) after a mark = %v, %v", done, err)
+	}
+	if due, next, err := ReadDue(ctx, c, 0, 10); err != nil || len(due) != 0 || next > DueQuiet {
+		t.Fatalf("ReadDue = %+v, %v, %v; want a again within %v", due, next, err, DueQuiet)
 	}
 	// skip passes over due sub-pools a pass could not move.
 	c.ZAdd(ctx, DueAt, redis.Z{Score: 0, Member: a}, redis.Z{Score: 1, Member: b})

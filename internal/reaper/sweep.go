@@ -191,9 +191,12 @@ func (w *sweeper) sweepAll(ctx context.Context) (Sweep, error) {
 					rain.ErrUnavailable, p.ID(), j, name))
 				continue
 			}
-			_, active, err := w.subPool(ctx, p, j, &sw)
+			next, active, err := w.subPool(ctx, p, j, &sw)
 			if err == nil && active {
-				err = lua.MarkDue(ctx, c, 0, []string{p.SubPool(j).Keys().Meta})
+				// Due when its work is, or sooner if the index says so: a
+				// transfer in flight found here falls due before the
+				// grants the index may have it due for.
+				err = lua.MarkDueSooner(ctx, c, next, []string{p.SubPool(j).Keys().Meta})
 			}
 			if err != nil {
 				errs = append(errs, err) // swept again next pass

@@ -38,8 +38,10 @@ const (
 	lanesPerShard = 1
 	maxBatch      = 128
 	// lingerMax bounds how long a lane waits for the claims it expects
-	// before it sends a batch (see linger).
-	lingerMax = 200 * time.Microsecond
+	// before it sends a batch (see linger); lingerShortOfCPU, while the
+	// process is short of CPU (cpuWatch).
+	lingerMax        = 200 * time.Microsecond
+	lingerShortOfCPU = 1500 * time.Microsecond
 	// queuePerShard bounds the claims waiting for one shard's lane: a bound
 	// on memory, sized above the request places of a worker pool at its
 	// defaults (the bulkhead holds a shard to its share of those first).
@@ -79,7 +81,7 @@ type batcher struct {
 
 	// budget bounds one batch's round trip (the shard's call budget); a
 	// claim waits at most that for its batch, plus the batch before it and
-	// the lane's linger (lingerMax).
+	// the lane's linger (lingerFor).
 	budget time.Duration
 	// form: how the grants made are written (Config.Form).
 	form lua.Form
@@ -109,6 +111,8 @@ type batcher struct {
 	// mark marks a sub-pool (its meta key) that may now hold a grant in
 	// the shard's due index (see due.go).
 	mark func(meta string)
+	// cpu says whether the process is short of CPU (nil: never).
+	cpu *cpuWatch
 }
 
 // enqueue queues a claim for the shard's lane; its answer comes through the
@@ -232,7 +236,7 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 	return batch
 }
 
-// linger waits up to lingerMax for more claims while batch holds fewer
+// linger waits up to lingerFor for more claims while batch holds fewer
 // than expect, and returns the batch with those that came.
 //
 // Each batch costs its shard a fixed amount of work however many claims it
@@ -246,10 +250,10 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // batch half of what the shard has in flight. Under light load a batch is
 // one claim, the next is expected to be one too, and nothing waits; under
 // a flood the queue already holds a full batch. A claim waits at most
-// lingerMax for the lane (a fraction of one fsync), and never while the
-// shard's breaker is not closed (its claims are then answered at once).
+// lingerFor for the lane, and never while the shard's breaker is not closed
+// (its claims are then answered at once).
 func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
-	timer.Reset(lingerMax)
+	timer.Reset(b.lingerFor())
 	defer timer.Stop()
 	for len(batch) < expect {
 		select {
@@ -262,6 +266,28 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*cl
 		}
 	}
 	return batch
+}
+
+// lingerFor is how long a linger may last: lingerMax (a fraction of one
+// fsync), or lingerShortOfCPU while the process is short of CPU.
+//
+// The claims a lane expects come sooner or later depending on who sends
+// them. A closed loop of clients (each sends again once answered) sends
+// them back within the time it takes the answers to reach the clients and
+// the next requests to be read, which on a machine whose cores are all
+// taken is longer than lingerMax: the claims then keep splitting into two
+// cohorts, and every batch pays its fixed work for half of what it could
+// carry. Waiting longer there fills the batches, and since the CPU is what
+// limits the answers, the CPU each batch saves is answers gained. An open
+// loop (phones, each on its own clock) sends at its own pace whatever the
+// answers: a longer wait there adds to every claim's time and buys little.
+// The two look alike to a lane, but not to the scheduler: an open loop
+// below saturation leaves CPU to spare, a saturated process has none.
+func (b *batcher) lingerFor() time.Duration {
+	if b.cpu != nil && b.cpu.short.Load() {
+		return lingerShortOfCPU
+	}
+	return lingerMax
 }
 
 // group is the claims of one batch on one sub-pool: one claim_many script.

@@ -132,8 +132,9 @@ type Service struct {
 	mu    sync.RWMutex         // guards pools
 	pools map[string]*poolView // open pools; an open pool's record never changes
 
-	local local   // the answers given without Redis
-	marks *marker // the due marks of sub-pools granted or spilled from
+	local local     // the answers given without Redis
+	marks *marker   // the due marks of sub-pools granted or spilled from
+	cpu   *cpuWatch // whether the process is short of CPU (the lanes' linger)
 
 	// Everything the service runs in the background (the lanes, breaker
 	// probes, readers of holders) starts through goBackground; Close ends
@@ -177,6 +178,8 @@ func New(cfg Config) *Service {
 	s.cfg = cfg
 	s.marks = newMarker(shards, cfg.Logger)
 	s.goBackground(func() { s.marks.run(s.stopCtx.Done()) })
+	s.cpu = newCPUWatch()
+	s.goBackground(func() { s.cpu.run(s.stopCtx.Done()) })
 	cfg.Pools.OnOpen(s.local.known.Add)
 	s.nodes = map[string]*nodeLanes{}
 	for _, name := range shards.Names() {
@@ -203,7 +206,7 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	start := func(f func()) { s.goBackground(f) }
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
 		budget: shards.Timeout(), replicated: replicated, form: s.cfg.Form, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
-		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards}
+		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards, cpu: s.cpu}
 	placed := name
 	if cluster != "" {
 		placed = cluster
@@ -233,6 +236,10 @@ func (s *Service) Close() {
 	s.bgMu.Unlock()
 	s.bg.Wait()
 }
+
+// ShortOfCPU reports whether the process is short of CPU, so that the
+// claim lanes linger longer to fill their batches (see batcher.lingerFor).
+func (s *Service) ShortOfCPU() bool { return s.cpu.short.Load() }
 
 // goBackground runs f in the background unless Close has begun (then it
 // reports false); Close cancels stopCtx and waits for f.

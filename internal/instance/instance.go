@@ -178,6 +178,7 @@ func (in *Instance) build(cfg Config) error {
 	}
 	in.Grabs = grab.New(gcfg)
 	in.Metrics.Shards(in.Grabs.ShardStats, set)
+	in.Metrics.ShortOfCPU(in.Grabs.ShortOfCPU)
 	in.Metrics.Stock(in.Grabs.Stock)
 	// The reaper competes for its lock in every instance; one sweeps. An
 	// instance waiting for the lock tries every few seconds: a crashed

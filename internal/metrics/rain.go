@@ -72,6 +72,11 @@ func (r *Registry) Durability(relaxed bool) {
 	r.Gauge("rain_durability_relaxed", "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", func() float64 { return b2f(relaxed) })
 }
 
+// ShortOfCPU registers rain_grab_cpu_short.
+func (r *Registry) ShortOfCPU(short func() bool) {
+	r.Gauge("rain_grab_cpu_short", "1 while the process is short of CPU (its goroutines wait to run), when the claim lanes wait longer to fill their batches.", func() float64 { return b2f(short()) })
+}
+
 // Connections registers the HTTP connection series.
 func (r *Registry) Connections(stats func() (open int, closed int64)) {
 	r.Gauge("rain_http_connections", "Client connections open.", func() float64 { o, _ := stats(); return float64(o) })

@@ -1,0 +1,147 @@
+package grab
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rain/internal/wait/waittest"
+)
+
+// TestMeanWait: the mean of a histogram's new counts, each at its bucket's
+// middle, unbounded buckets at their finite bound.
+func TestMeanWait(t *testing.T) {
+	buckets := []float64{math.Inf(-1), 0, 10e-6, 100e-6, 1e-3, math.Inf(1)}
+	for _, c := range []struct {
+		name         string
+		counts, prev []uint64
+		mean         time.Duration
+		n            uint64
+	}{
+		{"nothing", []uint64{0, 0, 0, 0, 0}, nil, 0, 0},
+		{"one bucket", []uint64{0, 4, 0, 0, 0}, nil, 5 * time.Microsecond, 4},
+		{"two buckets", []uint64{0, 1, 1, 0, 0}, nil, 30 * time.Microsecond, 2},
+		{"since an earlier read", []uint64{0, 9, 3, 0, 0}, []uint64{0, 9, 2, 0, 0}, 55 * time.Microsecond, 1},
+		{"the unbounded ends", []uint64{2, 0, 0, 0, 2}, nil, 500 * time.Microsecond, 4},
+	} {
+		mean, n := meanWait(buckets, c.counts, c.prev)
+		if n != c.n || (mean-c.mean).Abs() > time.Nanosecond {
+			t.Errorf("%s: meanWait = %v over %d, want %v over %d", c.name, mean, n, c.mean, c.n)
+		}
+	}
+}
+
+// TestShortOfCPU: the verdict turns above cpuShortAbove, turns back below
+// cpuEnoughBelow, holds between them, and an idle period is never short.
+func TestShortOfCPU(t *testing.T) {
+	between := (cpuShortAbove + cpuEnoughBelow) / 2
+	for _, c := range []struct {
+		was  bool
+		mean time.Duration
+		n    uint64
+		want bool
+	}{
+		{false, cpuShortAbove + time.Microsecond, cpuMinWaits, true},
+		{false, between, cpuMinWaits, false},
+		{true, between, cpuMinWaits, true},
+		{true, cpuEnoughBelow - time.Microsecond, cpuMinWaits, false},
+		{true, time.Millisecond, cpuMinWaits - 1, false},
+		{false, time.Millisecond, cpuMinWaits - 1, false},
+	} {
+		if got := shortOfCPU(c.was, c.mean, c.n); got != c.want {
+			t.Errorf("shortOfCPU(%v, %v, %d) = %v, want %v", c.was, c.mean, c.n, got, c.want)
+		}
+	}
+}
+
+// TestCPUWatch: the watch finds the process short of CPU while more
+// goroutines spin than there are cores for them, and no longer once they
+// stop.
+func TestCPUWatch(t *testing.T) {
+	w := newCPUWatch()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { w.run(stop) })
+	defer func() { close(stop); wg.Wait() }()
+
+	var spin atomic.Bool
+	spin.Store(true)
+	var spinners sync.WaitGroup
+	for range 4 * runtime.GOMAXPROCS(0) {
+		spinners.Go(func() {
+			// Each spins about 100 µs, then goes to the back of the run
+			// queue: four to a core, each waits for the other three.
+			// (The runtime times one wait in eight.)
+			for spin.Load() {
+				for start := time.Now(); time.Since(start) < 100*time.Microsecond; {
+				}
+				runtime.Gosched()
+			}
+		})
+	}
+	waittest.Until(t, 30*time.Second, "the watch finds the process short of CPU", w.short.Load)
+	spin.Store(false)
+	spinners.Wait()
+	waittest.Until(t, 30*time.Second, "the watch finds CPU to spare once the spinners stop", func() bool { return !w.short.Load() })
+}
+
+// TestLingerFor: a lane's linger lasts lingerMax, and lingerShortOfCPU
+// while the process is short of CPU; a claim that comes meanwhile joins the
+// batch. Timers never fire early, so the lower bounds hold on any machine
+// (the upper ones do not: an idle Go process wakes for a timer at the
+// next millisecond); the claim's arrival is tried a few times.
+func TestLingerFor(t *testing.T) {
+	w := newCPUWatch()
+	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: w}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	linger := func(arrive time.Duration) (int, time.Duration) {
+		if arrive > 0 {
+			go func() {
+				time.Sleep(arrive)
+				b.reqs <- &claimReq{}
+			}()
+		}
+		start := time.Now()
+		n := len(b.linger([]*claimReq{{}}, 2, timer))
+		took := time.Since(start)
+		if arrive > 0 && n == 1 {
+			<-b.reqs // it came too late: take it out before the next try
+		}
+		return n, took
+	}
+
+	if b.lingerFor() != lingerMax {
+		t.Fatalf("lingerFor = %v with CPU to spare, want %v", b.lingerFor(), lingerMax)
+	}
+	if _, took := linger(0); took < lingerMax {
+		t.Fatalf("a linger with CPU to spare lasted %v, want at least %v", took, lingerMax)
+	}
+
+	w.short.Store(true)
+	if b.lingerFor() != lingerShortOfCPU {
+		t.Fatalf("lingerFor = %v while short of CPU, want %v", b.lingerFor(), lingerShortOfCPU)
+	}
+	if _, took := linger(0); took < lingerShortOfCPU {
+		t.Fatalf("a linger short of CPU lasted %v, want at least %v", took, lingerShortOfCPU)
+	}
+	tries(t, "a claim that comes after lingerMax, while short of CPU, joins the batch", func() bool {
+		n, _ := linger(lingerMax + 300*time.Microsecond)
+		return n == 2
+	})
+}
+
+// tries runs f up to 20 times, until it reports true; it fails t with what
+// when it never does.
+func tries(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for range 20 {
+		if f() {
+			return
+		}
+	}
+	t.Fatalf("not once in 20 tries: %s", what)
+}

@@ -94,6 +94,7 @@ func TestMetricsSeries(t *testing.T) {
 		{"rain_stock_remaining_count", func(l map[string]string) bool { return l["pool"] == "met" }, 9, 1}, // its old name, kept a release
 		{"rain_http_connections", nil, -1, 1},
 		{"rain_durability_relaxed", nil, 0, 1},
+		{"rain_grab_cpu_short", nil, -1, 1},
 		{"go_goroutines", nil, -1, 1},
 		{"process_cpu_seconds_total", nil, -1, 1},
 	} {

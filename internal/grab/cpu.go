@@ -10,23 +10,30 @@ import (
 // The lanes' linger depends on whether this process is short of CPU (see
 // batcher.lingerFor). A process is short of CPU when its goroutines wait to
 // run: the mean of the Go scheduler's latencies (the time from runnable to
-// running, /sched/latencies:seconds) over the last cpuPeriod. With CPU to
-// spare it is a few tens of µs; once the cores are all taken (a closed loop
-// of clients that send again as soon as they are answered, or a flood) it is
-// longer. Two bounds with a gap between them keep the verdict from flapping.
+// running, /sched/latencies:seconds, which the runtime times for one
+// transition in eight) over each cpuPeriod. With CPU to spare it is a few
+// tens of µs; once the cores are all taken (a closed loop of clients that
+// send again as soon as they are answered, or a flood) it is longer. The
+// verdict turns after cpuShortPeriods periods in a row above cpuShortAbove,
+// so that one pause (a GC cycle, a sale's first burst) does not turn it,
+// and turns back after one period below cpuEnoughBelow.
 //
 // Measured on a 2-core machine with the load driver, rain and 4 always
-// shards on it (docs/benchmarks.md, "A linger for a process short of CPU"):
-// an open loop at half the saturated rate averaged 18 to 44 µs per 50 ms,
-// the saturated closed loop of 64 connections 62 to 127 µs.
+// shards on it (docs/benchmarks.md, "A linger for a process short of
+// CPU"): an open loop at half the saturated rate averaged 18 to 44 µs per
+// 50 ms in a quiet stretch of the machine, the saturated closed loop of 64
+// connections 62 to 127 µs.
 const (
 	cpuPeriod = 50 * time.Millisecond
-	// cpuShortAbove: a mean wait above this makes the process short of CPU;
-	// cpuEnoughBelow: one below this, no longer.
-	cpuShortAbove  = 60 * time.Microsecond
-	cpuEnoughBelow = 40 * time.Microsecond
-	// cpuMinWaits: a period with fewer goroutine wake-ups than this is an
-	// idle process, whatever its few waits were.
+	// cpuShortAbove: cpuShortPeriods periods in a row with a mean wait
+	// above this make the process short of CPU; cpuEnoughBelow: one below
+	// this, no longer.
+	cpuShortAbove   = 60 * time.Microsecond
+	cpuShortPeriods = 2
+	cpuEnoughBelow  = 50 * time.Microsecond
+	// cpuMinWaits: a period with fewer waits timed than this (about 400
+	// wake-ups in 50 ms, 8,000 a second) is an idle process, whatever its
+	// few waits were.
 	cpuMinWaits = 50
 )
 
@@ -36,6 +43,7 @@ type cpuWatch struct {
 	short  atomic.Bool
 	sample []metrics.Sample
 	prev   []uint64 // the histogram's counts at the last read
+	above  int      // periods in a row with a mean wait above cpuShortAbove
 }
 
 func newCPUWatch() *cpuWatch {
@@ -66,7 +74,9 @@ func (w *cpuWatch) read() {
 	h := w.sample[0].Value.Float64Histogram()
 	mean, n := meanWait(h.Buckets, h.Counts, w.prev)
 	w.prev = append(w.prev[:0], h.Counts...)
-	w.short.Store(shortOfCPU(w.short.Load(), mean, n))
+	short, above := shortOfCPU(w.short.Load(), w.above, mean, n)
+	w.short.Store(short)
+	w.above = above
 }
 
 // meanWait is the mean of the waits counted since prev (the counts of an
@@ -100,15 +110,17 @@ func meanWait(buckets []float64, counts, prev []uint64) (time.Duration, uint64) 
 }
 
 // shortOfCPU is the verdict after a period whose n waits averaged mean,
-// given the verdict before it (was).
-func shortOfCPU(was bool, mean time.Duration, n uint64) bool {
+// given the verdict before it (was) and how many periods in a row before
+// it were above cpuShortAbove; it returns that count with this period.
+func shortOfCPU(was bool, above int, mean time.Duration, n uint64) (bool, int) {
 	switch {
 	case n < cpuMinWaits:
-		return false
+		return false, 0
 	case mean > cpuShortAbove:
-		return true
+		above++
+		return was || above >= cpuShortPeriods, above
 	case mean < cpuEnoughBelow:
-		return false
+		return false, 0
 	}
-	return was
+	return was, 0
 }

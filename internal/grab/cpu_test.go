@@ -26,6 +26,8 @@ func TestMeanWait(t *testing.T) {
 		{"two buckets", []uint64{0, 1, 1, 0, 0}, nil, 30 * time.Microsecond, 2},
 		{"since an earlier read", []uint64{0, 9, 3, 0, 0}, []uint64{0, 9, 2, 0, 0}, 55 * time.Microsecond, 1},
 		{"the unbounded ends", []uint64{2, 0, 0, 0, 2}, nil, 500 * time.Microsecond, 4},
+		{"an earlier read of fewer buckets", []uint64{0, 1, 1, 0, 0}, []uint64{0, 1}, 55 * time.Microsecond, 1},
+		{"the overflow bucket since an earlier read", []uint64{0, 5, 0, 0, 7}, []uint64{0, 5, 0, 0, 6}, time.Millisecond, 1},
 	} {
 		mean, n := meanWait(buckets, c.counts, c.prev)
 		if n != c.n || (mean-c.mean).Abs() > time.Nanosecond {
@@ -34,25 +36,32 @@ func TestMeanWait(t *testing.T) {
 	}
 }
 
-// TestShortOfCPU: the verdict turns above cpuShortAbove, turns back below
-// cpuEnoughBelow, holds between them, and an idle period is never short.
+// TestShortOfCPU: the verdict turns after cpuShortPeriods periods in a row
+// above cpuShortAbove, turns back after one below cpuEnoughBelow, holds
+// between them, and an idle period is never short.
 func TestShortOfCPU(t *testing.T) {
-	between := (cpuShortAbove + cpuEnoughBelow) / 2
+	high, between, low := cpuShortAbove+time.Microsecond, (cpuShortAbove+cpuEnoughBelow)/2, cpuEnoughBelow-time.Microsecond
 	for _, c := range []struct {
-		was  bool
-		mean time.Duration
-		n    uint64
-		want bool
+		name      string
+		was       bool
+		above     int
+		mean      time.Duration
+		n         uint64
+		want      bool
+		wantAbove int
 	}{
-		{false, cpuShortAbove + time.Microsecond, cpuMinWaits, true},
-		{false, between, cpuMinWaits, false},
-		{true, between, cpuMinWaits, true},
-		{true, cpuEnoughBelow - time.Microsecond, cpuMinWaits, false},
-		{true, time.Millisecond, cpuMinWaits - 1, false},
-		{false, time.Millisecond, cpuMinWaits - 1, false},
+		{"one period above", false, 0, high, cpuMinWaits, false, 1},
+		{"periods in a row above", false, cpuShortPeriods - 1, high, cpuMinWaits, true, cpuShortPeriods},
+		{"short, above", true, cpuShortPeriods, high, cpuMinWaits, true, cpuShortPeriods + 1},
+		{"between, not short", false, 1, between, cpuMinWaits, false, 0},
+		{"between, short", true, cpuShortPeriods, between, cpuMinWaits, true, 0},
+		{"below", true, cpuShortPeriods, low, cpuMinWaits, false, 0},
+		{"idle, short", true, cpuShortPeriods, time.Millisecond, cpuMinWaits - 1, false, 0},
+		{"idle", false, 1, time.Millisecond, cpuMinWaits - 1, false, 0},
 	} {
-		if got := shortOfCPU(c.was, c.mean, c.n); got != c.want {
-			t.Errorf("shortOfCPU(%v, %v, %d) = %v, want %v", c.was, c.mean, c.n, got, c.want)
+		got, above := shortOfCPU(c.was, c.above, c.mean, c.n)
+		if got != c.want || above != c.wantAbove {
+			t.Errorf("%s: shortOfCPU(%v, %d, %v, %d) = %v, %d; want %v, %d", c.name, c.was, c.above, c.mean, c.n, got, above, c.want, c.wantAbove)
 		}
 	}
 }
@@ -67,14 +76,22 @@ func TestCPUWatch(t *testing.T) {
 	wg.Go(func() { w.run(stop) })
 	defer func() { close(stop); wg.Wait() }()
 
+	done := spinCPU(t)
+	waittest.Until(t, 30*time.Second, "the watch finds the process short of CPU", w.short.Load)
+	done()
+	waittest.Until(t, 30*time.Second, "the watch finds CPU to spare once the spinners stop", func() bool { return !w.short.Load() })
+}
+
+// spinCPU starts four goroutines to a core that take turns: each spins
+// about 100 µs, then goes to the back of the run queue, so that each waits
+// for the other three (the runtime times one wait in eight). It returns a
+// func that stops them and waits for them; the test's end stops them too.
+func spinCPU(tb testing.TB) (stop func()) {
 	var spin atomic.Bool
 	spin.Store(true)
 	var spinners sync.WaitGroup
 	for range 4 * runtime.GOMAXPROCS(0) {
 		spinners.Go(func() {
-			// Each spins about 100 µs, then goes to the back of the run
-			// queue: four to a core, each waits for the other three.
-			// (The runtime times one wait in eight.)
 			for spin.Load() {
 				for start := time.Now(); time.Since(start) < 100*time.Microsecond; {
 				}
@@ -82,10 +99,9 @@ func TestCPUWatch(t *testing.T) {
 			}
 		})
 	}
-	waittest.Until(t, 30*time.Second, "the watch finds the process short of CPU", w.short.Load)
-	spin.Store(false)
-	spinners.Wait()
-	waittest.Until(t, 30*time.Second, "the watch finds CPU to spare once the spinners stop", func() bool { return !w.short.Load() })
+	stop = func() { spin.Store(false); spinners.Wait() }
+	tb.Cleanup(stop)
+	return stop
 }
 
 // TestLingerFor: a lane's linger lasts lingerMax, and lingerShortOfCPU
@@ -128,9 +144,10 @@ func TestLingerFor(t *testing.T) {
 	if _, took := linger(0); took < lingerShortOfCPU {
 		t.Fatalf("a linger short of CPU lasted %v, want at least %v", took, lingerShortOfCPU)
 	}
-	tries(t, "a claim that comes after lingerMax, while short of CPU, joins the batch", func() bool {
-		n, _ := linger(lingerMax + 300*time.Microsecond)
-		return n == 2
+	const arrive = time.Millisecond
+	tries(t, "a claim that comes a millisecond into a linger, while short of CPU, joins the batch", func() bool {
+		n, took := linger(arrive)
+		return n == 2 && took >= arrive
 	})
 }
 

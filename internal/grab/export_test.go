@@ -24,3 +24,17 @@ func Breaker(s *Service, shard string) string {
 // UnknownLookups is how many pool ids a second the known-pools filter rules
 // out are looked up anyway.
 const UnknownLookups = unknownLookups
+
+// WatchesCPU reports whether every lane of s lingers by s's CPU watch.
+func WatchesCPU(s *Service) bool {
+	for _, b := range s.batchers {
+		if b.cpu == nil || b.cpu != s.cpu {
+			return false
+		}
+	}
+	return s.cpu != nil && len(s.batchers) > 0
+}
+
+// SpinCPU keeps the process short of CPU until the func it returns is
+// called (or the test ends).
+var SpinCPU = spinCPU

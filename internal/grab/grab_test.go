@@ -230,3 +230,17 @@ func TestRingChangeKeepsPlacement(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceWatchesCPU: a Service's lanes linger by its CPU watch, which
+// New starts: it finds the process short of CPU while goroutines spin, and
+// not once they stop.
+func TestServiceWatchesCPU(t *testing.T) {
+	e := newEnv(t, 2, redistest.Options{})
+	if !grab.WatchesCPU(e.svc) {
+		t.Fatal("a lane does not linger by the service's CPU watch")
+	}
+	stop := grab.SpinCPU(t)
+	waittest.Until(t, 30*time.Second, "the service finds the process short of CPU", e.svc.ShortOfCPU)
+	stop()
+	waittest.Until(t, 30*time.Second, "the service finds CPU to spare once the spinners stop", func() bool { return !e.svc.ShortOfCPU() })
+}

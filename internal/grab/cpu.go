@@ -2,6 +2,7 @@ package grab
 
 import (
 	"math"
+	"math/bits"
 	"runtime/metrics"
 	"sync/atomic"
 	"time"
@@ -13,24 +14,27 @@ import (
 // running, /sched/latencies:seconds, which the runtime times for one
 // transition in eight) over each cpuPeriod. With CPU to spare it is a few
 // tens of µs; once the cores are all taken (a closed loop of clients that
-// send again as soon as they are answered, or a flood) it is longer. The
-// verdict turns after cpuShortPeriods periods in a row above cpuShortAbove,
-// so that one pause (a GC cycle, a sale's first burst) does not turn it,
-// and turns back after one period below cpuEnoughBelow.
+// send again as soon as they are answered, or a flood) it is longer. One
+// period's mean swings widely, so the verdict goes by the last cpuWindow
+// periods: it turns once cpuShortIn of them were busy (a mean above
+// cpuBusyAbove), and turns back once no more than cpuEnoughIn were. An idle
+// period is not busy.
 //
 // Measured on a 2-core machine with the load driver, rain and 4 always
 // shards on it (docs/benchmarks.md, "A linger for a process short of
-// CPU"): an open loop at half the saturated rate averaged 18 to 44 µs per
-// 50 ms in a quiet stretch of the machine, the saturated closed loop of 64
-// connections 62 to 127 µs.
+// CPU"), the means of 50 ms periods: an open loop at half the saturated
+// rate, median 29 µs, a quarter of the periods above 55 µs; the saturated
+// closed loop of 64 connections on 4 shards, median 64 µs, nine periods in
+// ten at 50 µs or more; on 1 shard, median 94 µs.
+// The window is the bits of a uint8.
+const _ = uint(8-cpuWindow) + uint(cpuWindow-8)
+
 const (
-	cpuPeriod = 50 * time.Millisecond
-	// cpuShortAbove: cpuShortPeriods periods in a row with a mean wait
-	// above this make the process short of CPU; cpuEnoughBelow: one below
-	// this, no longer.
-	cpuShortAbove   = 60 * time.Microsecond
-	cpuShortPeriods = 2
-	cpuEnoughBelow  = 50 * time.Microsecond
+	cpuPeriod    = 50 * time.Millisecond
+	cpuBusyAbove = 50 * time.Microsecond
+	cpuWindow    = 8 // periods, 400 ms
+	cpuShortIn   = 6 // busy periods of the window that make it short
+	cpuEnoughIn  = 3 // busy periods of the window at most that end it
 	// cpuMinWaits: a period with fewer waits timed than this (about 400
 	// wake-ups in 50 ms, 8,000 a second) is an idle process, whatever its
 	// few waits were.
@@ -43,7 +47,7 @@ type cpuWatch struct {
 	short  atomic.Bool
 	sample []metrics.Sample
 	prev   []uint64 // the histogram's counts at the last read
-	above  int      // periods in a row with a mean wait above cpuShortAbove
+	busy   uint8    // the last cpuWindow periods, newest in bit 0: 1 if busy
 }
 
 func newCPUWatch() *cpuWatch {
@@ -74,9 +78,9 @@ func (w *cpuWatch) read() {
 	h := w.sample[0].Value.Float64Histogram()
 	mean, n := meanWait(h.Buckets, h.Counts, w.prev)
 	w.prev = append(w.prev[:0], h.Counts...)
-	short, above := shortOfCPU(w.short.Load(), w.above, mean, n)
+	short, busy := shortOfCPU(w.short.Load(), w.busy, mean, n)
 	w.short.Store(short)
-	w.above = above
+	w.busy = busy
 }
 
 // meanWait is the mean of the waits counted since prev (the counts of an
@@ -110,17 +114,18 @@ func meanWait(buckets []float64, counts, prev []uint64) (time.Duration, uint64) 
 }
 
 // shortOfCPU is the verdict after a period whose n waits averaged mean,
-// given the verdict before it (was) and how many periods in a row before
-// it were above cpuShortAbove; it returns that count with this period.
-func shortOfCPU(was bool, above int, mean time.Duration, n uint64) (bool, int) {
-	switch {
-	case n < cpuMinWaits:
-		return false, 0
-	case mean > cpuShortAbove:
-		above++
-		return was || above >= cpuShortPeriods, above
-	case mean < cpuEnoughBelow:
-		return false, 0
+// given the verdict before it (was) and the periods before it (busy, as in
+// cpuWatch); it returns the periods with this one.
+func shortOfCPU(was bool, busy uint8, mean time.Duration, n uint64) (bool, uint8) {
+	busy <<= 1 // cpuWindow is 8: the oldest period falls out
+	if n >= cpuMinWaits && mean > cpuBusyAbove {
+		busy |= 1
 	}
-	return was, 0
+	switch k := bits.OnesCount8(busy); {
+	case k >= cpuShortIn:
+		return true, busy
+	case k <= cpuEnoughIn:
+		return false, busy
+	}
+	return was, busy
 }

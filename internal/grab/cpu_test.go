@@ -36,32 +36,33 @@ func TestMeanWait(t *testing.T) {
 	}
 }
 
-// TestShortOfCPU: the verdict turns after cpuShortPeriods periods in a row
-// above cpuShortAbove, turns back after one below cpuEnoughBelow, holds
-// between them, and an idle period is never short.
+// TestShortOfCPU: the verdict turns once cpuShortIn of the last cpuWindow
+// periods were busy, turns back once no more than cpuEnoughIn were, holds
+// between them; an idle period is not busy, whatever its mean.
 func TestShortOfCPU(t *testing.T) {
-	high, between, low := cpuShortAbove+time.Microsecond, (cpuShortAbove+cpuEnoughBelow)/2, cpuEnoughBelow-time.Microsecond
+	high, low := cpuBusyAbove+time.Microsecond, cpuBusyAbove
+	ones := func(k int) uint8 { return uint8(1<<k - 1) } // the k newest periods busy
 	for _, c := range []struct {
-		name      string
-		was       bool
-		above     int
-		mean      time.Duration
-		n         uint64
-		want      bool
-		wantAbove int
+		name     string
+		was      bool
+		busy     uint8
+		mean     time.Duration
+		n        uint64
+		want     bool
+		wantBusy uint8
 	}{
-		{"one period above", false, 0, high, cpuMinWaits, false, 1},
-		{"periods in a row above", false, cpuShortPeriods - 1, high, cpuMinWaits, true, cpuShortPeriods},
-		{"short, above", true, cpuShortPeriods, high, cpuMinWaits, true, cpuShortPeriods + 1},
-		{"between, not short", false, 1, between, cpuMinWaits, false, 0},
-		{"between, short", true, cpuShortPeriods, between, cpuMinWaits, true, 0},
-		{"below", true, cpuShortPeriods, low, cpuMinWaits, false, 0},
-		{"idle, short", true, cpuShortPeriods, time.Millisecond, cpuMinWaits - 1, false, 0},
-		{"idle", false, 1, time.Millisecond, cpuMinWaits - 1, false, 0},
+		{"one busy period", false, 0, high, cpuMinWaits, false, 1},
+		{"the one that makes cpuShortIn", false, ones(cpuShortIn - 1), high, cpuMinWaits, true, ones(cpuShortIn)},
+		{"a quiet one after cpuShortIn-1", false, ones(cpuShortIn - 1), low, cpuMinWaits, false, ones(cpuShortIn-1) << 1},
+		{"short, a quiet period", true, ones(cpuWindow), low, cpuMinWaits, true, ones(cpuWindow) << 1},
+		{"short, the busy ones fall to cpuEnoughIn", true, 0x80 | ones(cpuEnoughIn), low, cpuMinWaits, false, ones(cpuEnoughIn) << 1},
+		{"short, still more than cpuEnoughIn", true, ones(cpuEnoughIn + 1), low, cpuMinWaits, true, ones(cpuEnoughIn+1) << 1},
+		{"the oldest falls out of the window", true, 0x80 | ones(cpuShortIn-1), low, cpuMinWaits, true, ones(cpuShortIn-1) << 1},
+		{"an idle period is not busy", false, ones(cpuShortIn - 1), time.Millisecond, cpuMinWaits - 1, false, ones(cpuShortIn-1) << 1},
 	} {
-		got, above := shortOfCPU(c.was, c.above, c.mean, c.n)
-		if got != c.want || above != c.wantAbove {
-			t.Errorf("%s: shortOfCPU(%v, %d, %v, %d) = %v, %d; want %v, %d", c.name, c.was, c.above, c.mean, c.n, got, above, c.want, c.wantAbove)
+		got, busy := shortOfCPU(c.was, c.busy, c.mean, c.n)
+		if got != c.want || busy != c.wantBusy {
+			t.Errorf("%s: shortOfCPU(%v, %08b, %v, %d) = %v, %08b; want %v, %08b", c.name, c.was, c.busy, c.mean, c.n, got, busy, c.want, c.wantBusy)
 		}
 	}
 }
@@ -82,18 +83,20 @@ func TestCPUWatch(t *testing.T) {
 	waittest.Until(t, 30*time.Second, "the watch finds CPU to spare once the spinners stop", func() bool { return !w.short.Load() })
 }
 
-// spinCPU starts four goroutines to a core that take turns: each spins
-// about 100 µs, then goes to the back of the run queue, so that each waits
-// for the other three (the runtime times one wait in eight). It returns a
-// func that stops them and waits for them; the test's end stops them too.
+// spinCPU starts sixteen goroutines to a core that take turns: each spins
+// about 25 µs, then goes to the back of the run queue, so that each waits
+// for the other fifteen (about 375 µs). Short spins make many waits, so
+// that enough are timed (the runtime times one in eight) even when the
+// process gets a fifth of its cores. It returns a func that stops them and
+// waits for them; the test's end stops them too.
 func spinCPU(tb testing.TB) (stop func()) {
 	var spin atomic.Bool
 	spin.Store(true)
 	var spinners sync.WaitGroup
-	for range 4 * runtime.GOMAXPROCS(0) {
+	for range 16 * runtime.GOMAXPROCS(0) {
 		spinners.Go(func() {
 			for spin.Load() {
-				for start := time.Now(); time.Since(start) < 100*time.Microsecond; {
+				for start := time.Now(); time.Since(start) < 25*time.Microsecond; {
 				}
 				runtime.Gosched()
 			}

@@ -25,7 +25,9 @@ func Breaker(s *Service, shard string) string {
 // out are looked up anyway.
 const UnknownLookups = unknownLookups
 
-// WatchesCPU reports whether every lane of s lingers by s's CPU watch.
+// WatchesCPU reports whether every lane of s's named shards (not those of
+// cluster shards, made the same way by newBatcher) lingers by s's CPU
+// watch.
 func WatchesCPU(s *Service) bool {
 	for _, b := range s.batchers {
 		if b.cpu == nil || b.cpu != s.cpu {

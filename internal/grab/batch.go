@@ -277,8 +277,8 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*cl
 // the next requests to be read, which on a machine whose cores are all
 // taken is longer than lingerMax: the claims then keep splitting into two
 // cohorts, and every batch pays its fixed work for half of what it could
-// carry. Waiting longer there fills the batches, and since the CPU is what
-// limits the answers, the CPU each batch saves is answers gained. An open
+// carry. Waiting longer there fills the batches and saves the shards' CPU
+// (measured: 5 to 13% of the CPU per grab, no more answers a second). An open
 // loop (phones, each on its own clock) sends at its own pace whatever the
 // answers: a longer wait there adds to every claim's time and buys little.
 // The two look alike to a lane, but not to the scheduler: an open loop

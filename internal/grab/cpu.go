@@ -26,9 +26,6 @@ import (
 // rate, median 29 µs, a quarter of the periods above 55 µs; the saturated
 // closed loop of 64 connections on 4 shards, median 64 µs, nine periods in
 // ten at 50 µs or more; on 1 shard, median 94 µs.
-// The window is the bits of a uint8.
-const _ = uint(8-cpuWindow) + uint(cpuWindow-8)
-
 const (
 	cpuPeriod    = 50 * time.Millisecond
 	cpuBusyAbove = 50 * time.Microsecond
@@ -40,6 +37,9 @@ const (
 	// few waits were.
 	cpuMinWaits = 50
 )
+
+// The window is the bits of a uint8, and cpuEnoughIn < cpuShortIn <= cpuWindow.
+const _ = uint(8-cpuWindow) + uint(cpuWindow-8) + uint(cpuWindow-cpuShortIn) + uint(cpuShortIn-cpuEnoughIn-1)
 
 // cpuWatch tells whether the process is short of CPU, from the runtime's
 // scheduler latencies, read every cpuPeriod by run.

@@ -57,7 +57,7 @@ func TestShortOfCPU(t *testing.T) {
 		{"short, a quiet period", true, ones(cpuWindow), low, cpuMinWaits, true, ones(cpuWindow) << 1},
 		{"short, the busy ones fall to cpuEnoughIn", true, 0x80 | ones(cpuEnoughIn), low, cpuMinWaits, false, ones(cpuEnoughIn) << 1},
 		{"short, still more than cpuEnoughIn", true, ones(cpuEnoughIn + 1), low, cpuMinWaits, true, ones(cpuEnoughIn+1) << 1},
-		{"the oldest falls out of the window", true, 0x80 | ones(cpuShortIn-1), low, cpuMinWaits, true, ones(cpuShortIn-1) << 1},
+		{"the oldest falls out of the window", false, 0x80 | ones(cpuShortIn-2), high, cpuMinWaits, false, ones(cpuShortIn-2)<<1 | 1},
 		{"an idle period is not busy", false, ones(cpuShortIn - 1), time.Millisecond, cpuMinWaits - 1, false, ones(cpuShortIn-1) << 1},
 	} {
 		got, busy := shortOfCPU(c.was, c.busy, c.mean, c.n)
@@ -85,7 +85,7 @@ func TestCPUWatch(t *testing.T) {
 
 // spinCPU starts sixteen goroutines to a core that take turns: each spins
 // about 25 µs, then goes to the back of the run queue, so that each waits
-// for the other fifteen (about 375 µs). Short spins make many waits, so
+// for the others (about 375 µs). Short spins make many waits, so
 // that enough are timed (the runtime times one in eight) even when the
 // process gets a fifth of its cores. It returns a func that stops them and
 // waits for them; the test's end stops them too.

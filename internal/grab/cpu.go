@@ -98,7 +98,7 @@ func meanWait(buckets []float64, counts, prev []uint64) (time.Duration, uint64) 
 			continue
 		}
 		lo, hi := buckets[i], buckets[i+1]
-		if math.IsInf(lo, -1) || lo < 0 {
+		if lo < 0 { // -Inf: the first bucket
 			lo = 0
 		}
 		if math.IsInf(hi, 1) {

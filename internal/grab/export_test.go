@@ -30,7 +30,7 @@ const UnknownLookups = unknownLookups
 // watch.
 func WatchesCPU(s *Service) bool {
 	for _, b := range s.batchers {
-		if b.cpu == nil || b.cpu != s.cpu {
+		if b.cpu != s.cpu {
 			return false
 		}
 	}

@@ -29,7 +29,8 @@
 #   BEFORE=REV scripts/bench.sh versus
 #                               POST /grab over HTTP: rain built at git revision REV
 #                               beside rain built from the working tree, rounds
-#                               alternating (what a change costs; see bench_versus)
+#                               alternating (what a change costs; see bench_versus);
+#                               OPEN=1 adds open-loop runs at LOAD x the saturated rate
 #
 # rain runs on 4 shards (RAIN_SHARDS=N: N; budget sets its own), each a
 # redis-server on this machine, so their fsyncs share one disk.
@@ -817,7 +818,9 @@ start_settle() {
 # bench_versus: rain built at git revision $BEFORE beside rain built from the
 # working tree, each on 4 fresh shards, saturated, rounds alternating which
 # goes first: goodput, latency and CPU per answer of each (what a change of
-# the hot path costs).
+# the hot path costs). With OPEN=1 each round then runs both at the same
+# open-loop rate, LOAD x the round's lower saturated goodput, as grab does:
+# the latency a change costs or saves below saturation.
 bench_versus() {
   need_tools redis-server curl git
   [ -n "${BEFORE:-}" ] || { echo "bench.sh: versus needs BEFORE=<git revision>" >&2; return 2; }
@@ -841,13 +844,36 @@ bench_versus() {
       [ "$n" = before ] && port=$bport
       saturate "$n" "$port" "$r" -admin-token "$token"
     done
+    [ "${OPEN:-0}" = 1 ] || continue
+    # Both at the same open-loop rate, LOAD x the round's lower saturated
+    # goodput, as grab's "at R/s" runs.
+    local eq
+    eq=$(awk -v a="$(result_of "$tmp/before.sat.$r.out" goodput_rps)" \
+      -v b="$(result_of "$tmp/after.sat.$r.out" goodput_rps)" -v s="$share" \
+      'BEGIN { m = a < b ? a : b; printf "%d\n", m * s }')
+    for n in $order; do
+      local port=$aport
+      [ "$n" = before ] && port=$bport
+      load "$n" eq "$r" "$port" -pool "bench$r" -rate "$eq" -duration "$duration" -conns "$conns" \
+        -user-prefix "e$r." -repeat "$repeat" -admin-token "$token"
+    done
   done
   echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE"
   print_row "versus: saturated" before sat
   print_row "versus: saturated" after sat
   figure "$(awk -v b="$(med before sat goodput_rps)" -v a="$(med after sat goodput_rps)" \
-    -v bu="$(med before sat app_us)" -v au="$(med after sat app_us)" 'BEGIN {
-    printf "versus: the working tree serves %.3fx the grabs/s of %s; rain CPU per answer %.3fx\n", a / b, ENVIRON["BEFORE"], au / bu }')"
+    -v bu="$(med before sat app_us)" -v au="$(med after sat app_us)" \
+    -v br="$(med before sat redis_us)" -v ar="$(med after sat redis_us)" 'BEGIN {
+    printf "versus: the working tree serves %.3fx the grabs/s of %s; rain CPU per answer %.3fx, with its Redis %.3fx\n", a / b, ENVIRON["BEFORE"], au / bu, (au + ar) / (bu + br) }')"
+  if [ "${OPEN:-0}" = 1 ]; then
+    local eqm
+    eqm=$(med after eq offered_rps)
+    print_row "$(printf 'versus: at %6.0f/s' "$eqm")" before eq
+    print_row "$(printf 'versus: at %6.0f/s' "$eqm")" after eq
+    figure "$(awk -v b50="$(med before eq p50_ms)" -v a50="$(med after eq p50_ms)" \
+      -v b99="$(med before eq p99_ms)" -v a99="$(med after eq p99_ms)" 'BEGIN {
+      printf "versus: open loop, the working tree / %s: p50 %.3fx, p99 %.3fx\n", ENVIRON["BEFORE"], a50 / b50, a99 / b99 }')"
+  fi
   cleanup
 }
 

@@ -188,7 +188,10 @@ start_redis() {
   [ -z "$fsync" ] || persist=(--appendonly yes --appendfsync "$fsync")
   free_port rp
   mkdir -p "$dir"
+  # The latency monitor records every fsync that takes 10 ms or more (see
+  # slowest_fsync).
   redis-server --bind 127.0.0.1 --port "$rp" --dir "$dir" --save "" "${persist[@]}" \
+    --latency-monitor-threshold 10 \
     ${redis_args[@]+"${redis_args[@]}"} --daemonize no --logfile "" >"$dir/redis.log" 2>&1 &
   started+=($!)
   redis_pid=$!
@@ -364,7 +367,8 @@ load() {
   local args="$*"
   args=${args//-admin-token $token/-admin-token T} # the token stays off the screen
   echo "== $section: $name $kind (round $round): rainload $args"
-  local app0 redis0 app1 redis1
+  local app0 redis0 app1 redis1 fsync
+  slowest_fsync "$port" >/dev/null # resets the shards' latency monitors
   app0=$(cpu_ticks ${app_of[$port]:-}) redis0=$(cpu_ticks ${redis_of[$port]:-})
   "$bin/rainload" -url "http://127.0.0.1:$port" -progress 0 -summary "$base.json" \
     -timeline "$base.jsonl" "$@" >"$base.out" 2>"$base.err" || {
@@ -375,9 +379,10 @@ load() {
   # CPU per answered request, of the target's process and of its Redis
   # processes, appended to the result line (app_us, redis_us).
   app1=$(cpu_ticks ${app_of[$port]:-}) redis1=$(cpu_ticks ${redis_of[$port]:-})
-  awk -v a=$((app1 - app0)) -v r=$((redis1 - redis0)) -v hz="$clk_tck" \
+  fsync=$(slowest_fsync "$port")
+  awk -v a=$((app1 - app0)) -v r=$((redis1 - redis0)) -v hz="$clk_tck" -v f="$fsync" \
     -v n="$(result_of "$base.out" answered)" '
-    $1 == "result" { $0 = $0 sprintf(" app_us=%.1f redis_us=%.1f", n ? a * 1e6 / hz / n : 0, n ? r * 1e6 / hz / n : 0) }
+    $1 == "result" { $0 = $0 sprintf(" app_us=%.1f redis_us=%.1f fsync_ms=%d", n ? a * 1e6 / hz / n : 0, n ? r * 1e6 / hz / n : 0, f) }
     { print }' "$base.out" >"$base.out.tmp" && mv "$base.out.tmp" "$base.out"
   grep -E '^  (offered|statuses|accepted|driver lag)' "$base.out" || true
   if [ -n "$report_dir" ]; then
@@ -416,6 +421,12 @@ med() {
   local f
   for f in "$tmp/$1.$2".*.out; do result_of "$f" "$3"; done | sort -g |
     awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+
+# most NAME KIND KEY prints the largest KEY of NAME's KIND runs (0 for none).
+most() {
+  local f
+  for f in "$tmp/$1.$2".*.out; do result_of "$f" "$3"; done | awk '$1 > m { m = $1 } END { printf "%d\n", m }'
 }
 
 # total NAME KIND KEY prints the sum of KEY over NAME's KIND runs.
@@ -464,9 +475,10 @@ print_row() {
     -v p999="$(med "$name" "$kind" p999_ms)" -v shed="$(med "$name" "$kind" shed_rps)" \
     -v off="$(med "$name" "$kind" offered_rps)" -v drop="$(total "$name" "$kind" dropped)" \
     -v sched="$(total "$name" "$kind" scheduled)" -v err="$(total "$name" "$kind" errors)" \
-    -v app="$(med "$name" "$kind" app_us)" -v rds="$(med "$name" "$kind" redis_us)" 'BEGIN {
-      printf "%s %-8s %7.0f grabs/s  p50 %6.2f ms  p99 %6.2f ms  p99.9 %6.2f ms  shed %.0f/s  errors %d  dropped %.1f%% of %.0f/s offered  CPU/answer %.1f + %.1f us (process + redis)\n",
-        l, n, g, p50, p99, p999, shed, err, sched ? 100 * drop / sched : 0, off, app, rds }')"
+    -v app="$(med "$name" "$kind" app_us)" -v rds="$(med "$name" "$kind" redis_us)" \
+    -v fs="$(most "$name" "$kind" fsync_ms)" 'BEGIN {
+      printf "%s %-8s %7.0f grabs/s  p50 %6.2f ms  p99 %6.2f ms  p99.9 %6.2f ms  shed %.0f/s  errors %d  dropped %.1f%% of %.0f/s offered  CPU/answer %.1f + %.1f us (process + redis)%s\n",
+        l, n, g, p50, p99, p999, shed, err, sched ? 100 * drop / sched : 0, off, app, rds, (fs > 0 ? sprintf("  slowest fsync %d ms", fs) : "") }')"
   [ "$section" = soldout ] || [ "$(total "$name" "$kind" sold_out)" = 0 ] ||
     echo "$section: warning: $name sold out during a $kind run: raise PACKETS or shorten DURATION" >&2
 }
@@ -1185,6 +1197,23 @@ declare -A debug_of
 ctx_switches() {
   cat /proc/"$1"/task/*/status 2>/dev/null |
     awk '$1 == "voluntary_ctxt_switches:" || $1 == "nonvoluntary_ctxt_switches:" { s += $2 } END { print s + 0 }'
+}
+
+# slowest_fsync PORT: the longest AOF fsync (appendfsync always) of the Redis
+# processes of the target on PORT since the last call, in ms (0: none took 10 ms
+# or more), from their latency monitors, which it resets. One slow fsync holds
+# every write of its shard for its length: it is often what a p99 or p99.9 of a
+# run measures, and a disk's stall shows on every shard at once.
+slowest_fsync() {
+  local p max=0 v
+  command -v redis-cli >/dev/null || { echo 0; return 0; }
+  for p in $(redis_ports "$1"); do
+    # LATENCY LATEST: event, when, the latest ms, the most ms since the reset.
+    v=$(redis-cli -p "$p" latency latest 2>/dev/null | awk '$0 == "aof-fsync-always" { getline; getline; getline; print; exit }')
+    redis-cli -p "$p" latency reset >/dev/null 2>&1 || true
+    [ -n "$v" ] && [ "$v" -gt "$max" ] && max=$v
+  done
+  echo "$max"
 }
 
 # redis_ports PORT: the ports of the Redis processes of the target on PORT.

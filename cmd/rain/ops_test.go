@@ -83,6 +83,8 @@ func TestMetricsSeries(t *testing.T) {
 		{"rain_shard_breaker_state", nil, 0, 4},
 		{"rain_shard_batch_failures_total", nil, 0, 4},
 		{"rain_shard_claims_refused_total", nil, 0, 8},
+		{"rain_shard_lingers_total", nil, -1, 8},
+		{"rain_shard_linger_claims_total", nil, -1, 4},
 		{"rain_redis_pool_connections", nil, -1, 4},
 		{"rain_redis_pool_timeouts_total", nil, 0, 4},
 		{"rain_pool_capacity", nil, 32, 1},

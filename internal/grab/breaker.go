@@ -142,6 +142,11 @@ type ShardStats struct {
 	// Redirected counts groups of claims a cluster sent elsewhere (their
 	// slot moved, or was moving) and that were followed there.
 	Redirected int64
+	// Lingered counts the times the shard's lane waited for the claims it
+	// expected before sending a batch, LingerClaims the claims those waits
+	// took in, LingerSkipped the waits it did not make because its recent
+	// ones took in too few (see lingerGain).
+	Lingered, LingerClaims, LingerSkipped int64
 }
 
 // ShardStats returns each shard's claim path figures, in shard name order;
@@ -152,7 +157,8 @@ func (s *Service) ShardStats() []ShardStats {
 	add := func(name string, b *batcher) {
 		out = append(out, ShardStats{Name: name, Breaker: int(b.br.current()), Trips: b.br.trips.Load(),
 			Failures: b.failures.Load(), Refused: b.refused.Load(), Busy: b.busy.Load(), InFlight: b.inflight.Load(),
-			Redirected: b.moved.Load()})
+			Redirected: b.moved.Load(), Lingered: b.lingered.Load(), LingerClaims: b.lingerClaims.Load(),
+			LingerSkipped: b.lingerSkipped.Load()})
 	}
 	for _, name := range s.shards.Names() {
 		if b := s.batchers[name]; b != nil {

@@ -116,6 +116,17 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.InFlight) }))
 	r.CounterVec("rain_shard_redirects_total", "Batches of claims a cluster shard's primary sent elsewhere (their slot moved or was moving: MOVED, ASK, TRYAGAIN), followed there.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.Redirected) }))
+	r.CounterVec("rain_shard_lingers_total", "Times the shard's claim lane waited for the claims it expected before sending a batch (lingered), or did not because its recent waits took in too few (skipped).",
+		[]string{"shard", "outcome"}, func() []Sample {
+			var out []Sample
+			for _, s := range stats() {
+				out = append(out, Sample{Labels: []string{s.Name, "lingered"}, V: float64(s.Lingered)},
+					Sample{Labels: []string{s.Name, "skipped"}, V: float64(s.LingerSkipped)})
+			}
+			return out
+		})
+	r.CounterVec("rain_shard_linger_claims_total", "Claims the shard's claim lane took into a batch while it waited for them.",
+		shard, per(func(s grab.ShardStats) float64 { return float64(s.LingerClaims) }))
 
 	redisPool := func(f func(hits, misses, timeouts, total, idle, stale uint32) float64) func() []Sample {
 		return func() []Sample {

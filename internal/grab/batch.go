@@ -294,10 +294,11 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*cl
 // batches lingered, a linger took in 0.2 to 0.5 claims, and four in five
 // lasted their whole bound, which on a process with idle processors ends
 // at the netpoller's next wake-up (about 400 µs for a bound of 200). So
-// with CPU to spare a lane lingers only while its lingers take in at least
-// lingerWorth claims on average, with one linger after lingerProbeAfter
-// skipped to see whether they would again. Short of CPU it always lingers:
-// there the claims come (6 to 7 a linger, saturated on 4 shards).
+// with CPU to spare a lane lingers only while its lingers (every one,
+// those made short of CPU too) took in at least lingerWorth claims on
+// average, with one linger after lingerProbeAfter skipped to see whether
+// they would again. Short of CPU it always lingers: there the claims come
+// (6 to 7 a linger, saturated on 4 shards).
 type lingerGain struct {
 	mean float64
 	skip int

@@ -18,10 +18,12 @@ import (
 // after each burst the lane expects as many claims as it answered, lingers
 // for them when the lone grab comes, and none come. Its lingers soon take
 // in too little to be worth it, and it skips them (lingerGain), trying
-// one now and then; every grab is granted.
+// one now and then; every grab is granted. (A pool of a million packets:
+// the wait holds even if the process stays short of CPU, and lingers, for
+// most of it.)
 func TestLaneSkipsLingersThatTakeInNothing(t *testing.T) {
 	e := newEnv(t, 1, redistest.Options{AOF: true, Fsync: "always"})
-	e.preload(t, rain.Spec{PoolID: "p", TotalCents: 100_000, Count: 100_000, HoldSeconds: 3600})
+	e.preload(t, rain.Spec{PoolID: "p", TotalCents: 1_000_000, Count: 1_000_000, HoldSeconds: 3600})
 	ctx := context.Background()
 	n := 0
 	grabOne := func() {
@@ -31,8 +33,7 @@ func TestLaneSkipsLingersThatTakeInNothing(t *testing.T) {
 			t.Errorf("grab of u%d = %+v, %v; want granted", n, r, err)
 		}
 	}
-	stats := func() grab.ShardStats { return e.svc.ShardStats()[0] }
-	waittest.Until(t, 60*time.Second, "a linger made and one skipped", func() bool {
+	burst := func() {
 		var wg sync.WaitGroup
 		for range 8 {
 			n++
@@ -44,6 +45,10 @@ func TestLaneSkipsLingersThatTakeInNothing(t *testing.T) {
 			})
 		}
 		wg.Wait()
+	}
+	stats := func() grab.ShardStats { return e.svc.ShardStats()[0] }
+	waittest.Until(t, 60*time.Second, "a linger made and one skipped", func() bool {
+		burst()
 		grabOne()
 		st := stats()
 		return t.Failed() || (st.LingerSkipped >= 1 && st.Lingered >= 1)
@@ -51,7 +56,22 @@ func TestLaneSkipsLingersThatTakeInNothing(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	st := stats()
-	t.Logf("lingered %d (took in %d claims), skipped %d", st.Lingered, st.LingerClaims, st.LingerSkipped)
+	// Once the lingers have not paid, the lane skips them, trying one now
+	// and then (lingerProbeAfter): each round makes about two decisions
+	// (one in the burst, one for the lone grab), and the lone grab's
+	// linger can take in nothing.
+	const rounds = 40
+	before := stats()
+	for range rounds {
+		burst()
+		grabOne()
+	}
+	after := stats()
+	lingered, skipped := after.Lingered-before.Lingered, after.LingerSkipped-before.LingerSkipped
+	t.Logf("over %d rounds: lingered %d (took in %d claims), skipped %d", rounds, lingered, after.LingerClaims-before.LingerClaims, skipped)
+	if skipped < rounds/2 || lingered < 1 || lingered > 10 {
+		t.Errorf("over %d rounds of a burst and a lone grab the lane lingered %d times and skipped %d, want at least %d skipped and from 1 to 10 lingers (the probes)",
+			rounds, lingered, skipped, rounds/2)
+	}
 	e.assertAudit(t, "p")
 }

@@ -97,6 +97,18 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 			return out
 		}
 	}
+	// two: a series per shard and each of two values, a and b, of a second
+	// label.
+	two := func(a, b string, f func(grab.ShardStats) (float64, float64)) func() []Sample {
+		return func() []Sample {
+			var out []Sample
+			for _, s := range stats() {
+				va, vb := f(s)
+				out = append(out, Sample{Labels: []string{s.Name, a}, V: va}, Sample{Labels: []string{s.Name, b}, V: vb})
+			}
+			return out
+		}
+	}
 	r.GaugeVec("rain_shard_breaker_state", "The shard's circuit breaker: 0 closed, 1 open (its users are answered 503 at once), 2 half-open (a probe is out).",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.Breaker) }))
 	r.CounterVec("rain_shard_breaker_trips_total", "Times the shard's breaker opened.",
@@ -104,27 +116,13 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 	r.CounterVec("rain_shard_batch_failures_total", "Batches of claims the shard did not answer (network error or timeout).",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.Failures) }))
 	r.CounterVec("rain_shard_claims_refused_total", "Claims answered 503 without being sent, by shard and by why: breaker_open, or bulkhead (the late shard had its share of the workers).",
-		[]string{"shard", "reason"}, func() []Sample {
-			var out []Sample
-			for _, s := range stats() {
-				out = append(out, Sample{Labels: []string{s.Name, "breaker_open"}, V: float64(s.Refused)},
-					Sample{Labels: []string{s.Name, "bulkhead"}, V: float64(s.Busy)})
-			}
-			return out
-		})
+		[]string{"shard", "reason"}, two("breaker_open", "bulkhead", func(s grab.ShardStats) (float64, float64) { return float64(s.Refused), float64(s.Busy) }))
 	r.GaugeVec("rain_shard_claims_in_flight", "Claims queued or in flight to the shard.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.InFlight) }))
 	r.CounterVec("rain_shard_redirects_total", "Batches of claims a cluster shard's primary sent elsewhere (their slot moved or was moving: MOVED, ASK, TRYAGAIN), followed there.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.Redirected) }))
 	r.CounterVec("rain_shard_lingers_total", "Times the shard's claim lane waited for the claims it expected before sending a batch (lingered), or did not because its recent waits took in too few (skipped).",
-		[]string{"shard", "outcome"}, func() []Sample {
-			var out []Sample
-			for _, s := range stats() {
-				out = append(out, Sample{Labels: []string{s.Name, "lingered"}, V: float64(s.Lingered)},
-					Sample{Labels: []string{s.Name, "skipped"}, V: float64(s.LingerSkipped)})
-			}
-			return out
-		})
+		[]string{"shard", "outcome"}, two("lingered", "skipped", func(s grab.ShardStats) (float64, float64) { return float64(s.Lingered), float64(s.LingerSkipped) }))
 	r.CounterVec("rain_shard_linger_claims_total", "Claims the shard's claim lane took into a batch while it waited for them.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.LingerClaims) }))
 

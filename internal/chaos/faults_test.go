@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,6 +101,15 @@ func TestOneBadShard(t *testing.T) {
 		{"a slow script", func() {
 			slow = make(chan struct{})
 			c := shard.NewClient(bad.Addr, shard.Options{Timeout: time.Minute})
+			// A shard's core is its own in production; here the shards,
+			// both instances and the load share two with every other
+			// package's tests. At the lowest priority the script's spin
+			// takes only a core nobody else wants: the shard still answers
+			// nothing for the window, and the healthy users' figures
+			// measure rain, not a core this machine lost to the fault.
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, bad.PID(), 19); err != nil {
+				t.Logf("the busy shard's priority not lowered: %v", err)
+			}
 			go func() {
 				defer close(slow)
 				defer c.Close()
@@ -107,7 +117,15 @@ func TestOneBadShard(t *testing.T) {
 				_ = c.Eval(ctx, `local t = redis.call('TIME') local s = tonumber(t[1])
 					while tonumber(redis.call('TIME')[1]) - s < tonumber(ARGV[1]) do end return 1`, nil, int(window.Seconds())).Err()
 			}()
-		}, func() { <-slow }, true},
+		}, func() {
+			<-slow
+			// Back to the priority of the others for the faults after it
+			// (raising it needs CAP_SYS_NICE: the suite runs as root, as
+			// scripts/test.sh does to install Redis).
+			if err := syscall.Setpriority(syscall.PRIO_PROCESS, bad.PID(), 0); err != nil {
+				t.Logf("the busy shard's priority not restored: %v", err)
+			}
+		}, true},
 		{"audits of a 300,000-packet pool", func() {
 			audits = make(chan error, 1)
 			go func() {

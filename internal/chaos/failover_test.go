@@ -98,6 +98,7 @@ func TestSentinelFailover(t *testing.T) {
 		// grabs of users at home on the other shards that failed after
 		// the kill: one bad shard stays one bad shard
 		healthyFailures int
+		firstHealthy    string // the first of them, for the failure's message
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -131,7 +132,9 @@ func TestSentinelFailover(t *testing.T) {
 				case err != nil:
 					failures++
 					if !onHA(u) && !killedAt.IsZero() {
-						healthyFailures++
+						if healthyFailures++; healthyFailures == 1 {
+							firstHealthy = fmt.Sprintf("%s, %v after the kill: %v", u, time.Since(killedAt).Round(time.Millisecond), err)
+						}
 					}
 					if !errors.Is(err, grab.ErrUnavailable) && !errors.Is(err, grab.ErrOutcomeUnknown) {
 						t.Errorf("grab %s: %v", u, err)
@@ -175,7 +178,8 @@ func TestSentinelFailover(t *testing.T) {
 	t.Logf("grabs on the Sentinel shard resumed %v after its primary was killed; %d grants answered, %d grabs failed meanwhile",
 		resumedAt.Sub(killedAt).Round(time.Millisecond), len(answered), failures)
 	if healthyFailures > 0 {
-		t.Errorf("%d grabs of users at home on the healthy shards failed during the failover", healthyFailures)
+		t.Errorf("%d grabs of users at home on the healthy shards failed during the failover; the first: %s; the shards: %+v",
+			healthyFailures, firstHealthy, svc.ShardStats())
 	}
 
 	// Every grant answered is where it was granted, on the new primary too.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,28 +78,8 @@ func TestBusyDiskRefusesNothing(t *testing.T) {
 	// one proves nothing either way: such a window is run again, up to
 	// three times.
 	budget := in.Shards.Timeout()
-	for _, srv := range servers {
-		if err := redistest.Client(t, srv).ConfigSet(ctx, "latency-monitor-threshold", "100").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	slowest := func() time.Duration { // the slowest fsync since the last call, of every shard
-		var most time.Duration
-		for _, srv := range servers {
-			c := redistest.Client(t, srv)
-			if ev, err := c.Do(ctx, "LATENCY", "LATEST").Slice(); err == nil {
-				for _, e := range ev {
-					if f, ok := e.([]any); ok && len(f) >= 4 && f[0] == "aof-fsync-always" {
-						if ms, ok := f[3].(int64); ok {
-							most = max(most, time.Duration(ms)*time.Millisecond)
-						}
-					}
-				}
-			}
-			_ = c.Do(ctx, "LATENCY", "RESET").Err()
-		}
-		return most
-	}
+	fsyncs := watchFsyncs(t, servers)
+	slowest := func() time.Duration { return slices.Max(fsyncs()) }
 	slowest()
 	for try := 1; ; try++ {
 		before := in.Grabs.ShardStats()

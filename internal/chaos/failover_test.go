@@ -97,9 +97,11 @@ func TestSentinelFailover(t *testing.T) {
 		failures  int
 		// grabs of users at home on the other shards that failed after
 		// the kill: one bad shard stays one bad shard
-		healthyFailures int
-		firstHealthy    string // the first of them, for the failure's message
+		healthyFailures = map[string]int{}    // by home shard
+		firstHealthy    = map[string]string{} // the first of them, for the failure's message
 	)
+	fsyncs := watchFsyncs(t, plain) // the healthy shards p1, p2, p3
+	fsyncs()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 6 {
@@ -132,8 +134,9 @@ func TestSentinelFailover(t *testing.T) {
 				case err != nil:
 					failures++
 					if !onHA(u) && !killedAt.IsZero() {
-						if healthyFailures++; healthyFailures == 1 {
-							firstHealthy = fmt.Sprintf("%s, %v after the kill: %v", u, time.Since(killedAt).Round(time.Millisecond), err)
+						home := st.SubPools[xxhash.Sum64String(u)%subPools].Shard
+						if healthyFailures[home]++; healthyFailures[home] == 1 {
+							firstHealthy[home] = fmt.Sprintf("%s, %v after the kill: %v", u, time.Since(killedAt).Round(time.Millisecond), err)
 						}
 					}
 					if !errors.Is(err, grab.ErrUnavailable) && !errors.Is(err, grab.ErrOutcomeUnknown) {
@@ -177,9 +180,20 @@ func TestSentinelFailover(t *testing.T) {
 	wg.Wait()
 	t.Logf("grabs on the Sentinel shard resumed %v after its primary was killed; %d grants answered, %d grabs failed meanwhile",
 		resumedAt.Sub(killedAt).Round(time.Millisecond), len(answered), failures)
-	if healthyFailures > 0 {
-		t.Errorf("%d grabs of users at home on the healthy shards failed during the failover; the first: %s; the shards: %+v",
-			healthyFailures, firstHealthy, svc.ShardStats())
+	// A healthy shard whose own fsync landed past the budget may be cut off
+	// (invariant 10); nothing else excuses a failure of its users.
+	slow := fsyncs()
+	for i, name := range []string{"p1", "p2", "p3"} {
+		n := healthyFailures[name]
+		switch {
+		case n == 0:
+		case slow[i] >= set.Timeout():
+			t.Logf("%d grabs of users at home on %s failed: its own fsync took %v, past the budget of %v; the first: %s",
+				n, name, slow[i], set.Timeout(), firstHealthy[name])
+		default:
+			t.Errorf("%d grabs of users at home on the healthy shard %s failed during the failover (its slowest fsync %v); the first: %s; the shards: %+v",
+				n, name, slow[i], firstHealthy[name], svc.ShardStats())
+		}
 	}
 
 	// Every grant answered is where it was granted, on the new primary too.

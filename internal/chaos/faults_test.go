@@ -44,7 +44,9 @@ func TestOneBadShard(t *testing.T) {
 	// 50 ms: under the 500 ms budget, so a user who waited on the bad shard
 	// still fails the test, while a loaded machine, every package's tests
 	// at once and the other core busy, passes it; the slow script burns a
-	// core of its own).
+	// core of its own). The healthy users' p99 may reach 3x its calm figure
+	// on a machine loaded enough that the calm one is near the limit, but
+	// never the budget less 20 ms.
 	window, slack := 2*time.Second, 8.0
 	if full {
 		window, slack = 10*time.Second, 1.0
@@ -178,8 +180,17 @@ func TestOneBadShard(t *testing.T) {
 			t.Logf("%s: healthy users' p99 %v (%v without the fault); bad shard's 503s p99 %v; /readyz slowest %v, 503 after %v; grabs on the bad shard back %v after it",
 				f.name, healthy, healthyCalm, shedBad, ready.slowest, ready.firstDown, recovered)
 			limit := func(d time.Duration) time.Duration { return time.Duration(float64(d) * slack) }
-			if healthy > max(2*healthyCalm, limit(50*time.Millisecond)) {
-				t.Errorf("healthy users' p99 %v under the fault, want at most 2x %v and %v", healthy, healthyCalm, limit(50*time.Millisecond))
+			// CI: a machine loaded enough that the calm p99 is already a
+			// good part of the limit gets up to 3x it, but never as much as
+			// the budget less 20 ms: a healthy user who waited on the bad
+			// shard waits the budget, and still fails the test.
+			healthyLimit := max(2*healthyCalm, limit(50*time.Millisecond))
+			if !full {
+				healthyLimit = max(healthyLimit, min(3*healthyCalm, instances[0].Shards.Timeout()-20*time.Millisecond))
+			}
+			if healthy > healthyLimit {
+				t.Errorf("healthy users' p99 %v under the fault, want at most %v (2x %v and %v, or on a loaded machine up to 3x, below the budget)",
+					healthy, healthyLimit, healthyCalm, limit(50*time.Millisecond))
 			}
 			if !f.stalls {
 				if n, of, first := during.failed(true); n > 0 {

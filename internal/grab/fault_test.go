@@ -15,12 +15,18 @@ import (
 )
 
 // TestShardKilledMidGrab: kill -9 the shard that holds a pool (AOF on,
-// appendfsync everysec: a process crash loses nothing the kernel has) while
-// users grab, restart it once grabs fail, and go on. Every grant answered
-// before the kill is still there, nobody holds two, the audit is ok.
+// appendfsync always, as rain serve requires: a grant is in the kernel's
+// hands, and on disk, before it is answered) while users grab, restart it
+// once grabs fail, and go on. Every grant answered before the kill is
+// still there, nobody holds two, the audit is ok. (Not everysec: while a
+// background fsync is slow, Redis postpones the AOF's write for up to 2 s
+// and answers meanwhile, so a kill then loses grants already answered and
+// their packets are granted again. A suite beside a CPU hog met it: 3,032
+// users answered a grant of 3,000 packets. That is relaxed durability's
+// window, TestSpillShardLosesWrites.)
 func TestShardKilledMidGrab(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, 3, redistest.Options{AOF: true, Fsync: "everysec"})
+	e := newEnv(t, 3, redistest.Options{AOF: true, Fsync: "always"})
 	const packets, users, workers = 3000, 4000, 8
 	st := e.preload(t, rain.Spec{PoolID: "kill", TotalCents: 300_000, Count: packets})
 	var victim *redistest.Server

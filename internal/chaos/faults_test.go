@@ -151,6 +151,7 @@ func TestOneBadShard(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			l.cut()
+			fsyncs := watchFsyncs(t, []*redistest.Server{bad}) // set again each time: a restart forgets it
 			began := time.Now()
 			f.start()
 			ready := probeReady(t, client, urls[0], window)
@@ -193,8 +194,14 @@ func TestOneBadShard(t *testing.T) {
 					healthy, healthyLimit, healthyCalm, limit(50*time.Millisecond))
 			}
 			if !f.stalls {
+				// A busy shard whose own fsync landed past the budget may be
+				// cut off (invariant 10); nothing else excuses a refusal.
 				if n, of, first := during.failed(true); n > 0 {
-					t.Errorf("%d of %d grabs on the busy shard failed, the first: %s", n, of, first)
+					if slow := slices.Max(fsyncs()); slow >= instances[0].Shards.Timeout() {
+						t.Logf("%d of %d grabs on the busy shard failed, the first: %s; its fsync took %v, past the budget", n, of, first, slow)
+					} else {
+						t.Errorf("%d of %d grabs on the busy shard failed, the first: %s (its slowest fsync %v)", n, of, first, slow)
+					}
 				}
 				if bad := during.p99(true, true); bad > max(2*calm.p99(true, true), limit(50*time.Millisecond)) {
 					t.Errorf("the busy shard's users' p99 %v, want at most 2x %v and %v", bad, calm.p99(true, true), limit(50*time.Millisecond))

@@ -219,11 +219,12 @@ func (b *batcher) lane() {
 		batch = b.drain(append(batch[:0], first))
 		if len(batch) < expect && b.br.current() == breakerClosed {
 			if gain.worth(b.cpu != nil && b.cpu.short.Load()) {
-				took := len(batch)
+				had := len(batch)
 				batch = b.drain(b.linger(batch, expect, timer))
-				gain.lingered(len(batch) - took)
+				took := len(batch) - had
+				gain.lingered(took)
 				b.lingered.Add(1)
-				b.lingerClaims.Add(int64(len(batch) - took))
+				b.lingerClaims.Add(int64(took))
 			} else {
 				gain.skipped()
 				b.lingerSkipped.Add(1)

@@ -26,23 +26,21 @@ func TestLaneSkipsLingersThatTakeInNothing(t *testing.T) {
 	e.preload(t, rain.Spec{PoolID: "p", TotalCents: 1_000_000, Count: 1_000_000, HoldSeconds: 3600})
 	ctx := context.Background()
 	n := 0
+	grabNew := func(user string) { // a new user's grab, granted
+		if r, err := e.svc.Grab(ctx, "p", user); err != nil || r.Outcome != grab.Granted {
+			t.Errorf("grab of %s = %+v, %v; want granted", user, r, err)
+		}
+	}
 	grabOne := func() {
 		n++
-		r, err := e.svc.Grab(ctx, "p", fmt.Sprintf("u%d", n))
-		if err != nil || r.Outcome != grab.Granted {
-			t.Errorf("grab of u%d = %+v, %v; want granted", n, r, err)
-		}
+		grabNew(fmt.Sprintf("u%d", n))
 	}
 	burst := func() {
 		var wg sync.WaitGroup
 		for range 8 {
 			n++
 			user := fmt.Sprintf("u%d", n)
-			wg.Go(func() {
-				if r, err := e.svc.Grab(ctx, "p", user); err != nil || r.Outcome != grab.Granted {
-					t.Errorf("grab of %s = %+v, %v; want granted", user, r, err)
-				}
-			})
+			wg.Go(func() { grabNew(user) })
 		}
 		wg.Wait()
 	}

@@ -193,6 +193,44 @@ func TestSecondRequestDuringSpill(t *testing.T) {
 	}
 }
 
+// TestClaimManyReservationsInOneBatch: a reservation a batch makes is seen
+// by the claims after it in the same batch: on an empty home, a user's
+// second claim with another token is busy, the first one's sent again is
+// reserved, and another user reserves too. In the next batch both are seen
+// from the hash.
+func TestClaimManyReservationsInOneBatch(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := openSubPool(t, c, 0, 60_000, 5)
+	const valid = 60_000
+	batch := []ClaimArg{
+		{User: "a", Serial: 1, Token: "1"},
+		{User: "u", Serial: 2, Token: "2"},
+		{User: "u", Serial: 3, Token: "3"},
+		{User: "u", Serial: 2, Token: "2"},
+		{User: "v", Serial: 4, Token: "4"},
+	}
+	want := []Outcome{Granted, Reserved, Busy, Reserved, Reserved}
+	check := func(batch []ClaimArg, want []Outcome) {
+		t.Helper()
+		got, errs, err := ClaimMany(ctx, c, &k, valid, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, cl := range batch {
+			if errs[i] != nil || got[i].Outcome != want[i] {
+				t.Errorf("claim %+v = %+v, %v; want %v", cl, got[i], errs[i], want[i])
+			}
+		}
+	}
+	check(batch, want)
+	check([]ClaimArg{{User: "v", Serial: 5, Token: "5"}, {User: "u", Serial: 2, Token: "2"}, {User: "w", Serial: 6, Token: "6"}},
+		[]Outcome{Busy, Reserved, Reserved})
+	if n, err := c.HLen(ctx, k.Reserve).Result(); err != nil || n != 3 {
+		t.Fatalf("reservations = %d, %v; want 3 (u, v, w)", n, err)
+	}
+}
+
 // TestClaimManyBatchesAsOneByOne: a batch of claim_many decides every claim
 // as the same claims sent one by one decide them: random batches (users
 // repeated within and across batches, pools of one sub-pool and of several)

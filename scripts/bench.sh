@@ -5,7 +5,9 @@
 #   scripts/bench.sh idgen      grant serials: Next vs one Redis INCR per ID
 #   scripts/bench.sh preload    1,000,000 packets into 8 sub-pools on 4 shards vs bare RPUSH
 #   scripts/bench.sh grab       POST /grab over HTTP: rain on 4 shards vs the baseline
-#                               (loadtest/baseline: one handler, one EVALSHA, one Redis)
+#                               (loadtest/baseline: one handler, one EVALSHA, one Redis),
+#                               ending with one grab's CPU and latency targets beside
+#                               their figures (RAIN_SHARDS=1: on 1 shard)
 #   scripts/bench.sh driver     the load driver's own ceiling (against `rainload fixed`)
 #                               beside the rate rain sustains, in the same run
 #   scripts/bench.sh pool       overload: 2x and 4x rain's peak, open-loop, worker pool
@@ -531,6 +533,25 @@ bench_grab() {
     -v r999="$(med rain eq p999_ms)" -v b999="$(med baseline eq p999_ms)" -v eq="$eqm" 'BEGIN {
       printf "grab: rain/baseline %.2fx grabs/s saturated; at %.0f/s p50 %.2fx, p99 %.2fx, p99.9 %.2fx (target: grabs/s >= 1.00x)\n",
         rg / bg, eq, r50 / b50, r99 / b99, r999 / b999 }')"
+  # The CPU and latency targets of one grab against the minimal design, for
+  # the shard count and connections of this run; they are set against the
+  # minimal design on appendfsync always (BASELINE_FSYNC=always).
+  figure "$(awk -v ra="$(med rain sat app_us)" -v rr="$(med rain sat redis_us)" \
+    -v ba="$(med baseline sat app_us)" -v br="$(med baseline sat redis_us)" \
+    -v r50="$(med rain eq p50_ms)" -v b50="$(med baseline eq p50_ms)" \
+    -v r99="$(med rain eq p99_ms)" -v b99="$(med baseline eq p99_ms)" \
+    -v shards="$rain_shards" -v conns="$conns" -v eq="$eqm" -v bf="${BASELINE_FSYNC:-everysec}" 'BEGIN {
+      lim = shards == 1 ? 0.5 : 0.7
+      verdict = "met"
+      cpu = (ra + rr) / (ba + br)
+      if (cpu > lim) verdict = "not met"
+      printf "grab: targets, rain on %d shard(s), %d conns: CPU per grab %.1f / %.1f us = %.2fx (target <= %.1fx: %s)", shards, conns, ra + rr, ba + br, cpu, lim, verdict
+      redis = rr / br
+      if (conns >= 256) printf "; Redis CPU per grab %.2fx (target <= 0.4x: %s)", redis, redis <= 0.4 ? "met" : "not met"
+      else printf "; Redis CPU per grab %.2fx (its target, <= 0.4x, is at 256 conns)", redis
+      printf "; open loop at %.0f/s: p50 %.2fx, p99 %.2fx (target <= 1.2x each: %s)", eq, r50 / b50, r99 / b99, (r50 / b50 <= 1.2 && r99 / b99 <= 1.2) ? "met" : "not met"
+      if (bf != "always") printf " [the targets are against the minimal design on always: this run had it on %s; BASELINE_FSYNC=always]", bf
+      printf "\n" }')"
 
   if [ -n "$report_dir" ]; then
     # The rain: twice what rain serves saturated, from a drizzle, on a pool that

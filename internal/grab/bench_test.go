@@ -2,13 +2,26 @@ package grab_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"rain"
+	"rain/internal/grab"
+	"rain/internal/grabtest"
 	"rain/internal/lua"
 	"rain/internal/redistest"
+	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 )
 
 // BenchmarkGrab: grabs through the service on 4 shards with AOF and
@@ -54,4 +67,164 @@ func BenchmarkGrab(b *testing.B) {
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grabs/s")
 	})
+}
+
+// BenchmarkOpenLoop: the claim path's latency in an open loop, with no HTTP
+// and no load driver in another process: the floor of issue 30's open-loop
+// target on this machine. Claims are due at a fixed rate whatever the
+// answers (as phones send them), each run in a goroutine of its own, and
+// each claim's time is taken from when it was started to its answer. Three
+// targets, each on `always` redis-servers of its own, at each rate:
+//
+//	rain/shards=N  Service.Grab on N shards (one lane each: one batch in
+//	               flight, the linger as rain serve runs it)
+//	minimal        one EVALSHA of loadtest/baseline's claim script per claim
+//	               on one Redis, through a go-redis client with the
+//	               baseline's default pool (what the minimal design does
+//	               behind its handler)
+//
+// Each reports the claims' p50 and p99 in µs and the rate they were started
+// at; rain also its batches' mean claims and round trip (µs), and the
+// share of batches its lanes lingered before. b.N claims are sent at the
+// rate: give a count, not a time.
+//
+//	go test -run x -bench OpenLoop -benchtime 20000x -count 3 ./internal/grab
+func BenchmarkOpenLoop(b *testing.B) {
+	src, err := baselineClaimSrc()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var users atomic.Int64
+	user := func() string { return "u" + strconv.FormatInt(users.Add(1), 10) }
+	targets := []struct {
+		name  string
+		start func(b *testing.B) (claim func() error, report func())
+	}{
+		{"rain/shards=1", func(b *testing.B) (func() error, func()) { return rainClaims(b, 1, user) }},
+		{"rain/shards=4", func(b *testing.B) (func() error, func()) { return rainClaims(b, 4, user) }},
+		{"minimal", func(b *testing.B) (func() error, func()) { return minimalClaims(b, src, user) }},
+	}
+	for _, rate := range []int{2500, 5000} {
+		for _, t := range targets {
+			b.Run(t.name+"/rate="+strconv.Itoa(rate), func(b *testing.B) {
+				if b.N > openLoopPackets {
+					b.Fatalf("%d claims: more than the %d packets preloaded", b.N, openLoopPackets)
+				}
+				claim, report := t.start(b)
+				openLoop(b, rate, claim)
+				report()
+			})
+		}
+	}
+}
+
+// openLoopPackets: the packets each target of BenchmarkOpenLoop preloads.
+const openLoopPackets = 200_000
+
+// rainClaims starts a grab service on n always shards with a pool of
+// openLoopPackets, and returns one claim of a new user on it and what
+// reports its batches.
+func rainClaims(b *testing.B, n int, user func() string) (claim func() error, report func()) {
+	servers := redistest.StartN(b, n, redistest.Options{AOF: true, Fsync: "always"})
+	set := shardtest.Open(b, redistest.Addrs(servers), shard.Options{})
+	var batches, claims, took atomic.Int64
+	_, cat, svc := grabtest.Service(b, set, grab.Config{Form: lua.Form{Outbox: lua.OutboxBatch, BatchedDeadlines: true},
+		OnBatch: func(_ string, n int, rt time.Duration, _ bool) {
+			batches.Add(1)
+			claims.Add(int64(n))
+			took.Add(int64(rt))
+		}})
+	spec := rain.Spec{PoolID: "bench", TotalCents: 100 * openLoopPackets, Count: openLoopPackets, HoldSeconds: 3600}
+	if _, _, err := cat.Preload(context.Background(), spec); err != nil {
+		b.Fatal(err)
+	}
+	claim = func() error {
+		r, err := svc.Grab(context.Background(), "bench", user())
+		if err == nil && r.Outcome != grab.Granted {
+			err = fmt.Errorf("grab answered %v, want granted", r.Outcome)
+		}
+		return err
+	}
+	report = func() {
+		var lingered int64
+		for _, st := range svc.ShardStats() {
+			lingered += st.Lingered
+		}
+		if n := float64(batches.Load()); n > 0 {
+			b.ReportMetric(float64(claims.Load())/n, "claims/batch")
+			b.ReportMetric(float64(took.Load())/n/1e3, "batch-us")
+			b.ReportMetric(float64(lingered)/n, "lingers/batch")
+		}
+	}
+	return claim, report
+}
+
+// minimalClaims starts one always Redis with the minimal design's pool of
+// openLoopPackets (preloaded as the baseline does: the meta key, then the
+// amounts), and returns one claim of a new user on it (src: the baseline's
+// script).
+func minimalClaims(b *testing.B, src string, user func() string) (claim func() error, report func()) {
+	ctx := context.Background()
+	c := redistest.Client(b, redistest.Start(b, redistest.Options{AOF: true, Fsync: "always"}))
+	script := redis.NewScript(src)
+	keys := []string{"bl:{bench}:stock", "bl:{bench}:grants", "bl:{bench}:meta"}
+	amounts := make([]any, 1000)
+	for i := range amounts {
+		amounts[i] = 100
+	}
+	pipe := c.Pipeline()
+	pipe.Set(ctx, keys[2], 1, 0)
+	for pushed := 0; pushed < openLoopPackets; pushed += len(amounts) {
+		pipe.RPush(ctx, keys[0], amounts...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return func() error { return script.Run(ctx, c, keys, user()).Err() }, func() {}
+}
+
+// openLoop starts b.N claims at rate a second, each due at its time
+// whatever the answers, and reports their latencies.
+func openLoop(b *testing.B, rate int, claim func() error) {
+	every := time.Second / time.Duration(rate)
+	took := make([]time.Duration, b.N)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	for i := range took {
+		if d := time.Until(start.Add(time.Duration(i) * every)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func(t0 time.Time) {
+			defer wg.Done()
+			if err := claim(); err != nil && failed.Add(1) == 1 {
+				b.Error(err)
+			}
+			took[i] = time.Since(t0)
+		}(time.Now())
+	}
+	sent := time.Since(start)
+	wg.Wait()
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-us")
+	b.ReportMetric(float64(b.N)/sent.Seconds(), "sent/s")
+}
+
+// baselineClaimSrc is loadtest/baseline's claim script, read from its source
+// (the minimal design's whole grab).
+func baselineClaimSrc() (string, error) {
+	src, err := os.ReadFile("../../loadtest/baseline/main.go")
+	if err != nil {
+		return "", err
+	}
+	_, rest, ok := strings.Cut(string(src), "const claimSrc = `")
+	script, _, ok2 := strings.Cut(rest, "`")
+	if !ok || !ok2 {
+		return "", errors.New("loadtest/baseline/main.go: no const claimSrc")
+	}
+	return script, nil
 }

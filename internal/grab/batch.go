@@ -200,6 +200,10 @@ func (b *batcher) lane() {
 	gain := lingerGain{mean: lingerWorth}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	al := newAlarm()
+	if al != nil {
+		defer al.close()
+	}
 	for {
 		var first *claimReq
 		select {
@@ -220,7 +224,7 @@ func (b *batcher) lane() {
 		if len(batch) < expect && b.br.current() == breakerClosed {
 			if gain.worth(b.cpu != nil && b.cpu.short.Load()) {
 				had := len(batch)
-				batch = b.drain(b.linger(batch, expect, timer))
+				batch = b.drain(b.linger(batch, expect, timer, al))
 				took := len(batch) - had
 				gain.lingered(took)
 				b.lingered.Add(1)
@@ -268,13 +272,33 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // lingerFor for the lane, and never while the shard's breaker is not closed
 // (its claims are then answered at once), nor while the lane's lingers have
 // not been worth it (lingerGain).
-func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
-	timer.Reset(b.lingerFor())
+//
+// A linger of under a millisecond is timed by the lane's alarm as well
+// (see alarm): Go's timer alone may fire up to a millisecond late.
+func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer, al *alarm) []*claimReq {
+	d := b.lingerFor()
+	until := time.Now().Add(d)
+	timer.Reset(d)
 	defer timer.Stop()
+	var ring chan struct{}
+	if al != nil && d < time.Millisecond {
+		al.set(d)
+		ring = al.ring
+		defer func() {
+			if ring != nil {
+				al.set(0) // ended first: the alarm need not ring
+			}
+		}()
+	}
 	for len(batch) < expect {
 		select {
 		case r := <-b.reqs:
 			batch = append(batch, r)
+		case <-ring:
+			if !time.Now().Before(until) {
+				ring = nil
+				return batch
+			} // else the ring of a linger that ended before its alarm
 		case <-timer.C:
 			return batch
 		case <-b.stop:
@@ -293,8 +317,9 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*cl
 // open loop below saturation they mostly do not: measured on 4 shards at a
 // quarter and at half the saturated rate, half to four in five of the
 // batches lingered, a linger took in 0.2 to 0.5 claims, and four in five
-// lasted their whole bound, which on a process with idle processors ends
-// at the netpoller's next wake-up (about 400 µs for a bound of 200). So
+// lasted their whole bound (then about 400 µs for a bound of 200: Go's
+// timer fired at the netpoller's next wake-up; the lane's alarm now keeps
+// the bound). So
 // with CPU to spare a lane lingers only while its lingers (every one,
 // those made short of CPU too) took in at least lingerWorth claims on
 // average, with one linger after lingerProbeAfter skipped to see whether

@@ -117,6 +117,10 @@ func TestLingerFor(t *testing.T) {
 	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: w}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	al := newAlarm()
+	if al != nil {
+		t.Cleanup(al.close)
+	}
 	linger := func(arrive time.Duration) (int, time.Duration) {
 		if arrive > 0 {
 			go func() {
@@ -125,7 +129,7 @@ func TestLingerFor(t *testing.T) {
 			}()
 		}
 		start := time.Now()
-		n := len(b.linger([]*claimReq{{}}, 2, timer))
+		n := len(b.linger([]*claimReq{{}}, 2, timer, al))
 		took := time.Since(start)
 		if arrive > 0 && n == 1 {
 			<-b.reqs // it came too late: take it out before the next try
@@ -152,6 +156,55 @@ func TestLingerFor(t *testing.T) {
 		n, took := linger(arrive)
 		return n == 2 && took >= arrive
 	})
+}
+
+// TestLingerAlarm: a lane's alarm rings after the time it was set for, a
+// ring a linger did not wait for (it ended first: its claims came) does not
+// end the next linger early, and an alarm closed with a ring pending
+// stops.
+func TestLingerAlarm(t *testing.T) {
+	al := newAlarm()
+	if al == nil {
+		t.Fatal("newAlarm: no timerfd on this system")
+	}
+	const d = 300 * time.Microsecond
+	start := time.Now()
+	al.set(d)
+	select {
+	case <-al.ring:
+		if took := time.Since(start); took < d {
+			t.Fatalf("the alarm rang after %v, set for %v", took, d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the alarm set for 300µs did not ring in 10 s")
+	}
+
+	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: newCPUWatch()}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	b.reqs <- &claimReq{}
+	if n := len(b.linger([]*claimReq{{}}, 2, timer, al)); n != 2 {
+		t.Fatalf("a linger whose claim was queued ended with %d claims, want 2", n)
+	}
+	al.set(time.Microsecond) // as if that linger's alarm had rung before it ended
+	time.Sleep(5 * lingerMax)
+	start = time.Now()
+	if n := len(b.linger([]*claimReq{{}}, 2, timer, al)); n != 1 {
+		t.Fatalf("a linger with nothing queued ended with %d claims, want 1", n)
+	}
+	if took := time.Since(start); took < lingerMax {
+		t.Fatalf("the next linger lasted %v, want at least %v: the last one's ring ended it", took, lingerMax)
+	}
+
+	al.set(time.Microsecond) // rings at once, and no one takes it
+	time.Sleep(10 * time.Millisecond)
+	closed := make(chan struct{})
+	go func() { al.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not return in 10 s with a ring pending")
+	}
 }
 
 // tries runs f up to 20 times, until it reports true; it fails t with what

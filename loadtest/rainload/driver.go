@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"rain/internal/alarm"
 	"rain/loadtest/rainload/internal/hist"
 	"rain/loadtest/rainload/internal/schedule"
 )
@@ -57,6 +58,9 @@ type second struct {
 }
 
 // arrival is one request handed from the scheduler to a connection.
+// alarmFrom: the shortest wait schedule times with its alarm.
+const alarmFrom = 50 * time.Microsecond
+
 type arrival struct {
 	due  time.Duration // since driver.start
 	user int64         // index into the user-id space
@@ -101,22 +105,37 @@ func (d *driver) startConns() {
 
 // schedule hands each arrival of s on at its due time until s ends (at
 // s.Duration, even when its last arrival comes earlier) or ctx is done, and
-// reports whether ctx ended it early. It sleeps between arrivals, so it
-// hands them on a timer tick late (about 1 ms when the process is idle, less under
-// load); arrivals that came due meanwhile go out at once, and lag records by how
-// much.
+// reports whether ctx ended it early. It sleeps between arrivals, and a
+// wait of under a millisecond is timed by an alarm (internal/alarm): on Go's
+// timer alone it would end at the process's next wake-up, up to a
+// millisecond late when the process is idle, and the arrivals that came due
+// meanwhile would go out together, at the moment an answer woke the
+// process: not an open loop. Arrivals still late (a busy process) go out at
+// once, and lag records by how much. A wait shorter than alarmFrom (arrivals
+// more than 20,000 a second) keeps to Go's timer: the process is busy then,
+// and its timers fire at its scheduler's next turn, without a wake-up each.
 func (d *driver) schedule(ctx context.Context, s *schedule.Schedule) (early bool) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	al := alarm.New()
+	if al != nil {
+		defer al.Close()
+	}
 	due, more := s.Next()
 	for n := 0; more; n++ {
 		now := time.Since(d.start)
 		if due > now {
+			var ring <-chan struct{}
+			if al != nil && due-now >= alarmFrom && due-now < time.Millisecond {
+				al.Set(due - now)
+				ring = al.C()
+			}
 			timer.Reset(due - now)
 			select {
 			case <-ctx.Done():
 				return true
 			case <-timer.C:
+			case <-ring: // due, or an earlier wait's ring: the loop looks again
 			}
 			continue
 		}

@@ -57,10 +57,10 @@ type second struct {
 	accepted hist.Hist // latency of accepted requests finished this second
 }
 
-// arrival is one request handed from the scheduler to a connection.
 // alarmFrom: the shortest wait schedule times with its alarm.
 const alarmFrom = 50 * time.Microsecond
 
+// arrival is one request handed from the scheduler to a connection.
 type arrival struct {
 	due  time.Duration // since driver.start
 	user int64         // index into the user-id space

@@ -149,13 +149,26 @@ func New(clients []redis.UniversalClient, cfg Config) *Locker {
 func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
 	for {
 		lease, err := l.tryAcquire(ctx, name)
-		if err == nil || ctx.Err() != nil {
-			return lease, err
+		if err == nil {
+			return lease, nil
+		}
+		if ctx.Err() != nil {
+			return nil, gaveUp(ctx, err)
 		}
 		if err := wait.For(ctx, l.cfg.RetryDelay/2+rand.N(l.cfg.RetryDelay)); err != nil {
 			return nil, fmt.Errorf("lock %s: %w: %w", name, ErrNotAcquired, context.Cause(ctx))
 		}
 	}
+}
+
+// gaveUp is Acquire's error when ctx has ended after a try that failed
+// with err: err, and ctx's cause if err does not hold it already (ctx
+// ended after the try found the lock taken).
+func gaveUp(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); !errors.Is(err, cause) {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
 }
 
 // tryAcquire makes one attempt at the lock name. Its error wraps

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -273,6 +274,25 @@ func TestRelease(t *testing.T) {
 		t.Errorf("Release() = %v, want nil", err)
 	}
 	goleak.VerifyNone(t, before)
+}
+
+// TestGaveUp: Acquire's error once its ctx has ended wraps ErrNotAcquired
+// and ctx's cause, also when the try before it failed only because the
+// lock was taken (ctx ended between that try's answer and Acquire's look at
+// ctx: TestAcquireContext met it on a loaded machine), and holds the cause
+// once when the try had it already.
+func TestGaveUp(t *testing.T) {
+	ctx, cancel := context.WithDeadline(t.Context(), time.Now())
+	defer cancel()
+	<-ctx.Done()
+	taken := fmt.Errorf("lock x: %w: %w", ErrNotAcquired, errors.New("lock already taken"))
+	if err := gaveUp(ctx, taken); !errors.Is(err, ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("gaveUp(taken) = %v, want ErrNotAcquired and context.DeadlineExceeded", err)
+	}
+	ended := fmt.Errorf("lock x: %w: %w", ErrNotAcquired, context.Cause(ctx))
+	if err := gaveUp(ctx, ended); err != ended {
+		t.Errorf("gaveUp(ended) = %v, want it as it was", err)
+	}
 }
 
 // TestAcquireContext: the lease's context derives from Acquire's ctx, and

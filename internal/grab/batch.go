@@ -286,12 +286,8 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer, al *a
 	var ring <-chan struct{}
 	if al != nil && d < time.Millisecond {
 		al.Set(d)
+		defer al.Set(0) // if it ended first, the alarm need not ring
 		ring = al.C()
-		defer func() {
-			if ring != nil {
-				al.Set(0) // ended first: the alarm need not ring
-			}
-		}()
 	}
 	for len(batch) < expect {
 		select {
@@ -299,7 +295,6 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer, al *a
 			batch = append(batch, r)
 		case <-ring:
 			if !time.Now().Before(until) {
-				ring = nil
 				return batch
 			} // else the ring of a linger that ended before its alarm
 		case <-timer.C:

@@ -111,8 +111,8 @@ func spinCPU(tb testing.TB) (stop func()) {
 // TestLingerFor: a lane's linger lasts lingerMax, and lingerShortOfCPU
 // while the process is short of CPU; a claim that comes meanwhile joins the
 // batch. Timers never fire early, so the lower bounds hold on any machine
-// (the upper ones do not: an idle Go process wakes for a timer at the
-// next millisecond); the claim's arrival is tried a few times.
+// (the upper ones do not: a busy machine may run the lane late); the
+// claim's arrival is tried a few times.
 func TestLingerFor(t *testing.T) {
 	w := newCPUWatch()
 	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: w}

@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
-	"rain/internal/alarm"
 	"rain/internal/lua"
 	"rain/internal/shard"
 	"rain/internal/wait"
@@ -38,10 +37,9 @@ const (
 	// lanes over HTTP 0.9x the grabs/s of 1 (docs/benchmarks.md, lever 4).
 	lanesPerShard = 1
 	maxBatch      = 128
-	// lingerMax bounds how long a lane waits for the claims it expects
-	// before it sends a batch (see linger); lingerShortOfCPU, while the
-	// process is short of CPU (cpuWatch).
-	lingerMax        = 200 * time.Microsecond
+	// lingerShortOfCPU bounds how long a lane waits for the claims it
+	// expects before it sends a batch, which it does only while the
+	// process is short of CPU (see linger and cpuWatch).
 	lingerShortOfCPU = 1500 * time.Microsecond
 	// queuePerShard bounds the claims waiting for one shard's lane: a bound
 	// on memory, sized above the request places of a worker pool at its
@@ -82,7 +80,7 @@ type batcher struct {
 
 	// budget bounds one batch's round trip (the shard's call budget); a
 	// claim waits at most that for its batch, plus the batch before it and
-	// the lane's linger (lingerFor).
+	// the lane's linger (lingerShortOfCPU).
 	budget time.Duration
 	// form: how the grants made are written (Config.Form).
 	form lua.Form
@@ -103,8 +101,8 @@ type batcher struct {
 	moved    atomic.Int64 // groups a cluster redirected (MOVED, ASK, TRYAGAIN), ever
 	onBatch  func(shard string, claims int, took time.Duration, failed bool)
 
-	// The lane's lingers (see linger and lingerGain), ever: made, the
-	// claims they took in, and skipped because they were not worth it.
+	// The lane's lingers (see linger), ever: made, the claims they took
+	// in, and skipped because the process had CPU to spare (shortOfCPU).
 	lingered, lingerClaims, lingerSkipped atomic.Int64
 
 	// cluster names the cluster shard whose primary this batcher serves
@@ -198,13 +196,8 @@ func (b *batcher) lane() {
 	batch := make([]*claimReq, 0, maxBatch)
 	// expect: the claims the lane expects in its next batch (see linger).
 	expect := 0
-	gain := lingerGain{mean: lingerWorth}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	al := alarm.New()
-	if al != nil {
-		defer al.Close()
-	}
 	for {
 		var first *claimReq
 		select {
@@ -223,15 +216,13 @@ func (b *batcher) lane() {
 		}
 		batch = b.drain(append(batch[:0], first))
 		if len(batch) < expect && b.br.current() == breakerClosed {
-			if gain.worth(b.cpu != nil && b.cpu.short.Load()) {
+			if b.shortOfCPU() {
 				had := len(batch)
-				batch = b.drain(b.linger(batch, expect, timer, al))
+				batch = b.drain(b.linger(batch, expect, timer))
 				took := len(batch) - had
-				gain.lingered(took)
 				b.lingered.Add(1)
 				b.lingerClaims.Add(int64(took))
 			} else {
-				gain.skipped()
 				b.lingerSkipped.Add(1)
 			}
 		}
@@ -256,47 +247,30 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 	return batch
 }
 
-// linger waits up to lingerFor for more claims while batch holds fewer
-// than expect, and returns the batch with those that came.
+// linger waits up to lingerShortOfCPU for more claims while batch holds
+// fewer than expect, and returns the batch with those that came. A lane
+// lingers only while the process is short of CPU (shortOfCPU).
 //
 // Each batch costs its shard a fixed amount of work however many claims it
-// holds (the fsync above all, about as much as a dozen claims' scripts), so
-// at moderate load the claims of one shard are worth sending together. In
-// a steady state each claim answered is soon followed by its client's next
-// one, so the lane expects, after a batch, as many claims as it answered
-// plus those that queued while it was in flight. Without the wait the
-// claims of one shard split into two cohorts that take turns (those queued
-// behind the batch in flight, and those whose answers it carried), each
-// batch half of what the shard has in flight. Under light load a batch is
-// one claim, the next is expected to be one too, and nothing waits; under
-// a flood the queue already holds a full batch. A claim waits at most
-// lingerFor for the lane, and never while the shard's breaker is not closed
-// (its claims are then answered at once), nor while the lane's lingers have
-// not been worth it (lingerGain).
-//
-// A linger of under a millisecond is timed by the lane's alarm as well
-// (internal/alarm): Go's timer alone may fire up to a millisecond late in
-// a process whose processors are idle, and a linger of lingerMax lasted
-// about a millisecond in an open loop on one shard (BenchmarkOpenLoop).
-func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer, al *alarm.Alarm) []*claimReq {
-	d := b.lingerFor()
-	until := time.Now().Add(d)
-	timer.Reset(d)
+// holds (the fsync above all, about as much as a dozen claims' scripts). In
+// a closed loop of clients each claim answered is soon followed by its
+// client's next one, so the lane expects, after a batch, as many claims as
+// it answered plus those that queued while it was in flight. On cores that
+// are all taken those claims take longer to come back than a batch takes to
+// leave: without the wait the claims of one shard split into two cohorts
+// that take turns (those queued behind the batch in flight, and those whose
+// answers it carried), each batch half of what the shard has in flight, and
+// every batch pays its fixed work for half what it could carry. Under a
+// flood the queue already holds a full batch, and nothing waits. A claim
+// waits at most lingerShortOfCPU for the lane, and never while the shard's
+// breaker is not closed (its claims are then answered at once).
+func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
+	timer.Reset(lingerShortOfCPU)
 	defer timer.Stop()
-	var ring <-chan struct{}
-	if al != nil && d < time.Millisecond {
-		al.Set(d)
-		defer al.Set(0) // if it ended first, the alarm need not ring
-		ring = al.C()
-	}
 	for len(batch) < expect {
 		select {
 		case r := <-b.reqs:
 			batch = append(batch, r)
-		case <-ring:
-			if !time.Now().Before(until) {
-				return batch
-			} // else the ring of a linger that ended before its alarm
 		case <-timer.C:
 			return batch
 		case <-b.stop:
@@ -306,69 +280,19 @@ func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer, al *a
 	return batch
 }
 
-// lingerGain is what a lane's lingers have been worth: the claims they took
-// in, on average (an exponential mean over about the last
-// lingerGainOver lingers), and the lingers skipped since the last one.
+// shortOfCPU reports whether the process is short of CPU (cpuWatch), the
+// only time a lane lingers.
 //
-// A linger waits for the claims the lane expects, and in a closed loop of
-// clients they come (each answered client sends its next claim). In an
-// open loop below saturation they mostly do not: measured on 4 shards at a
-// quarter and at half the saturated rate, half to four in five of the
-// batches lingered, a linger took in 0.2 to 0.5 claims, and four in five
-// lasted their whole bound (then about 400 µs for a bound of 200: Go's
-// timer fired at the netpoller's next wake-up; the lane's alarm now keeps
-// the bound). So
-// with CPU to spare a lane lingers only while its lingers (every one,
-// those made short of CPU too) took in at least lingerWorth claims on
-// average, with one linger after lingerProbeAfter skipped to see whether
-// they would again. Short of CPU it always lingers: there the claims come
-// (6 to 7 a linger, saturated on 4 shards).
-type lingerGain struct {
-	mean float64
-	skip int
-}
-
-const (
-	lingerWorth      = 0.5 // claims a linger takes in, on average
-	lingerGainOver   = 8   // lingers the mean is taken over, about
-	lingerProbeAfter = 16  // lingers skipped before one is tried
-)
-
-// worth reports whether the lane should linger now.
-func (g *lingerGain) worth(shortOfCPU bool) bool {
-	return shortOfCPU || g.mean >= lingerWorth || g.skip >= lingerProbeAfter
-}
-
-// lingered counts a linger that took in n claims.
-func (g *lingerGain) lingered(n int) {
-	g.mean += (float64(n) - g.mean) / lingerGainOver
-	g.skip = 0
-}
-
-// skipped counts a linger the lane did not make.
-func (g *lingerGain) skipped() { g.skip++ }
-
-// lingerFor is how long a linger may last: lingerMax (a fraction of one
-// fsync), or lingerShortOfCPU while the process is short of CPU.
-//
-// The claims a lane expects come sooner or later depending on who sends
-// them. A closed loop of clients (each sends again once answered) sends
-// them back within the time it takes the answers to reach the clients and
-// the next requests to be read, which on a machine whose cores are all
-// taken is longer than lingerMax: the claims then keep splitting into two
-// cohorts, and every batch pays its fixed work for half of what it could
-// carry. Waiting longer there fills the batches and saves the shards' CPU
-// (measured: 5 to 13% of the CPU per grab, no more answers a second). An open
-// loop (phones, each on its own clock) sends at its own pace whatever the
-// answers: a longer wait there adds to every claim's time and buys little.
-// The two look alike to a lane, but not to the scheduler: an open loop
-// below saturation leaves CPU to spare, a saturated process has none.
-func (b *batcher) lingerFor() time.Duration {
-	if b.cpu != nil && b.cpu.short.Load() {
-		return lingerShortOfCPU
-	}
-	return lingerMax
-}
+// With CPU to spare a lane sends at once. An open loop (phones, each on its
+// own clock) sends at its own pace whatever the answers, and there a linger
+// lengthened every batch's cycle, and every claim queued behind it waited
+// for the cycle too. A linger of 200 µs with CPU to spare, made while the
+// lingers took in half a claim or more on average, cost the open loop on
+// one shard at a quarter of the saturated rate more than half its p50
+// (docs/benchmarks.md, "A linger only short of CPU"), where its lingers
+// each took in about one claim. A closed loop of a few clients (16
+// connections on 4 shards) sent 5% fewer grabs a second without it.
+func (b *batcher) shortOfCPU() bool { return b.cpu != nil && b.cpu.short.Load() }
 
 // group is the claims of one batch on one sub-pool: one claim_many script.
 type group struct {

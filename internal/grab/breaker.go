@@ -144,8 +144,8 @@ type ShardStats struct {
 	Redirected int64
 	// Lingered counts the times the shard's lane waited for the claims it
 	// expected before sending a batch, LingerClaims the claims those waits
-	// took in, LingerSkipped the waits it did not make because its recent
-	// ones took in too few (see lingerGain).
+	// took in, LingerSkipped the waits it did not make because the process
+	// had CPU to spare (see batcher.shortOfCPU).
 	Lingered, LingerClaims, LingerSkipped int64
 }
 

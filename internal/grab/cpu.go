@@ -4,12 +4,13 @@ import (
 	"math"
 	"math/bits"
 	"runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// The lanes' linger depends on whether this process is short of CPU (see
-// batcher.lingerFor). A process is short of CPU when its goroutines wait to
+// The lanes linger only while this process is short of CPU (see
+// batcher.shortOfCPU). A process is short of CPU when its goroutines wait to
 // run: the mean of the Go scheduler's latencies (the time from runnable to
 // running, /sched/latencies:seconds, which the runtime times for one
 // transition in eight) over each cpuPeriod. With CPU to spare it is a few
@@ -44,7 +45,11 @@ const _ = uint(8-cpuWindow) + uint(cpuWindow-8) + uint(cpuWindow-cpuShortIn) + u
 // cpuWatch tells whether the process is short of CPU, from the runtime's
 // scheduler latencies, read every cpuPeriod by run.
 type cpuWatch struct {
-	short  atomic.Bool
+	short atomic.Bool
+	// held: the verdict is set by hold, and read leaves it (tests); mu
+	// orders read's verdicts and hold's.
+	held   atomic.Bool
+	mu     sync.Mutex
 	sample []metrics.Sample
 	prev   []uint64 // the histogram's counts at the last read
 	busy   uint8    // the last cpuWindow periods, newest in bit 0: 1 if busy
@@ -78,9 +83,22 @@ func (w *cpuWatch) read() {
 	h := w.sample[0].Value.Float64Histogram()
 	mean, n := meanWait(h.Buckets, h.Counts, w.prev)
 	w.prev = append(w.prev[:0], h.Counts...)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.held.Load() {
+		return
+	}
 	short, busy := shortOfCPU(w.short.Load(), w.busy, mean, n)
 	w.short.Store(short)
 	w.busy = busy
+}
+
+// hold sets the verdict for good: read no longer changes it (tests).
+func (w *cpuWatch) hold(short bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.held.Store(true)
+	w.short.Store(short)
 }
 
 // meanWait is the mean of the waits counted since prev (the counts of an

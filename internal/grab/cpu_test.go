@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"rain/internal/alarm"
 	"rain/internal/wait/waittest"
 )
 
@@ -108,20 +107,14 @@ func spinCPU(tb testing.TB) (stop func()) {
 	return stop
 }
 
-// TestLingerFor: a lane's linger lasts lingerMax, and lingerShortOfCPU
-// while the process is short of CPU; a claim that comes meanwhile joins the
-// batch. Timers never fire early, so the lower bounds hold on any machine
-// (the upper ones do not: a busy machine may run the lane late); the
-// claim's arrival is tried a few times.
-func TestLingerFor(t *testing.T) {
-	w := newCPUWatch()
-	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: w}
+// TestLinger: a lane's linger lasts lingerShortOfCPU, and a claim that
+// comes meanwhile joins the batch. Timers never fire early, so the lower
+// bounds hold on any machine (upper ones would not: a busy machine may run
+// the lane late); the claim's arrival is tried a few times.
+func TestLinger(t *testing.T) {
+	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{})}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	al := alarm.New()
-	if al != nil {
-		t.Cleanup(al.Close)
-	}
 	linger := func(arrive time.Duration) (int, time.Duration) {
 		if arrive > 0 {
 			go func() {
@@ -130,62 +123,21 @@ func TestLingerFor(t *testing.T) {
 			}()
 		}
 		start := time.Now()
-		n := len(b.linger([]*claimReq{{}}, 2, timer, al))
+		n := len(b.linger([]*claimReq{{}}, 2, timer))
 		took := time.Since(start)
 		if arrive > 0 && n == 1 {
 			<-b.reqs // it came too late: take it out before the next try
 		}
 		return n, took
 	}
-
-	if b.lingerFor() != lingerMax {
-		t.Fatalf("lingerFor = %v with CPU to spare, want %v", b.lingerFor(), lingerMax)
-	}
-	if _, took := linger(0); took < lingerMax {
-		t.Fatalf("a linger with CPU to spare lasted %v, want at least %v", took, lingerMax)
-	}
-
-	w.short.Store(true)
-	if b.lingerFor() != lingerShortOfCPU {
-		t.Fatalf("lingerFor = %v while short of CPU, want %v", b.lingerFor(), lingerShortOfCPU)
-	}
 	if _, took := linger(0); took < lingerShortOfCPU {
-		t.Fatalf("a linger short of CPU lasted %v, want at least %v", took, lingerShortOfCPU)
+		t.Fatalf("a linger lasted %v, want at least %v", took, lingerShortOfCPU)
 	}
 	const arrive = time.Millisecond
-	tries(t, "a claim that comes a millisecond into a linger, while short of CPU, joins the batch", func() bool {
+	tries(t, "a claim that comes a millisecond into a linger joins the batch", func() bool {
 		n, took := linger(arrive)
 		return n == 2 && took >= arrive
 	})
-}
-
-// TestLingerAlarm: a ring of the lane's alarm that a linger did not wait
-// for (it ended first: its claims came) does not end the next linger
-// early.
-func TestLingerAlarm(t *testing.T) {
-	al := alarm.New()
-	if al == nil {
-		t.Fatal("alarm.New: no timerfd on this system")
-	}
-	t.Cleanup(al.Close)
-	// As the lane does: what came in the linger, and then what is queued.
-	b := &batcher{reqs: make(chan *claimReq, 4), stop: make(chan struct{}), cpu: newCPUWatch()}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	linger := func() int { return len(b.drain(b.linger([]*claimReq{{}}, 2, timer, al))) }
-	b.reqs <- &claimReq{}
-	if n := linger(); n != 2 {
-		t.Fatalf("a linger whose claim was queued ended with %d claims, want 2", n)
-	}
-	al.Set(time.Microsecond) // as if that linger's alarm had rung before it ended
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	if n := linger(); n != 1 {
-		t.Fatalf("a linger with nothing queued ended with %d claims, want 1", n)
-	}
-	if took := time.Since(start); took < lingerMax {
-		t.Fatalf("the next linger lasted %v, want at least %v: the last one's ring ended it", took, lingerMax)
-	}
 }
 
 // tries runs f up to 20 times, until it reports true; it fails t with what

@@ -40,3 +40,7 @@ func WatchesCPU(s *Service) bool {
 // SpinCPU keeps the process short of CPU until the func it returns is
 // called (or the test ends).
 var SpinCPU = spinCPU
+
+// HoldCPU sets the verdict of s's CPU watch, short of CPU or not, for the
+// rest of s's life.
+func HoldCPU(s *Service, short bool) { s.cpu.hold(short) }

@@ -238,7 +238,7 @@ func (s *Service) Close() {
 }
 
 // ShortOfCPU reports whether the process is short of CPU, so that the
-// claim lanes linger longer to fill their batches (see batcher.lingerFor).
+// claim lanes linger to fill their batches (see batcher.shortOfCPU).
 func (s *Service) ShortOfCPU() bool { return s.cpu.short.Load() }
 
 // goBackground runs f in the background unless Close has begun (then it

@@ -6,8 +6,8 @@
 // at the process's next wake-up of any kind, up to a millisecond late. An
 // Alarm is a timerfd read through the netpoller: its expiry is an event
 // epoll_wait returns for, so it rings on time without a thread that sleeps
-// or spins for it. rain's claim lanes time their lingers with one, and
-// rainload its arrivals.
+// or spins for it. rainload times its arrivals with one, and
+// internal/grab's BenchmarkOpenLoop its claims.
 package alarm
 
 import (

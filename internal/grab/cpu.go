@@ -46,10 +46,10 @@ const _ = uint(8-cpuWindow) + uint(cpuWindow-8) + uint(cpuWindow-cpuShortIn) + u
 // scheduler latencies, read every cpuPeriod by run.
 type cpuWatch struct {
 	short atomic.Bool
-	// held: the verdict is set by hold, and read leaves it (tests); mu
-	// orders read's verdicts and hold's.
-	held   atomic.Bool
+	// mu orders read's verdicts and hold's, and guards held: the verdict
+	// is set by hold, and read leaves it (tests).
 	mu     sync.Mutex
+	held   bool
 	sample []metrics.Sample
 	prev   []uint64 // the histogram's counts at the last read
 	busy   uint8    // the last cpuWindow periods, newest in bit 0: 1 if busy
@@ -85,7 +85,7 @@ func (w *cpuWatch) read() {
 	w.prev = append(w.prev[:0], h.Counts...)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.held.Load() {
+	if w.held {
 		return
 	}
 	short, busy := shortOfCPU(w.short.Load(), w.busy, mean, n)
@@ -97,7 +97,7 @@ func (w *cpuWatch) read() {
 func (w *cpuWatch) hold(short bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.held.Store(true)
+	w.held = true
 	w.short.Store(short)
 }
 

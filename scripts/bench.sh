@@ -32,7 +32,10 @@
 #                               POST /grab over HTTP: rain built at git revision REV
 #                               beside rain built from the working tree, rounds
 #                               alternating (what a change costs; see bench_versus);
-#                               OPEN=1 adds open-loop runs at LOAD x the saturated rate
+#                               OPEN=1 adds open-loop runs at LOAD x the saturated rate;
+#                               BEFORE_FLAGS and AFTER_FLAGS add rain serve flags to
+#                               either side (BEFORE=HEAD AFTER_FLAGS="--workers off":
+#                               what a flag costs)
 #
 # rain runs on 4 shards (RAIN_SHARDS=N: N; budget sets its own), each a
 # redis-server on this machine, so their fsyncs share one disk.
@@ -864,8 +867,9 @@ bench_versus() {
   (cd "$tree" && go build -o "$bin/rain-before" ./cmd/rain)
   git worktree remove --force "$tree"
   local bport aport
-  rain_bin="$bin/rain-before" start_rain bport
-  start_rain aport
+  # Each side's flags are split on spaces (unquoted on purpose).
+  rain_bin="$bin/rain-before" start_rain bport ${BEFORE_FLAGS:-}
+  start_rain aport ${AFTER_FLAGS:-}
   local r n order
   for ((r = 1; r <= rounds; r++)); do
     order="before after"

@@ -44,3 +44,13 @@ var SpinCPU = spinCPU
 // HoldCPU sets the verdict of s's CPU watch, short of CPU or not, for the
 // rest of s's life.
 func HoldCPU(s *Service, short bool) { s.cpu.hold(short) }
+
+// Queued is how many claims wait in the queue of the named shard's lane
+// (not a cluster shard's).
+func Queued(s *Service, shard string) int { return len(s.batchers[shard].reqs) }
+
+// LingerFull is the batch a lane lingers toward, at most.
+const LingerFull = lingerFull
+
+// Sending reports whether the named shard's lane has a batch out.
+func Sending(s *Service, shard string) bool { return s.batchers[shard].sent.Load() != 0 }

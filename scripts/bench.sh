@@ -893,7 +893,7 @@ bench_versus() {
         -user-prefix "e$r." -repeat "$repeat" -admin-token "$token"
     done
   done
-  echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE"
+  echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE${BEFORE_FLAGS:+ with $BEFORE_FLAGS}${AFTER_FLAGS:+; after: the working tree with $AFTER_FLAGS}"
   print_row "versus: saturated" before sat
   print_row "versus: saturated" after sat
   figure "$(awk -v b="$(med before sat goodput_rps)" -v a="$(med after sat goodput_rps)" \

@@ -41,15 +41,16 @@ const (
 	// expects before it sends a batch, which it does only while the
 	// process is short of CPU (see linger and cpuWatch).
 	lingerShortOfCPU = 1500 * time.Microsecond
-	// lingerFull: a lane lingers only for a batch of fewer claims, and
-	// only until it holds that many (see linger). The fixed work of a
-	// batch is about a dozen claims' scripts.
-	lingerFull = 16
 	// queuePerShard bounds the claims waiting for one shard's lane: a bound
 	// on memory, sized above the request places of a worker pool at its
 	// defaults (the bulkhead holds a shard to its share of those first).
 	queuePerShard = 4096
 )
+
+// LingerFull: a lane lingers only for a batch of fewer claims, and only
+// until it holds that many (see linger). The fixed work of a batch is
+// about a dozen claims' scripts.
+const LingerFull = 16
 
 // claimReq is one claim in flight. Reused through reqPool.
 type claimReq struct {
@@ -199,7 +200,7 @@ func (b *batcher) lane() {
 	var st laneState
 	batch := make([]*claimReq, 0, maxBatch)
 	// expect: the claims the lane expects in its next batch, at most
-	// lingerFull (see linger).
+	// LingerFull (see linger).
 	expect := 0
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -235,7 +236,7 @@ func (b *batcher) lane() {
 		b.run(batch, &st)
 		b.sent.Store(0)
 		b.inflight.Add(-int64(len(batch)))
-		expect = min(len(batch)+len(b.reqs), lingerFull)
+		expect = min(len(batch)+len(b.reqs), LingerFull)
 	}
 }
 
@@ -260,7 +261,8 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // holds (the fsync above all, about as much as a dozen claims' scripts). In
 // a closed loop of clients each claim answered is soon followed by its
 // client's next one, so the lane expects, after a batch, as many claims as
-// it answered plus those that queued while it was in flight. On cores that
+// it answered plus those that queued while it was in flight, up to
+// LingerFull (below). On cores that
 // are all taken those claims take longer to come back than a batch takes to
 // leave: without the wait the claims of one shard split into two cohorts
 // that take turns (those queued behind the batch in flight, and those whose
@@ -270,7 +272,7 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // waits at most lingerShortOfCPU for the lane, and never while the shard's
 // breaker is not closed (its claims are then answered at once).
 //
-// The lane expects at most lingerFull claims, so it lingers only for a
+// The lane expects at most LingerFull claims, so it lingers only for a
 // batch of fewer, and only until it holds that many. By then the fixed work
 // is under half of what the batch costs, and a longer wait idles the shard
 // for little: a lane that expected every claim it had answered waited, on
@@ -282,8 +284,9 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // short of CPU. Capped at 16, against expecting up to maxBatch, rain served
 // 1.06× the grabs/s on 1 shard and 1.12× on 4 at 64 connections, and the
 // open loop at half the saturated rate answered in 0.52× (1 shard) and
-// 0.91× (4 shards) the p50 (docs/benchmarks.md, "A linger toward 16
-// claims").
+// 0.91× (4 shards) the p50; on 1 shard each grab cost 1.14× the CPU
+// (smaller batches), on 4 shards 0.92×. 8 and 32 each did worse on one of
+// those (docs/benchmarks.md, "A linger toward 16 claims").
 func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
 	timer.Reset(lingerShortOfCPU)
 	defer timer.Stop()

@@ -49,8 +49,7 @@ func HoldCPU(s *Service, short bool) { s.cpu.hold(short) }
 // (not a cluster shard's).
 func Queued(s *Service, shard string) int { return len(s.batchers[shard].reqs) }
 
-// LingerFull is the batch a lane lingers toward, at most.
-const LingerFull = lingerFull
-
-// Sending reports whether the named shard's lane has a batch out.
-func Sending(s *Service, shard string) bool { return s.batchers[shard].sent.Load() != 0 }
+// SentAt is when the named shard's lane sent its batch out (unix ns), 0
+// when none is out. It is cleared before the lane sets what it expects of
+// the next batch.
+func SentAt(s *Service, shard string) int64 { return s.batchers[shard].sent.Load() }

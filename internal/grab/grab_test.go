@@ -50,7 +50,13 @@ func envOn(t testing.TB, servers []*redistest.Server, addrs []string) *env {
 // (0: the defaults), which tests shorten.
 func envWith(t testing.TB, servers []*redistest.Server, addrs []string, valid, age time.Duration) *env {
 	t.Helper()
-	e := &env{servers: servers, shards: shardtest.Open(t, addrs, shard.Options{}), valid: valid}
+	return envWithShards(t, servers, addrs, shard.Options{}, valid, age)
+}
+
+// envWithShards is envWith with the shards opened with opts.
+func envWithShards(t testing.TB, servers []*redistest.Server, addrs []string, opts shard.Options, valid, age time.Duration) *env {
+	t.Helper()
+	e := &env{servers: servers, shards: shardtest.Open(t, addrs, opts), valid: valid}
 	_, e.cat, e.svc = grabtest.Service(t, e.shards, grab.Config{SpillValidity: valid})
 	e.sweeper = reaper.New(e.shards, e.cat, nil, reaper.Config{SpillValidity: valid, SpillAge: age})
 	return e

@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -121,7 +122,7 @@ func (r *Registry) Shards(stats func() []grab.ShardStats, set *shard.Set) {
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.InFlight) }))
 	r.CounterVec("rain_shard_redirects_total", "Batches of claims a cluster shard's primary sent elsewhere (their slot moved or was moving: MOVED, ASK, TRYAGAIN), followed there.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.Redirected) }))
-	r.CounterVec("rain_shard_lingers_total", "Times the shard's claim lane waited for the claims it expected before sending a batch (lingered, only while the process is short of CPU and for a batch of fewer than 16 claims), or did not because the process had CPU to spare (skipped).",
+	r.CounterVec("rain_shard_lingers_total", fmt.Sprintf("Times the shard's claim lane waited for the claims it expected before sending a batch (lingered, only while the process is short of CPU and for a batch of fewer than %d claims), or did not because the process had CPU to spare (skipped).", grab.LingerFull),
 		[]string{"shard", "outcome"}, two("lingered", "skipped", func(s grab.ShardStats) (float64, float64) { return float64(s.Lingered), float64(s.LingerSkipped) }))
 	r.CounterVec("rain_shard_linger_claims_total", "Claims the shard's claim lane took into a batch while it waited for them.",
 		shard, per(func(s grab.ShardStats) float64 { return float64(s.LingerClaims) }))

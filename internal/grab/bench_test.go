@@ -2,12 +2,9 @@ package grab_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +20,7 @@ import (
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/shard/shardtest"
+	"rain/loadtest/minimal"
 )
 
 // BenchmarkGrab: grabs through the service on 4 shards with AOF and
@@ -79,7 +77,7 @@ func BenchmarkGrab(b *testing.B) {
 //
 //	rain/shards=N  Service.Grab on N shards (one lane each: one batch in
 //	               flight, the linger as rain serve runs it)
-//	minimal        one EVALSHA of loadtest/baseline's claim script per claim
+//	minimal        one EVALSHA of loadtest/minimal's claim script per claim
 //	               on one Redis, through a go-redis client with the
 //	               baseline's default pool (what the minimal design does
 //	               behind its handler)
@@ -91,10 +89,6 @@ func BenchmarkGrab(b *testing.B) {
 //
 //	go test -run x -bench OpenLoop -benchtime 20000x -count 3 ./internal/grab
 func BenchmarkOpenLoop(b *testing.B) {
-	src, err := baselineClaimSrc()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var users atomic.Int64
 	user := func() string { return "u" + strconv.FormatInt(users.Add(1), 10) }
 	targets := []struct {
@@ -103,7 +97,7 @@ func BenchmarkOpenLoop(b *testing.B) {
 	}{
 		{"rain/shards=1", func(b *testing.B) (func() error, func()) { return rainClaims(b, 1, user) }},
 		{"rain/shards=4", func(b *testing.B) (func() error, func()) { return rainClaims(b, 4, user) }},
-		{"minimal", func(b *testing.B) (func() error, func()) { return minimalClaims(b, src, user) }},
+		{"minimal", func(b *testing.B) (func() error, func()) { return minimalClaims(b, user) }},
 	}
 	for _, rate := range []int{2500, 5000} {
 		for _, t := range targets {
@@ -161,24 +155,14 @@ func rainClaims(b *testing.B, n int, user func() string) (claim func() error, re
 }
 
 // minimalClaims starts one always Redis with the minimal design's pool of
-// openLoopPackets (preloaded as the baseline does: the meta key, then the
-// amounts), and returns one claim of a new user on it (src: the baseline's
-// script).
-func minimalClaims(b *testing.B, src string, user func() string) (claim func() error, report func()) {
+// openLoopPackets (loadtest/minimal), and returns one claim of a new user
+// on it.
+func minimalClaims(b *testing.B, user func() string) (claim func() error, report func()) {
 	ctx := context.Background()
 	c := redistest.Client(b, redistest.Start(b, redistest.Options{AOF: true, Fsync: "always"}))
-	script := redis.NewScript(src)
-	keys := []string{"bl:{bench}:stock", "bl:{bench}:grants", "bl:{bench}:meta"}
-	amounts := make([]any, 1000)
-	for i := range amounts {
-		amounts[i] = 100
-	}
-	pipe := c.Pipeline()
-	pipe.Set(ctx, keys[2], 1, 0)
-	for pushed := 0; pushed < openLoopPackets; pushed += len(amounts) {
-		pipe.RPush(ctx, keys[0], amounts...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	script := redis.NewScript(minimal.ClaimSrc)
+	keys := minimal.Keys("bench")
+	if err := minimal.Stock(ctx, c, keys, 1, minimal.Same(openLoopPackets, 100)); err != nil {
 		b.Fatal(err)
 	}
 	return func() error { return script.Run(ctx, c, keys, user()).Err() }, func() {}
@@ -227,19 +211,4 @@ func openLoop(b *testing.B, rate int, claim func() error) {
 	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-us")
 	b.ReportMetric(float64(b.N)/sent.Seconds(), "sent/s")
-}
-
-// baselineClaimSrc is loadtest/baseline's claim script, read from its source
-// (the minimal design's whole grab).
-func baselineClaimSrc() (string, error) {
-	src, err := os.ReadFile("../../loadtest/baseline/main.go")
-	if err != nil {
-		return "", err
-	}
-	_, rest, ok := strings.Cut(string(src), "const claimSrc = `")
-	script, _, ok2 := strings.Cut(rest, "`")
-	if !ok || !ok2 {
-		return "", errors.New("loadtest/baseline/main.go: no const claimSrc")
-	}
-	return script, nil
 }

@@ -3,7 +3,6 @@ package lua
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"rain"
 	"rain/internal/redistest"
+	"rain/loadtest/minimal"
 )
 
 // BenchmarkClaimMany: the claim path alone, what Redis spends per claim.
@@ -121,7 +121,7 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 		b.Run("minimal+prelude/batch="+strconv.Itoa(n), func(b *testing.B) {
 			benchClaims(b, n, func(c *redis.Client) claimer {
 				m := newMinimalClaims(c).(*minimalClaims)
-				m.script = redis.NewScript(prelude + minimalClaimSrc)
+				m.script = redis.NewScript(prelude + minimal.ClaimSrc)
 				return m
 			})
 		})
@@ -323,34 +323,6 @@ func (r *rainClaims) batch(ctx context.Context, first int64, n int) error {
 	return nil
 }
 
-// TestMinimalClaimIsTheBaselines: BenchmarkClaimMany's minimal script is
-// loadtest/baseline's, byte for byte (a main package: it cannot be
-// imported), so the two figures compare the same work.
-func TestMinimalClaimIsTheBaselines(t *testing.T) {
-	b, err := os.ReadFile("../../loadtest/baseline/main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(b), "const claimSrc = `"+minimalClaimSrc+"`") {
-		t.Fatal("loadtest/baseline's claimSrc is not BenchmarkClaimMany's minimalClaimSrc: copy it again")
-	}
-}
-
-// minimalClaimSrc is loadtest/baseline's claim script, the whole grab of
-// the minimal design: the user's amount if they hold one, else pop one and
-// record it.
-const minimalClaimSrc = `
-local g = redis.call('HGET', KEYS[2], ARGV[1])
-if g then return {1, tonumber(g)} end
-local a = redis.call('LPOP', KEYS[1])
-if not a then
-  if redis.call('EXISTS', KEYS[3]) == 0 then return {-1, 0} end
-  return {0, 0}
-end
-redis.call('HSET', KEYS[2], ARGV[1], a)
-return {2, tonumber(a)}
-`
-
 // minimalClaims sends a pipeline of one minimal script per claim.
 type minimalClaims struct {
 	c      *redis.Client
@@ -360,29 +332,14 @@ type minimalClaims struct {
 }
 
 func newMinimalClaims(c *redis.Client) claimer {
-	return &minimalClaims{c: c, script: redis.NewScript(minimalClaimSrc),
-		keys: []string{"bl:{bench}:stock", "bl:{bench}:grants", "bl:{bench}:meta"}}
+	return &minimalClaims{c: c, script: redis.NewScript(minimal.ClaimSrc), keys: minimal.Keys("bench")}
 }
 
 func (m *minimalClaims) refill(ctx context.Context, packets int64) error {
 	if err := m.script.Load(ctx, m.c).Err(); err != nil {
 		return err
 	}
-	amounts := make([]any, 1000)
-	for i := range amounts {
-		amounts[i] = 100
-	}
-	pipe := m.c.Pipeline()
-	pipe.Set(ctx, m.keys[2], 1, 0)
-	for pushed := int64(0); pushed < packets; pushed += 1000 {
-		pipe.RPush(ctx, m.keys[0], amounts[:min(1000, packets-pushed)]...)
-		if pipe.Len() >= 16 || pushed+1000 >= packets {
-			if _, err := pipe.Exec(ctx); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return minimal.Stock(ctx, m.c, m.keys, 1, minimal.Same(packets, 100))
 }
 
 func (m *minimalClaims) batch(ctx context.Context, first int64, n int) error {

@@ -13,10 +13,11 @@
 //	POST /admin/pools  {"pool_id","total_cents","count"} with Authorization: Bearer <token>
 //	POST /grab         {"pool_id","user_id"}
 //
-// A pool is a Redis list bl:{pool}:stock of pre-split amounts (an equal split, the
-// remainder spread over the first ones) and a hash bl:{pool}:grants of user -> amount.
-// It has no serials, holds, expiry, sub-pools or shards: that is rain's extra work per
-// grab, and the point of the comparison. Not for production.
+// A pool is loadtest/minimal's: a Redis list bl:{pool}:stock of pre-split amounts (an
+// equal split, the remainder spread over the first ones) and a hash bl:{pool}:grants of
+// user -> amount, claimed by minimal.ClaimSrc. It has no serials, holds, expiry,
+// sub-pools or shards: that is rain's extra work per grab, and the point of the
+// comparison. Not for production.
 //
 //	go run ./loadtest/baseline -listen 127.0.0.1:8081 -redis 127.0.0.1:6379 -admin-token T
 package main
@@ -39,35 +40,10 @@ import (
 	"time"
 
 	"rain"
+	"rain/loadtest/minimal"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
-)
-
-// claimSrc is the whole grab in one round trip.
-//
-// KEYS[1] bl:{pool}:stock  list of amounts in cents
-// KEYS[2] bl:{pool}:grants hash user_id -> amount
-// KEYS[3] bl:{pool}:meta   set by preload; tells "sold out" from "no such pool"
-// ARGV[1] user_id
-// Returns {code, amount}: code 2 granted, 1 already granted, 0 sold out, -1 no such pool.
-const claimSrc = `
-local g = redis.call('HGET', KEYS[2], ARGV[1])
-if g then return {1, tonumber(g)} end
-local a = redis.call('LPOP', KEYS[1])
-if not a then
-  if redis.call('EXISTS', KEYS[3]) == 0 then return {-1, 0} end
-  return {0, 0}
-end
-redis.call('HSET', KEYS[2], ARGV[1], a)
-return {2, tonumber(a)}
-`
-
-// preloadBatch is how many amounts one RPUSH carries; preloadPipe is how many
-// RPUSHes go out in one pipelined round trip.
-const (
-	preloadBatch = 1000
-	preloadPipe  = 50
 )
 
 // maxBody is docs/api.md's limit on a /grab body.
@@ -99,7 +75,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	s := &server{claim: redis.NewScript(claimSrc), token: []byte(*token), log: log, fixed: *fixed}
+	s := &server{claim: redis.NewScript(minimal.ClaimSrc), token: []byte(*token), log: log, fixed: *fixed}
 	for a := range strings.SplitSeq(*addr, ",") {
 		rdb := redis.NewClient(&redis.Options{Addr: a, PoolSize: *poolSize})
 		defer rdb.Close()
@@ -180,7 +156,7 @@ func (s *server) grab(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rdb := s.shards[xxhash.Sum64String(req.UserID)%uint64(len(s.shards))]
-	res, err := s.claim.Run(r.Context(), rdb, keys(req.PoolID), req.UserID).Int64Slice()
+	res, err := s.claim.Run(r.Context(), rdb, minimal.Keys(req.PoolID), req.UserID).Int64Slice()
 	if err != nil || len(res) != 2 {
 		// Not logged: this is the hot path, and a failing Redis shows up in the
 		// benchmark as 503s in grab.lua's status counts.
@@ -229,7 +205,7 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	k := keys(req.PoolID)
+	k := minimal.Keys(req.PoolID)
 	fresh, err := s.shards[0].SetNX(ctx, k[2], req.Count, 0).Result()
 	if err != nil {
 		reply(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
@@ -249,42 +225,30 @@ func (s *server) preload(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusCreated, map[string]string{"pool_id": req.PoolID})
 }
 
-// push RPUSHes count amounts summing to total: total/count each, one more cent on
-// the first total%count; amount i to shard i % len(shards), each shard's meta key
-// set (the first one's is, by preload) so that an empty shard answers sold out.
+// push stocks count amounts summing to total: total/count each, one more
+// cent on the first total%count; amount i to shard i % len(shards), each
+// shard's meta key set (the first one's is, by preload) so that an empty
+// shard answers sold out.
 func (s *server) push(ctx context.Context, k []string, total, count int64) error {
 	each, extra := total/count, total%count
 	n := int64(len(s.shards))
 	for sh, rdb := range s.shards {
-		pipe := rdb.Pipeline()
-		pipe.SetNX(ctx, k[2], count, 0)
-		batch := make([]any, 0, preloadBatch)
-		for i := int64(sh); i < count; i += n {
-			a := each
-			if i < extra {
-				a++
-			}
-			batch = append(batch, a)
-			if len(batch) == preloadBatch || i+n >= count {
-				pipe.RPush(ctx, k[0], batch...)
-				batch = make([]any, 0, preloadBatch)
-			}
-			if pipe.Len() == preloadPipe {
-				if _, err := pipe.Exec(ctx); err != nil {
-					return fmt.Errorf("rpush %s: %w", k[0], err)
+		amounts := func(yield func(int64) bool) {
+			for i := int64(sh); i < count; i += n {
+				a := each
+				if i < extra {
+					a++
+				}
+				if !yield(a) {
+					return
 				}
 			}
 		}
-		if _, err := pipe.Exec(ctx); err != nil { // the rest (an empty pipeline sends nothing)
-			return fmt.Errorf("rpush %s: %w", k[0], err)
+		if err := minimal.Stock(ctx, rdb, k, count, amounts); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-// keys returns the stock, grants and meta keys of a pool, under one hash tag.
-func keys(pool string) []string {
-	return []string{"bl:{" + pool + "}:stock", "bl:{" + pool + "}:grants", "bl:{" + pool + "}:meta"}
 }
 
 func reply(w http.ResponseWriter, code int, v any) {

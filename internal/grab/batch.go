@@ -48,8 +48,7 @@ const (
 )
 
 // LingerFull: a lane lingers only for a batch of fewer claims, and only
-// until it holds that many (see linger). The fixed work of a batch is
-// about a dozen claims' scripts.
+// until it holds what it expects, at most that many (see linger).
 const LingerFull = 16
 
 // claimReq is one claim in flight. Reused through reqPool.
@@ -258,13 +257,15 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // lingers only while the process is short of CPU (shortOfCPU).
 //
 // Each batch costs its shard a fixed amount of work however many claims it
-// holds (the fsync above all, about as much as a dozen claims' scripts). In
-// a closed loop of clients each claim answered is soon followed by its
-// client's next one, so the lane expects, after a batch, as many claims as
-// it answered plus those that queued while it was in flight, up to
-// LingerFull (below). On cores that
-// are all taken those claims take longer to come back than a batch takes to
-// leave: without the wait the claims of one shard split into two cohorts
+// holds: about 200 µs of Redis on the development machine, the kernel's
+// fsync and writes above all, as much as 20 claims' own work or more
+// (docs/benchmarks.md, "Where a round trip's Redis CPU goes"). In a closed
+// loop of clients each claim answered is soon followed by its client's
+// next one, so the lane expects, after a batch, as many claims as it
+// answered plus those that queued while it was in flight, up to LingerFull
+// (below). On cores that are all taken those claims take longer to come
+// back than a batch takes to leave: without the wait the claims of one
+// shard split into two cohorts
 // that take turns (those queued behind the batch in flight, and those whose
 // answers it carried), each batch half of what the shard has in flight, and
 // every batch pays its fixed work for half what it could carry. Under a
@@ -273,20 +274,22 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // breaker is not closed (its claims are then answered at once).
 //
 // The lane expects at most LingerFull claims, so it lingers only for a
-// batch of fewer, and only until it holds that many. By then the fixed work
-// is under half of what the batch costs, and a longer wait idles the shard
-// for little: a lane that expected every claim it had answered waited, on
-// one shard at 64 connections, for cohorts of 30 and more while its Redis
-// had nothing to do. And in an open loop that is short of CPU the
-// expectation fed itself: each linger made a larger batch, the larger
+// batch of fewer, and only until it holds what it expects. A longer wait
+// idles the shard: on one shard at 64 connections, a lane that expected
+// every claim it had answered waited for them while its Redis, whose only
+// lane it is, had nothing to do. And in an open loop that is short of CPU
+// the expectation fed itself: each linger made a larger batch, the larger
 // batch a larger expectation and a longer linger, up to lingerShortOfCPU a
 // batch, and the bursts of answers that came of them kept the process
 // short of CPU. Capped at 16, against expecting up to maxBatch, rain served
 // 1.06× the grabs/s on 1 shard and 1.12× on 4 at 64 connections, and the
 // open loop at half the saturated rate answered in 0.52× (1 shard) and
 // 0.91× (4 shards) the p50; on 1 shard each grab cost 1.14× the CPU
-// (smaller batches), on 4 shards 0.92×. 8 and 32 each did worse on one of
-// those (docs/benchmarks.md, "A linger toward 16 claims").
+// (smaller batches), on 4 shards 0.92×. 16 is not where the fixed work
+// stops mattering (at 16 claims it is still more than half of a batch's
+// cost) but where the measured trade came out best: 8 and 32 each did
+// worse on one side of it (docs/benchmarks.md, "A linger toward 16
+// claims").
 func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
 	timer.Reset(lingerShortOfCPU)
 	defer timer.Stop()

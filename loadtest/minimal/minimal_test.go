@@ -34,12 +34,24 @@ func TestStockAndClaim(t *testing.T) {
 	if err := Stock(ctx, c, k, 9, Same(3, 100)); err != nil {
 		t.Fatal(err)
 	}
+	whole := int64(pushBatch * pushPipe) // whole batches and round trips: no part batch left
+	if err := Stock(ctx, c, k, 9, Same(whole, 7)); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range n {
+		want = append(want, strconv.FormatInt(i+1, 10))
+	}
+	want = append(want, "100", "100", "100")
+	for range whole {
+		want = append(want, "7")
+	}
 	got, err := c.LRange(ctx, k[0], 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if int64(len(got)) != n+3 || got[0] != "1" || got[n-1] != strconv.FormatInt(n, 10) || !slices.Equal(got[n:], []string{"100", "100", "100"}) {
-		t.Fatalf("stock holds %d amounts, first %q, want %d from 1 to %d then three of 100", len(got), got[:1], n+3, n)
+	if !slices.Equal(got, want) {
+		t.Fatalf("stock holds %d amounts, want %d: 1 to %d, three of 100, %d of 7, in that order", len(got), len(want), n, whole)
 	}
 	if m, err := c.Get(ctx, k[2]).Result(); err != nil || m != "5" {
 		t.Fatalf("meta = %q, %v; want 5, the first Stock's (set only when not set)", m, err)

@@ -282,10 +282,11 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // batch a larger expectation and a longer linger, up to lingerShortOfCPU a
 // batch, and the bursts of answers that came of them kept the process
 // short of CPU. Capped at 16, against expecting up to maxBatch, rain served
-// 1.06× the grabs/s on 1 shard and 1.12× on 4 at 64 connections, and the
-// open loop at half the saturated rate answered in 0.52× (1 shard) and
-// 0.91× (4 shards) the p50; on 1 shard each grab cost 1.14× the CPU
-// (smaller batches), on 4 shards 0.92×. 16 is not where the fixed work
+// 1.06× the grabs/s on 1 shard and 1.06× to 1.12× on 4 at 64 connections
+// (two runs each), and on 1 shard the open loop at half the saturated rate
+// lost most of its bad rounds (p50 0.52× and 0.96×, p99 0.29× and 0.68×;
+// on 4 shards 0.91× and 1.04×); on 1 shard each grab cost 1.14× the CPU
+// (smaller batches), on 4 shards 0.92× to 0.98×. 16 is not where the fixed work
 // stops mattering (at 16 claims it is still more than half of a batch's
 // cost) but where the measured trade came out best: 8 and 32 each did
 // worse on one side of it (docs/benchmarks.md, "A linger toward 16

@@ -265,13 +265,13 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // answered plus those that queued while it was in flight, up to LingerFull
 // (below). On cores that are all taken those claims take longer to come
 // back than a batch takes to leave: without the wait the claims of one
-// shard split into two cohorts
-// that take turns (those queued behind the batch in flight, and those whose
-// answers it carried), each batch half of what the shard has in flight, and
-// every batch pays its fixed work for half what it could carry. Under a
-// flood the queue already holds a full batch, and nothing waits. A claim
-// waits at most lingerShortOfCPU for the lane, and never while the shard's
-// breaker is not closed (its claims are then answered at once).
+// shard split into two cohorts that take turns (those queued behind the
+// batch in flight, and those whose answers it carried), each batch half of
+// what the shard has in flight, and every batch pays its fixed work for
+// half what it could carry. Under a flood the queue already holds a full
+// batch, and nothing waits. A claim waits at most lingerShortOfCPU for the
+// lane, and never while the shard's breaker is not closed (its claims are
+// then answered at once).
 //
 // The lane expects at most LingerFull claims, so it lingers only for a
 // batch of fewer, and only until it holds what it expects. A longer wait
@@ -281,16 +281,11 @@ func (b *batcher) drain(batch []*claimReq) []*claimReq {
 // the expectation fed itself: each linger made a larger batch, the larger
 // batch a larger expectation and a longer linger, up to lingerShortOfCPU a
 // batch, and the bursts of answers that came of them kept the process
-// short of CPU. Capped at 16, against expecting up to maxBatch, rain served
-// 1.06× the grabs/s on 1 shard and 1.06× to 1.12× on 4 at 64 connections
-// (two runs each), and on 1 shard the open loop at half the saturated rate
-// lost most of its bad rounds (p50 0.52× and 0.96×, p99 0.29× and 0.68×;
-// on 4 shards 0.91× and 1.04×); on 1 shard each grab cost 1.14× the CPU
-// (smaller batches), on 4 shards 0.92× to 0.98×. 16 is not where the fixed work
-// stops mattering (at 16 claims it is still more than half of a batch's
-// cost) but where the measured trade came out best: 8 and 32 each did
-// worse on one side of it (docs/benchmarks.md, "A linger toward 16
-// claims").
+// short of CPU. 16 is not where the fixed work stops mattering (at 16
+// claims it is still more than half of a batch's cost) but where the
+// measured trade between saturated throughput and the open loop came out
+// best; 8 and 32 each did worse on one side of it (docs/benchmarks.md, "A
+// linger toward 16 claims", with the figures).
 func (b *batcher) linger(batch []*claimReq, expect int, timer *time.Timer) []*claimReq {
 	timer.Reset(lingerShortOfCPU)
 	defer timer.Stop()

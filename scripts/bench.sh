@@ -930,7 +930,7 @@ bench_pool() {
   local section=pool rate conns duration warmup inflight rounds repeat packets total share tmp token
   bench_settings
   build_tools
-  local pd=${POOL_DURATION:-20s} pc=${POOL_CONNS:-3000} port peak m mode
+  local pd=${POOL_DURATION:-20s} pc=${POOL_CONNS:-3000} port peak m mode b0
   start_rain port
   saturate peak "$port" 1 -admin-token "$token"
   peak=$(awk -v g="$(result_of "$tmp/peak.sat.1.out" goodput_rps)" 'BEGIN { printf "%d\n", g }')
@@ -940,8 +940,10 @@ bench_pool() {
     warm "pool-$mode" "$port" -pool over -admin-token "$token" -preload "$((peak * 200)):$((peak * 20000))" \
       -rate "$((peak / 2))" -conns 64 -user-prefix w -repeat "$repeat"
     for m in 2 4; do
+      b0=$(batch_totals "$port")
       load "pool-$mode" "x$m" 1 "$port" -pool over -rate "$((peak * m))" -duration "$pd" \
         -max-inflight "$pc" -conns "$pc" -user-prefix "x$m." -repeat "$repeat" -admin-token "$token" -scrape
+      add_batches "$tmp/pool-$mode.x$m.1.out" "$b0" "$(batch_totals "$port")"
     done
     cleanup
   done
@@ -958,11 +960,39 @@ bench_pool() {
     print_row "pool: ${m}x floor" pool-floor "x$m"
   done
   for m in 2 4; do
+    figure "$(awk -v m="$m" -v onc="$(med pool-on "x$m" batch_claims)" -v onms="$(med pool-on "x$m" batch_ms)" \
+      -v offc="$(med pool-off "x$m" batch_claims)" -v offms="$(med pool-off "x$m" batch_ms)" 'BEGIN {
+        printf "pool: at %dx, batches to the shards: pool on %.1f claims each, round trip %.2f ms; pool off %.1f claims, %.2f ms\n",
+          m, onc, onms, offc, offms }')"
+  done
+  for m in 2 4; do
     figure "$(awk -v peak="$peak" -v m="$m" -v g="$(med pool-on "x$m" goodput_rps)" -v p99="$(med pool-on "x$m" p99_ms)" \
       -v shed="$(med pool-on "x$m" shed_p99_ms)" -v err="$(total pool-on "x$m" errors)" -v floor="$(med pool-floor "x$m" p99_ms)" 'BEGIN {
         printf "pool: at %dx with the pool on: goodput %.0f%% of the peak (target >= 90%%), accepted p99 %.1f ms (target <= 50 ms; a fixed answer under the same flood: %.1f ms), shed p99 %.1f ms (target <= 5 ms), errors %d (target 0)\n",
           m, 100 * g / peak, p99, floor, shed, err }')"
   done
+}
+
+# batch_totals PORT: "batches claims seconds" of the rain on PORT so far,
+# summed over its shards: its batches of claims, the claims they held and
+# their round trips (rain_shard_batch_claims, rain_shard_batch_duration_seconds).
+batch_totals() {
+  { curl -fsS --max-time 5 "http://127.0.0.1:$1/metrics" 2>/dev/null || true; } | awk '
+    $1 ~ /^rain_shard_batch_claims_count\{/ { n += $2 }
+    $1 ~ /^rain_shard_batch_claims_sum\{/ { c += $2 }
+    $1 ~ /^rain_shard_batch_duration_seconds_sum\{/ { s += $2 }
+    END { printf "%d %d %.6f\n", n, c, s }'
+}
+
+# add_batches OUT BEFORE AFTER: appends to the result line of rainload's
+# output OUT the batches between two batch_totals: batch_claims (claims per
+# batch, mean) and batch_ms (a batch's round trip, mean).
+add_batches() {
+  awk -v b="$2" -v a="$3" '
+    BEGIN { split(b, x, " "); split(a, y, " "); n = y[1] - x[1]
+      extra = sprintf(" batch_claims=%.1f batch_ms=%.2f", n ? (y[2] - x[2]) / n : 0, n ? 1000 * (y[3] - x[3]) / n : 0) }
+    $1 == "result" { $0 = $0 extra }
+    { print }' "$1" >"$1.tmp" && mv "$1.tmp" "$1"
 }
 
 # bench_memory: what a pool leaves on its shards, moment by moment, to its

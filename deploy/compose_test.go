@@ -372,8 +372,8 @@ func TestComposeMatchesRain(t *testing.T) {
 }
 
 // checkServe checks what `rain serve` needs in a container: an admin token
-// (required with --redis), a word on user auth (required with --redis: a
-// key, or none on purpose), a listen address reachable through the
+// (required with --redis), a word on user auth (a key, or none on purpose:
+// without one, rain serve warns that any client grabs as anyone), a listen address reachable through the
 // published port, the metrics on a listener of their own that is not
 // published, ports on 127.0.0.1 only, a /readyz health check on that port,
 // and a stop grace period longer than rain's own shutdown timeout.
@@ -388,7 +388,7 @@ func checkServe(t *testing.T, svc *ymap, env map[string]string) {
 		t.Errorf("RAIN_ADMIN_TOKEN_FILE=%q, secrets %v: want /run/secrets/NAME with NAME among the service's secrets", env["RAIN_ADMIN_TOKEN_FILE"], svc.list("secrets"))
 	}
 	if env["RAIN_USER_AUTH"] == "" {
-		t.Error("no RAIN_USER_AUTH: rain serve on real shards refuses to start without (a key, or none on purpose)")
+		t.Error("no RAIN_USER_AUTH: rain serve on real shards then trusts the body's user_id and warns of it (give a key, or none on purpose)")
 	}
 	host, port, err := net.SplitHostPort(env["RAIN_LISTEN"])
 	if err != nil {

@@ -19,21 +19,23 @@ const userAuthNone = "none"
 // Warnings of the user identity rain serve runs with: logged at start and
 // given to /readyz's admin answer.
 const (
-	warnUserAuthOff  = "user auth is off (--user-auth none): any client can grab as any user_id, and is answered another user's grant; give --user-auth to check the app's signed user tokens"
-	warnNoAudience   = "user tokens' aud is not checked (--user-auth-audience): a token the login service signed for another app is taken"
-	warnNoIssuer     = "user tokens' iss is not checked (--user-auth-issuer): a token another issuer signed with a key of the set is taken"
-	errUserAuthNeeds = "--user-auth (RAIN_USER_AUTH) is required with --redis: give the app's login service's key (jwks-url:https://..., hs256:FILE, ...), or --user-auth none to run without, on purpose (any client can then grab as any user_id)"
+	warnUserAuthOff   = "user auth is off (--user-auth none): any client can grab as any user_id, and is answered another user's grant; give --user-auth to check the app's signed user tokens"
+	warnUserAuthUnset = "user auth is off: no --user-auth (RAIN_USER_AUTH) was given, so any client can grab as any user_id, and is answered another user's grant; give the app's login service's key (jwks-url:https://..., hs256:FILE, ...), or --user-auth none to say it is off on purpose"
+	warnNoAudience    = "user tokens' aud is not checked (--user-auth-audience): a token the login service signed for another app is taken"
+	warnNoIssuer      = "user tokens' iss is not checked (--user-auth-issuer): a token another issuer signed with a key of the set is taken"
 )
 
 // userAuth sets acfg.Users from --user-auth and returns what SIGHUP
-// reloads of it. Off ("" on embedded shards, or "none") is refused on real
-// shards unless said ("none"), and warned of; on, a missing audience or
-// issuer is warned of.
+// reloads of it. Off on real shards is warned of, loudly when no word was
+// given ("" rather than "none"); the contract's command line (API.md:
+// --listen, --redis, --admin-token) runs, with user auth off, as the
+// contract has it optional. On, a missing audience or issuer is warned of.
 func (s *server) userAuth(acfg *api.Config) ([]reloader, error) {
 	c := s.cfg
 	switch {
 	case c.UserAuth == "" && !c.tryIt():
-		return nil, usagef(errUserAuthNeeds)
+		s.warn(warnUserAuthUnset)
+		return nil, nil
 	case c.UserAuth == "" || c.UserAuth == userAuthNone:
 		if !c.tryIt() {
 			s.warn(warnUserAuthOff)

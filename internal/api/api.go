@@ -62,9 +62,8 @@ type Runner interface {
 type Config struct {
 	Grabber Grabber
 	Pools   Pools
-	// Ready reports each shard's state and whether every shard a live pool
-	// depends on is up (GET /readyz, answered within a second whatever the
-	// shards do).
+	// Ready reports each shard's state and whether every shard is up
+	// (GET /readyz, answered within a second whatever the shards do).
 	Ready func(ctx context.Context) grab.Readiness
 	// Runner runs every grab; nil runs grabs on the handler goroutine
 	// (rain serve --workers=off, for comparison only).

@@ -14,8 +14,8 @@ import (
 // given less than that (its pings honour the deadline).
 const readyTimeout = time.Second
 
-// ready answers 200 when every shard a live pool depends on is up, 503 when
-// one is not. Only a holder of an admin token is told each shard's state
+// ready answers 200 when every shard is up (or slow), 503 when one is not
+// (API.md). Only a holder of an admin token is told each shard's state
 // (their errors name internal addresses) and the instance's warnings; the
 // others, load balancers' probes among them, get {"ready": bool}. A wrong
 // token counts as a failed admin login (and is throttled like one).

@@ -295,8 +295,9 @@ func TestSpillShardLosesWrites(t *testing.T) {
 }
 
 // TestReadyUnderFaults: readiness answers within the call budget whatever
-// a shard does, and says which shard is not up; a shard no live pool uses
-// does not make the instance unready.
+// a shard does, and says which shard is not up and whether a live pool
+// uses it; any shard that does not answer makes the instance unready, one
+// no live pool uses too (API.md).
 func TestReadyUnderFaults(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, 3, redistest.Options{})
@@ -316,12 +317,20 @@ func TestReadyUnderFaults(t *testing.T) {
 	}
 	server := func(name string) *redistest.Server { return e.servers[map[string]int{"s1": 0, "s2": 1, "s3": 2}[name]] }
 
+	// Every shard must answer (API.md), the one no pool uses too: it is
+	// reported down and not in use.
 	server(unused).Pause()
 	rd := e.svc.Ready(ctx)
-	if !rd.Ready {
-		t.Fatalf("Ready with only the unused shard %s frozen = %+v, want ready", unused, rd)
-	}
 	server(unused).Resume()
+	if rd.Ready {
+		t.Fatalf("Ready with the unused shard %s frozen = %+v, want not ready", unused, rd)
+	}
+	for _, sh := range rd.Shards {
+		if sh.Name == unused && (sh.State != grab.ShardDown || sh.InUse) {
+			t.Fatalf("frozen unused shard %s reported %+v, want down and not in use", unused, sh)
+		}
+	}
+	waittest.Until(t, 10*time.Second, "the instance ready again once the unused shard answers", func() bool { return e.svc.Ready(ctx).Ready })
 
 	server(used).Pause()
 	defer server(used).Resume()

@@ -29,8 +29,10 @@ type ShardState struct {
 	Error     string  `json:"error,omitempty"`
 }
 
-// Readiness is GET /readyz's answer: Ready when every shard a live pool
-// depends on is up (or slow) and this process can reach them.
+// Readiness is GET /readyz's answer: Ready only when every shard answers
+// (up, or slow) and this process can reach them (API.md). Each shard says
+// whether a live pool depends on it, so an operator sees which users a
+// shard that is down strands.
 type Readiness struct {
 	Ready bool `json:"ready"`
 	// Process names a fault of this process, not of the shards, that keeps
@@ -50,7 +52,10 @@ func outOfFDs(err error) bool {
 }
 
 // Ready pings every shard at once, bounded by ctx and by the call budget,
-// and reports each shard's state. A shard is in use when a pool of the
+// and reports each shard's state: any shard down, or whose breaker is
+// open, makes the instance not ready, whether or not a live pool has a
+// sub-pool there (a new pool may be placed on it, and the serial counter
+// lives on one shard). A shard is in use when a pool of the
 // registry (as it was last read) has a sub-pool there; when a pool cannot
 // be resolved, or the pools were never listed, every shard counts as in use.
 func (s *Service) Ready(ctx context.Context) Readiness {
@@ -83,7 +88,7 @@ func (s *Service) Ready(ctx context.Context) Readiness {
 	for i := range out.Shards {
 		st := &out.Shards[i]
 		st.InUse = inUse == nil || inUse[st.Name]
-		if st.InUse && (st.State == ShardDown || st.State == ShardBreakerOpen) {
+		if st.State == ShardDown || st.State == ShardBreakerOpen {
 			out.Ready = false
 		}
 		if st.State == ShardUnknown {

@@ -60,20 +60,23 @@ func (s *Server) RequireAdmin(h http.Handler) http.Handler {
 	})
 }
 
-// refuseAdmin answers a request without a valid admin token (401), or from
-// a client whose failures are throttled (429 with Retry-After, the token
-// not looked at), and reports whether it did.
+// refuseAdmin answers a request without a valid admin token, and one from
+// a client whose failures are throttled (the token not looked at, so that
+// the answer tells nothing of it, with Retry-After), with 401: without a
+// valid token an operator request is answered 401 (API.md). It reports
+// whether it refused.
 func (s *Server) refuseAdmin(w http.ResponseWriter, r *http.Request) bool {
-	switch ok, wait := s.adminAuth(r); {
-	case ok:
+	ok, wait := s.adminAuth(r)
+	if ok {
 		return false
-	case wait > 0:
-		w.Header().Set("Retry-After", strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10))
-		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "too many wrong admin tokens from this client; retry later"})
-	default:
-		w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="rain"`)
+	msg := "missing or wrong admin token"
+	if wait > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10))
+		msg = "too many wrong admin tokens from this client; retry later"
+	}
+	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": msg})
 	return true
 }
 

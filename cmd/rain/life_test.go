@@ -23,7 +23,8 @@ import (
 // shards and a real PostgreSQL: rain serve --postgres, grabs, rain close
 // refused while the window is open, rain end, rain settle --postgres, and
 // rain close --postgres, which reconciles with the database and records the
-// account there.
+// account there. After the close the confirm of a grant is still
+// idempotent (API.md): the database answers for the freed keys.
 func TestCloseCommand(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
 	pg := pgtest.Start(t, pgtest.Options{})
@@ -36,10 +37,14 @@ func TestCloseCommand(t *testing.T) {
 	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"cl","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}
+	serials := map[string]float64{}
 	for i := range 4 {
-		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"cl","user_id":"u%d"}`, i)); code != 200 {
+		user := fmt.Sprintf("u%d", i)
+		code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"cl","user_id":%q}`, user))
+		if code != 200 {
 			t.Fatalf("grab = %d %v", code, body)
 		}
+		serials[user] = body["serial"].(float64)
 	}
 	tool := func(args ...string) (string, error) {
 		var out, errOut bytes.Buffer
@@ -89,6 +94,23 @@ func TestCloseCommand(t *testing.T) {
 	}
 	if code, body := post(t, "http://"+addr+"/grab", "", `{"pool_id":"cl","user_id":"u1"}`); code != 410 {
 		t.Fatalf("grab of a closed pool = %d %v, want 410 ended", code, body)
+	}
+	// Settlement confirmed every grant before the close; a confirm sent
+	// again now (a wallet's retry) is answered as before the close.
+	for _, c := range []struct {
+		user   string
+		serial float64
+		code   int
+	}{
+		{"u0", serials["u0"], 200},
+		{"u3", serials["u3"], 200},
+		{"u0", serials["u0"] + 1000, 409}, // another serial than the user's grant
+		{"nobody", 1, 404},
+	} {
+		code, body := post(t, "http://"+addr+"/admin/grants/confirm", longToken, fmt.Sprintf(`{"pool_id":"cl","user_id":%q,"serial":%d}`, c.user, int64(c.serial)))
+		if code != c.code || (code == 200 && body["status"] != "confirmed") {
+			t.Errorf("confirm of %s serial %d after the close = %d %v, want %d", c.user, int64(c.serial), code, body, c.code)
+		}
 	}
 }
 

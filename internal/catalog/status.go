@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 
 	"rain"
 	"rain/internal/lua"
@@ -153,8 +154,10 @@ func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
 
 // Confirm marks the user's held grant with serial as confirmed: settlement
 // has paid it, and it will never be released. Confirming a confirmed grant
-// again succeeds. It returns ErrNotFound for an unknown pool, ErrNoGrant,
-// ErrGrantReleased or ErrSerialMismatch.
+// again succeeds, after the pool's close too (API.md: idempotent), when
+// its keys are freed: the books (Config.Books) answer then, which hold
+// every grant the pool's settlement delivered. It returns ErrNotFound for
+// an unknown pool, ErrNoGrant, ErrGrantReleased or ErrSerialMismatch.
 func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int64) error {
 	p, err := c.Cached(ctx, poolID)
 	if err != nil {
@@ -166,7 +169,40 @@ func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int
 	if err != nil {
 		return rain.Errorf(rain.ErrUnavailable, err, "confirm %s sub-pool %d: shard %s did not answer", poolID, j, p.Placement[j])
 	}
+	if res == lua.UnknownGrant && !p.State.Over() {
+		// The cached record may predate a close by another process.
+		if fresh, err := c.Read(ctx, poolID); err == nil {
+			p = fresh
+		}
+	}
+	if res == lua.UnknownGrant && p.State.Over() {
+		return c.confirmClosed(ctx, poolID, userID, serial)
+	}
 	return confirmErr(res)
+}
+
+// confirmClosed answers the confirm of a grant of a closed (or closing)
+// pool whose sub-pool's keys are freed, from the books: confirmed when
+// they hold the grant, a serial mismatch when they hold another of the
+// user's. A grant they do not hold was never confirmed (a close waits for
+// settlement to deliver every confirmed grant): unknown, as one released
+// at its deadline is once its record is freed. Without books nothing
+// holds the pool's grants any more: unknown, saying so.
+func (c *Catalog) confirmClosed(ctx context.Context, poolID, userID string, serial int64) error {
+	if c.books == nil {
+		return rain.Errorf(rain.ErrNoGrant, nil, "pool %s is closed and its grants' records are freed; with no database (--postgres) nothing holds them any more", poolID)
+	}
+	serials, err := c.books.Serials(ctx, poolID, userID)
+	if err != nil {
+		return rain.Errorf(rain.ErrUnavailable, err, "confirm %s: the database did not answer", poolID)
+	}
+	if slices.Contains(serials, serial) {
+		return nil
+	}
+	if len(serials) > 0 {
+		return rain.ErrSerialMismatch
+	}
+	return rain.ErrNoGrant
 }
 
 // confirmErr maps a confirm script result to Confirm's errors.

@@ -112,6 +112,30 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	return errs
 }
 
+// Serials returns the serials of the grants the database holds of the
+// user in the pool: the grants settlement delivered, each confirmed (at
+// most one in practice: a user holds one grant of a pool at a time, and
+// one released at its deadline was never confirmed).
+func (db *DB) Serials(ctx context.Context, poolID, userID string) ([]int64, error) {
+	rows, err := db.pool.Query(ctx, `SELECT serial FROM rain_grants WHERE pool_id = $1 AND user_id = $2`, poolID, userID)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var s int64
+		if err := rows.Scan(&s); err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return out, nil
+}
+
 // Totals returns the grants the database holds of the pool, by sub-pool.
 func (db *DB) Totals(ctx context.Context, poolID string) (map[int]rain.Tally, error) {
 	rows, err := db.pool.Query(ctx, `SELECT sub_pool, count(*), coalesce(sum(amount_cents), 0)

@@ -126,6 +126,27 @@ func TestServeEmbedded(t *testing.T) {
 	}
 }
 
+// TestServeEmbeddedQuiet: the try-it mode says so in its first log line
+// and prints its generated admin token whatever --log-level says (API.md),
+// --log-level error included.
+func TestServeEmbeddedQuiet(t *testing.T) {
+	logs := &logtest.Buffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "0", "--log-level", "error"},
+			env(nil), &bytes.Buffer{}, logs)
+	}()
+	waittest.Until(t, 20*time.Second, "the admin token in the log", func() bool { return strings.Contains(logs.String(), "admin_token=") })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve returned %v after shutdown, want nil", err)
+	}
+	if first := strings.SplitN(logs.String(), "\n", 2)[0]; !strings.Contains(first, "embedded in-memory shards") {
+		t.Fatalf("first log line %q does not say the shards are embedded", first)
+	}
+}
+
 func testServeEmbedded(t *testing.T, args []string) {
 	addr, logs := startServe(t, args, nil)
 	first := strings.SplitN(logs.String(), "\n", 2)[0]

@@ -180,20 +180,37 @@ const (
 	warnEmbeddedExposed = "the try-it mode listens beyond this host (--listen): its admin token is in this log, and anyone who reaches it can preload and grab; listen on 127.0.0.1 unless that is what you want"
 )
 
+// alwaysHandler logs every record, whatever the level its handler was
+// made with: for the lines a run must never hide.
+type alwaysHandler struct{ slog.Handler }
+
+func (alwaysHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h alwaysHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return alwaysHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h alwaysHandler) WithGroup(name string) slog.Handler {
+	return alwaysHandler{h.Handler.WithGroup(name)}
+}
+
 // checkTokens says what the run is (embedded, or real shards) and checks
 // the admin token: generated for an embedded run without one, required and
 // long enough with --redis.
 func (s *server) checkTokens() error {
 	c, log := s.cfg, s.log
 	if c.tryIt() {
-		log.Warn(embeddedWarning, versionAttrs()...)
+		// The contract (API.md): the try-it mode says so in its first log
+		// line and prints its generated token, whatever --log-level says.
+		always := slog.New(alwaysHandler{log.Handler()})
+		always.Warn(embeddedWarning, versionAttrs()...)
 		s.warnings = append(s.warnings, embeddedWarning)
 		if host, _, err := net.SplitHostPort(c.Listen); err == nil && !loopbackHost(host) {
 			s.warn(warnEmbeddedExposed)
 		}
 		if c.AdminToken == "" && c.AdminTokenFile == "" {
 			c.AdminToken = newToken()
-			log.Info("admin token for this run", "admin_token", c.AdminToken)
+			always.Info("admin token for this run", "admin_token", c.AdminToken)
 		}
 		return nil
 	}

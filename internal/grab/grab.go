@@ -425,11 +425,13 @@ func claimOutcome(err error) error {
 }
 
 // retriedReply reports whether err is a server's answer go-redis retries
-// a call on (the server loading, read-only, its master down, the cluster
-// down, TRYAGAIN): this answer ran nothing, but an earlier try of the same
-// batch, whose reply was lost, may have.
+// a call on (its shouldRetry: the server loading, read-only, its master
+// down, the cluster down, TRYAGAIN, its clients at maxclients, too few
+// replicas for min-replicas-to-write): this answer ran nothing, but an
+// earlier try of the same batch, whose reply was lost, may have.
 func retriedReply(err error) bool {
-	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"} {
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
+		"max number of clients reached", "NOREPLICAS"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}

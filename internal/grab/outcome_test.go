@@ -29,6 +29,9 @@ func TestClaimOutcome(t *testing.T) {
 		{replyErr("READONLY You can't write against a read only replica."), ErrOutcomeUnknown},
 		{replyErr("MASTERDOWN Link with MASTER is down"), ErrOutcomeUnknown},
 		{replyErr("CLUSTERDOWN The cluster is down"), ErrOutcomeUnknown},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), ErrOutcomeUnknown},
+		{replyErr("ERR max number of clients reached"), ErrOutcomeUnknown},
+		{replyErr("NOREPLICAS Not enough good replicas to write."), ErrOutcomeUnknown},
 		{context.DeadlineExceeded, ErrOutcomeUnknown},
 		{errors.New("read tcp: connection reset by peer"), ErrOutcomeUnknown},
 	} {

@@ -101,11 +101,14 @@ func (b *batch) settled(i int) {
 // only when it is a release (which pays nothing); any other is left
 // pending for an operator. A grant whose confirm or delivery fails leaves
 // its entry pending (retried on the next pass over the worker's own
-// pending entries), and so does one whose serial the sink paid for another
-// grant (left for an operator). Every other entry is acknowledged and
-// deleted from the stream, so that an outbox holds what is unsettled, not
-// everything ever granted. It reports whether an entry was left pending
-// for a failure (the caller then waits RetryDelay).
+// pending entries; one whose delivery failed is put off first, by a wait
+// of its own: Worker.retries), and so does one whose serial the sink paid
+// for another grant (left for an operator). Every other entry is
+// acknowledged and deleted from the stream, so that an outbox holds what
+// is unsettled, not everything ever granted. It reports whether an entry
+// was left pending for a failure of the shard (a confirm, an
+// acknowledgment: the caller then waits RetryDelay); a failed delivery is
+// the entry's alone, and does not slow the shard's other entries.
 //
 // An entry of several grants is acknowledged once every one of them is
 // settled. Until then each pass confirms all of them again (confirm is
@@ -122,7 +125,12 @@ func (b *batch) settled(i int) {
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
 	b.sp, b.spOK = rain.ParseOutbox(stream)
+	now := time.Now()
 	for _, m := range msgs {
+		if w.putOff(stream, m.ID, now) {
+			p.behind(m.ID) // its delivery failed lately: tried again at its time
+			continue
+		}
 		gs, release, err := b.parseGrants(m)
 		switch {
 		case err != nil && release:
@@ -189,6 +197,7 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 		}
 		return false
 	}
+	w.retried(b.stream, done)
 	for _, id := range done {
 		if sp, several := b.several[id]; several {
 			for i := sp.start; i < sp.end; i++ {
@@ -319,10 +328,12 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 		case errors.Is(err, ErrSerialConflict):
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(pay[j].Serial, 10), err)
 		default:
+			// Tried again after a wait of its own (retryLater), not the
+			// shard's: the other entries keep being paid meanwhile.
 			p.behind(b.ids[i])
 			w.failures.Add(1)
+			w.retryLater(b.stream, b.ids[i], time.Now())
 			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", pay[j].Serial, "err", err)
-			failed = true
 		}
 	}
 	return failed

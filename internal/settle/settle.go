@@ -73,9 +73,10 @@ type Config struct {
 	// up new pools. Default 2s.
 	Refresh time.Duration
 	// RetryDelay is the pause after a pass over a shard that failed (a
-	// delivery, a confirm); it doubles with each pass that fails again, up
-	// to MaxRetryDelay, and is back to RetryDelay after one that does not.
-	// Default 1s.
+	// read, a confirm, an acknowledgment); it doubles with each pass that
+	// fails again, up to MaxRetryDelay, and is back to RetryDelay after one
+	// that does not. An entry whose delivery failed waits the same way on
+	// its own (Worker.retries), and the pass goes on. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
@@ -177,7 +178,69 @@ type Worker struct {
 	// acknowledge).
 	seen  sync.Map
 	seenN atomic.Int64 // about how many keys seen holds
+
+	// retries holds each entry whose delivery failed ("stream id"): it is
+	// tried again no sooner than its time, and each failure doubles its
+	// wait (RetryDelay up to MaxRetryDelay). The wait is the entry's own:
+	// a grant the sink keeps refusing never slows the other entries of its
+	// shard, whose grants must be paid within their hold.
+	retryMu sync.Mutex
+	retries map[string]entryRetry
 }
+
+// entryRetry is when an entry whose delivery failed is tried again, and
+// how long its next wait is.
+type entryRetry struct {
+	at   time.Time
+	wait time.Duration
+}
+
+// retryLater puts the entry off after a failed delivery.
+func (w *Worker) retryLater(stream, id string, now time.Time) {
+	key := stream + " " + id
+	w.retryMu.Lock()
+	defer w.retryMu.Unlock()
+	if w.retries == nil {
+		w.retries = map[string]entryRetry{}
+	}
+	if len(w.retries) >= maxRetries {
+		// Entries settled since (or taken over) are no longer tried; an
+		// entry still failing is put off again at its next try.
+		for k, r := range w.retries {
+			if now.Sub(r.at) > w.cfg.MaxRetryDelay {
+				delete(w.retries, k)
+			}
+		}
+	}
+	r, ok := w.retries[key]
+	if !ok {
+		r.wait = w.cfg.RetryDelay
+	}
+	r.at = now.Add(r.wait)
+	r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
+	w.retries[key] = r
+}
+
+// putOff reports whether the entry's delivery failed and its time to be
+// tried again has not come.
+func (w *Worker) putOff(stream, id string, now time.Time) bool {
+	w.retryMu.Lock()
+	defer w.retryMu.Unlock()
+	r, ok := w.retries[stream+" "+id]
+	return ok && now.Before(r.at)
+}
+
+// retried forgets the entries acknowledged.
+func (w *Worker) retried(stream string, ids []string) {
+	w.retryMu.Lock()
+	defer w.retryMu.Unlock()
+	for _, id := range ids {
+		delete(w.retries, stream+" "+id)
+	}
+}
+
+// maxRetries bounds retries before it is swept of entries no longer tried.
+const maxRetries = 100_000
 
 // New returns a worker; Run starts it.
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {

@@ -658,3 +658,69 @@ func entryTime(t *testing.T, id string) time.Time {
 	}
 	return time.UnixMilli(at)
 }
+
+// poisonSink fails, every time, the delivery of one grant (serial bad),
+// and delivers every other.
+type poisonSink struct {
+	bad       int64
+	mu        sync.Mutex
+	delivered map[int64]bool
+	refused   int
+}
+
+func (s *poisonSink) Deliver(_ context.Context, gs []settle.Grant) []error {
+	errs := make([]error, len(gs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, g := range gs {
+		if g.Serial == s.bad {
+			s.refused++
+			errs[i] = errors.New("wallet: 422 account frozen")
+			continue
+		}
+		s.delivered[g.Serial] = true
+	}
+	return errs
+}
+
+// TestOneRefusedGrantSlowsNoOther: a grant the wallet refuses every time
+// waits to be tried again on its own. With a wait of an hour for a
+// failure, the worker still pays every other grant of the shard, many
+// passes' worth (Batch 5), and tries the refused one again only at its
+// time: before, a failed delivery put the whole shard's loop off for that
+// hour, so that the grants of every pool there waited for one user's, past
+// their hold.
+func TestOneRefusedGrantSlowsNoOther(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	ctx := context.Background()
+	const count = 60
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: count * 100, Count: count, SubPools: 2}); err != nil {
+		t.Fatal(err)
+	}
+	var bad int64
+	for u := 0; u < count; u++ {
+		r, err := ge.Service.Grab(ctx, "p", fmt.Sprintf("u%d", u))
+		if err != nil || r.Outcome != grab.Granted {
+			t.Fatalf("grab of u%d = %+v, %v", u, r, err)
+		}
+		if u == 0 {
+			bad = r.Serial // the first grant: its entry is read first
+		}
+	}
+	sink := &poisonSink{bad: bad, delivered: map[int64]bool{}}
+	cfg := fastConfig("a")
+	cfg.RetryDelay, cfg.MaxRetryDelay = time.Hour, time.Hour
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant but the refused one paid", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return len(sink.delivered) == count-1 && sink.refused > 0
+	})
+	sink.mu.Lock()
+	refused := sink.refused
+	sink.mu.Unlock()
+	if refused != 1 {
+		t.Fatalf("the refused grant was tried %d times within its wait of an hour, want once", refused)
+	}
+}

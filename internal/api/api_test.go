@@ -549,8 +549,8 @@ func TestPoolShedsAndRecovers(t *testing.T) {
 		inUse, _ := workers.Places()
 		return inUse == 0
 	})
-	if r := s.grab(t, "p", "boom"); r.Code != 500 || r.Body["status"] != "error" {
-		t.Fatalf("grab that panics = %d %v, want 500", r.Code, r.Body)
+	if r := s.grab(t, "p", "boom"); r.Code != 503 || r.Body["status"] != "overloaded" || r.Body["user_id"] != "boom" {
+		t.Fatalf("grab that panics = %d %v, want 503 overloaded (never 500), its ids", r.Code, r.Body)
 	}
 	waittest.Until(t, 5*time.Second, "the panicked grab's place given back", func() bool {
 		inUse, _ := workers.Places()

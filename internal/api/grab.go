@@ -273,13 +273,16 @@ func (s *Server) answer(x exchange, start time.Time, req grabRequest, res grab.R
 	st, rs := stError, reason(-1)
 	switch {
 	case err == nil:
-		st = outcomeStatus(res.Outcome)
+		if st = outcomeStatus(res.Outcome); st == stError {
+			s.cfg.Logger.Error("grab: an outcome with no answer", "pool_id", req.PoolID, "user_id", req.UserID, "outcome", int(res.Outcome))
+			rs = rsInternal
+		}
 	case errors.Is(err, pool.ErrOverloaded):
 		rs = rsShed
 	case errors.Is(err, errStopping):
 		rs = rsStopping
 	case errors.Is(err, pool.ErrPanicked):
-		// Logged by the pool; the request gets a 500 below.
+		rs = rsInternal // logged by the pool
 	case errors.Is(err, grab.ErrOutcomeUnknown):
 		rs = rsUnknown
 	case errors.Is(err, grab.ErrBusy):
@@ -290,6 +293,7 @@ func (s *Server) answer(x exchange, start time.Time, req grabRequest, res grab.R
 		rs = rsClientGone
 	default:
 		s.cfg.Logger.Error("grab failed", "pool_id", req.PoolID, "user_id", req.UserID, "err", err)
+		rs = rsInternal
 	}
 	if rs >= 0 {
 		st = stOverloaded
@@ -300,11 +304,6 @@ func (s *Server) answer(x exchange, start time.Time, req grabRequest, res grab.R
 		}
 	}
 	s.grabs.Answered(int(st), time.Since(start))
-	if st == stError {
-		replyJSON(x, http.StatusInternalServerError, map[string]string{
-			"status": "error", "pool_id": req.PoolID, "user_id": req.UserID, "error": "internal error"})
-		return
-	}
 	if res.RetryAfter > 0 && (st == stNotStarted || st == stOverloaded) {
 		secs := int64((res.RetryAfter + time.Second - 1) / time.Second)
 		x.setHeader("Retry-After", strconv.FormatInt(secs, 10))

@@ -307,16 +307,29 @@ func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
 
 // refuseFast answers code with the reason, as the server's own answers
 // are: status invalid (a 5xx: error), and the connection closed after it,
-// lingering (what is left of the request may still be on its way).
+// lingering (what is left of the request may still be on its way). A
+// grab's answer (or one to a request whose path is unknown) has the
+// contract's form, always with pool_id and user_id (API.md; empty here:
+// the body was not read), and a grab is never answered 500: an error of
+// this instance is 503 overloaded, its outcome not known, Retry-After 1.
 func (s *Server) refuseFast(ctx *fasthttp.RequestCtx, code int, reason string) {
 	st := "invalid"
 	if code >= 500 {
 		st = "error"
 	}
+	grabbing := len(ctx.Path()) == 0 || string(ctx.Path()) == "/grab"
 	ctx.Response.Reset()
 	x := fastExchange{ctx: ctx}
 	x.closeAfter()
-	replyJSON(x, code, map[string]string{"status": st, "error": reason})
+	body := map[string]string{"status": st, "error": reason}
+	if grabbing {
+		body["pool_id"], body["user_id"] = "", ""
+		if code == http.StatusInternalServerError {
+			code, body["status"], body["error"] = stOverloaded.code(), stOverloaded.String(), rsInternal.text()
+			x.setHeader("Retry-After", "1")
+		}
+	}
+	replyJSON(x, code, body)
 }
 
 // adapted is h as the adaptor runs it, as net/http would: its request's

@@ -21,10 +21,12 @@ type panicky struct{}
 
 func (panicky) Grab(context.Context, string, string) (grab.Result, error) { panic("boom") }
 
-// TestGrabThatPanicsIsAnswered500: a grab whose handling panics is
-// answered 500 with a JSON body, and the listener goes on serving; the
-// process is not taken down with every grab in flight.
-func TestGrabThatPanicsIsAnswered500(t *testing.T) {
+// TestGrabThatPanicsIsAnswered503: a grab whose handling panics is
+// answered as the contract has it, never 500: 503 overloaded, its outcome
+// not known, Retry-After, with pool_id and user_id (API.md: always); the
+// listener goes on serving, the process is not taken down with every grab
+// in flight.
+func TestGrabThatPanicsIsAnswered503(t *testing.T) {
 	for _, workers := range []bool{false, true} {
 		cfg := Config{Grabber: panicky{}}
 		if workers {
@@ -44,8 +46,11 @@ func TestGrabThatPanicsIsAnswered500(t *testing.T) {
 			var body map[string]any
 			_ = json.NewDecoder(resp.Body).Decode(&body)
 			resp.Body.Close()
-			if resp.StatusCode != 500 || body["status"] != "error" {
-				t.Fatalf("a grab that panicked (workers %v) = %d %v, want 500 {status: error}", workers, resp.StatusCode, body)
+			_, hasPool := body["pool_id"]
+			_, hasUser := body["user_id"]
+			if resp.StatusCode != 503 || body["status"] != "overloaded" || resp.Header.Get("Retry-After") == "" || !hasPool || !hasUser {
+				t.Fatalf("a grab that panicked (workers %v) = %d %v (Retry-After %q), want 503 overloaded with Retry-After, pool_id and user_id",
+					workers, resp.StatusCode, body, resp.Header.Get("Retry-After"))
 			}
 		}
 	}

@@ -241,7 +241,7 @@ func grabCalls(t *testing.T, c *contract, s *stack) {
 }
 
 // specialGrabs drives the statuses of POST /grab that take a stack of
-// their own: user auth (401), rate limits (429), a shed (503), a panic (500).
+// their own: user auth (401), rate limits (429), a shed (503), a panic (503).
 func specialGrabs(t *testing.T, c *contract) {
 	t.Helper()
 	users, err := auth.NewUsers(auth.UserConfig{Spec: "hs256:" + writeFile(t, "secret", []byte(strings.Repeat("k", 40)))})
@@ -270,7 +270,7 @@ func specialGrabs(t *testing.T, c *contract) {
 		cfg.Grabber, cfg.Runner = gt, workers
 	})
 	busy.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
-	c.want(500, c.do(busy, "POST", "/grab", "", `{"pool_id":"p","user_id":"boom"}`), "grab that panics")
+	c.want(503, c.do(busy, "POST", "/grab", "", `{"pool_id":"p","user_id":"boom"}`), "grab that panics")
 	waittest.Until(t, 5*time.Second, "the panicked grab's place given back", func() bool {
 		inUse, _ := workers.Places()
 		return inUse == 0

@@ -71,6 +71,7 @@ const (
 	rsBusy                      // the user's own spill is in flight
 	rsClientGone                // the client left; the grab may still have run
 	rsStopping                  // the instance is shutting down: refused before any work
+	rsInternal                  // an error of this instance (a panic): the grab may have run
 	nReason
 )
 
@@ -85,6 +86,7 @@ var reasons = [nReason]struct {
 	rsBusy:        {"busy", "a grab of this user is in flight; retry shortly"},
 	rsClientGone:  {"client_gone", "the request was cancelled; the grab may have been granted, and a retry returns it"},
 	rsStopping:    {"stopping", "this instance is shutting down; nothing was granted"},
+	rsInternal:    {"internal", "an internal error: the grab may have been granted, and a retry returns it"},
 }
 
 func (rs reason) String() string { return reasons[rs].name }

@@ -14,6 +14,7 @@ package redistest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -169,6 +170,11 @@ func (s *Server) args() []string {
 }
 
 func (s *Server) start() error {
+	// The port was free when chosen, and another test's server may have
+	// taken it since: a PING answered there proves nothing. Only this
+	// process's own log line that it accepts connections does (its log
+	// keeps the lines of earlier starts: count them).
+	before := s.readyLines()
 	cmd := exec.Command(s.bin, s.args()...)
 	cmd.Dir = s.Dir
 	// The kernel kills the server if the test binary dies, so no redis-server
@@ -193,7 +199,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server on %s exited at start (%v): %s", s.Addr, err, s.logTail())
 		default:
 		}
-		if ping(s.Addr) == nil {
+		if s.readyLines() > before && ping(s.Addr) == nil {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -279,6 +285,14 @@ func (s *Server) Restart() {
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.tb.Fatalf("redistest: restart: %v", err)
+}
+
+// readyLines counts the times this server's log says it is ready to
+// accept connections (a sentinel: that it runs, once it listens): each
+// start adds one.
+func (s *Server) readyLines() int {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	return bytes.Count(b, []byte("Ready to accept connections")) + bytes.Count(b, []byte("Sentinel ID is"))
 }
 
 func (s *Server) logTail() string {

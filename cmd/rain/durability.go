@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"rain/internal/shard"
 )
 
@@ -23,22 +25,26 @@ func durabilityFlag(f *flags, v *string) {
 // refuses shards that could lose an acknowledged grant; under relaxed it
 // warns and reports relaxed = true when some shard is not durable. A shard
 // whose settings cannot be read (CONFIG not allowed) is warned about, never
-// refused.
-func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog.Logger) (relaxed bool, err error) {
+// refused; one that could not be reached is named in unreached, for
+// checkLater.
+func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog.Logger) (relaxed bool, unreached []string, err error) {
 	if mode != "strict" && mode != "relaxed" {
-		return false, usagef("--durability %q: want strict or relaxed", mode)
+		return false, nil, usagef("--durability %q: want strict or relaxed", mode)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := set.CheckClusters(cctx); err != nil {
 		if errors.Is(err, shard.ErrNotACluster) {
-			return false, asUsage(err)
+			return false, nil, asUsage(err)
 		}
-		return false, err
+		return false, nil, err
 	}
 	var weak []string
 	for _, d := range set.Durability(cctx) {
 		switch {
+		case d.Err != nil && notAnswered(d.Err):
+			log.Warn("shard durability unknown: the shard did not answer; it is checked once it does", "shard", d.Shard, "err", d.Err)
+			unreached = append(unreached, d.Shard)
 		case d.Err != nil:
 			log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
 		case !d.Durable():
@@ -46,23 +52,74 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 		}
 	}
 	if len(weak) == 0 {
-		return false, nil
+		return false, unreached, nil
 	}
 	if mode == "strict" {
-		return false, fmt.Errorf("refusing to start: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", strings.Join(weak, "; "))
+		return false, nil, fmt.Errorf("refusing to start: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", strings.Join(weak, "; "))
 	}
 	for _, w := range weak {
 		log.Warn("durability relaxed: "+w, "durability", mode)
 	}
-	return true, nil
+	return true, unreached, nil
+}
+
+// notAnswered reports whether err is not the shard's own answer (CONFIG
+// refused, renamed): the shard was not reached, or its answer was lost.
+func notAnswered(err error) bool {
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
+}
+
+// checkLater reads, every period until ctx ends, the persistence settings
+// of the shards that did not answer at start (unreached), until each has
+// answered: a shard that comes back unable to keep what rain acknowledges
+// is refused as it would have been at start. Under strict the instance
+// then stops (the error says why; a restart refuses to start until the
+// shard is fixed); under relaxed it is warned of. Until a shard is read,
+// its claims go to it as to any other: a shard that comes back is read
+// within a period.
+func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode string, period time.Duration, log *slog.Logger) error {
+	left := map[string]bool{}
+	for _, name := range unreached {
+		left[name] = true
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for len(left) > 0 {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ds := set.Durability(cctx)
+		cancel()
+		for _, d := range ds {
+			if !left[d.Shard] || (d.Err != nil && notAnswered(d.Err)) {
+				continue
+			}
+			delete(left, d.Shard)
+			switch {
+			case d.Err != nil:
+				log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
+			case d.Durable():
+				log.Info("shard durability checked now that it answers", "shard", d.Shard, "durability", d.String())
+			case mode == "strict":
+				return fmt.Errorf("stopping: a shard that did not answer at start came back unable to keep what rain acknowledges: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", d)
+			default:
+				log.Warn("durability relaxed: "+d.String(), "durability", mode)
+			}
+		}
+	}
+	return nil
 }
 
 // checkSpecsDurability is checkDurability on the shards of specs, reached
 // with opts: the check runs before the instance is built.
-func checkSpecsDurability(ctx context.Context, specs []shard.Spec, opts shard.Options, mode string, log *slog.Logger) (relaxed bool, err error) {
+func checkSpecsDurability(ctx context.Context, specs []shard.Spec, opts shard.Options, mode string, log *slog.Logger) (relaxed bool, unreached []string, err error) {
 	set, err := shard.Open(specs, 0, opts)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	defer set.Close()
 	return checkDurability(ctx, set, mode, log)

@@ -42,6 +42,9 @@ type server struct {
 	// given to /readyz's admin answer.
 	warnings []string
 	release  []func() // what newServer set up beside the instance, undone last
+	// unreached are the shards whose durability could not be read at
+	// start: they did not answer (checkLater reads them once they do).
+	unreached []string
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -154,7 +157,7 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, usagef("--deadline-index %q: want grant or batch", c.DeadlineIndex)
 	}
 	if !c.tryIt() {
-		if icfg.Relaxed, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
+		if icfg.Relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
 	}
@@ -241,6 +244,9 @@ func (s *server) run(ctx context.Context) error {
 	s.log.Info("serving", "addr", s.in.API.Addr().String(), "shards", len(s.in.Shards.Names()))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(s.in.API.Serve)
+	if len(s.unreached) > 0 {
+		g.Go(func() error { return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		return s.shutdown(ctx.Err() != nil)

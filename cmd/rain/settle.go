@@ -74,7 +74,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	defer set.Close()
 	// A confirm must be on disk before the payout: settle refuses shards
 	// that could lose it, as serve does.
-	relaxed, err := checkDurability(ctx, set, durability, log)
+	relaxed, unreached, err := checkDurability(ctx, set, durability, log)
 	if err != nil {
 		return err
 	}
@@ -100,10 +100,24 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 			log.Warn("the primaries of a cluster shard changed", "shard", c.Shard, "added", c.Added, "removed", c.Removed, "primaries", c.Primaries)
 		})
 	}()
-	w.Run(ctx)
+	// A shard that did not answer at start is checked once it does; one
+	// that could lose a confirm stops settlement (checkLater).
+	rctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var late error
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		if late = checkLater(rctx, set, unreached, durability, time.Second, log); late != nil {
+			stopRun()
+		}
+	}()
+	w.Run(rctx)
+	stopRun()
+	<-checked
 	stopWatch()
 	<-watched
-	return nil
+	return late
 }
 
 // sinkFlags are the flags that name rain settle's sink.

@@ -138,7 +138,7 @@ func TestOpenAPI(t *testing.T) {
 	down.preload(t, `{"pool_id":"p","total_cents":1000,"count":10}`)
 	down.servers[0].Kill()
 	for _, call := range [][3]string{
-		{"POST", "/admin/pools", `{"pool_id":"q","total_cents":1000,"count":10}`},
+		{"POST", "/admin/pools", `{"pool_id":"q","total_cents":1000,"count":10}`}, {"GET", "/admin/pools", ""},
 		{"GET", "/admin/pools/p", ""}, {"GET", "/admin/pools/p/audit", ""},
 		{"POST", "/admin/pools/p/end", ""}, {"POST", "/admin/pools/p/close", ""},
 		{"POST", "/admin/grants/confirm", `{"pool_id":"p","user_id":"u","serial":1}`},

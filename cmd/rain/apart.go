@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -55,6 +56,7 @@ func (s *server) listenApart() error {
 	if c.MetricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", s.in.Metrics.Handler())
+		mux.HandleFunc("/", metricsNoRoute)
 		if err := s.apartOn("metrics-listen", c.MetricsListen, mux, api.WriteTimeout); err != nil {
 			return err
 		}
@@ -74,6 +76,21 @@ func (s *server) listenApart() error {
 		}
 	}
 	return nil
+}
+
+// metricsNoRoute answers what the metrics listener does not serve as
+// every answer of rain is (API.md): JSON, 405 for /metrics with another
+// method than GET, 404 for any other path.
+func metricsNoRoute(w http.ResponseWriter, r *http.Request) {
+	code, msg := http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: this listener serves GET /metrics", r.Method, r.URL.Path)
+	if r.URL.Path == "/metrics" {
+		code, msg = http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on /metrics; allowed: GET, HEAD", r.Method)
+		w.Header().Set("Allow", "GET, HEAD")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 // apartOn serves h on addr (the value of --flag) until shutdown.

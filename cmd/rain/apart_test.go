@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -143,6 +144,34 @@ func TestSideListenersTimeouts(t *testing.T) {
 		_ = slow[f].SetReadDeadline(time.Now().Add(15 * time.Second))
 		if _, err := io.ReadAll(slow[f]); err != nil {
 			t.Errorf("--%s: a request whose headers never end: %v, want the connection closed", f, err)
+		}
+	}
+}
+
+// TestMetricsListenAnswersJSON: the metrics listener serves GET /metrics
+// (Prometheus text), and answers anything else as every answer of rain is
+// (API.md): JSON, 404 for another path, 405 for another method.
+func TestMetricsListenAnswersJSON(t *testing.T) {
+	_, logs := startServe(t, []string{"--admin-token", longToken, "--metrics-listen", "127.0.0.1:0"}, nil)
+	m := "http://" + apartAddr(t, logs, "metrics-listen")
+	if code, body := get(t, m+"/metrics", ""); code != 200 || !strings.Contains(body, "rain_build_info") {
+		t.Fatalf("GET /metrics = %d %.80q, want 200 and the metrics", code, body)
+	}
+	for _, c := range []struct {
+		method, path string
+		code         int
+	}{{"GET", "/nothing", 404}, {"POST", "/metrics", 405}, {"GET", "/", 404}} {
+		req, _ := http.NewRequest(c.method, m+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]string
+		derr := json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || derr != nil || body["error"] == "" || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s on --metrics-listen = %d %s (%v, %v), want %d JSON with an error", c.method, c.path, resp.StatusCode,
+				resp.Header.Get("Content-Type"), body, derr, c.code)
 		}
 	}
 }

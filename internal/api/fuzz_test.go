@@ -138,3 +138,60 @@ func FuzzIsJSONBytes(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPreloadSpec: POST /admin/pools's body as the server reads it (the
+// strict decoder, then rain.Spec.Normalize) never panics, and a spec it
+// takes is one a split can fill, checked here apart from the code under
+// test: a valid id, at least one packet, every packet at least its minimum
+// and, with a maximum, at most it, the total within the limit, the
+// sub-pools within 0 to the count and the limit, the hold within bounds,
+// and a window of at least MinWindow.
+func FuzzPreloadSpec(f *testing.F) {
+	for _, seed := range []string{
+		`{"pool_id":"cny2027","total_cents":500000000,"count":1000000}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"min_cents":10,"max_cents":10,"sub_pools":2,"hold_seconds":60}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"starts_at":"2027-01-01T00:00:00Z","ends_at":"2027-01-01T00:00:00.5Z"}`,
+		`{"pool_id":"p","total_cents":9223372036854775807,"count":9223372036854775807,"min_cents":2}`,
+		`{"pool_id":"p","total_cents":-1,"count":-1}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"max_cents":9}`,
+		`{"pool_id":"p","total_cents":1e3,"count":1}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"sub_pools":1025}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"starts_at":"1969-12-31T23:59:59Z"}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"hold_seconds":-5}`,
+		`{"pool_id":"p","total_cents":100,"count":10,"extra":1}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var in rain.Spec
+		if decodeStrict(body, &in) != nil {
+			return
+		}
+		s, err := in.Normalize()
+		if err != nil {
+			if !errors.Is(err, rain.ErrInvalid) {
+				t.Fatalf("Normalize(%s) = %v, not an ErrInvalid (a 400)", body, err)
+			}
+			return
+		}
+		bad := func(why string) { t.Fatalf("preload %s taken as %+v: %s", body, s, why) }
+		switch {
+		case !rain.ValidID(s.PoolID):
+			bad("a bad pool id")
+		case s.Count < 1 || s.MinCents < 1:
+			bad("no packet, or a minimum under a cent")
+		case s.TotalCents > rain.MaxTotalCents:
+			bad("a total over the limit")
+		case s.TotalCents/s.Count < s.MinCents:
+			bad("the total does not give every packet its minimum")
+		case s.MaxCents != 0 && (s.MaxCents < s.MinCents || (s.TotalCents+s.Count-1)/s.Count > s.MaxCents):
+			bad("the total does not fit under the maximum")
+		case s.SubPools < 0 || s.SubPools > rain.MaxSubPools || int64(s.SubPools) > s.Count:
+			bad("sub-pools out of bounds")
+		case s.HoldSeconds < 1 || s.HoldSeconds > rain.MaxHoldSeconds:
+			bad("a hold out of bounds")
+		case s.StartsAt != nil && s.EndsAt != nil && s.EndsAt.Sub(*s.StartsAt) < rain.MinWindow:
+			bad("a window too short")
+		}
+	})
+}

@@ -334,7 +334,7 @@ func TestDrainOnStop(t *testing.T) {
 	done := make(chan error, 1)
 	logs := &logtest.Buffer{}
 	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "1500ms"}, env(nil), &bytes.Buffer{}, logs)
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--drain-delay", "5s"}, env(nil), &bytes.Buffer{}, logs)
 	}()
 	base := "http://" + serving(t, logs, done)
 	t.Cleanup(cancel)
@@ -348,7 +348,8 @@ func TestDrainOnStop(t *testing.T) {
 	})
 	stopped := time.Now()
 	cancel()
-	waittest.Until(t, time.Second, "/readyz 503 draining after SIGTERM", func() bool {
+	// Well within the drain delay: a busy machine's slow polls still see it.
+	waittest.Until(t, 3*time.Second, "/readyz 503 draining after SIGTERM", func() bool {
 		var ready map[string]any
 		r, err := http.Get(base + "/readyz")
 		if err != nil {
@@ -366,8 +367,8 @@ func TestDrainOnStop(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(stopped); took < 1500*time.Millisecond {
-		t.Fatalf("serve stopped %v after SIGTERM, want after the 1.5s drain delay", took)
+	if took := time.Since(stopped); took < 5*time.Second {
+		t.Fatalf("serve stopped %v after SIGTERM, want after the 5s drain delay", took)
 	}
 }
 
@@ -424,14 +425,16 @@ func TestMetricsListenApart(t *testing.T) {
 	}
 }
 
-// TestMetricsWithAFrozenShard: a scrape of /metrics answers within the
-// stock's budget while a shard that holds a live sub-pool is frozen
-// (SIGSTOP), although a call to that shard may take --shard-timeout (3 s
-// here): the frozen shard's stock is left out of the scrape instead.
+// TestMetricsWithAFrozenShard: a scrape of /metrics answers while a shard
+// that holds a live sub-pool is frozen (SIGSTOP), although a call to that
+// shard may take --shard-timeout (a minute here, three times the client's
+// patience): the frozen shard's stock is left out of the scrape instead,
+// so the scrape never waited for it.
 func TestMetricsWithAFrozenShard(t *testing.T) {
 	servers := redistest.StartN(t, 2, durable)
 	environ := map[string]string{"RAIN_REDIS": shardtest.Flag(redistest.Addrs(servers)), "RAIN_ADMIN_TOKEN": longToken}
-	addr, _ := startServe(t, []string{"--shard-timeout", "3s"}, environ)
+	addr, _ := startServe(t, []string{"--shard-timeout", "60s"}, environ)
+	client := &http.Client{Timeout: 20 * time.Second}
 	base := "http://" + addr
 	if code, body := post(t, base+"/admin/pools", longToken, `{"pool_id":"frz","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
@@ -439,30 +442,27 @@ func TestMetricsWithAFrozenShard(t *testing.T) {
 	if code, body := post(t, base+"/grab", "", `{"pool_id":"frz","user_id":"u1"}`); code != 200 {
 		t.Fatalf("grab = %d %v", code, body)
 	}
-	scrape := func() (time.Duration, string) {
+	scrape := func() string {
 		t.Helper()
-		start := time.Now()
-		r, err := http.Get(base + "/metrics")
+		r, err := client.Get(base + "/metrics")
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("a scrape with a frozen shard: %v (it waited for the shard, not the stock's budget %v)", err, metrics.StockBudget)
 		}
 		defer r.Body.Close()
 		b, _ := io.ReadAll(r.Body)
 		if r.StatusCode != 200 {
 			t.Fatalf("/metrics = %d", r.StatusCode)
 		}
-		return time.Since(start), string(b)
+		return string(b)
 	}
-	if _, body := scrape(); strings.Count(body, `rain_stock_remaining_cents{pool="frz"`) != 2 {
+	if body := scrape(); strings.Count(body, `rain_stock_remaining_cents{pool="frz"`) != 2 {
 		t.Fatalf("/metrics before the freeze lacks the stock of both sub-pools")
 	}
 	servers[1].Pause()
 	defer servers[1].Resume()
-	// Scrape past the stock's cache (metrics.StockEvery), so that one scrape
-	// at least reads the shards while b is frozen.
-	for end := time.Now().Add(metrics.StockEvery + 500*time.Millisecond); time.Now().Before(end); {
-		if took, _ := scrape(); took > 700*time.Millisecond {
-			t.Fatalf("a scrape with a frozen shard took %v, want within the stock's budget (%v)", took, metrics.StockBudget)
-		}
-	}
+	// Past the stock's cache (metrics.StockEvery) a scrape reads the shards
+	// again while one is frozen, and answers without its stock.
+	waittest.Until(t, 20*time.Second, "a scrape without the frozen shard's stock", func() bool {
+		return strings.Count(scrape(), `rain_stock_remaining_cents{pool="frz"`) == 1
+	})
 }

@@ -23,7 +23,7 @@ func TestBotIsCutToItsRate(t *testing.T) {
 	const ipRate, ipBurst = 50, 20
 	s := newStack(t, 2, redistest.Options{}, func(cfg *Config) {
 		cfg.IPLimit = limit.New(limit.Config{Rate: ipRate, Burst: ipBurst})
-		cfg.UserLimit = limit.New(limit.Config{Rate: 1, Burst: 2})
+		cfg.UserLimit = limit.New(limit.Config{Rate: 0.001, Burst: 2}) // a token each 1,000 s: none comes back within the test
 		cfg.ClientIPHeader = "X-Forwarded-For"
 	})
 	s.preload(t, `{"pool_id":"p","total_cents":10000000,"count":100000}`)

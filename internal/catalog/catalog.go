@@ -62,11 +62,16 @@ type Catalog struct {
 	mu      sync.RWMutex          // guards records, closed, lives and onOpen
 	records map[string]*rain.Pool // records of open and closed pools, read once: see Cached
 	closed  int                   // the closed ones among them, at most closedKept
-	kept    int                   // closedKept; tests set fewer
-	lives   map[string]string     // each shard's life counter as the last registry read saw it
-	regs    map[string][]string   // each shard's registry as last read (ReadList, ReadListInTurn)
-	turn    int                   // the shard ReadListInTurn reads next
-	onOpen  []func(poolID string) // see OnOpen
+	// closedIDs are the ids of every pool seen closed, records kept or not:
+	// a close is for good, so a listing of the live sub-pools skips them
+	// without reading their records again (a season past closedKept
+	// closed pools would read each of those on every listing).
+	closedIDs map[string]bool
+	kept      int                   // closedKept; tests set fewer
+	lives     map[string]string     // each shard's life counter as the last registry read saw it
+	regs      map[string][]string   // each shard's registry as last read (ReadList, ReadListInTurn)
+	turn      int                   // the shard ReadListInTurn reads next
+	onOpen    []func(poolID string) // see OnOpen
 
 	listed atomic.Pointer[listing] // the registry as ReadList or ReadListInTurn last read it
 }
@@ -92,7 +97,7 @@ func (c *Config) init() {
 func New(shards *shard.Set, cfg Config) *Catalog {
 	cfg.init()
 	return &Catalog{shards: shards, serial: shards.Serial(), books: cfg.Books, lease: cfg.SealLease, log: cfg.Logger,
-		records: map[string]*rain.Pool{}, kept: closedKept, lives: map[string]string{}, regs: map[string][]string{}}
+		records: map[string]*rain.Pool{}, kept: closedKept, closedIDs: map[string]bool{}, lives: map[string]string{}, regs: map[string][]string{}}
 }
 
 // listedEvery is how long a registry read serves CachedList.

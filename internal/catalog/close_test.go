@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -303,10 +304,44 @@ func TestClosedRecordsKeptAreBounded(t *testing.T) {
 	if closed != 2 || counted != 2 {
 		t.Fatalf("%d closed records kept (%d counted); want 2", closed, counted)
 	}
+	// A listing of the live sub-pools skips every closed pool without
+	// reading its record again, those whose record left memory too.
+	reads := func() (n int64) {
+		for _, s := range e.servers {
+			n += hgetallCalls(t, s)
+		}
+		return n
+	}
+	before := reads()
+	for range 3 {
+		if subs, err := e.cat.SubPools(ctx); err != nil || len(subs) != 0 {
+			t.Fatalf("SubPools with only closed pools = %v, %v; want none", subs, err)
+		}
+	}
+	if n := reads() - before; n != 0 {
+		t.Fatalf("listing the live sub-pools read %d pool records again, want none (every pool is closed)", n)
+	}
 	for i := range 4 {
 		p, err := e.cat.Cached(ctx, fmt.Sprintf("night-%d", i))
 		if err != nil || p.State != rain.Closed || p.Account == nil || p.Account.PreloadedCents != 2_000 {
 			t.Fatalf("Cached(night-%d) = %+v, %v; want closed with its account", i, p, err)
 		}
 	}
+}
+
+// hgetallCalls is how many HGETALL the server has run (a pool record's
+// read), from INFO commandstats.
+func hgetallCalls(t *testing.T, s *redistest.Server) int64 {
+	t.Helper()
+	info, err := redistest.Client(t, s).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_hgetall:calls="); ok {
+			n, _ := strconv.ParseInt(strings.Split(rest, ",")[0], 10, 64)
+			return n
+		}
+	}
+	return 0
 }

@@ -62,6 +62,7 @@ func (c *Catalog) keep(id string, p *rain.Pool) {
 	if p.State != rain.Closed {
 		return
 	}
+	c.closedIDs[id] = true
 	c.closed++
 	for other, q := range c.records {
 		if c.closed <= c.kept {
@@ -71,6 +72,14 @@ func (c *Catalog) keep(id string, p *rain.Pool) {
 			c.drop(other)
 		}
 	}
+}
+
+// seenClosed reports whether the pool id was seen closed, its record kept
+// in memory or not: it never opens again.
+func (c *Catalog) seenClosed(id string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.closedIDs[id]
 }
 
 // drop forgets id's record. c.mu is held.

@@ -46,3 +46,21 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// TestKnownAnswer: the wire format wallets in other languages implement,
+// pinned by a vector computed outside rain (`printf '%s' "1800000000.$body"
+// | openssl dgst -sha256 -hmac 'wallet-secret-0123456789abcdef'`): Sign
+// gives exactly it, and Verify takes it and pays the body's serial.
+func TestKnownAnswer(t *testing.T) {
+	secret := []byte("wallet-secret-0123456789abcdef")
+	body := []byte(`{"serial":4711,"pool_id":"cny2027","sub_pool":0,"user_id":"u_123456","amount_cents":888,"deadline_ms":1800000600000,"granted_at":"2027-01-28T12:00:00Z"}`)
+	const want = "t=1800000000,v1=dde3bffba6f0a5b449d4025d195f2e3d106202bc7ee639bd377e19ed21bdc95b"
+	at := time.Unix(1_800_000_000, 0)
+	if got := Sign(secret, at, body); got != want {
+		t.Fatalf("Sign = %q, want %q", got, want)
+	}
+	g, err := Verify(http.Header{Header: {want}, "Idempotency-Key": {"4711"}}, body, at.Add(time.Minute), 0, secret)
+	if err != nil || g.Serial != 4711 || g.AmountCents != 888 || g.UserID != "u_123456" {
+		t.Fatalf("Verify of the known answer = %+v, %v; want serial 4711, 888 cents, u_123456", g, err)
+	}
+}

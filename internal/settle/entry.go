@@ -129,6 +129,9 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	for _, m := range msgs {
 		if w.putOff(stream, m.ID, now) {
 			p.behind(m.ID) // its delivery failed lately: tried again at its time
+			if _, waits := w.awaitingOperator.Load(stream + " " + m.ID); waits {
+				p.leave(stream + " " + m.ID) // still left for an operator meanwhile
+			}
 			continue
 		}
 		gs, release, err := b.parseGrants(m)

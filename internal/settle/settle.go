@@ -186,6 +186,7 @@ type Worker struct {
 	// shard, whose grants must be paid within their hold.
 	retryMu sync.Mutex
 	retries map[string]entryRetry
+	sweptAt time.Time // when retries was last swept of entries no longer tried
 }
 
 // entryRetry is when an entry whose delivery failed is tried again, and
@@ -203,16 +204,27 @@ func (w *Worker) retryLater(stream, id string, now time.Time) {
 	if w.retries == nil {
 		w.retries = map[string]entryRetry{}
 	}
-	if len(w.retries) >= maxRetries {
+	r, ok := w.retries[key]
+	if !ok && len(w.retries) >= maxRetries {
 		// Entries settled since (or taken over) are no longer tried; an
-		// entry still failing is put off again at its next try.
+		// entry still failing is put off again at its next try. Swept at
+		// most once a RetryDelay (a sweep is the whole map); while it is
+		// still full a new failure is not put off: it is tried again on
+		// the next pass, as every failure was before entries had waits of
+		// their own.
+		if now.Sub(w.sweptAt) < w.cfg.RetryDelay {
+			return
+		}
+		w.sweptAt = now
 		for k, r := range w.retries {
 			if now.Sub(r.at) > w.cfg.MaxRetryDelay {
 				delete(w.retries, k)
 			}
 		}
+		if len(w.retries) >= maxRetries {
+			return
+		}
 	}
-	r, ok := w.retries[key]
 	if !ok {
 		r.wait = w.cfg.RetryDelay
 	}

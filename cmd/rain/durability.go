@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,8 +27,8 @@ func durabilityFlag(f *flags, v *string) {
 // refuses shards that could lose an acknowledged grant; under relaxed it
 // warns and reports relaxed = true when some shard is not durable. A shard
 // whose settings cannot be read (CONFIG not allowed) is warned about, never
-// refused; one that could not be reached is named in unreached, for
-// checkLater.
+// refused; one that did not answer (any of a cluster shard's primaries) is
+// named in unreached, for checkLater.
 func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog.Logger) (relaxed bool, unreached []string, err error) {
 	if mode != "strict" && mode != "relaxed" {
 		return false, nil, usagef("--durability %q: want strict or relaxed", mode)
@@ -44,7 +46,9 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 		switch {
 		case d.Err != nil && notAnswered(d.Err):
 			log.Warn("shard durability unknown: the shard did not answer; it is checked once it does", "shard", d.Shard, "err", d.Err)
-			unreached = append(unreached, d.Shard)
+			if name := shardOf(d); !slices.Contains(unreached, name) {
+				unreached = append(unreached, name)
+			}
 		case d.Err != nil:
 			log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
 		case !d.Durable():
@@ -64,21 +68,50 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 }
 
 // notAnswered reports whether err is not the shard's own answer (CONFIG
-// refused, renamed): the shard was not reached, or its answer was lost.
+// refused or renamed, or an answer without appendonly): the shard was not
+// reached, or its answer was lost.
 func notAnswered(err error) bool {
 	var rerr redis.Error
-	return !errors.As(err, &rerr)
+	return !errors.As(err, &rerr) && !errors.Is(err, shard.ErrNoAppendOnly)
 }
+
+// shardOf is the shard a Durability is of: its name, a cluster primary's
+// ("c1/host:port") its cluster shard's.
+func shardOf(d shard.Durability) string {
+	name, _, _ := strings.Cut(d.Shard, "/")
+	return name
+}
+
+// heldShards are the shards that did not answer the durability check at
+// start, under strict: no claim is sent there, and no confirm made,
+// until checkLater has read them.
+type heldShards struct{ m sync.Map }
+
+func newHeld(names []string) *heldShards {
+	h := &heldShards{}
+	for _, n := range names {
+		h.m.Store(n, true)
+	}
+	return h
+}
+
+// has reports whether the shard is held.
+func (h *heldShards) has(name string) bool { _, ok := h.m.Load(name); return ok }
+
+// release lets the shard be used.
+func (h *heldShards) release(name string) { h.m.Delete(name) }
 
 // checkLater reads, every period until ctx ends, the persistence settings
 // of the shards that did not answer at start (unreached), until each has
-// answered: a shard that comes back unable to keep what rain acknowledges
-// is refused as it would have been at start. Under strict the instance
-// then stops (the error says why; a restart refuses to start until the
-// shard is fixed); under relaxed it is warned of. Until a shard is read,
-// its claims go to it as to any other: a shard that comes back is read
-// within a period.
-func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode string, period time.Duration, log *slog.Logger) error {
+// answered (a cluster shard: every primary): a shard that comes back
+// unable to keep what rain acknowledges is refused as it would have been
+// at start. Under strict the instance then stops (the error says why; a
+// restart refuses to start until the shard is fixed); under relaxed it is
+// warned of. checked is told of each shard once it has been read and may
+// be used (under strict, the shards are held until then: nothing is
+// granted or confirmed there before its settings are known).
+func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode string, period time.Duration, log *slog.Logger,
+	checked func(shard string)) error {
 	left := map[string]bool{}
 	for _, name := range unreached {
 		left[name] = true
@@ -94,21 +127,28 @@ func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode st
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ds := set.Durability(cctx)
 		cancel()
+		of := map[string][]shard.Durability{}
 		for _, d := range ds {
-			if !left[d.Shard] || (d.Err != nil && notAnswered(d.Err)) {
-				continue
+			of[shardOf(d)] = append(of[shardOf(d)], d)
+		}
+		for name := range left {
+			if len(of[name]) == 0 || slices.ContainsFunc(of[name], func(d shard.Durability) bool { return d.Err != nil && notAnswered(d.Err) }) {
+				continue // not every part of it answered yet
 			}
-			delete(left, d.Shard)
-			switch {
-			case d.Err != nil:
-				log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
-			case d.Durable():
-				log.Info("shard durability checked now that it answers", "shard", d.Shard, "durability", d.String())
-			case mode == "strict":
-				return fmt.Errorf("stopping: a shard that did not answer at start came back unable to keep what rain acknowledges: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", d)
-			default:
-				log.Warn("durability relaxed: "+d.String(), "durability", mode)
+			delete(left, name)
+			for _, d := range of[name] {
+				switch {
+				case d.Err != nil:
+					log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
+				case d.Durable():
+					log.Info("shard durability checked now that it answers", "shard", d.Shard, "durability", d.String())
+				case mode == "strict":
+					return fmt.Errorf("stopping: a shard that did not answer at start came back unable to keep what rain acknowledges: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", d)
+				default:
+					log.Warn("durability relaxed: "+d.String(), "durability", mode)
+				}
 			}
+			checked(name)
 		}
 	}
 	return nil

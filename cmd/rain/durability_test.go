@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,36 @@ func TestShardUnreachableAtStartIsCheckedLater(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "stopping") || !strings.Contains(err.Error(), `appendfsync is "everysec"`) {
 		t.Fatalf("rain serve returned %v once the weak shard answered; want it stopping, naming appendfsync everysec", err)
+	}
+}
+
+// TestShardUnreachableAtStartIsHeldUntilChecked: under strict, a shard
+// that did not answer at start is sent no claim until its settings are
+// read once it answers; a durable one is then served as any other.
+func TestShardUnreachableAtStartIsHeldUntilChecked(t *testing.T) {
+	servers := redistest.StartN(t, 2, durable)
+	cut := redisproxy.Start(t, servers[1].Addr)
+	cut.Partition()
+	environ := map[string]string{"RAIN_REDIS": "s1=1@" + servers[0].Addr + ",s2=1@" + cut.Addr, "RAIN_ADMIN_TOKEN": longToken}
+	addr, logs := startServe(t, []string{"--shard-timeout", "300ms"}, environ)
+	if !strings.Contains(logs.String(), "it is checked once it does") {
+		t.Fatalf("rain serve did not say the unreachable shard's durability is checked later:\n%s", logs)
+	}
+	cut.Heal()
+	waittest.Until(t, 20*time.Second, "the shard's durability read once it answers", func() bool {
+		return strings.Contains(logs.String(), "shard durability checked now that it answers")
+	})
+	base := "http://" + addr
+	if code, body := post(t, base+"/admin/pools", longToken, `{"pool_id":"late","total_cents":4000,"count":40,"sub_pools":2}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	_, status := get(t, base+"/admin/pools/late", longToken)
+	if !strings.Contains(status, `"shard":"s2"`) {
+		t.Fatalf("the pool has no sub-pool on s2: %s", status)
+	}
+	for i := range 40 {
+		if code, body := post(t, base+"/grab", "", fmt.Sprintf(`{"pool_id":"late","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab of u%d once s2 is checked = %d %v, want 200", i, code, body)
+		}
 	}
 }

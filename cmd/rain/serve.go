@@ -43,8 +43,10 @@ type server struct {
 	warnings []string
 	release  []func() // what newServer set up beside the instance, undone last
 	// unreached are the shards whose durability could not be read at
-	// start: they did not answer (checkLater reads them once they do).
+	// start: they did not answer (checkLater reads them once they do);
+	// under strict they are held (no claim sent) until then.
 	unreached []string
+	held      *heldShards
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -160,6 +162,10 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		if icfg.Relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
+		if len(s.unreached) > 0 && c.Durability == "strict" {
+			s.held = newHeld(s.unreached) // no claim goes there until checkLater has read it
+			icfg.Held = s.held.has
+		}
 	}
 	if err := s.books(ctx, &icfg); err != nil {
 		return instance.Config{}, err
@@ -245,7 +251,13 @@ func (s *server) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(s.in.API.Serve)
 	if len(s.unreached) > 0 {
-		g.Go(func() error { return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log) })
+		g.Go(func() error {
+			return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log, func(name string) {
+				if s.held != nil {
+					s.held.release(name)
+				}
+			})
+		})
 	}
 	g.Go(func() error {
 		<-gctx.Done()

@@ -78,6 +78,11 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
+	held := newHeld(nil)
+	if durability == "strict" {
+		held = newHeld(unreached) // nothing confirmed there until checkLater has read it
+		cfg.Held = held.has
+	}
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", redactURL(webhook), "postgres", redactURL(pg))
 	w := settle.New(set, cat, sink, cfg)
 	if listen != "" {
@@ -108,7 +113,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		if late = checkLater(rctx, set, unreached, durability, time.Second, log); late != nil {
+		if late = checkLater(rctx, set, unreached, durability, time.Second, log, held.release); late != nil {
 			stopRun()
 		}
 	}()

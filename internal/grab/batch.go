@@ -120,6 +120,9 @@ type batcher struct {
 	mark func(meta string)
 	// cpu says whether the process is short of CPU (nil: never).
 	cpu *cpuWatch
+	// held says whether the shard must be sent no claim yet (Config.Held;
+	// nil: never).
+	held func() bool
 }
 
 // enqueue queues a claim for the shard's lane; its answer comes through the
@@ -132,6 +135,10 @@ func (b *batcher) enqueue(ctx context.Context, k *rain.Keys, user string, serial
 	if !b.br.allow() {
 		b.refused.Add(1)
 		return nil, fmt.Errorf("%w: shard %s is unavailable (its breaker is open)", errNotSent, b.name)
+	}
+	if b.held != nil && b.held() {
+		b.refused.Add(1)
+		return nil, fmt.Errorf("%w: shard %s is unavailable (its durability is not known yet)", errNotSent, b.name)
 	}
 	now := time.Now().UnixNano()
 	if err := b.admit(now); err != nil {

@@ -110,6 +110,12 @@ type Config struct {
 	OnBatch func(shard string, claims int, took time.Duration, failed bool)
 	// Logger for the background work (local answers, holders). Default: discard.
 	Logger *slog.Logger
+	// Held, when set, says whether a shard (by name; a cluster shard's
+	// name for each of its primaries) must be sent no claim yet: its
+	// durability is not known (it did not answer rain serve's check at
+	// start, under --durability strict). Its claims are refused unsent,
+	// as with its breaker open: nothing is granted there.
+	Held func(shard string) bool
 	// Form is how the grants made are written (lua.Form): the zero Form is
 	// what every rain settle pays and every reaper releases. Each other
 	// form is set only once every rain settle (a packed outbox) or every
@@ -207,6 +213,13 @@ func (s *Service) newBatcher(name, cluster string, c redis.UniversalClient, repl
 	b := &batcher{name: name, c: c, reqs: make(chan *claimReq, queuePerShard), stop: s.stopCtx.Done(),
 		budget: shards.Timeout(), replicated: replicated, form: s.cfg.Form, br: newBreaker(s.cfg.BreakerCooldown, probe, start),
 		onBatch: s.cfg.OnBatch, cluster: cluster, shards: shards, cpu: s.cpu}
+	if held := s.cfg.Held; held != nil {
+		shardName := name
+		if cluster != "" {
+			shardName = cluster
+		}
+		b.held = func() bool { return held(shardName) }
+	}
 	placed := name
 	if cluster != "" {
 		placed = cluster

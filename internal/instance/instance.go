@@ -51,6 +51,9 @@ type Config struct {
 	// Relaxed says the shards were let through --durability relaxed though
 	// some can lose grants (rain_durability_relaxed).
 	Relaxed bool
+	// Held, when set, says whether a shard must be sent no claim yet
+	// (grab.Config.Held).
+	Held func(shard string) bool
 	// Build is the version the metrics report.
 	Build metrics.Build
 	// ReaperRetry is how long an instance waits between two tries at the
@@ -166,7 +169,7 @@ func (in *Instance) build(cfg Config) error {
 	in.Metrics.Serials(gen.Stats)
 	in.Catalog = catalog.New(set, catalog.Config{Books: cfg.Books, Logger: cfg.Logger})
 	gcfg := grab.Config{Serials: gen, Shards: set, Pools: in.Catalog, SpillValidity: cfg.SpillValidity, Logger: cfg.Logger,
-		OnBatch: in.Metrics.Batches(set.Names()), Form: cfg.Form}
+		OnBatch: in.Metrics.Batches(set.Names()), Form: cfg.Form, Held: cfg.Held}
 	if cfg.Pool != nil {
 		pc := *cfg.Pool
 		pc.Logger = cfg.Logger

@@ -80,6 +80,10 @@ type Config struct {
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
+	// Held, when set, says whether a shard must not be settled yet: its
+	// durability is not known (it did not answer rain settle's check at
+	// start, under --durability strict), and a confirm there could be lost.
+	Held func(shard string) bool
 	// DeliverTimeout bounds one batch's delivery to the sink: a sink that
 	// hangs (a lock in the database, a wallet that never answers) fails
 	// the batch after it, which is then delivered again. Default 2 minutes
@@ -369,6 +373,10 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 	backoff := w.cfg.RetryDelay
 	sh.settled = time.Now()
 	for ctx.Err() == nil {
+		if w.cfg.Held != nil && w.cfg.Held(sh.name) {
+			_ = wait.For(ctx, w.cfg.Refresh)
+			continue
+		}
 		now := time.Now()
 		if now.After(nextRefresh) {
 			if err := w.refresh(ctx, sh); err != nil && ctx.Err() == nil {

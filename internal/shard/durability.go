@@ -9,6 +9,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -43,6 +44,10 @@ func (d Durability) String() string {
 	return fmt.Sprintf("shard %s: appendonly yes, appendfsync always", d.Shard)
 }
 
+// ErrNoAppendOnly is a Durability's Err when the shard answered CONFIG GET
+// without appendonly.
+var ErrNoAppendOnly = errors.New("CONFIG GET answered no appendonly")
+
 // Durability reads every shard's appendonly and appendfsync at once, in
 // name order; a cluster shard's, every primary's (Shard "cluster/addr").
 func (s *Set) Durability(ctx context.Context) []Durability {
@@ -74,7 +79,7 @@ func durabilityOf(ctx context.Context, name string, c redis.Cmdable) Durability 
 	} else {
 		d.AppendOnly, d.AppendFsync = m["appendonly"], m["appendfsync"]
 		if d.AppendOnly == "" {
-			d.Err = fmt.Errorf("CONFIG GET answered no appendonly")
+			d.Err = ErrNoAppendOnly
 		}
 	}
 	return d

@@ -77,7 +77,7 @@ func TestMetricsSeries(t *testing.T) {
 		{"rain_build_info", nil, 1, 1},
 		{"rain_grabs_total", status("granted"), 1, 1},
 		{"rain_grab_duration_seconds", status("granted"), 1, 1},
-		{"rain_grab_overloaded_total", nil, 0, 6},
+		{"rain_grab_overloaded_total", nil, 0, 7}, // one series per reason, internal included
 		{"rain_shard_batch_duration_seconds", nil, 1, 4},
 		{"rain_shard_batch_claims", nil, 1, 4},
 		{"rain_shard_breaker_state", nil, 0, 4},

@@ -432,8 +432,9 @@ func checkDeployment(t *testing.T, bin string, d k8sObject, config map[string]ma
 		}
 	}
 	if sub == "serve" {
-		if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/livez" {
-			t.Errorf("probes %s and %s, want readiness /readyz and liveness /livez", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
+		// Not /readyz: 503 while any shard is down, on every pod alike.
+		if c.ReadinessProbe.HTTPGet.Path != "/readyz/instance" || c.LivenessProbe.HTTPGet.Path != "/livez" {
+			t.Errorf("probes %s and %s, want readiness /readyz/instance and liveness /livez", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
 		}
 		dur := func(k string, def time.Duration) time.Duration {
 			if v, ok := env[k]; ok {

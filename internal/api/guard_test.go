@@ -151,3 +151,28 @@ func TestAdminApart(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyzInstanceOutlivesABadShard: with one shard down, GET /readyz
+// is 503 (API.md: every shard must answer), which every instance sees
+// alike; GET /readyz/instance, what a load balancer that takes instances
+// out on a 503 is pointed at, stays 200: one bad shard does not take the
+// fleet out of service.
+func TestReadyzInstanceOutlivesABadShard(t *testing.T) {
+	s := newStack(t, 2, redistest.Options{})
+	status := func(path string) int {
+		t.Helper()
+		resp, err := http.Get(s.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if a, b := status("/readyz"), status("/readyz/instance"); a != 200 || b != 200 {
+		t.Fatalf("with every shard up: /readyz %d, /readyz/instance %d; want 200 and 200", a, b)
+	}
+	s.servers[1].Kill()
+	if a, b := status("/readyz"), status("/readyz/instance"); a != 503 || b != 200 {
+		t.Fatalf("with a shard down: /readyz %d, /readyz/instance %d; want 503 and 200", a, b)
+	}
+}

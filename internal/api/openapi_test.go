@@ -126,12 +126,13 @@ func TestOpenAPI(t *testing.T) {
 	served := c.do(s, "GET", "/openapi.json", "", "")
 	c.want(200, served, "GET /openapi.json")
 
-	for _, p := range []string{"/healthz", "/livez", "/readyz", "/metrics"} {
+	for _, p := range []string{"/healthz", "/livez", "/readyz", "/readyz/instance", "/metrics"} {
 		c.want(200, c.do(s, "GET", p, "", ""), "GET "+p)
 	}
 	operatorCalls(t, c, s)
 	grabCalls(t, c, s)
 	c.want(503, func() int { s.api.Drain(); return c.do(s, "GET", "/readyz", "", "") }(), "GET /readyz while draining")
+	c.want(503, c.do(s, "GET", "/readyz/instance", "", ""), "GET /readyz/instance while draining")
 
 	// A shard that does not answer: every operator call that needs it is 503.
 	down := newStack(t, 1, redistest.Options{})

@@ -42,6 +42,27 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, code, readiness{Readiness: rd, Warnings: s.cfg.Warnings})
 }
 
+// readyInstance answers whether this instance should get traffic, whatever
+// the shards do: 503 while it drains, or while it cannot reach the shards
+// for a fault of its own (out of file descriptors), else 200. It is for a
+// load balancer that takes an instance out on a 503: GET /readyz (API.md)
+// is 503 while any shard is down, which every instance sees alike, and
+// such a balancer would take them all out; one bad shard must stay one
+// bad shard (its users answered 503 by its breaker, the others served).
+func (s *Server) readyInstance(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "draining": true})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout*8/10)
+	defer cancel()
+	if rd := s.cfg.Ready(ctx); rd.Process != "" {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "process": rd.Process})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
+}
+
 // readiness is GET /readyz's answer to an operator: the shards' states,
 // and what the instance warned of at start.
 type readiness struct {

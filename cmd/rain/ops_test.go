@@ -299,7 +299,7 @@ func TestErrorsAreJSON(t *testing.T) {
 			t.Errorf("%s %s: 405 without Allow", c.method, c.path)
 		}
 	}
-	raw := func(what, request string, wantCode int, readAfter time.Duration) {
+	raw := func(what, request string, wantCode int, readAfter time.Duration) []byte {
 		t.Helper()
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -315,6 +315,17 @@ func TestErrorsAreJSON(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		check(what, resp.StatusCode, resp.Header, body, wantCode)
+		return body
+	}
+	// A grab refused before its body was read has the contract's form too:
+	// a status, and pool_id and user_id (empty), always (API.md).
+	var g map[string]any
+	_ = json.Unmarshal(raw("a grab with headers over the limit", "POST /grab HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 64<<10)+"\r\n\r\n", 431, 0), &g)
+	if _, ok := g["pool_id"]; !ok || g["status"] != "invalid" {
+		t.Errorf("a grab with headers over the limit answered %v, want status invalid with pool_id and user_id", g)
+	}
+	if _, ok := g["user_id"]; !ok {
+		t.Errorf("a grab with headers over the limit answered %v, want user_id", g)
 	}
 	raw("headers over the limit", "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", 64<<10)+"\r\n\r\n", 431, 0)
 	// Far over: the client is still sending when the answer goes out, and

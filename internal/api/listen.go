@@ -308,7 +308,7 @@ func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
 // refuseFast answers code with the reason, as the server's own answers
 // are: status invalid (a 5xx: error), and the connection closed after it,
 // lingering (what is left of the request may still be on its way). A
-// grab's answer (or one to a request whose path is unknown) has the
+// grab's answer (or one to a request whose path is unknown: "/") has the
 // contract's form, always with pool_id and user_id (API.md; empty here:
 // the body was not read), and a grab is never answered 500: an error of
 // this instance is 503 overloaded, its outcome not known, Retry-After 1.
@@ -317,7 +317,8 @@ func (s *Server) refuseFast(ctx *fasthttp.RequestCtx, code int, reason string) {
 	if code >= 500 {
 		st = "error"
 	}
-	grabbing := len(ctx.Path()) == 0 || string(ctx.Path()) == "/grab"
+	// A request whose line could not be read has the path "/".
+	grabbing := string(ctx.Path()) == "/grab" || string(ctx.Path()) == "/"
 	ctx.Response.Reset()
 	x := fastExchange{ctx: ctx}
 	x.closeAfter()

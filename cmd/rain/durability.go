@@ -50,7 +50,7 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 				unreached = append(unreached, name)
 			}
 		case d.Err != nil:
-			log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
+			log.Warn(warnDurabilityUnknown, "shard", d.Shard, "err", d.Err)
 		case !d.Durable():
 			weak = append(weak, d.String())
 		}
@@ -66,6 +66,10 @@ func checkDurability(ctx context.Context, set *shard.Set, mode string, log *slog
 	}
 	return true, unreached, nil
 }
+
+// warnDurabilityUnknown is logged of a shard that answered but whose
+// settings could not be read (CONFIG not allowed): warned of, never refused.
+const warnDurabilityUnknown = "shard durability unknown; make sure it runs appendonly yes, appendfsync always"
 
 // notAnswered reports whether err is not the shard's own answer (CONFIG
 // refused or renamed, or an answer without appendonly): the shard was not
@@ -139,7 +143,7 @@ func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode st
 			for _, d := range of[name] {
 				switch {
 				case d.Err != nil:
-					log.Warn("shard durability unknown; make sure it runs appendonly yes, appendfsync always", "shard", d.Shard, "err", d.Err)
+					log.Warn(warnDurabilityUnknown, "shard", d.Shard, "err", d.Err)
 				case d.Durable():
 					log.Info("shard durability checked now that it answers", "shard", d.Shard, "durability", d.String())
 				case mode == "strict":

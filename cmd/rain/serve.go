@@ -162,9 +162,9 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		if icfg.Relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
+		s.held = newHeld(s.unreached)
 		if len(s.unreached) > 0 && c.Durability == "strict" {
-			s.held = newHeld(s.unreached) // no claim goes there until checkLater has read it
-			icfg.Held = s.held.has
+			icfg.Held = s.held.has // no claim goes there until checkLater has read it
 		}
 	}
 	if err := s.books(ctx, &icfg); err != nil {
@@ -252,11 +252,7 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(s.in.API.Serve)
 	if len(s.unreached) > 0 {
 		g.Go(func() error {
-			return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log, func(name string) {
-				if s.held != nil {
-					s.held.release(name)
-				}
-			})
+			return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log, s.held.release)
 		})
 	}
 	g.Go(func() error {

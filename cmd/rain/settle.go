@@ -78,10 +78,9 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	held := newHeld(nil)
+	held := newHeld(unreached)
 	if durability == "strict" {
-		held = newHeld(unreached) // nothing confirmed there until checkLater has read it
-		cfg.Held = held.has
+		cfg.Held = held.has // nothing confirmed there until checkLater has read it
 	}
 	cfg.Logger.Info("settling", "shards", len(set.Names()), "group", cfg.Group, "ledger", ledger, "webhook", redactURL(webhook), "postgres", redactURL(pg))
 	w := settle.New(set, cat, sink, cfg)

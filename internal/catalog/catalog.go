@@ -63,9 +63,7 @@ type Catalog struct {
 	records map[string]*rain.Pool // records of open and closed pools, read once: see Cached
 	closed  int                   // the closed ones among them, at most closedKept
 	// closedIDs are the ids of every pool seen closed, records kept or not:
-	// a close is for good, so a listing of the live sub-pools skips them
-	// without reading their records again (a season past closedKept
-	// closed pools would read each of those on every listing).
+	// a close is for good, so CachedList leaves them out.
 	closedIDs map[string]bool
 	kept      int                   // closedKept; tests set fewer
 	lives     map[string]string     // each shard's life counter as the last registry read saw it
@@ -107,7 +105,10 @@ const listedEvery = 2 * time.Second
 // ReadListInTurn), with the open pools met since (a pool preloaded a moment
 // ago may not be in the read yet). No I/O while the last read is younger
 // than 2 s; it reads Redis (ReadList) when it is older, or there was none.
-// What background work that visits every pool (the reaper) goes through.
+// What background work that visits every pool (settlement's listing, the
+// reaper) goes through, so the pools seen closed are left out: a close is
+// for good, their keys are freed, and a season past closedKept closed
+// pools would have each of their records read again on every visit.
 func (c *Catalog) CachedList(ctx context.Context) ([]string, error) {
 	l := c.listed.Load()
 	if l == nil || time.Since(l.at) > listedEvery {
@@ -119,10 +120,10 @@ func (c *Catalog) CachedList(ctx context.Context) ([]string, error) {
 			l = &listing{ids: ids} // a partial read, the first
 		}
 	}
-	ids := slices.Clone(l.ids)
 	c.mu.RLock()
+	ids := slices.DeleteFunc(slices.Clone(l.ids), func(id string) bool { return c.closedIDs[id] })
 	for id := range c.records {
-		if !slices.Contains(l.ids, id) {
+		if !c.closedIDs[id] && !slices.Contains(l.ids, id) {
 			ids = append(ids, id)
 		}
 	}

@@ -74,14 +74,6 @@ func (c *Catalog) keep(id string, p *rain.Pool) {
 	}
 }
 
-// seenClosed reports whether the pool id was seen closed, its record kept
-// in memory or not: it never opens again.
-func (c *Catalog) seenClosed(id string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.closedIDs[id]
-}
-
 // drop forgets id's record. c.mu is held.
 func (c *Catalog) drop(id string) {
 	if p := c.records[id]; p != nil && p.State == rain.Closed {

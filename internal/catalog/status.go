@@ -129,9 +129,6 @@ func (c *Catalog) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
 	var out []rain.SubPoolRef
 	var errs []error
 	for _, id := range ids {
-		if c.seenClosed(id) {
-			continue // its keys are freed: nothing to list, and no read
-		}
 		p, err := c.Cached(ctx, id)
 		if errors.Is(err, rain.ErrNotFound) {
 			continue

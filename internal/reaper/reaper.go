@@ -27,7 +27,8 @@ import (
 // (internal/catalog's Catalog). Each name says whether it reads Redis.
 type Pools interface {
 	// CachedList is every pool to visit: the registry as last read, read
-	// again from Redis when that read is more than a moment old.
+	// again from Redis when that read is more than a moment old, less the
+	// pools seen closed.
 	CachedList(ctx context.Context) ([]string, error)
 	// Cached is a pool's record: from memory once the pool is open or
 	// closed, read from Redis otherwise.

@@ -127,6 +127,10 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	b.sp, b.spOK = rain.ParseOutbox(stream)
 	now := time.Now()
 	for _, m := range msgs {
+		if _, running := w.running.Load(stream + " " + m.ID); running {
+			p.behind(m.ID) // in a batch a pass went on without (settleOrGoOn)
+			continue
+		}
 		if w.putOff(stream, m.ID, now) {
 			p.behind(m.ID) // its delivery failed lately: tried again at its time
 			if _, waits := w.awaitingOperator.Load(stream + " " + m.ID); waits {
@@ -313,6 +317,17 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 		}
 	}
 	if len(pay) == 0 {
+		return failed
+	}
+	if n := sh.slow.Load(); n >= maxDetached {
+		// The sink hangs for the shard's last batches: these grants are
+		// confirmed (kept past their hold) and delivered later, as if
+		// their delivery had failed.
+		w.cfg.Logger.Warn("settle: deliveries put off while the shard's earlier ones hang", "stream", b.stream, "grants", len(pay), "hung", n)
+		for j := range pay {
+			p.behind(b.ids[payAt[j]])
+			w.retryLater(b.stream, b.ids[payAt[j]], time.Now())
+		}
 		return failed
 	}
 	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)

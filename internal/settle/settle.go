@@ -89,6 +89,16 @@ type Config struct {
 	// the batch after it, which is then delivered again. Default 2 minutes
 	// (a webhook's retries and Retry-After waits fit in it).
 	DeliverTimeout time.Duration
+	// Patience bounds how long a pass over a shard waits for one outbox's
+	// batch (its confirms, delivery and acknowledgment) before it goes on
+	// without it: a delivery that hangs (up to DeliverTimeout) finishes on
+	// its own, its entries skipped by the passes meanwhile, and the
+	// shard's other grants are confirmed and paid within their hold. At
+	// most maxDetached batches of a shard run on so; past that, passes
+	// confirm their grants and leave the deliveries for later (as failed
+	// ones), so a sink that hangs for everyone still leaves every grant
+	// confirmed. Default 5s.
+	Patience time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
 }
@@ -121,6 +131,9 @@ func (c *Config) init() {
 	}
 	if c.DeliverTimeout == 0 {
 		c.DeliverTimeout = 2 * time.Minute
+	}
+	if c.Patience <= 0 {
+		c.Patience = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -191,6 +204,12 @@ type Worker struct {
 	retryMu sync.Mutex
 	retries map[string]entryRetry
 	sweptAt time.Time // when retries was last swept of entries no longer tried
+
+	// running holds the entries ("stream id") of the batches a pass went
+	// on without (Config.Patience), until each finishes: later passes skip
+	// them. detached waits for those batches (Run returns after them).
+	running  sync.Map
+	detached sync.WaitGroup
 }
 
 // entryRetry is when an entry whose delivery failed is tried again, and
@@ -354,6 +373,7 @@ func (w *Worker) Run(ctx context.Context) {
 		wg.Go(func() { w.loop(ctx, sh) })
 	}
 	wg.Wait()
+	w.detached.Wait()
 }
 
 // shardLoop is what one shard's loop keeps between passes.
@@ -365,6 +385,9 @@ type shardLoop struct {
 	streams []string        // the outboxes of the open pools' sub-pools here
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
+	// slow counts the shard's batches still running that a pass went on
+	// without (Config.Patience, maxDetached).
+	slow atomic.Int64
 }
 
 // loop settles one shard's outboxes until ctx ends.
@@ -562,7 +585,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	var mu sync.Mutex
 	for _, st := range res {
 		wg.Go(func() {
-			f := w.settleBatch(ctx, sh, st.Stream, st.Messages, p)
+			f := w.settleOrGoOn(ctx, sh, st.Stream, st.Messages, p)
 			mu.Lock()
 			failed = failed || f
 			mu.Unlock()
@@ -593,7 +616,7 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, id string, block t
 		for _, st := range res {
 			read += len(st.Messages)
 			w.settling(sh, st.Stream, st.Messages)
-			failed = w.settleBatch(ctx, sh, st.Stream, st.Messages, p) || failed
+			failed = w.settleOrGoOn(ctx, sh, st.Stream, st.Messages, p) || failed
 			if id == ">" && int64(len(st.Messages)) >= w.cfg.Batch {
 				p.behind(st.Messages[len(st.Messages)-1].ID) // more may wait
 			}
@@ -672,7 +695,7 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool
 			}
 			if len(msgs) > 0 {
 				w.settling(sh, key, msgs)
-				failed = w.settleBatch(ctx, sh, key, msgs, p) || failed
+				failed = w.settleOrGoOn(ctx, sh, key, msgs, p) || failed
 			}
 			if next == "0-0" || len(msgs) == 0 {
 				break

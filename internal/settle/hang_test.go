@@ -1,0 +1,171 @@
+package settle_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"rain"
+	"rain/internal/grabtest"
+	"rain/internal/redistest"
+	"rain/internal/settle"
+	"rain/internal/wait/waittest"
+)
+
+// hangSink hangs every delivery call that holds a grant hang says to
+// hang (all of them while hang is nil), until release is closed or the
+// call's context ends, and delivers every other call's grants. It counts
+// each serial's payouts.
+type hangSink struct {
+	hang    func(settle.Grant) bool
+	release chan struct{}
+
+	mu      sync.Mutex
+	paid    map[int64]int
+	stuck   map[int64]bool // grants of the calls that hung
+	calls   int
+	blocked int // calls hanging now
+}
+
+func newHangSink(hang func(settle.Grant) bool) *hangSink {
+	return &hangSink{hang: hang, release: make(chan struct{}), paid: map[int64]int{}, stuck: map[int64]bool{}}
+}
+
+func (s *hangSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	errs := make([]error, len(gs))
+	hangs := false
+	for _, g := range gs {
+		hangs = hangs || s.hang == nil || s.hang(g)
+	}
+	s.mu.Lock()
+	s.calls++
+	if hangs {
+		s.blocked++
+		for _, g := range gs {
+			s.stuck[g.Serial] = true
+		}
+	}
+	s.mu.Unlock()
+	if hangs {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			s.mu.Lock()
+			s.blocked--
+			s.mu.Unlock()
+			for i := range errs {
+				errs[i] = ctx.Err()
+			}
+			return errs
+		}
+		s.mu.Lock()
+		s.blocked--
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range gs {
+		s.paid[g.Serial]++
+	}
+	return errs
+}
+
+// state is how many serials were paid, how many of them more than once,
+// how many grants were in calls that hung, and how many calls hang now.
+func (s *hangSink) state() (paid, twice, stuck, blocked int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.paid {
+		if n > 1 {
+			twice++
+		}
+	}
+	return len(s.paid), twice, len(s.stuck), s.blocked
+}
+
+// preloadAndGrab preloads pool p (count packets of 1 euro over subPools)
+// and grants one to each of count users, returning their serials in the
+// order granted.
+func preloadAndGrab(t *testing.T, ge *grabtest.Env, count, subPools int) []int64 {
+	t.Helper()
+	if _, _, err := ge.Catalog.Preload(context.Background(), rain.Spec{PoolID: "p", TotalCents: int64(count) * 100, Count: int64(count), SubPools: subPools}); err != nil {
+		t.Fatal(err)
+	}
+	grants := grabAll(t, ge.Service, "p", "u", count)
+	serials := make([]int64, 0, count)
+	for s := range grants {
+		serials = append(serials, s)
+	}
+	slices.Sort(serials)
+	return serials
+}
+
+// TestOneHungDeliverySlowsNoOther: a delivery that hangs (a wallet that
+// never answers one account; DeliverTimeout an hour) holds up only the
+// grants of its own call. The shard's other grants, many passes' worth,
+// are confirmed and paid meanwhile: before, the pass waited for the hung
+// call, so that every grant of the shard waited past its hold. Once the
+// wallet answers, the held grants are paid too, each once.
+func TestOneHungDeliverySlowsNoOther(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	const count = 60
+	serials := preloadAndGrab(t, ge, count, 2)
+	bad := serials[0]
+	sink := newHangSink(func(g settle.Grant) bool { return g.Serial == bad })
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = time.Hour
+	cfg.Patience = 100 * time.Millisecond
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant outside the hung call paid", func() bool {
+		paid, _, stuck, blocked := sink.state()
+		return blocked == 1 && stuck > 0 && paid == count-stuck
+	})
+	if st, err := ge.Catalog.Status(context.Background(), "p"); err != nil || st.ConfirmedCount != count {
+		t.Fatalf("while one delivery hangs: status %+v, %v; want all %d confirmed", st, err, count)
+	}
+	close(sink.release)
+	waittest.Until(t, 20*time.Second, "every grant paid once the wallet answers", func() bool {
+		paid, _, _, _ := sink.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := sink.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+}
+
+// TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed: while every
+// delivery hangs, a worker keeps at most a few calls in flight per shard
+// and still confirms every grant (none runs out its hold for want of a
+// payout); once the sink answers, every grant is paid, each once. Before,
+// the first hung call stopped the shard's confirms.
+func TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	const count = 80 // one sub-pool, 5 entries a read: more reads than calls let hang
+	preloadAndGrab(t, ge, count, 1)
+	sink := newHangSink(nil)
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = time.Hour
+	cfg.Patience = 50 * time.Millisecond
+	cfg.MaxRetryDelay = 200 * time.Millisecond
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
+		st, err := ge.Catalog.Status(context.Background(), "p")
+		return err == nil && st.ConfirmedCount == count
+	})
+	paid, _, stuck, blocked := sink.state()
+	if paid != 0 || blocked == 0 || blocked > 8 || stuck >= count {
+		t.Fatalf("while the sink hangs: %d paid, %d calls hanging (want 1 to 8), %d grants in them (want fewer than %d)", paid, blocked, stuck, count)
+	}
+	close(sink.release)
+	waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
+		paid, _, _, _ := sink.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := sink.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+}

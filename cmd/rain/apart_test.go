@@ -132,12 +132,10 @@ func TestSideListenersTimeouts(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		start := time.Now()
+		// Closed within the read deadline (10 s): by --idle-timeout (300ms),
+		// not the default's 30 s.
 		if _, err := br.ReadByte(); err != io.EOF {
 			t.Fatalf("--%s: an idle keep-alive connection read %v, want closed by the server (EOF)", f, err)
-		}
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("--%s: the idle connection was closed after %v, want about --idle-timeout (300ms)", f, took)
 		}
 	}
 	for _, f := range flags {

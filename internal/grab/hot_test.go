@@ -100,22 +100,31 @@ func TestFloodAnsweredLocally(t *testing.T) {
 		grabRetrying(t, e.svc, "hot", "prime")
 		return grab.HoldersRead(e.svc, "hot")
 	})
-	grabRetrying(t, e.svc, "hot", "prime")
-
+	// In rounds of 2,000 grabs, each within the second that one grab at
+	// Redis marks the pool empty for; a round the machine made slower
+	// than that (a busy CI) is done again, not judged.
 	cmds := []string{"evalsha", "eval", "hgetall", "hget", "hscan", "hlen", "lpop"}
-	before := e.commandCalls(t, cmds...)
-	start := time.Now()
-	for i := range 10_000 {
-		if r, err := e.svc.Grab(ctx, "hot", fmt.Sprintf("late%d", i)); err != nil || r.Outcome != grab.SoldOut {
-			t.Fatalf("grab after the sell-out = %+v, %v; want sold_out", r, err)
+	const rounds, perRound = 10, 1_000
+	checked := 0
+	for try := 0; checked < rounds && try < 10*rounds; try++ {
+		grabRetrying(t, e.svc, "hot", "prime")
+		before := e.commandCalls(t, cmds...)
+		start := time.Now()
+		for i := range perRound {
+			if r, err := e.svc.Grab(ctx, "hot", fmt.Sprintf("late%d-%d", try, i)); err != nil || r.Outcome != grab.SoldOut {
+				t.Fatalf("grab after the sell-out = %+v, %v; want sold_out", r, err)
+			}
+			if r, err := e.svc.Grab(ctx, fmt.Sprintf("bogus%d-%d", try, i), "u"); err != nil || r.Outcome != grab.NotFound {
+				t.Fatalf("grab of a bogus pool = %+v, %v; want not_found", r, err)
+			}
 		}
-		if r, err := e.svc.Grab(ctx, fmt.Sprintf("bogus%d", i), "u"); err != nil || r.Outcome != grab.NotFound {
-			t.Fatalf("grab of a bogus pool = %+v, %v; want not_found", r, err)
+		elapsed := time.Since(start)
+		after := e.commandCalls(t, cmds...)
+		if elapsed >= 900*time.Millisecond {
+			t.Logf("round %d: %d grabs took %v, past the sold-out memory's second: done again", try, 2*perRound, elapsed)
+			continue
 		}
-	}
-	elapsed := time.Since(start)
-	after := e.commandCalls(t, cmds...)
-	if elapsed < 900*time.Millisecond { // within the sold-out memory's second
+		checked++
 		for _, c := range cmds {
 			// A few made-up pool ids a second are looked up (their records
 			// read: HGETALL on each shard), in case one was preloaded a
@@ -125,13 +134,13 @@ func TestFloodAnsweredLocally(t *testing.T) {
 				most = 2 * grab.UnknownLookups * int64(len(e.servers))
 			}
 			if after[c]-before[c] > most {
-				t.Fatalf("%s calls went from %d to %d during 20,000 locally answered grabs (at most %d)", c, before[c], after[c], most)
+				t.Fatalf("%s calls went from %d to %d during %d locally answered grabs (at most %d)", c, before[c], after[c], 2*perRound, most)
 			}
 		}
-	} else {
-		t.Fatalf("20,000 local answers took %v: too slow to check within the 1s memory", elapsed)
 	}
-	t.Logf("20,000 grabs answered locally in %v", elapsed)
+	if checked < rounds {
+		t.Fatalf("only %d of %d rounds of local answers fit in the sold-out memory's second", checked, rounds)
+	}
 	if r := grabRetrying(t, e.svc, "hot", holder); r.Outcome != grab.AlreadyGranted || r.Serial != held.Serial {
 		t.Fatalf("the holder's repeat grab after the sell-out = %+v, want already_granted %+v", r, held)
 	}

@@ -228,7 +228,7 @@ func TestIdleWorkerCountsNoFailure(t *testing.T) {
 	grabAll(t, ge.Service, "b", "b", 10)
 	cfg := fastConfig("settle")
 	cfg.Block = 200 * time.Millisecond
-	cfg.RetryDelay, cfg.MaxRetryDelay = 5*time.Second, 5*time.Second // a pass that failed would show in the wait below
+	cfg.RetryDelay, cfg.MaxRetryDelay = time.Minute, time.Minute // a pass that failed would outlast the wait below
 	w := settle.New(ge.Shards, ge.Catalog, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant delivered", func() bool { return w.Stats().Delivered == 20 })
@@ -237,12 +237,8 @@ func TestIdleWorkerCountsNoFailure(t *testing.T) {
 	if after := w.Stats(); after.Failures != before.Failures || after.Lag != 0 {
 		t.Fatalf("an idle worker counted %d failures and shows a lag of %v; want none", after.Failures-before.Failures, after.Lag)
 	}
-	start := time.Now()
 	grabAll(t, ge.Service, "a", "late", 1)
-	waittest.Until(t, 20*time.Second, "the late grant delivered", func() bool { return w.Stats().Delivered == 21 })
-	if took := time.Since(start); took > 3*time.Second {
-		t.Fatalf("a grant made on an idle worker was settled after %v; want within a block or two", took)
-	}
+	waittest.Until(t, 30*time.Second, "the late grant delivered, not after a backoff (a minute)", func() bool { return w.Stats().Delivered == 21 })
 }
 
 // TestWorkerWithoutAShardSaysSo: a worker given fewer shards than a pool

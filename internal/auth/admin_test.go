@@ -119,3 +119,54 @@ func TestAdminsRevocationFailsClosed(t *testing.T) {
 	}
 	want("the file fixed", map[string]bool{fixed: true, b: false, c: true})
 }
+
+// FuzzAdminTokenFile: a token file of any bytes is read without a panic;
+// the tokens in use are exactly its lines (trimmed, blank lines and #
+// comments skipped) that CheckAdminToken accepts, and a line it refuses
+// makes an error and is not in use.
+func FuzzAdminTokenFile(f *testing.F) {
+	for _, s := range []string{
+		"",
+		"6f1c2a9e4b7d03158ce2f4a96b0d7e31\n",
+		"# old\n6f1c2a9e4b7d03158ce2f4a96b0d7e31\r\n\n  bK3x9Qm2PzL7vN4tR8sW1g==  \nshort\n",
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n\x00\xff",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, content []byte) {
+		path := filepath.Join(t.TempDir(), "tokens")
+		writeTokens(t, path, string(content), 0o600)
+		a := &Admins{file: path}
+		err := a.Reload() // as NewAdmins, which also refuses the file when err != nil
+		var good, bad []string
+		for line := range strings.SplitSeq(string(content), "\n") {
+			line = strings.TrimSpace(line)
+			switch {
+			case line == "" || strings.HasPrefix(line, "#"):
+			case CheckAdminToken(line) == nil:
+				good = append(good, line)
+			default:
+				bad = append(bad, line)
+			}
+		}
+		if len(good) == 0 {
+			if err == nil {
+				t.Fatalf("Reload of %q took no token and reported nothing", content)
+			}
+			return
+		}
+		if (len(bad) > 0) != (err != nil) {
+			t.Fatalf("Reload of %q: %d bad lines, error %v", content, len(bad), err)
+		}
+		for _, tok := range good {
+			if !a.Valid(tok) {
+				t.Fatalf("token %q of the file %q is not in use", tok, content)
+			}
+		}
+		for _, tok := range bad {
+			if a.Valid(tok) {
+				t.Fatalf("line %q of the file %q, not an acceptable token, is in use", tok, content)
+			}
+		}
+	})
+}

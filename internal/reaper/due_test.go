@@ -86,58 +86,72 @@ func TestSlowPassMakesUpALostMark(t *testing.T) {
 func TestGrantMadeWhileTheReaperLooks(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: "d", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := e.cat.Read(ctx, "d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := p.SubPool(0).Keys()
-	c := e.shards.Client(p.Placement[0])
 	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
 	start(t, r)
 	waittest.Until(t, 10*time.Second, "the reaper's first pass", func() bool { return r.Stats().Sweeps > 0 })
-	grabOne := func(user string) grab.Result {
-		g, err := e.svc.Grab(ctx, "d", user)
-		if err != nil || g.Outcome != grab.Granted {
-			t.Fatalf("grab %s: %+v %v", user, g, err)
+	// One try on pool id: it reports whether u2 came within 200 ms of
+	// u1's mark (so unmarked: the race this test is for). A machine too
+	// busy for that makes a try that proves less (u2 marked itself); it
+	// is checked all the same, and another try is made.
+	try := func(id string) (unmarked bool) {
+		if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 2}); err != nil {
+			t.Fatal(err)
 		}
-		return g
-	}
-	score := func() float64 {
-		s, err := c.ZScore(ctx, lua.DueAt, k.Meta).Result()
+		p, err := e.cat.Read(ctx, id)
 		if err != nil {
-			return -1
+			t.Fatal(err)
 		}
-		return s
+		k := p.SubPool(0).Keys()
+		c := e.shards.Client(p.Placement[0])
+		grabOne := func(user string) grab.Result {
+			g, err := e.svc.Grab(ctx, id, user)
+			if err != nil || g.Outcome != grab.Granted {
+				t.Fatalf("grab %s of %s: %+v %v", user, id, g, err)
+			}
+			return g
+		}
+		score := func() float64 {
+			s, err := c.ZScore(ctx, lua.DueAt, k.Meta).Result()
+			if err != nil {
+				return -1
+			}
+			return s
+		}
+		// u0: marked; the reaper's look finds it held and sets the
+		// sub-pool's next look at u0's deadline. Then settlement confirms it.
+		g0 := grabOne("u0")
+		first := 0.0
+		waittest.Until(t, 5*time.Second, "u0's mark", func() bool { first = score(); return first > 0 })
+		var d0 float64
+		waittest.Until(t, 5*time.Second, "the next look set at u0's deadline", func() bool { d0 = score(); return d0 > first })
+		if err := e.cat.Confirm(ctx, id, "u0", g0.Serial); err != nil {
+			t.Fatal(err)
+		}
+		// u1, 150 ms before that look: marked (the index keeps its time),
+		// and confirmed at once. u2 just after the look: unmarked (within
+		// 250 ms of u1's mark), and never confirmed.
+		time.Sleep(time.Until(time.UnixMilli(int64(d0)).Add(-150 * time.Millisecond)))
+		g1 := grabOne("u1")
+		marked := time.Now()
+		if err := e.cat.Confirm(ctx, id, "u1", g1.Serial); err != nil {
+			t.Fatal(err)
+		}
+		waittest.Until(t, 5*time.Second, "the look at u0's deadline", func() bool { return score() != d0 })
+		g2 := grabOne("u2")
+		after := time.Since(marked)
+		t.Logf("%s: u2 granted %v after u1's mark (a grab marks a sub-pool every 250 ms at most)", id, after)
+		waittest.Until(t, time.Until(g2.ExpiresAt.Add(5*time.Second)), "u2 released at its deadline", func() bool {
+			rec, _ := c.HGet(ctx, k.Grants, "u2").Result()
+			return strings.HasPrefix(rec, "r:")
+		})
+		return after < 200*time.Millisecond
 	}
-	// u0: marked; the reaper's look finds it held and sets the sub-pool's
-	// next look at u0's deadline. Then settlement confirms it.
-	g0 := grabOne("u0")
-	first := 0.0
-	waittest.Until(t, 5*time.Second, "u0's mark", func() bool { first = score(); return first > 0 })
-	var d0 float64
-	waittest.Until(t, 5*time.Second, "the next look set at u0's deadline", func() bool { d0 = score(); return d0 > first })
-	if err := e.cat.Confirm(ctx, "d", "u0", g0.Serial); err != nil {
-		t.Fatal(err)
+	for n := range 5 {
+		if try(fmt.Sprintf("d%d", n)) {
+			return
+		}
 	}
-	// u1, 150 ms before that look: marked (the index keeps its time), and
-	// confirmed at once. u2 just after the look: unmarked (within 250 ms
-	// of u1's mark), and never confirmed.
-	time.Sleep(time.Until(time.UnixMilli(int64(d0)).Add(-150 * time.Millisecond)))
-	g1 := grabOne("u1")
-	marked := time.Now()
-	if err := e.cat.Confirm(ctx, "d", "u1", g1.Serial); err != nil {
-		t.Fatal(err)
-	}
-	waittest.Until(t, 5*time.Second, "the look at u0's deadline", func() bool { return score() != d0 })
-	g2 := grabOne("u2")
-	t.Logf("u2 granted %v after u1's mark (a grab marks a sub-pool every 250 ms at most)", time.Since(marked))
-	waittest.Until(t, time.Until(g2.ExpiresAt.Add(5*time.Second)), "u2 released at its deadline", func() bool {
-		rec, _ := c.HGet(ctx, k.Grants, "u2").Result()
-		return strings.HasPrefix(rec, "r:")
-	})
+	t.Fatal("in 5 tries u2 never came within 200 ms of u1's mark: the race was not made")
 }
 
 // TestFailingSubPoolsDoNotStallTheReaper: more sub-pools than one read of

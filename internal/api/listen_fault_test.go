@@ -5,15 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"rain/internal/grab"
+	"rain/internal/logtest"
 	"rain/internal/pool"
+	"rain/internal/wait/waittest"
 )
 
 // panicky is a grab service that panics on every grab.
@@ -64,7 +68,8 @@ func TestServeOutlivesRunningOutOfFiles(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	a := New(Config{Grabber: panicky{}, MaxConns: 1 << 16})
+	var logs logtest.Buffer
+	a := New(Config{Grabber: panicky{}, MaxConns: 1 << 16, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := a.Listen("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
@@ -75,17 +80,32 @@ func TestServeOutlivesRunningOutOfFiles(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	var conns []net.Conn
-	for range 64 {
-		c, err := net.Dial("tcp", a.Addr().String())
+	// Every descriptor taken, then one freed for a client's connection:
+	// the server's accept of it finds none.
+	var held []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
 		if err != nil {
-			break // the dialing side is out of descriptors too
+			break
 		}
-		conns = append(conns, c)
+		held = append(held, f)
 	}
-	time.Sleep(200 * time.Millisecond) // the accepts meanwhile fail: EMFILE
-	for _, c := range conns {
-		c.Close()
+	if len(held) == 0 {
+		t.Fatal("no descriptor could be opened under the lowered limit")
+	}
+	held[len(held)-1].Close()
+	held = held[:len(held)-1]
+	c, err := net.Dial("tcp", a.Addr().String())
+	if err != nil {
+		t.Fatalf("dial with one descriptor free: %v", err)
+	}
+	// The accepts meanwhile fail (EMFILE), and are tried again.
+	waittest.Until(t, 10*time.Second, "an accept that failed for want of descriptors", func() bool {
+		return strings.Contains(logs.String(), "accept failed; trying again") && strings.Contains(logs.String(), "too many open files")
+	})
+	c.Close()
+	for _, f := range held {
+		f.Close()
 	}
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -88,16 +89,25 @@ func shardOf(d shard.Durability) string {
 
 // heldShards are the shards that did not answer the durability check at
 // start, under strict: no claim is sent there, and no confirm made,
-// until checkLater has read them.
-type heldShards struct{ m sync.Map }
+// until checkLater has read them. relaxed says whether a shard was let
+// through --durability relaxed though it can lose grants, at start or
+// once checkLater read it (rain_durability_relaxed).
+type heldShards struct {
+	m       sync.Map
+	relaxed atomic.Bool
+}
 
-func newHeld(names []string) *heldShards {
+func newHeld(names []string, relaxed bool) *heldShards {
 	h := &heldShards{}
 	for _, n := range names {
 		h.m.Store(n, true)
 	}
+	h.relaxed.Store(relaxed)
 	return h
 }
+
+// isRelaxed reports whether a shard that can lose grants is in use.
+func (h *heldShards) isRelaxed() bool { return h.relaxed.Load() }
 
 // has reports whether the shard is held.
 func (h *heldShards) has(name string) bool { _, ok := h.m.Load(name); return ok }
@@ -111,11 +121,12 @@ func (h *heldShards) release(name string) { h.m.Delete(name) }
 // unable to keep what rain acknowledges is refused as it would have been
 // at start. Under strict the instance then stops (the error says why; a
 // restart refuses to start until the shard is fixed); under relaxed it is
-// warned of. checked is told of each shard once it has been read and may
-// be used (under strict, the shards are held until then: nothing is
-// granted or confirmed there before its settings are known).
+// warned of, and held.relaxed set. Each shard is released from held once
+// it has been read and may be used (under strict, the shards are held
+// until then: nothing is granted or confirmed there before its settings
+// are known).
 func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode string, period time.Duration, log *slog.Logger,
-	checked func(shard string)) error {
+	held *heldShards) error {
 	left := map[string]bool{}
 	for _, name := range unreached {
 		left[name] = true
@@ -149,10 +160,11 @@ func checkLater(ctx context.Context, set *shard.Set, unreached []string, mode st
 				case mode == "strict":
 					return fmt.Errorf("stopping: a shard that did not answer at start came back unable to keep what rain acknowledges: %s (or run with --durability relaxed, accepting that a host crash can lose or repeat money)", d)
 				default:
+					held.relaxed.Store(true)
 					log.Warn("durability relaxed: "+d.String(), "durability", mode)
 				}
 			}
-			checked(name)
+			held.release(name)
 		}
 	}
 	return nil

@@ -52,6 +52,29 @@ func TestShardUnreachableAtStartIsCheckedLater(t *testing.T) {
 	}
 }
 
+// TestWeakShardFoundLaterIsRelaxed: under --durability relaxed, a shard
+// that did not answer at start and comes back on appendfsync everysec is
+// served, warned of, and shows in rain_durability_relaxed as one weak at
+// start does (before, the gauge stayed 0: only the log said so).
+func TestWeakShardFoundLaterIsRelaxed(t *testing.T) {
+	good := redistest.Start(t, durable)
+	weak := redistest.Start(t, redistest.Options{AOF: true, Fsync: "everysec"})
+	cut := redisproxy.Start(t, weak.Addr)
+	cut.Partition()
+	environ := map[string]string{"RAIN_REDIS": "s1=1@" + good.Addr + ",s2=1@" + cut.Addr, "RAIN_ADMIN_TOKEN": longToken}
+	addr, logs := startServe(t, []string{"--shard-timeout", "300ms", "--durability", "relaxed"}, environ)
+	if v := metricValue(t, addr, "rain_durability_relaxed"); v != 0 {
+		t.Fatalf("rain_durability_relaxed = %v before the weak shard answers, want 0", v)
+	}
+	cut.Heal()
+	waittest.Until(t, 20*time.Second, "rain_durability_relaxed 1 once the weak shard answers", func() bool {
+		return metricValue(t, addr, "rain_durability_relaxed") == 1
+	})
+	if !strings.Contains(logs.String(), "durability relaxed") {
+		t.Fatalf("the weak shard found later was not warned of:\n%s", logs)
+	}
+}
+
 // TestShardUnreachableAtStartIsHeldUntilChecked: under strict, a shard
 // that did not answer at start is sent no claim until its settings are
 // read once it answers; a durable one is then served as any other.

@@ -159,10 +159,12 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 		return instance.Config{}, usagef("--deadline-index %q: want grant or batch", c.DeadlineIndex)
 	}
 	if !c.tryIt() {
-		if icfg.Relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
+		var relaxed bool
+		if relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {
 			return instance.Config{}, err
 		}
-		s.held = newHeld(s.unreached)
+		s.held = newHeld(s.unreached, relaxed)
+		icfg.Relaxed = s.held.isRelaxed
 		if len(s.unreached) > 0 && c.Durability == "strict" {
 			icfg.Held = s.held.has // no claim goes there until checkLater has read it
 		}
@@ -252,7 +254,7 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(s.in.API.Serve)
 	if len(s.unreached) > 0 {
 		g.Go(func() error {
-			return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log, s.held.release)
+			return checkLater(gctx, s.in.Shards, s.unreached, s.cfg.Durability, time.Second, s.log, s.held)
 		})
 	}
 	g.Go(func() error {

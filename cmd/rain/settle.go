@@ -78,7 +78,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	held := newHeld(unreached)
+	held := newHeld(unreached, relaxed)
 	if durability == "strict" {
 		cfg.Held = held.has // nothing confirmed there until checkLater has read it
 	}
@@ -87,7 +87,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	if listen != "" {
 		reg := metrics.New(buildInfo())
 		reg.Settle(w.Stats)
-		reg.Durability(relaxed)
+		reg.Durability(held.isRelaxed)
 		stop, err := serveHealth(listen, reg, log)
 		if err != nil {
 			return err
@@ -112,7 +112,7 @@ func settleCmd(ctx context.Context, args []string, getenv func(string) string, s
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		if late = checkLater(rctx, set, unreached, durability, time.Second, log, held.release); late != nil {
+		if late = checkLater(rctx, set, unreached, durability, time.Second, log, held); late != nil {
 			stopRun()
 		}
 	}()

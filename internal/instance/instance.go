@@ -48,9 +48,10 @@ type Config struct {
 	// limits, access log); the instance fills in what it builds: Grabber,
 	// Pools, Ready, Runner, Metrics, Timeline and Logger.
 	API api.Config
-	// Relaxed says the shards were let through --durability relaxed though
-	// some can lose grants (rain_durability_relaxed).
-	Relaxed bool
+	// Relaxed says whether shards were let through --durability relaxed
+	// though some can lose grants (rain_durability_relaxed; nil: none).
+	// A shard that did not answer at start may be found so later.
+	Relaxed func() bool
 	// Held, when set, says whether a shard must be sent no claim yet
 	// (grab.Config.Held).
 	Held func(shard string) bool

@@ -68,9 +68,11 @@ func (r *Registry) Settle(stats func() settle.Stats) {
 	r.Gauge("rain_settle_lag_seconds", "Age of the oldest outbox entry that may be unsettled, the largest over the shards (while a shard's outboxes cannot be read, from the last pass that read them all); 0 when settlement has caught up.", func() float64 { return stats().Lag.Seconds() })
 }
 
-// Durability registers rain_durability_relaxed.
-func (r *Registry) Durability(relaxed bool) {
-	r.Gauge("rain_durability_relaxed", "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", func() float64 { return b2f(relaxed) })
+// Durability registers rain_durability_relaxed; relaxed says whether it
+// is 1 now (nil: never), as a shard that did not answer at start may be
+// found weak later.
+func (r *Registry) Durability(relaxed func() bool) {
+	r.Gauge("rain_durability_relaxed", "1 when rain runs with --durability relaxed on shards that can lose acknowledged grants.", func() float64 { return b2f(relaxed != nil && relaxed()) })
 }
 
 // ShortOfCPU registers rain_grab_cpu_short.

@@ -14,23 +14,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxDetached bounds a shard's batches still running after a pass went on
-// without them. Past it, passes confirm their grants and put their
-// deliveries off (settleGrants), so a sink that hangs for everyone costs
-// at most this many calls in flight per shard.
-const maxDetached = 8
+// maxCalls bounds the calls to the sink in flight for one shard's grants,
+// those of batches a pass went on without included: a sink that hangs for
+// everyone has at most this many calls per shard waiting on it, and the
+// passes meanwhile confirm their grants and put the deliveries off.
+const maxCalls = 8
 
 // settleOrGoOn settles msgs (settleBatch), waiting at most Config.Patience
 // for it. A batch that takes longer runs on by itself: its entries are
-// noted unsettled in p and skipped by later passes until it ends (Worker.
-// running), and what it reports then is its own (its failed deliveries
-// wait their retries, its acknowledgment is made when it ends). While the
-// shard has maxDetached batches running so, the batch is settled in the
-// pass: it delivers nothing, so it cannot hang.
+// noted unsettled in p (or left for an operator, those that were) and
+// skipped by later passes until it ends (shardLoop.running), and what it
+// reports then is its own (its failed deliveries wait their retries, its
+// acknowledgment is made when it ends).
 func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
-	if sh.slow.Load() >= maxDetached {
-		return w.settleBatch(ctx, sh, stream, msgs, p)
-	}
 	var (
 		mu       sync.Mutex
 		finished bool
@@ -43,8 +39,9 @@ func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string,
 		mu.Lock()
 		finished = true
 		if left {
+			ended := sh.passes.Load() // a read of this pass may hold them still
 			for _, m := range msgs {
-				w.running.Delete(stream + " " + m.ID)
+				sh.running.Store(stream+" "+m.ID, ended)
 			}
 			sh.slow.Add(-1)
 			w.cfg.Logger.Info("settle: a batch the pass went on without ended", "stream", stream, "entries", len(msgs))
@@ -70,12 +67,52 @@ func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string,
 	left = true
 	sh.slow.Add(1)
 	for _, m := range msgs {
-		w.running.Store(stream+" "+m.ID, true)
-		p.behind(m.ID)
+		sh.running.Store(stream+" "+m.ID, int64(0))
+		w.skipped(p, stream, m.ID)
 	}
 	w.cfg.Logger.Warn("settle: a batch takes longer than the patience; the pass goes on without it",
 		"shard", sh.name, "stream", stream, "entries", len(msgs), "patience", w.cfg.Patience, "running", sh.slow.Load())
 	return false
+}
+
+// skipped notes in p an entry of a batch still running: unsettled, or left
+// for an operator when it was (no lag: RainSettlementConflict says it
+// waits).
+func (w *Worker) skipped(p *pass, stream, id string) {
+	if _, waits := w.awaitingOperator.Load(stream + " " + id); waits {
+		p.leave(stream + " " + id)
+		return
+	}
+	p.behind(id)
+}
+
+// deliverSlot takes one of the shard's places for a call to the sink
+// (maxCalls), waiting at most Config.Patience for one to be free. It
+// reports whether it took one; the caller gives it back (deliver does).
+func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
+	select {
+	case sh.calls <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(w.cfg.Patience)
+	defer t.Stop()
+	select {
+	case sh.calls <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// deliver is one call to the sink of gs, bounded by DeliverTimeout, in a
+// place deliverSlot took, which it gives back.
+func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant) []error {
+	defer func() { <-sh.calls }()
+	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
+	defer cancel()
+	return w.sink.Deliver(dctx, gs)
 }
 
 // merge notes in p what q noted.

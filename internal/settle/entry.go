@@ -127,8 +127,8 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	b.sp, b.spOK = rain.ParseOutbox(stream)
 	now := time.Now()
 	for _, m := range msgs {
-		if _, running := w.running.Load(stream + " " + m.ID); running {
-			p.behind(m.ID) // in a batch a pass went on without (settleOrGoOn)
+		if _, running := sh.running.Load(stream + " " + m.ID); running {
+			w.skipped(p, stream, m.ID) // in a batch a pass went on without (settleOrGoOn)
 			continue
 		}
 		if w.putOff(stream, m.ID, now) {
@@ -319,20 +319,22 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 	if len(pay) == 0 {
 		return failed
 	}
-	if n := sh.slow.Load(); n >= maxDetached {
-		// The sink hangs for the shard's last batches: these grants are
+	if !w.deliverSlot(ctx, sh) {
+		if ctx.Err() != nil {
+			return failed
+		}
+		// Every call the shard may have in flight hangs: these grants are
 		// confirmed (kept past their hold) and delivered later, as if
 		// their delivery had failed.
-		w.cfg.Logger.Warn("settle: deliveries put off while the shard's earlier ones hang", "stream", b.stream, "grants", len(pay), "hung", n)
+		w.cfg.Logger.Warn("settle: deliveries put off while the shard's calls to the sink hang", "stream", b.stream, "grants", len(pay), "calls", maxCalls)
 		for j := range pay {
 			p.behind(b.ids[payAt[j]])
 			w.retryLater(b.stream, b.ids[payAt[j]], time.Now())
 		}
 		return failed
 	}
-	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
-	defer cancel()
-	for j, err := range w.sink.Deliver(dctx, pay) {
+	answers := w.deliver(ctx, sh, pay)
+	for j, err := range answers {
 		i := payAt[j]
 		switch {
 		case err == nil:

@@ -27,6 +27,7 @@ type hangSink struct {
 	stuck   map[int64]bool // grants of the calls that hung
 	calls   int
 	blocked int // calls hanging now
+	most    int // the most calls that hung at once
 }
 
 func newHangSink(hang func(settle.Grant) bool) *hangSink {
@@ -43,6 +44,7 @@ func (s *hangSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	s.calls++
 	if hangs {
 		s.blocked++
+		s.most = max(s.most, s.blocked)
 		for _, g := range gs {
 			s.stuck[g.Serial] = true
 		}
@@ -70,6 +72,14 @@ func (s *hangSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		s.paid[g.Serial]++
 	}
 	return errs
+}
+
+// mostBlocked is the most calls that hung at once, and how many calls
+// were made.
+func (s *hangSink) mostBlocked() (most, calls int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.most, s.calls
 }
 
 // state is how many serials were paid, how many of them more than once,
@@ -137,35 +147,62 @@ func TestOneHungDeliverySlowsNoOther(t *testing.T) {
 }
 
 // TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed: while every
-// delivery hangs, a worker keeps at most a few calls in flight per shard
-// and still confirms every grant (none runs out its hold for want of a
-// payout); once the sink answers, every grant is paid, each once. Before,
-// the first hung call stopped the shard's confirms.
+// delivery hangs, a worker keeps at most 8 calls in flight per shard (the
+// streams of one read settled at once included; calls that time out and
+// give their places to others included) and still confirms every grant
+// (none runs out its hold for want of a payout); once the sink answers,
+// every grant is paid, each once (the sink counts: a worker alone never
+// delivers a grant twice). Before, the first hung call stopped the
+// shard's confirms.
 func TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed(t *testing.T) {
-	ge := grabtest.Start(t, 1, redistest.Options{})
-	const count = 80 // one sub-pool, 5 entries a read: more reads than calls let hang
-	preloadAndGrab(t, ge, count, 1)
-	sink := newHangSink(nil)
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = time.Hour
-	cfg.Patience = 50 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
-	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
-	run(t, w)
-	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
-		st, err := ge.Catalog.Status(context.Background(), "p")
-		return err == nil && st.ConfirmedCount == count
-	})
-	paid, _, stuck, blocked := sink.state()
-	if paid != 0 || blocked == 0 || blocked > 8 || stuck >= count {
-		t.Fatalf("while the sink hangs: %d paid, %d calls hanging (want 1 to 8), %d grants in them (want fewer than %d)", paid, blocked, stuck, count)
-	}
-	close(sink.release)
-	waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
-		paid, _, _, _ := sink.state()
-		return paid == count && w.Stats().Lag == 0
-	})
-	if _, twice, _, _ := sink.state(); twice != 0 {
-		t.Fatalf("%d grants paid twice", twice)
+	for _, tc := range []struct {
+		name     string
+		subPools int
+		timeout  time.Duration // DeliverTimeout
+	}{
+		{"one outbox, calls that never end", 1, time.Hour},
+		{"16 outboxes, calls that time out", 16, 300 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ge := grabtest.Start(t, 1, redistest.Options{})
+			const count = 80 // 5 entries a read: more reads than calls let hang
+			preloadAndGrab(t, ge, count, tc.subPools)
+			sink := newHangSink(nil)
+			cfg := fastConfig("a")
+			cfg.DeliverTimeout = tc.timeout
+			cfg.Patience = 50 * time.Millisecond
+			cfg.MaxRetryDelay = 200 * time.Millisecond
+			w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+			run(t, w)
+			waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
+				st, err := ge.Catalog.Status(context.Background(), "p")
+				return err == nil && st.ConfirmedCount == count
+			})
+			if tc.timeout > time.Minute {
+				// The calls that hang never end: the grants confirmed after
+				// them were never in a call.
+				if paid, _, stuck, blocked := sink.state(); paid != 0 || blocked == 0 || stuck >= count {
+					t.Fatalf("while the sink hangs: %d paid, %d calls hanging, %d grants in them (want fewer than %d)", paid, blocked, stuck, count)
+				}
+			} else {
+				// Calls time out and others take their places: wait for a
+				// few generations of them.
+				waittest.Until(t, 20*time.Second, "four generations of calls", func() bool {
+					_, calls := sink.mostBlocked()
+					return calls > 4*8
+				})
+			}
+			if most, _ := sink.mostBlocked(); most > 8 {
+				t.Fatalf("%d calls hung at once on one shard, want at most 8", most)
+			}
+			close(sink.release)
+			waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
+				paid, _, _, _ := sink.state()
+				return paid == count && w.Stats().Lag == 0
+			})
+			if _, twice, _, _ := sink.state(); twice != 0 {
+				t.Fatalf("%d grants paid twice", twice)
+			}
+		})
 	}
 }

@@ -94,10 +94,10 @@ type Config struct {
 	// without it: a delivery that hangs (up to DeliverTimeout) finishes on
 	// its own, its entries skipped by the passes meanwhile, and the
 	// shard's other grants are confirmed and paid within their hold. At
-	// most maxDetached batches of a shard run on so; past that, passes
-	// confirm their grants and leave the deliveries for later (as failed
-	// ones), so a sink that hangs for everyone still leaves every grant
-	// confirmed. Default 5s.
+	// most maxCalls calls to the sink are in flight per shard; a batch
+	// that finds none free within Patience confirms its grants and leaves
+	// their delivery for later (as a failed one), so a sink that hangs for
+	// everyone still leaves every grant confirmed. Default 5s.
 	Patience time.Duration
 	// Logger. Default: discard.
 	Logger *slog.Logger
@@ -205,10 +205,8 @@ type Worker struct {
 	retries map[string]entryRetry
 	sweptAt time.Time // when retries was last swept of entries no longer tried
 
-	// running holds the entries ("stream id") of the batches a pass went
-	// on without (Config.Patience), until each finishes: later passes skip
-	// them. detached waits for those batches (Run returns after them).
-	running  sync.Map
+	// detached waits for the batches a pass went on without
+	// (Config.Patience; Run returns after them).
 	detached sync.WaitGroup
 }
 
@@ -369,7 +367,7 @@ func (w *Worker) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, name := range w.shards.Names() {
 		sh := &shardLoop{i: i, name: name, c: w.shards.Client(name), cluster: w.shards.IsCluster(name),
-			grouped: map[string]bool{}}
+			grouped: map[string]bool{}, calls: make(chan struct{}, maxCalls)}
 		wg.Go(func() { w.loop(ctx, sh) })
 	}
 	wg.Wait()
@@ -385,9 +383,31 @@ type shardLoop struct {
 	streams []string        // the outboxes of the open pools' sub-pools here
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
+	// calls holds a place for each call to the sink in flight for the
+	// shard's grants (maxCalls; see deliverSlot).
+	calls chan struct{}
 	// slow counts the shard's batches still running that a pass went on
-	// without (Config.Patience, maxDetached).
+	// without (Config.Patience), for the log.
 	slow atomic.Int64
+	// running holds the entries ("stream id") of the batches a pass went
+	// on without: 0 while the batch runs, then the pass it ended in
+	// (passes), until the next pass begins. Passes skip them: a read made
+	// before the batch acknowledged them may still hold them.
+	running sync.Map
+	passes  atomic.Int64 // the passes begun
+}
+
+// begin starts a pass over the shard: the entries of batches that ended
+// during an earlier pass are no longer skipped (no read of this pass can
+// hold them: they were acknowledged, or are pending again).
+func (sh *shardLoop) begin() {
+	n := sh.passes.Add(1)
+	sh.running.Range(func(k, v any) bool {
+		if ended := v.(int64); ended != 0 && ended < n {
+			sh.running.Delete(k)
+		}
+		return true
+	})
 }
 
 // loop settles one shard's outboxes until ctx ends.
@@ -419,6 +439,7 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		}
 		// Own pending entries first (a failed delivery, or a restart under
 		// the same consumer name), then those abandoned by others.
+		sh.begin()
 		var p pass
 		failed := w.read(ctx, sh, "0", &p)
 		if now.After(nextClaim) {

@@ -8,6 +8,7 @@ package settle
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -107,12 +108,14 @@ func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
 }
 
 // deliver is one call to the sink of gs, bounded by DeliverTimeout, in a
-// place deliverSlot took, which it gives back.
-func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant) []error {
+// place deliverSlot took, which it gives back. timedOut says the call ran
+// out its DeliverTimeout.
+func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant) (answers []error, timedOut bool) {
 	defer func() { <-sh.calls }()
 	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
 	defer cancel()
-	return w.sink.Deliver(dctx, gs)
+	answers = w.sink.Deliver(dctx, gs)
+	return answers, ctx.Err() == nil && errors.Is(dctx.Err(), context.DeadlineExceeded)
 }
 
 // merge notes in p what q noted.

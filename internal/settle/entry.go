@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -319,22 +320,63 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 	if len(pay) == 0 {
 		return failed
 	}
+	// One call for the grants of pay, but one of its own for each grant of
+	// an entry whose call ran out its DeliverTimeout before (Worker.alone):
+	// those calls run at once, so the grant the sink hangs on holds no
+	// other.
+	var calls [][]int // places in pay
+	var together []int
+	for j := range pay {
+		if w.alone(b.stream, b.ids[payAt[j]]) {
+			calls = append(calls, []int{j})
+		} else {
+			together = append(together, j)
+		}
+	}
+	if len(together) > 0 {
+		calls = append(calls, together)
+	}
+	var mu sync.Mutex // guards b and the outcome of each grant
+	if len(calls) == 1 {
+		w.payCall(ctx, sh, b, p, pay, payAt, calls[0], &mu)
+		return failed
+	}
+	var wg sync.WaitGroup
+	for _, call := range calls {
+		wg.Go(func() { w.payCall(ctx, sh, b, p, pay, payAt, call, &mu) })
+	}
+	wg.Wait()
+	return failed
+}
+
+// payCall delivers the grants of pay at the places call in one call to the
+// sink, in a place of the shard's (deliverSlot), and notes what became of
+// each (b.settled; a failure tried again later; a serial conflict left for
+// an operator). mu guards b.
+func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt, call []int, mu *sync.Mutex) {
 	if !w.deliverSlot(ctx, sh) {
 		if ctx.Err() != nil {
-			return failed
+			return
 		}
 		// Every call the shard may have in flight hangs: these grants are
 		// confirmed (kept past their hold) and delivered later, as if
 		// their delivery had failed.
-		w.cfg.Logger.Warn("settle: deliveries put off while the shard's calls to the sink hang", "stream", b.stream, "grants", len(pay), "calls", maxCalls)
-		for j := range pay {
+		w.cfg.Logger.Warn("settle: deliveries put off while the shard's calls to the sink hang", "stream", b.stream, "grants", len(call), "calls", maxCalls)
+		for _, j := range call {
 			p.behind(b.ids[payAt[j]])
-			w.retryLater(b.stream, b.ids[payAt[j]], time.Now())
+			w.retryLater(b.stream, b.ids[payAt[j]], time.Now(), false)
 		}
-		return failed
+		return
 	}
-	answers := w.deliver(ctx, sh, pay)
-	for j, err := range answers {
+	gs := make([]Grant, len(call))
+	for k, j := range call {
+		gs[k] = pay[j]
+	}
+	answers, timedOut := w.deliver(ctx, sh, gs)
+	mu.Lock()
+	defer mu.Unlock()
+	for k, err := range answers {
+		j := call[k]
 		i := payAt[j]
 		switch {
 		case err == nil:
@@ -344,19 +386,19 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 			}
 			b.settled(i)
 		case ctx.Err() != nil:
-			return failed
+			return
 		case errors.Is(err, ErrSerialConflict):
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(pay[j].Serial, 10), err)
 		default:
 			// Tried again after a wait of its own (retryLater), not the
-			// shard's: the other entries keep being paid meanwhile.
+			// shard's: the other entries keep being paid meanwhile; on
+			// their own, if their call of several ran out its time.
 			p.behind(b.ids[i])
 			w.failures.Add(1)
-			w.retryLater(b.stream, b.ids[i], time.Now())
+			w.retryLater(b.stream, b.ids[i], time.Now(), timedOut && len(call) > 1)
 			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", pay[j].Serial, "err", err)
 		}
 	}
-	return failed
 }
 
 // leftForOperator counts and logs, once per entry and grant (serial; ""

@@ -206,3 +206,34 @@ func TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed(t *testing.T) {
 		})
 	}
 }
+
+// TestOneHungGrantHoldsNoCallMate: the grants that shared a call with
+// the one the wallet hangs on are paid once that call runs out its
+// DeliverTimeout: from then on they go to the sink in calls of their own,
+// so only the hung grant waits. Before, they were tried again together,
+// and hung together, for as long as the wallet hung on the one.
+func TestOneHungGrantHoldsNoCallMate(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	const count = 20
+	serials := preloadAndGrab(t, ge, count, 1)
+	bad := serials[0]
+	sink := newHangSink(func(g settle.Grant) bool { return g.Serial == bad })
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = 300 * time.Millisecond
+	cfg.Patience = 100 * time.Millisecond
+	cfg.MaxRetryDelay = 200 * time.Millisecond
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant but the hung one paid", func() bool {
+		paid, _, stuck, _ := sink.state()
+		return paid == count-1 && stuck > 1 // the hung call held others at first
+	})
+	close(sink.release)
+	waittest.Until(t, 20*time.Second, "the hung grant paid once the wallet answers", func() bool {
+		paid, _, _, _ := sink.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := sink.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+}

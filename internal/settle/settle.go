@@ -211,14 +211,19 @@ type Worker struct {
 }
 
 // entryRetry is when an entry whose delivery failed is tried again, and
-// how long its next wait is.
+// how long its next wait is; alone, that its grants go to the sink in
+// calls of their own from then on (a call of several that ran out its
+// DeliverTimeout held it: one grant the sink hangs on must not keep the
+// others of its call unpaid).
 type entryRetry struct {
-	at   time.Time
-	wait time.Duration
+	at    time.Time
+	wait  time.Duration
+	alone bool
 }
 
-// retryLater puts the entry off after a failed delivery.
-func (w *Worker) retryLater(stream, id string, now time.Time) {
+// retryLater puts the entry off after a failed delivery; alone, its grants
+// go to the sink in calls of their own from then on (entryRetry).
+func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
 	key := stream + " " + id
 	w.retryMu.Lock()
 	defer w.retryMu.Unlock()
@@ -251,7 +256,16 @@ func (w *Worker) retryLater(stream, id string, now time.Time) {
 	}
 	r.at = now.Add(r.wait)
 	r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
+	r.alone = r.alone || alone
 	w.retries[key] = r
+}
+
+// alone reports whether the entry's grants go to the sink in calls of
+// their own (entryRetry).
+func (w *Worker) alone(stream, id string) bool {
+	w.retryMu.Lock()
+	defer w.retryMu.Unlock()
+	return w.retries[stream+" "+id].alone
 }
 
 // putOff reports whether the entry's delivery failed and its time to be

@@ -28,6 +28,20 @@ const maxCalls = 8
 // reports then is its own (its failed deliveries wait their retries, its
 // acknowledgment is made when it ends).
 func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
+	// The entries of a batch still running (or that ended during this
+	// pass) are its: this batch neither settles nor marks them.
+	var mine []redis.XMessage
+	for _, m := range msgs {
+		if _, running := sh.running.Load(stream + " " + m.ID); running {
+			w.skipped(p, stream, m.ID)
+			continue
+		}
+		mine = append(mine, m)
+	}
+	if len(mine) == 0 {
+		return false
+	}
+	msgs = mine
 	var (
 		mu       sync.Mutex
 		finished bool
@@ -42,7 +56,7 @@ func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string,
 		if left {
 			ended := sh.passes.Load() // a read of this pass may hold them still
 			for _, m := range msgs {
-				sh.running.Store(stream+" "+m.ID, ended)
+				sh.running.CompareAndSwap(stream+" "+m.ID, int64(0), ended)
 			}
 			sh.slow.Add(-1)
 			w.cfg.Logger.Info("settle: a batch the pass went on without ended", "stream", stream, "entries", len(msgs))
@@ -90,11 +104,18 @@ func (w *Worker) skipped(p *pass, stream, id string) {
 // deliverSlot takes one of the shard's places for a call to the sink
 // (maxCalls), waiting at most Config.Patience for one to be free. It
 // reports whether it took one; the caller gives it back (deliver does).
+// Once a wait has run out, later ones do not wait until a place is given
+// back: batches settled one after another (a cluster shard's outboxes, the
+// pages of a takeover) would otherwise each cost the pass a Patience while
+// the sink hangs, and the grants read after them would wait unconfirmed.
 func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
 	select {
 	case sh.calls <- struct{}{}:
 		return true
 	default:
+	}
+	if sh.starved.Load() {
+		return false
 	}
 	t := time.NewTimer(w.cfg.Patience)
 	defer t.Stop()
@@ -102,6 +123,7 @@ func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
 	case sh.calls <- struct{}{}:
 		return true
 	case <-t.C:
+		sh.starved.Store(true)
 	case <-ctx.Done():
 	}
 	return false
@@ -111,7 +133,10 @@ func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
 // place deliverSlot took, which it gives back. timedOut says the call ran
 // out its DeliverTimeout.
 func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant) (answers []error, timedOut bool) {
-	defer func() { <-sh.calls }()
+	defer func() {
+		<-sh.calls
+		sh.starved.Store(false)
+	}()
 	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
 	defer cancel()
 	answers = w.sink.Deliver(dctx, gs)

@@ -364,7 +364,7 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 		w.cfg.Logger.Warn("settle: deliveries put off while the shard's calls to the sink hang", "stream", b.stream, "grants", len(call), "calls", maxCalls)
 		for _, j := range call {
 			p.behind(b.ids[payAt[j]])
-			w.retryLater(b.stream, b.ids[payAt[j]], time.Now(), false)
+			w.noPlace(b.stream, b.ids[payAt[j]], time.Now())
 		}
 		return
 	}

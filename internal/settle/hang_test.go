@@ -2,8 +2,10 @@ package settle_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,5 +237,150 @@ func TestOneHungGrantHoldsNoCallMate(t *testing.T) {
 	})
 	if _, twice, _, _ := sink.state(); twice != 0 {
 		t.Fatalf("%d grants paid twice", twice)
+	}
+}
+
+// trapSink hangs every call holding the first grant it is given (bad)
+// until release; fails at once the first call holding the next grant (y),
+// and makes later ones take slow. It counts the calls holding each, and
+// the payouts.
+type trapSink struct {
+	release chan struct{}
+	slow    time.Duration
+
+	mu              sync.Mutex
+	bad, y          int64
+	badCalls, yCall int
+	paid            map[int64]int
+}
+
+func (s *trapSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	errs := make([]error, len(gs))
+	s.mu.Lock()
+	hasBad, hasY := false, false
+	for _, g := range gs {
+		switch {
+		case s.bad == 0:
+			s.bad = g.Serial
+		case s.y == 0 && g.Serial != s.bad:
+			s.y = g.Serial
+		}
+		hasBad = hasBad || g.Serial == s.bad
+		hasY = hasY || g.Serial == s.y
+	}
+	if hasBad {
+		s.badCalls++
+	}
+	if hasY {
+		s.yCall++
+	}
+	first := s.yCall == 1
+	s.mu.Unlock()
+	switch {
+	case hasBad:
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			for i := range errs {
+				errs[i] = ctx.Err()
+			}
+			return errs
+		}
+	case hasY && first:
+		for i := range errs {
+			errs[i] = errors.New("wallet: 503")
+		}
+		return errs
+	case hasY:
+		time.Sleep(s.slow)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range gs {
+		s.paid[g.Serial]++
+	}
+	return errs
+}
+
+// TestAHungCallKeepsItsEntries: a batch the pass went on without keeps
+// its entries skipped for as long as it runs, though a later batch that
+// met one of them (and skipped it) runs past the patience too and ends
+// first: before, that batch's end cleared the marks of every entry of its
+// read, the hung call's too, and the grant went to the sink in a second
+// call while the first still hung (and was paid twice once both ended).
+func TestAHungCallKeepsItsEntries(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	if _, _, err := ge.Catalog.Preload(context.Background(), rain.Spec{PoolID: "p", TotalCents: 1000, Count: 10, SubPools: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sink := &trapSink{release: make(chan struct{}), slow: 600 * time.Millisecond, paid: map[int64]int{}}
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = time.Hour
+	cfg.Patience = 200 * time.Millisecond
+	var passes atomic.Int64
+	cfg.Held = func(string) bool { passes.Add(1); return false } // asked once a pass
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	grabAll(t, ge.Service, "p", "bad", 1)
+	waittest.Until(t, 10*time.Second, "the call holding bad hangs", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.badCalls == 1
+	})
+	grabAll(t, ge.Service, "p", "y", 1)
+	waittest.Until(t, 20*time.Second, "y paid after its failure, in a call slower than the patience", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.y != 0 && sink.paid[sink.y] == 1
+	})
+	// Passes after y's entry was acknowledged, while bad's call still
+	// hangs: one of them would have sent bad again.
+	waittest.Until(t, 10*time.Second, "y's entry acknowledged", func() bool {
+		return (&env{shards: ge.Shards, cat: ge.Catalog}).outboxed(t) == 1
+	})
+	from := passes.Load()
+	waittest.Until(t, 10*time.Second, "five passes more", func() bool { return passes.Load() >= from+5 })
+	sink.mu.Lock()
+	badCalls := sink.badCalls
+	sink.mu.Unlock()
+	if badCalls != 1 {
+		t.Fatalf("bad went to the sink in %d calls while its first hung, want 1", badCalls)
+	}
+	close(sink.release)
+	waittest.Until(t, 20*time.Second, "bad paid once the wallet answers", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.paid[sink.bad] >= 1 && w.Stats().Lag == 0
+	})
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if sink.paid[sink.bad] != 1 || sink.paid[sink.y] != 1 {
+		t.Fatalf("bad paid %d times, y %d; want once each", sink.paid[sink.bad], sink.paid[sink.y])
+	}
+}
+
+// TestAHungSinkCostsAPassOnePatienceAtMost: with every call to the sink
+// hanging and a backlog of several reads in each of 16 outboxes, every
+// grant is confirmed within seconds: once a wait for a place to call the
+// sink has run out, batches settled one after another (the pages of a
+// takeover) put their deliveries off at once. Before, each waited the
+// patience for a place, and a pass lasted tens of seconds while the grants
+// read after it waited unconfirmed (59 s for these 480 in one run).
+func TestAHungSinkCostsAPassOnePatienceAtMost(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	const count = 480
+	preloadAndGrab(t, ge, count, 16)
+	sink := newHangSink(nil)
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = time.Hour
+	cfg.Patience = 200 * time.Millisecond
+	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
+		st, err := ge.Catalog.Status(context.Background(), "p")
+		return err == nil && st.ConfirmedCount == count
+	})
+	if most, _ := sink.mostBlocked(); most > 8 {
+		t.Fatalf("%d calls hung at once on one shard, want at most 8", most)
 	}
 }

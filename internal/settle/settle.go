@@ -221,10 +221,35 @@ type entryRetry struct {
 	alone bool
 }
 
-// retryLater puts the entry off after a failed delivery; alone, its grants
-// go to the sink in calls of their own from then on (entryRetry).
+// retryLater puts the entry off after a failed delivery, doubling its
+// wait; alone, its grants go to the sink in calls of their own from then
+// on (entryRetry).
 func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
-	key := stream + " " + id
+	w.noteRetry(stream+" "+id, now, func(r *entryRetry, had bool) {
+		if !had {
+			r.wait = w.cfg.RetryDelay
+		}
+		r.at = now.Add(r.wait)
+		r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
+		r.alone = r.alone || alone
+	})
+}
+
+// noPlace puts the entry off for RetryDelay, its wait unchanged: its
+// delivery found no place free among the shard's calls (deliverSlot),
+// which is no failure of its own.
+func (w *Worker) noPlace(stream, id string, now time.Time) {
+	w.noteRetry(stream+" "+id, now, func(r *entryRetry, had bool) {
+		if !had {
+			r.wait = w.cfg.RetryDelay
+		}
+		r.at = now.Add(w.cfg.RetryDelay)
+	})
+}
+
+// noteRetry updates the entry's retry (set says how; had, whether it had
+// one), within the bound on retries.
+func (w *Worker) noteRetry(key string, now time.Time, set func(r *entryRetry, had bool)) {
 	w.retryMu.Lock()
 	defer w.retryMu.Unlock()
 	if w.retries == nil {
@@ -251,12 +276,7 @@ func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
 			return
 		}
 	}
-	if !ok {
-		r.wait = w.cfg.RetryDelay
-	}
-	r.at = now.Add(r.wait)
-	r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
-	r.alone = r.alone || alone
+	set(&r, ok)
 	w.retries[key] = r
 }
 
@@ -398,8 +418,10 @@ type shardLoop struct {
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
-	// shard's grants (maxCalls; see deliverSlot).
-	calls chan struct{}
+	// shard's grants (maxCalls; see deliverSlot); starved says a wait for
+	// one ran out and none has been given back since.
+	calls   chan struct{}
+	starved atomic.Bool
 	// slow counts the shard's batches still running that a pass went on
 	// without (Config.Patience), for the log.
 	slow atomic.Int64

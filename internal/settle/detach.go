@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -101,41 +102,76 @@ func (w *Worker) skipped(p *pass, stream, id string) {
 	p.behind(id)
 }
 
-// deliverSlot takes one of the shard's places for a call to the sink
-// (maxCalls), waiting at most Config.Patience for one to be free. It
-// reports whether it took one; the caller gives it back (deliver does).
-// Once a wait has run out, later ones do not wait until a place is given
-// back: batches settled one after another (a cluster shard's outboxes, the
-// pages of a takeover) would otherwise each cost the pass a Patience while
-// the sink hangs, and the grants read after them would wait unconfirmed.
-func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop) bool {
+// places bounds a shard's calls to the sink in flight.
+type places struct {
+	ch chan struct{}
+	// starved says a wait for a place ran out and none has been given
+	// back since.
+	starved atomic.Bool
+}
+
+func newPlaces(n int) *places { return &places{ch: make(chan struct{}, n)} }
+
+// take takes a place, waiting at most patience for one to be free. It
+// reports whether it took one; give gives it back. Once a wait has run
+// out, later ones do not wait until a place is given back: batches
+// settled one after another (a cluster shard's outboxes, the pages of a
+// takeover) would otherwise each cost the pass a patience while the sink
+// hangs, and the grants read after them would wait unconfirmed.
+func (pl *places) take(ctx context.Context, patience time.Duration) bool {
 	select {
-	case sh.calls <- struct{}{}:
+	case pl.ch <- struct{}{}:
 		return true
 	default:
 	}
-	if sh.starved.Load() {
+	if pl.starved.Load() {
 		return false
 	}
-	t := time.NewTimer(w.cfg.Patience)
+	t := time.NewTimer(patience)
 	defer t.Stop()
 	select {
-	case sh.calls <- struct{}{}:
+	case pl.ch <- struct{}{}:
 		return true
 	case <-t.C:
-		sh.starved.Store(true)
+		pl.starved.Store(true)
 	case <-ctx.Done():
 	}
 	return false
 }
 
-// deliver is one call to the sink of gs, bounded by DeliverTimeout, in a
-// place deliverSlot took, which it gives back. timedOut says the call ran
+// give gives a place back.
+func (pl *places) give() {
+	<-pl.ch
+	pl.starved.Store(false)
+}
+
+// deliverSlot takes the places a call to the sink needs (maxCalls): one
+// of the shard's, and for a grant tried alone (its call of several ran
+// out its DeliverTimeout: Worker.alone) one of the half of them such calls
+// may hold, so that grants a sink hangs on never hold every place. It
+// reports whether it took them; deliver gives them back.
+func (w *Worker) deliverSlot(ctx context.Context, sh *shardLoop, alone bool) bool {
+	if alone && !sh.lonely.take(ctx, w.cfg.Patience) {
+		return false
+	}
+	if !sh.calls.take(ctx, w.cfg.Patience) {
+		if alone {
+			sh.lonely.give()
+		}
+		return false
+	}
+	return true
+}
+
+// deliver is one call to the sink of gs, bounded by DeliverTimeout, in the
+// places deliverSlot took, which it gives back. timedOut says the call ran
 // out its DeliverTimeout.
-func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant) (answers []error, timedOut bool) {
+func (w *Worker) deliver(ctx context.Context, sh *shardLoop, gs []Grant, alone bool) (answers []error, timedOut bool) {
 	defer func() {
-		<-sh.calls
-		sh.starved.Store(false)
+		sh.calls.give()
+		if alone {
+			sh.lonely.give()
+		}
 	}()
 	dctx, cancel := context.WithTimeout(ctx, w.cfg.DeliverTimeout)
 	defer cancel()

@@ -98,7 +98,8 @@ func (b *batch) settled(i int) {
 
 // settleBatch settles msgs, the entries of one outbox (one sub-pool): its
 // grants in confirm scripts and deliveries of at most Config.Batch grants
-// each, then one acknowledgment. An entry it cannot read is acknowledged
+// each (every part confirmed before any is delivered), then one
+// acknowledgment. An entry it cannot read is acknowledged
 // only when it is a release (which pays nothing); any other is left
 // pending for an operator. A grant whose confirm or delivery fails leaves
 // its entry pending (retried on the next pass over the worker's own
@@ -168,17 +169,32 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	// that many times more grants: confirmed and delivered in parts no
 	// larger than a read of entries of one grant each (a confirm's HMGET of
 	// tens of thousands of users would fail in Lua, every pass).
-	part := int(w.cfg.Batch)
-	for from := 0; from < len(b.grants) && ctx.Err() == nil; from += part {
-		to := min(from+part, len(b.grants))
-		if w.settleGrants(ctx, sh, &b, from, to, p) {
-			failed = true
+	// Every part is confirmed before any is delivered: a delivery that
+	// hangs must not keep the grants of the parts after it unconfirmed
+	// past their hold.
+	type part struct {
+		to    int
+		pay   []Grant
+		payAt []int
+	}
+	var parts []part
+	size := int(w.cfg.Batch)
+	for from := 0; from < len(b.grants) && ctx.Err() == nil; from += size {
+		to := min(from+size, len(b.grants))
+		pay, payAt, f := w.confirmGrants(ctx, sh, &b, from, to, p)
+		failed = failed || f
+		parts = append(parts, part{to: to, pay: pay, payAt: payAt})
+	}
+	for _, pt := range parts {
+		if ctx.Err() != nil {
+			break
 		}
-		if to < len(b.grants) {
+		w.payGrants(ctx, sh, &b, p, pt.pay, pt.payAt)
+		if pt.to < len(b.grants) {
 			if w.acknowledge(ctx, sh, &b, p) {
 				failed = true
 			}
-			w.keep(ctx, sh, &b, to)
+			w.keep(ctx, sh, &b, pt.to)
 		}
 	}
 	if w.acknowledge(ctx, sh, &b, p) {
@@ -240,10 +256,11 @@ func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 	}
 }
 
-// settleGrants confirms b's grants from to to (exclusive), delivers those
-// confirmed, and notes what is settled (batch.settled). It reports whether
-// some are left pending for a failure.
-func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from, to int, p *pass) (failed bool) {
+// confirmGrants confirms b's grants from to to (exclusive), notes what is
+// settled without a payout (batch.settled: released, unmatched), and
+// returns the grants to pay and their places in b.grants (payGrants). It
+// reports whether some are left pending for a failure.
+func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, from, to int, p *pass) (pay []Grant, payAt []int, failed bool) {
 	sp := b.sp
 	if !b.spOK {
 		g0 := b.grants[from]
@@ -261,10 +278,8 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "grants", to-from, "err", err)
 		}
 		p.behindAll(b.ids[from:to])
-		return true
+		return nil, nil, true
 	}
-	var pay []Grant
-	var payAt []int // the place in b.grants of each grant of pay
 	for j, g := range b.grants[from:to] {
 		i := from + j
 		before, key := w.seenBefore(b, i)
@@ -317,44 +332,49 @@ func (w *Worker) settleGrants(ctx context.Context, sh *shardLoop, b *batch, from
 			b.settled(i)
 		}
 	}
+	return pay, payAt, failed
+}
+
+// payGrants delivers pay, grants of b confirmed (payAt: their places in
+// b.grants), and notes what is settled.
+func (w *Worker) payGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt []int) {
 	if len(pay) == 0 {
-		return failed
+		return
 	}
 	// One call for the grants of pay, but one of its own for each grant of
 	// an entry whose call ran out its DeliverTimeout before (Worker.alone):
 	// those calls run at once, so the grant the sink hangs on holds no
 	// other.
-	var calls [][]int // places in pay
+	var alone [][]int // places in pay, a call each
 	var together []int
 	for j := range pay {
 		if w.alone(b.stream, b.ids[payAt[j]]) {
-			calls = append(calls, []int{j})
+			alone = append(alone, []int{j})
 		} else {
 			together = append(together, j)
 		}
 	}
-	if len(together) > 0 {
-		calls = append(calls, together)
-	}
 	var mu sync.Mutex // guards b and the outcome of each grant
-	if len(calls) == 1 {
-		w.payCall(ctx, sh, b, p, pay, payAt, calls[0], &mu)
-		return failed
+	if len(alone) == 0 {
+		w.payCall(ctx, sh, b, p, pay, payAt, together, false, &mu)
+		return
 	}
 	var wg sync.WaitGroup
-	for _, call := range calls {
-		wg.Go(func() { w.payCall(ctx, sh, b, p, pay, payAt, call, &mu) })
+	for _, call := range alone {
+		wg.Go(func() { w.payCall(ctx, sh, b, p, pay, payAt, call, true, &mu) })
+	}
+	if len(together) > 0 {
+		wg.Go(func() { w.payCall(ctx, sh, b, p, pay, payAt, together, false, &mu) })
 	}
 	wg.Wait()
-	return failed
 }
 
 // payCall delivers the grants of pay at the places call in one call to the
-// sink, in a place of the shard's (deliverSlot), and notes what became of
-// each (b.settled; a failure tried again later; a serial conflict left for
-// an operator). mu guards b.
-func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt, call []int, mu *sync.Mutex) {
-	if !w.deliverSlot(ctx, sh) {
+// sink, in the places deliverSlot takes (alone: a grant tried on its own),
+// and notes what became of each (b.settled; a failure tried again later; a
+// serial conflict left for an operator). mu guards b.
+func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt, call []int, alone bool, mu *sync.Mutex) {
+	if !w.deliverSlot(ctx, sh, alone) {
 		if ctx.Err() != nil {
 			return
 		}
@@ -372,7 +392,7 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 	for k, j := range call {
 		gs[k] = pay[j]
 	}
-	answers, timedOut := w.deliver(ctx, sh, gs)
+	answers, timedOut := w.deliver(ctx, sh, gs, alone)
 	mu.Lock()
 	defer mu.Unlock()
 	for k, err := range answers {

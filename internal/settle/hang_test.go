@@ -384,3 +384,97 @@ func TestAHungSinkCostsAPassOnePatienceAtMost(t *testing.T) {
 		t.Fatalf("%d calls hung at once on one shard, want at most 8", most)
 	}
 }
+
+// TestAHungPartLeavesTheNextConfirmed: a read of entries of several grants
+// (rain serve --outbox batch) is settled in parts of Batch grants; while
+// the sink hangs on the first part's call, every part is confirmed all
+// the same, so none runs out its hold. Before, each part was confirmed
+// only once the part before it was delivered.
+func TestAHungPartLeavesTheNextConfirmed(t *testing.T) {
+	const count = 60
+	e, _ := batchEnv(t, count, 1, 10, 0) // 6 entries of 10 grants: a read of 5 is 10 parts of 5
+	sink := newHangSink(nil)
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = time.Hour
+	cfg.Patience = 100 * time.Millisecond
+	cfg.MaxRetryDelay = 200 * time.Millisecond
+	w := settle.New(e.shards, e.cat, sink, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool { return e.confirmed(t) == count })
+	if paid, _, _, _ := sink.state(); paid != 0 {
+		t.Fatalf("%d paid while the sink hangs", paid)
+	}
+	close(sink.release)
+	waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
+		paid, _, _, _ := sink.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := sink.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+	e.assertAudit(t)
+}
+
+// TestGrantsTriedAloneHoldHalfThePlaces: grants tried each in a call of
+// its own (their call of several ran out its time) hold at most half of a
+// shard's 8 places to call the sink, so that a handful the wallet hangs on
+// never leave the shard's other grants without one.
+func TestGrantsTriedAloneHoldHalfThePlaces(t *testing.T) {
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	const count = 80
+	serials := preloadAndGrab(t, ge, count, 1)
+	bad := map[int64]bool{}
+	for i := 0; i < count; i += 10 { // one in each other call of 5
+		bad[serials[i]] = true
+	}
+	var mu sync.Mutex
+	var aloneNow, aloneMost, aloneCalls int
+	sink := newHangSink(func(g settle.Grant) bool { return bad[g.Serial] })
+	counted := sinkFunc(func(ctx context.Context, gs []settle.Grant) []error {
+		lone := len(gs) == 1 && bad[gs[0].Serial]
+		if lone {
+			mu.Lock()
+			aloneNow++
+			aloneCalls++
+			aloneMost = max(aloneMost, aloneNow)
+			mu.Unlock()
+			defer func() {
+				mu.Lock()
+				aloneNow--
+				mu.Unlock()
+			}()
+		}
+		return sink.Deliver(ctx, gs)
+	})
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout = 300 * time.Millisecond
+	cfg.Patience = 100 * time.Millisecond
+	cfg.MaxRetryDelay = 200 * time.Millisecond
+	w := settle.New(ge.Shards, ge.Catalog, counted, cfg)
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "every grant but the hung ones paid, and the hung ones tried alone twice each", func() bool {
+		paid, _, _, _ := sink.state()
+		mu.Lock()
+		defer mu.Unlock()
+		return paid == count-len(bad) && aloneCalls >= 2*len(bad)
+	})
+	mu.Lock()
+	most := aloneMost
+	mu.Unlock()
+	if most > 4 {
+		t.Fatalf("%d calls of a grant tried alone hung at once, want at most 4 of the 8 places", most)
+	}
+	close(sink.release)
+	waittest.Until(t, 30*time.Second, "every grant paid once the wallet answers", func() bool {
+		paid, _, _, _ := sink.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := sink.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+}
+
+// sinkFunc is a settle.Sink of a function.
+type sinkFunc func(ctx context.Context, gs []settle.Grant) []error
+
+func (f sinkFunc) Deliver(ctx context.Context, gs []settle.Grant) []error { return f(ctx, gs) }

@@ -401,7 +401,7 @@ func (w *Worker) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, name := range w.shards.Names() {
 		sh := &shardLoop{i: i, name: name, c: w.shards.Client(name), cluster: w.shards.IsCluster(name),
-			grouped: map[string]bool{}, calls: make(chan struct{}, maxCalls)}
+			grouped: map[string]bool{}, calls: newPlaces(maxCalls), lonely: newPlaces(maxCalls / 2)}
 		wg.Go(func() { w.loop(ctx, sh) })
 	}
 	wg.Wait()
@@ -418,10 +418,9 @@ type shardLoop struct {
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
-	// shard's grants (maxCalls; see deliverSlot); starved says a wait for
-	// one ran out and none has been given back since.
-	calls   chan struct{}
-	starved atomic.Bool
+	// shard's grants (maxCalls), lonely one for each of a grant tried
+	// alone (see deliverSlot).
+	calls, lonely *places
 	// slow counts the shard's batches still running that a pass went on
 	// without (Config.Patience), for the log.
 	slow atomic.Int64

@@ -76,6 +76,39 @@ func (s *hangSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	return errs
 }
 
+// hangConfig is fastConfig("a") with the DeliverTimeout and patience
+// given, and retries of at most 200 ms.
+func hangConfig(deliver, patience time.Duration) settle.Config {
+	cfg := fastConfig("a")
+	cfg.DeliverTimeout, cfg.Patience, cfg.MaxRetryDelay = deliver, patience, 200*time.Millisecond
+	return cfg
+}
+
+// confirmedWhileHung waits for every one of count grants of pool p to be
+// confirmed.
+func confirmedWhileHung(t *testing.T, ge *grabtest.Env, count int64) {
+	t.Helper()
+	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
+		st, err := ge.Catalog.Status(context.Background(), "p")
+		return err == nil && st.ConfirmedCount == count
+	})
+}
+
+// answer has the sink answer from now on, waits for every one of count
+// grants to be paid and settlement to have caught up, and checks that
+// none was paid twice.
+func (s *hangSink) answer(t *testing.T, w *settle.Worker, count int) {
+	t.Helper()
+	close(s.release)
+	waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
+		paid, _, _, _ := s.state()
+		return paid == count && w.Stats().Lag == 0
+	})
+	if _, twice, _, _ := s.state(); twice != 0 {
+		t.Fatalf("%d grants paid twice", twice)
+	}
+}
+
 // mostBlocked is the most calls that hung at once, and how many calls
 // were made.
 func (s *hangSink) mostBlocked() (most, calls int) {
@@ -126,9 +159,7 @@ func TestOneHungDeliverySlowsNoOther(t *testing.T) {
 	serials := preloadAndGrab(t, ge, count, 2)
 	bad := serials[0]
 	sink := newHangSink(func(g settle.Grant) bool { return g.Serial == bad })
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = time.Hour
-	cfg.Patience = 100 * time.Millisecond
+	cfg := hangConfig(time.Hour, 100*time.Millisecond)
 	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant outside the hung call paid", func() bool {
@@ -138,14 +169,7 @@ func TestOneHungDeliverySlowsNoOther(t *testing.T) {
 	if st, err := ge.Catalog.Status(context.Background(), "p"); err != nil || st.ConfirmedCount != count {
 		t.Fatalf("while one delivery hangs: status %+v, %v; want all %d confirmed", st, err, count)
 	}
-	close(sink.release)
-	waittest.Until(t, 20*time.Second, "every grant paid once the wallet answers", func() bool {
-		paid, _, _, _ := sink.state()
-		return paid == count && w.Stats().Lag == 0
-	})
-	if _, twice, _, _ := sink.state(); twice != 0 {
-		t.Fatalf("%d grants paid twice", twice)
-	}
+	sink.answer(t, w, count)
 }
 
 // TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed: while every
@@ -170,16 +194,10 @@ func TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed(t *testing.T) {
 			const count = 80 // 5 entries a read: more reads than calls let hang
 			preloadAndGrab(t, ge, count, tc.subPools)
 			sink := newHangSink(nil)
-			cfg := fastConfig("a")
-			cfg.DeliverTimeout = tc.timeout
-			cfg.Patience = 50 * time.Millisecond
-			cfg.MaxRetryDelay = 200 * time.Millisecond
+			cfg := hangConfig(tc.timeout, 50*time.Millisecond)
 			w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
 			run(t, w)
-			waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
-				st, err := ge.Catalog.Status(context.Background(), "p")
-				return err == nil && st.ConfirmedCount == count
-			})
+			confirmedWhileHung(t, ge, count)
 			if tc.timeout > time.Minute {
 				// The calls that hang never end: the grants confirmed after
 				// them were never in a call.
@@ -197,14 +215,7 @@ func TestASinkThatHangsForEveryoneLeavesEveryGrantConfirmed(t *testing.T) {
 			if most, _ := sink.mostBlocked(); most > 8 {
 				t.Fatalf("%d calls hung at once on one shard, want at most 8", most)
 			}
-			close(sink.release)
-			waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
-				paid, _, _, _ := sink.state()
-				return paid == count && w.Stats().Lag == 0
-			})
-			if _, twice, _, _ := sink.state(); twice != 0 {
-				t.Fatalf("%d grants paid twice", twice)
-			}
+			sink.answer(t, w, count)
 		})
 	}
 }
@@ -220,24 +231,14 @@ func TestOneHungGrantHoldsNoCallMate(t *testing.T) {
 	serials := preloadAndGrab(t, ge, count, 1)
 	bad := serials[0]
 	sink := newHangSink(func(g settle.Grant) bool { return g.Serial == bad })
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = 300 * time.Millisecond
-	cfg.Patience = 100 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
+	cfg := hangConfig(300*time.Millisecond, 100*time.Millisecond)
 	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant but the hung one paid", func() bool {
 		paid, _, stuck, _ := sink.state()
 		return paid == count-1 && stuck > 1 // the hung call held others at first
 	})
-	close(sink.release)
-	waittest.Until(t, 20*time.Second, "the hung grant paid once the wallet answers", func() bool {
-		paid, _, _, _ := sink.state()
-		return paid == count && w.Stats().Lag == 0
-	})
-	if _, twice, _, _ := sink.state(); twice != 0 {
-		t.Fatalf("%d grants paid twice", twice)
-	}
+	sink.answer(t, w, count)
 }
 
 // trapSink hangs every call holding the first grant it is given (bad)
@@ -314,9 +315,7 @@ func TestAHungCallKeepsItsEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	sink := &trapSink{release: make(chan struct{}), slow: 600 * time.Millisecond, paid: map[int64]int{}}
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = time.Hour
-	cfg.Patience = 200 * time.Millisecond
+	cfg := hangConfig(time.Hour, 200*time.Millisecond)
 	var passes atomic.Int64
 	cfg.Held = func(string) bool { passes.Add(1); return false } // asked once a pass
 	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
@@ -371,15 +370,10 @@ func TestAHungSinkCostsAPassOnePatienceAtMost(t *testing.T) {
 	const count = 480
 	preloadAndGrab(t, ge, count, 16)
 	sink := newHangSink(nil)
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = time.Hour
-	cfg.Patience = 200 * time.Millisecond
+	cfg := hangConfig(time.Hour, 200*time.Millisecond)
 	w := settle.New(ge.Shards, ge.Catalog, sink, cfg)
 	run(t, w)
-	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool {
-		st, err := ge.Catalog.Status(context.Background(), "p")
-		return err == nil && st.ConfirmedCount == count
-	})
+	confirmedWhileHung(t, ge, count)
 	if most, _ := sink.mostBlocked(); most > 8 {
 		t.Fatalf("%d calls hung at once on one shard, want at most 8", most)
 	}
@@ -394,24 +388,14 @@ func TestAHungPartLeavesTheNextConfirmed(t *testing.T) {
 	const count = 60
 	e, _ := batchEnv(t, count, 1, 10, 0) // 6 entries of 10 grants: a read of 5 is 10 parts of 5
 	sink := newHangSink(nil)
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = time.Hour
-	cfg.Patience = 100 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
+	cfg := hangConfig(time.Hour, 100*time.Millisecond)
 	w := settle.New(e.shards, e.cat, sink, cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant confirmed while the sink hangs", func() bool { return e.confirmed(t) == count })
 	if paid, _, _, _ := sink.state(); paid != 0 {
 		t.Fatalf("%d paid while the sink hangs", paid)
 	}
-	close(sink.release)
-	waittest.Until(t, 30*time.Second, "every grant paid once the sink answers", func() bool {
-		paid, _, _, _ := sink.state()
-		return paid == count && w.Stats().Lag == 0
-	})
-	if _, twice, _, _ := sink.state(); twice != 0 {
-		t.Fatalf("%d grants paid twice", twice)
-	}
+	sink.answer(t, w, count)
 	e.assertAudit(t)
 }
 
@@ -446,10 +430,7 @@ func TestGrantsTriedAloneHoldHalfThePlaces(t *testing.T) {
 		}
 		return sink.Deliver(ctx, gs)
 	})
-	cfg := fastConfig("a")
-	cfg.DeliverTimeout = 300 * time.Millisecond
-	cfg.Patience = 100 * time.Millisecond
-	cfg.MaxRetryDelay = 200 * time.Millisecond
+	cfg := hangConfig(300*time.Millisecond, 100*time.Millisecond)
 	w := settle.New(ge.Shards, ge.Catalog, counted, cfg)
 	run(t, w)
 	waittest.Until(t, 20*time.Second, "every grant but the hung ones paid, and the hung ones tried alone twice each", func() bool {
@@ -464,14 +445,7 @@ func TestGrantsTriedAloneHoldHalfThePlaces(t *testing.T) {
 	if most > 4 {
 		t.Fatalf("%d calls of a grant tried alone hung at once, want at most 4 of the 8 places", most)
 	}
-	close(sink.release)
-	waittest.Until(t, 30*time.Second, "every grant paid once the wallet answers", func() bool {
-		paid, _, _, _ := sink.state()
-		return paid == count && w.Stats().Lag == 0
-	})
-	if _, twice, _, _ := sink.state(); twice != 0 {
-		t.Fatalf("%d grants paid twice", twice)
-	}
+	sink.answer(t, w, count)
 }
 
 // sinkFunc is a settle.Sink of a function.

@@ -185,6 +185,9 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 		failed = failed || f
 		parts = append(parts, part{to: to, pay: pay, payAt: payAt})
 	}
+	if len(parts) > 1 {
+		w.keep(ctx, sh, &b, 0) // the confirms of many parts may have taken a while
+	}
 	for _, pt := range parts {
 		if ctx.Err() != nil {
 			break

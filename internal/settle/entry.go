@@ -176,6 +176,7 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 		to    int
 		pay   []Grant
 		payAt []int
+		at    time.Time // when it was confirmed
 	}
 	var parts []part
 	size := int(w.cfg.Batch)
@@ -183,7 +184,7 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 		to := min(from+size, len(b.grants))
 		pay, payAt, f := w.confirmGrants(ctx, sh, &b, from, to, p)
 		failed = failed || f
-		parts = append(parts, part{to: to, pay: pay, payAt: payAt})
+		parts = append(parts, part{to: to, pay: pay, payAt: payAt, at: time.Now()})
 	}
 	if len(parts) > 1 {
 		w.keep(ctx, sh, &b, 0) // the confirms of many parts may have taken a while
@@ -191,6 +192,12 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	for _, pt := range parts {
 		if ctx.Err() != nil {
 			break
+		}
+		if time.Since(pt.at) > time.Second {
+			// Confirmed a while ago (the parts before it took their time):
+			// paid only if still confirmed, as it was when each part was
+			// confirmed just before its delivery.
+			pt.pay, pt.payAt = w.stillConfirmed(ctx, sh, &b, p, pt.pay, pt.payAt)
 		}
 		w.payGrants(ctx, sh, &b, p, pt.pay, pt.payAt)
 		if pt.to < len(b.grants) {
@@ -336,6 +343,42 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		}
 	}
 	return pay, payAt, failed
+}
+
+// stillConfirmed confirms again (the script is idempotent) the grants of
+// pay, confirmed a while ago, and returns those that still are: a shard
+// that lost its confirms since (a host crash under --durability relaxed)
+// may have released one, its amount back in the stock. The others are not
+// paid now, and their entries stay pending: the next pass settles them
+// from what the shard then holds.
+func (w *Worker) stillConfirmed(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt []int) ([]Grant, []int) {
+	if len(pay) == 0 {
+		return nil, nil
+	}
+	sp := b.sp // as confirmGrants confirmed them
+	if !b.spOK {
+		sp = rain.SubPool{Pool: pay[0].PoolID, Index: pay[0].SubPool}
+	}
+	k := sp.Keys()
+	args := make([]lua.ConfirmArg, len(pay))
+	for j, g := range pay {
+		args[j] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
+	}
+	res, errs, err := w.confirm(ctx, sh, &k, args)
+	var keep []Grant
+	var keepAt []int
+	for j, g := range pay {
+		if err == nil && errs[j] == nil && (res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed) {
+			keep, keepAt = append(keep, g), append(keepAt, payAt[j])
+			continue
+		}
+		p.behind(b.ids[payAt[j]])
+	}
+	if len(keep) < len(pay) && ctx.Err() == nil {
+		w.cfg.Logger.Warn("settle: grants confirmed earlier in a read are not paid now: no longer confirmed, or the confirm again failed",
+			"stream", b.stream, "grants", len(pay)-len(keep), "err", err)
+	}
+	return keep, keepAt
 }
 
 // payGrants delivers pay, grants of b confirmed (payAt: their places in

@@ -3,7 +3,9 @@ package settle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -452,3 +454,83 @@ func TestGrantsTriedAloneHoldHalfThePlaces(t *testing.T) {
 type sinkFunc func(ctx context.Context, gs []settle.Grant) []error
 
 func (f sinkFunc) Deliver(ctx context.Context, gs []settle.Grant) []error { return f(ctx, gs) }
+
+// TestAGrantReleasedBeforeItsPartIsPaidIsNot: a read of entries of several
+// grants is confirmed part by part, then delivered part by part; a part
+// confirmed more than a second before its delivery is confirmed again
+// first, and a grant its shard no longer holds confirmed (a host crash
+// lost the confirm under --durability relaxed, and the reaper released
+// it: here its record is written released by hand while the first part's
+// call takes its time) is not paid, but settled as expired. Before, it was
+// paid from the first confirm, its cents back in the stock too.
+func TestAGrantReleasedBeforeItsPartIsPaidIsNot(t *testing.T) {
+	const count = 20
+	e, _ := batchEnv(t, count, 1, 10, 0) // 2 entries of 10: one read, 4 parts of 5
+	var mu sync.Mutex
+	var released int64 // the serial written released
+	paid := map[int64]int{}
+	sink := sinkFunc(func(ctx context.Context, gs []settle.Grant) []error {
+		mu.Lock()
+		first := len(paid) == 0 && released == 0
+		mu.Unlock()
+		if first {
+			// The first part's call: a grant of a later part loses its
+			// confirm meanwhile.
+			subs, err := e.cat.SubPools(ctx)
+			if err != nil || len(subs) != 1 {
+				t.Errorf("sub-pools %v, %v", subs, err)
+				return make([]error, len(gs))
+			}
+			k, c := subs[0].Keys(), e.shards.Client(subs[0].Shard)
+			in := map[string]bool{}
+			for _, g := range gs {
+				in[g.UserID] = true
+			}
+			users, err := c.HKeys(ctx, k.Grants).Result()
+			if err != nil {
+				t.Errorf("HKEYS: %v", err)
+			}
+			for _, u := range users {
+				rec, _ := c.HGet(ctx, k.Grants, u).Result()
+				if in[u] || !strings.HasPrefix(rec, "c:") {
+					continue
+				}
+				if err := c.HSet(ctx, k.Grants, u, "r:"+rec[2:]).Err(); err != nil {
+					t.Errorf("HSET: %v", err)
+				}
+				var serial int64
+				if _, err := fmt.Sscanf(strings.Split(rec, ":")[2], "%d", &serial); err != nil {
+					t.Errorf("record %q: %v", rec, err)
+				}
+				mu.Lock()
+				released = serial
+				mu.Unlock()
+				break
+			}
+			time.Sleep(1500 * time.Millisecond) // past the second after which a part is confirmed again
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, g := range gs {
+			paid[g.Serial]++
+		}
+		return make([]error, len(gs))
+	})
+	w := settle.New(e.shards, e.cat, sink, hangConfig(time.Hour, time.Hour))
+	run(t, w)
+	waittest.Until(t, 30*time.Second, "every other grant paid, the released one settled unpaid", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return released != 0 && len(paid) == count-1 && w.Stats().Expired == 1 && w.Stats().Lag == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if paid[released] != 0 {
+		t.Fatalf("the grant released before its part's delivery was paid %d times", paid[released])
+	}
+	for s, n := range paid {
+		if n != 1 {
+			t.Fatalf("serial %d paid %d times", s, n)
+		}
+	}
+}

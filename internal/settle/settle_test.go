@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,13 +163,25 @@ type dying struct {
 	n   atomic.Int32
 	at  int32
 	die func()
+
+	mu      sync.Mutex
+	paid    []int64 // the serials delivered
+	atDeath []int64 // paid when it died
 }
 
 func (d *dying) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := d.Sink.Deliver(ctx, gs)
+	d.mu.Lock()
+	for i, g := range gs {
+		if errs[i] == nil {
+			d.paid = append(d.paid, g.Serial)
+		}
+	}
 	if n := d.n.Add(int32(len(gs))); n >= d.at && n-int32(len(gs)) < d.at {
+		d.atDeath = slices.Clone(d.paid)
 		d.die()
 	}
+	d.mu.Unlock()
 	return errs
 }
 
@@ -249,12 +262,20 @@ func TestCrashAtEveryStep(t *testing.T) {
 			l := openLedger(t, path)
 			set, cat, proxies, die := e.doomed(t)
 			var sink settle.Sink = l
+			var dies *dying
 			if step == "confirmed" {
 				for _, p := range proxies {
 					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm_many")), 2, die)
 				}
 			} else {
-				sink = &dying{Sink: l, at: 10, die: die}
+				// Entries of 10 go in parts of 5 (Batch), two outboxes at
+				// once: at 15 grants paid, some entry is paid in part
+				// whichever outboxes the parts were of (mid-entry).
+				dies = &dying{Sink: l, at: 10, die: die}
+				if c.per > 1 {
+					dies.at = 15
+				}
+				sink = dies
 			}
 			first := settle.New(set, cat, sink, fastConfig("first"))
 			stopFirst := run(t, first)
@@ -263,6 +284,14 @@ func TestCrashAtEveryStep(t *testing.T) {
 			l.Close()
 			if e.confirmed(t) == 60 && e.outboxed(t) == 0 {
 				t.Fatal("the first worker settled everything before its crash: the test proves nothing")
+			}
+			if dies != nil && c.per > 1 {
+				dies.mu.Lock()
+				partly := entriesPaidInPart(dies.atDeath, c.per)
+				dies.mu.Unlock()
+				if partly == 0 {
+					t.Fatal("no entry was paid in part when the first worker died: the crash did not come mid-entry")
+				}
 			}
 
 			// The process restarts: the ledger is read again, another consumer takes over.
@@ -276,6 +305,22 @@ func TestCrashAtEveryStep(t *testing.T) {
 			e.assertAudit(t)
 		})
 	}
+}
+
+// entriesPaidInPart counts the entries of per grants of batchEnv (serials
+// in blocks of per from 1<<40+1) of which some but not all of paid are.
+func entriesPaidInPart(paid []int64, per int) int {
+	in := map[int64]int{}
+	for _, s := range paid {
+		in[(s-(1<<40)-1)/int64(per)]++
+	}
+	n := 0
+	for _, k := range in {
+		if k < per {
+			n++
+		}
+	}
+	return n
 }
 
 // pending counts entries pending in the settle group on every outbox.

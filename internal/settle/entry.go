@@ -129,10 +129,6 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	b.sp, b.spOK = rain.ParseOutbox(stream)
 	now := time.Now()
 	for _, m := range msgs {
-		if _, running := sh.running.Load(stream + " " + m.ID); running {
-			w.skipped(p, stream, m.ID) // in a batch a pass went on without (settleOrGoOn)
-			continue
-		}
 		if w.putOff(stream, m.ID, now) {
 			p.behind(m.ID) // its delivery failed lately: tried again at its time
 			if _, waits := w.awaitingOperator.Load(stream + " " + m.ID); waits {
@@ -271,17 +267,7 @@ func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 // returns the grants to pay and their places in b.grants (payGrants). It
 // reports whether some are left pending for a failure.
 func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, from, to int, p *pass) (pay []Grant, payAt []int, failed bool) {
-	sp := b.sp
-	if !b.spOK {
-		g0 := b.grants[from]
-		sp = rain.SubPool{Pool: g0.PoolID, Index: g0.SubPool}
-	}
-	k := sp.Keys()
-	args := make([]lua.ConfirmArg, 0, to-from)
-	for _, g := range b.grants[from:to] {
-		args = append(args, lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents})
-	}
-	res, errs, err := w.confirm(ctx, sh, &k, args)
+	res, errs, err := w.confirmOf(ctx, sh, b, b.grants[from:to])
 	if err != nil {
 		if ctx.Err() == nil {
 			w.failures.Add(int64(to - from))
@@ -345,6 +331,21 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 	return pay, payAt, failed
 }
 
+// confirmOf confirms gs, grants of b (of its stream's sub-pool, or, for a
+// stream that is none's, of the first grant's), in one script (confirm).
+func (w *Worker) confirmOf(ctx context.Context, sh *shardLoop, b *batch, gs []Grant) ([]lua.ConfirmResult, []error, error) {
+	sp := b.sp
+	if !b.spOK {
+		sp = rain.SubPool{Pool: gs[0].PoolID, Index: gs[0].SubPool}
+	}
+	k := sp.Keys()
+	args := make([]lua.ConfirmArg, len(gs))
+	for j, g := range gs {
+		args[j] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
+	}
+	return w.confirm(ctx, sh, &k, args)
+}
+
 // stillConfirmed confirms again (the script is idempotent) the grants of
 // pay, confirmed a while ago, and returns those that still are: a shard
 // that lost its confirms since (a host crash under --durability relaxed)
@@ -355,16 +356,7 @@ func (w *Worker) stillConfirmed(ctx context.Context, sh *shardLoop, b *batch, p 
 	if len(pay) == 0 {
 		return nil, nil
 	}
-	sp := b.sp // as confirmGrants confirmed them
-	if !b.spOK {
-		sp = rain.SubPool{Pool: pay[0].PoolID, Index: pay[0].SubPool}
-	}
-	k := sp.Keys()
-	args := make([]lua.ConfirmArg, len(pay))
-	for j, g := range pay {
-		args[j] = lua.ConfirmArg{User: g.UserID, Serial: g.Serial, Amount: g.AmountCents}
-	}
-	res, errs, err := w.confirm(ctx, sh, &k, args)
+	res, errs, err := w.confirmOf(ctx, sh, b, pay)
 	var keep []Grant
 	var keepAt []int
 	for j, g := range pay {

@@ -1,19 +1,16 @@
 package main
 
 // This file is rain serve's side listeners (--admin-listen,
-// --metrics-listen, --debug-listen) and rain settle's health listener,
-// each an HTTP server of its own with the timeouts of the main one, so
-// that none can be held open by a client that sends slowly, reads slowly
-// or idles.
+// --metrics-listen, --debug-listen), each served by api.ServeApart with
+// the limits, timeouts and JSON refusals of the main listener.
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"time"
 
 	"rain/internal/api"
@@ -22,34 +19,19 @@ import (
 // The side listeners take the limits of the API's (api.MaxHeaderBytes and
 // the timeouts beside it).
 const (
-	// debugWriteTimeout is the pprof listener's: a CPU profile or a
-	// trace takes as long as it is asked to (30 s by default), and pprof
-	// refuses one that would outlast the write timeout.
-	debugWriteTimeout = 2 * time.Minute
+	// maxProfile is the longest CPU profile or trace the pprof listener
+	// takes (pprof's default is 30 s for a profile, 1 s for a trace).
+	maxProfile = 2 * time.Minute
 	// healthIdleTimeout is how long rain settle's health listener keeps
 	// an idle connection (rain serve's listeners take --idle-timeout).
 	healthIdleTimeout = 30 * time.Second
 )
 
-// newHTTPServer is an HTTP server of h with rain's limits, the write
-// timeout given, idle connections closed after idle.
-func newHTTPServer(h http.Handler, write, idle time.Duration, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		MaxHeaderBytes:    api.MaxHeaderBytes,
-		ReadHeaderTimeout: api.ReadHeaderTimeout,
-		ReadTimeout:       api.ReadTimeout,
-		WriteTimeout:      write,
-		IdleTimeout:       idle,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-}
-
 // listenApart opens the side listeners the flags ask for.
 func (s *server) listenApart() error {
 	c := s.cfg
 	if c.AdminListen != "" {
-		if err := s.apartOn("admin-listen", c.AdminListen, s.in.API.Admin(), api.WriteTimeout); err != nil {
+		if err := s.apartOn("admin-listen", c.AdminListen, s.in.API.Admin()); err != nil {
 			return err
 		}
 	}
@@ -57,7 +39,7 @@ func (s *server) listenApart() error {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", s.in.Metrics.Handler())
 		mux.HandleFunc("/", metricsNoRoute)
-		if err := s.apartOn("metrics-listen", c.MetricsListen, mux, api.WriteTimeout); err != nil {
+		if err := s.apartOn("metrics-listen", c.MetricsListen, mux); err != nil {
 			return err
 		}
 	}
@@ -71,11 +53,28 @@ func (s *server) listenApart() error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		if err := s.apartOn("debug-listen", c.DebugListen, s.in.API.RequireAdmin(mux), debugWriteTimeout); err != nil {
+		if err := s.apartOn("debug-listen", c.DebugListen, s.in.API.RequireAdmin(boundProfiles(mux))); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// boundProfiles is h with a bound on a profile's or a trace's length
+// (seconds=): at most maxProfile, since one runs on for as long as it
+// was asked, even once its client has gone.
+func boundProfiles(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("seconds"); v != "" {
+			if sec, err := strconv.ParseFloat(v, 64); err == nil && sec > maxProfile.Seconds() {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadRequest)
+				_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("seconds=%s: at most %v", v, maxProfile)})
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // metricsNoRoute answers what the metrics listener does not serve as
@@ -93,35 +92,14 @@ func metricsNoRoute(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// apartOn serves h on addr (the value of --flag) until shutdown.
-func (s *server) apartOn(flag, addr string, h http.Handler, write time.Duration) error {
-	stop, err := serveApart(flag, addr, newHTTPServer(h, write, s.cfg.IdleTimeout, s.log), s.log)
-	if err != nil {
-		return err
-	}
-	s.apart = append(s.apart, stop)
-	return nil
-}
-
-// serveApart serves srv on addr (the value of --flag), on a listener of
-// its own so that it is never exposed with the API; stop shuts it down.
-func serveApart(flag, addr string, srv *http.Server, log *slog.Logger) (stop func(), err error) {
+// apartOn serves h on addr (the value of --flag) until shutdown, on a
+// listener of its own so that it is never exposed with the API.
+func (s *server) apartOn(flag, addr string, h http.Handler) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--%s: %w", flag, err)
+		return fmt.Errorf("--%s: %w", flag, err)
 	}
-	log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
-	return serveOn(ln, srv), nil
-}
-
-// serveOn serves srv on ln in the background; stop shuts it down.
-func serveOn(ln net.Listener, srv *http.Server) (stop func()) {
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}
+	s.log.Info("listening apart", "flag", flag, "addr", ln.Addr().String())
+	s.apart = append(s.apart, api.ServeApart(ln, h, api.WriteTimeout, s.cfg.IdleTimeout, s.log))
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"rain/internal/logtest"
+	"rain/internal/metrics"
 	"rain/internal/wait/waittest"
 )
 
@@ -172,4 +174,81 @@ func TestMetricsListenAnswersJSON(t *testing.T) {
 				resp.Header.Get("Content-Type"), body, derr, c.code)
 		}
 	}
+}
+
+// refused sends raw on a new connection to addr and checks the answer:
+// code, JSON with an error (API.md: every answer of rain's, the server's
+// own included), and the connection closed after it.
+func refused(t *testing.T, addr, what, raw string, code int) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", what, addr, err)
+	}
+	var body map[string]string
+	derr := json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != code || derr != nil || body["error"] == "" || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("%s on %s = %d %s (%v, %v), want %d JSON with an error", what, addr, resp.StatusCode,
+			resp.Header.Get("Content-Type"), body, derr, code)
+	}
+	if _, err := io.ReadAll(br); err != nil {
+		t.Errorf("%s on %s: %v after the answer, want the connection closed", what, addr, err)
+	}
+}
+
+// TestSideListenersRefuseInJSON: what a side listener's server refuses
+// before any route (headers too large, a request it cannot parse, no
+// Host) is answered as the API's listener answers it, JSON with a reason;
+// and pprof's bound on a profile's length holds there.
+func TestSideListenersRefuseInJSON(t *testing.T) {
+	flags := []string{"admin-listen", "metrics-listen", "debug-listen"}
+	args := []string{"--admin-token", longToken}
+	for _, f := range flags {
+		args = append(args, "--"+f, "127.0.0.1:0")
+	}
+	_, logs := startServe(t, args, nil)
+	big := strings.Repeat("x", 20<<10)
+	for _, f := range flags {
+		addr := apartAddr(t, logs, f)
+		refused(t, addr, "headers of 20 KiB", "GET /metrics HTTP/1.1\r\nHost: rain\r\nX-Big: "+big+"\r\n\r\n", 431)
+		refused(t, addr, "a request line that is not HTTP", "NOT HTTP AT ALL\r\n\r\n", 400)
+		refused(t, addr, "HTTP/1.1 without Host", "GET /metrics HTTP/1.1\r\n\r\n", 400)
+	}
+	debug := "http://" + apartAddr(t, logs, "debug-listen")
+	if code, body := get(t, debug+"/debug/pprof/profile?seconds=3600", longToken); code != 400 {
+		t.Errorf("a profile of an hour on --debug-listen = %d %.100q, want 400 (longer than the listener's write timeout)", code, body)
+	}
+}
+
+// TestSettleHealthListener: rain settle's listener serves /healthz and
+// /metrics, and refuses as rain serve's listeners do.
+func TestSettleHealthListener(t *testing.T) {
+	logs := &logtest.Buffer{}
+	stop, err := serveHealth("127.0.0.1:0", metrics.New(metrics.Build{}), slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	m := regexp.MustCompile(`msg=serving addr=(\S+)`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no address in the log: %s", logs.String())
+	}
+	if code, body := get(t, "http://"+m[1]+"/healthz", ""); code != 200 || body != "ok\n" {
+		t.Errorf("GET /healthz = %d %q, want 200 ok", code, body)
+	}
+	if code, body := get(t, "http://"+m[1]+"/metrics", ""); code != 200 || !strings.Contains(body, "# TYPE") {
+		t.Errorf("GET /metrics = %d %.80q, want 200 and the metrics", code, body)
+	}
+	refused(t, m[1], "headers of 20 KiB", "GET /healthz HTTP/1.1\r\nHost: rain\r\nX-Big: "+strings.Repeat("x", 20<<10)+"\r\n\r\n", 431)
 }

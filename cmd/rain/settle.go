@@ -221,5 +221,5 @@ func serveHealth(addr string, reg *metrics.Registry, log *slog.Logger) (stop fun
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("GET /metrics", reg.Handler())
-	return serveOn(ln, newHTTPServer(mux, api.WriteTimeout, healthIdleTimeout, log)), nil
+	return api.ServeApart(ln, mux, api.WriteTimeout, healthIdleTimeout, log), nil
 }

@@ -25,8 +25,8 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
-// Limits of every HTTP server of rain's (the listener here, and rain
-// serve's side listeners on net/http): a request's headers within
+// Limits of every HTTP server of rain's (the listener here, and those of
+// ServeApart): a request's headers within
 // ReadHeaderTimeout and at most MaxHeaderBytes (more is answered 431,
 // JSON), the rest of the request within ReadTimeout (a grab's body within
 // Config.GrabBodyTimeout), its answer within WriteTimeout.
@@ -278,31 +278,37 @@ func (s *Server) fastRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 }
 
 // refuseRequest answers a request the listener could not read (the
-// server's ErrorHandler): headers over MaxHeaderBytes 431; a request that
-// did not arrive in time, or that cannot be parsed, 400; JSON, as every
-// answer of rain's. The connection then closes, after a linger (see
-// lingerClose).
+// server's ErrorHandler): see refuseUnread.
 func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
+	if code, reason, ok := unread(ctx, err, fmt.Sprintf(
+		"its headers within %v, a grab's body within %v of them, any other body within %v",
+		ReadHeaderTimeout, s.cfg.GrabBodyTimeout, ReadTimeout)); ok {
+		s.refuseFast(ctx, code, reason)
+	}
+}
+
+// unread is the answer to a request a listener could not read: headers
+// over MaxHeaderBytes 431; a request that did not arrive in time (within
+// the times given), or that cannot be parsed, 400. ok is false when
+// nothing came: a connection idle past its deadline is closed without an
+// answer (one would reach a client that sent nothing, and that may send
+// its next request meanwhile).
+func unread(ctx *fasthttp.RequestCtx, err error, times string) (code int, reason string, ok bool) {
+	if c, is := ctx.Conn().(*clientConn); is && c.unanswered.Load() == 0 {
+		_ = c.TCPConn.Close()
+		return 0, "", false
+	}
 	var small *fasthttp.ErrSmallBuffer
-	code, reason := http.StatusBadRequest, "malformed HTTP request"
+	code, reason = http.StatusBadRequest, "malformed HTTP request"
 	switch {
 	case errors.As(err, &small):
 		code, reason = http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request header fields larger than %d bytes", MaxHeaderBytes)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		reason = fmt.Sprintf(
-			"the request did not arrive in time (its headers within %v, a grab's body within %v of them, any other body within %v)",
-			ReadHeaderTimeout, s.cfg.GrabBodyTimeout, ReadTimeout)
+		reason = "the request did not arrive in time (" + times + ")"
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		reason = fmt.Sprintf("body is larger than %d bytes", maxAdminBody)
 	}
-	if c, ok := ctx.Conn().(*clientConn); ok && c.unanswered.Load() == 0 {
-		// Nothing came: a connection idle past its deadline is closed
-		// without an answer (one would reach a client that sent nothing,
-		// and that may send its next request meanwhile).
-		_ = c.TCPConn.Close()
-		return
-	}
-	s.refuseFast(ctx, code, reason)
+	return code, reason, true
 }
 
 // refuseFast answers code with the reason, as the server's own answers
@@ -313,12 +319,17 @@ func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
 // the body was not read), and a grab is never answered 500: an error of
 // this instance is 503 overloaded, its outcome not known, Retry-After 1.
 func (s *Server) refuseFast(ctx *fasthttp.RequestCtx, code int, reason string) {
+	// A request whose line could not be read has the path "/".
+	refuseJSON(ctx, code, reason, string(ctx.Path()) == "/grab" || string(ctx.Path()) == "/")
+}
+
+// refuseJSON is refuseFast, the contract's form of a grab's answer used
+// when grabbing.
+func refuseJSON(ctx *fasthttp.RequestCtx, code int, reason string, grabbing bool) {
 	st := "invalid"
 	if code >= 500 {
 		st = "error"
 	}
-	// A request whose line could not be read has the path "/".
-	grabbing := string(ctx.Path()) == "/grab" || string(ctx.Path()) == "/"
 	ctx.Response.Reset()
 	x := fastExchange{ctx: ctx}
 	x.closeAfter()

@@ -224,6 +224,11 @@ func TestSideListenersRefuseInJSON(t *testing.T) {
 		refused(t, addr, "headers of 20 KiB", "GET /metrics HTTP/1.1\r\nHost: rain\r\nX-Big: "+big+"\r\n\r\n", 431)
 		refused(t, addr, "a request line that is not HTTP", "NOT HTTP AT ALL\r\n\r\n", 400)
 		refused(t, addr, "HTTP/1.1 without Host", "GET /metrics HTTP/1.1\r\n\r\n", 400)
+		refused(t, addr, "a malformed escape in the path", "GET /%zz HTTP/1.1\r\nHost: rain\r\n\r\n", 400)
+	}
+	// net/http's own answers in the side listeners' handlers: JSON too.
+	if code, body := get(t, "http://"+apartAddr(t, logs, "debug-listen")+"/debug/pprof/nothing", longToken); code != 404 || !strings.Contains(body, `"error":"Unknown profile"`) {
+		t.Errorf("an unknown profile on --debug-listen = %d %q, want 404 with pprof's reason in JSON", code, body)
 	}
 	debug := "http://" + apartAddr(t, logs, "debug-listen")
 	if code, body := get(t, debug+"/debug/pprof/profile?seconds=3600", longToken); code != 400 {
@@ -249,6 +254,9 @@ func TestSettleHealthListener(t *testing.T) {
 	}
 	if code, body := get(t, "http://"+m[1]+"/metrics", ""); code != 200 || !strings.Contains(body, "# TYPE") {
 		t.Errorf("GET /metrics = %d %.80q, want 200 and the metrics", code, body)
+	}
+	if code, body := get(t, "http://"+m[1]+"/nothing", ""); code != 404 || !strings.Contains(body, `"error":"404 page not found"`) {
+		t.Errorf("GET /nothing = %d %q, want 404 in JSON", code, body)
 	}
 	refused(t, m[1], "headers of 20 KiB", "GET /healthz HTTP/1.1\r\nHost: rain\r\nX-Big: "+strings.Repeat("x", 20<<10)+"\r\n\r\n", 431)
 }

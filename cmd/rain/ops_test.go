@@ -335,6 +335,35 @@ func TestErrorsAreJSON(t *testing.T) {
 	}
 	raw("a request line net/http cannot parse", "GET\r\n\r\n", 400, 0)
 	raw("no Host header", "GET /livez HTTP/1.1\r\n\r\n", 400, 0)
+	// What net/http's own code answers, and the adaptor to it: JSON too.
+	raw("a malformed escape in the path", "GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400, 0)
+	raw("a malformed escape in an operator's path", "POST /admin/pools/%zz/end HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 400, 0)
+	raw("CONNECT", "CONNECT x:80 HTTP/1.1\r\nHost: x:80\r\n\r\n", 405, 0)
+	raw("OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 400, 0)
+	for _, c := range []struct{ what, request, location string }{
+		{"a path that is not clean", "GET //healthz HTTP/1.1\r\nHost: x\r\n\r\n", "/healthz"},
+		{"an operator's path that is not clean", "POST /admin/pools/p1/../p1/end HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", "/admin/pools/p1/end"},
+		{"the dashboard without its slash", "GET /admin HTTP/1.1\r\nHost: x\r\n\r\n", "/admin/"},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(conn, c.request)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		var m map[string]string
+		derr := json.NewDecoder(resp.Body).Decode(&m)
+		conn.Close()
+		if resp.StatusCode/100 != 3 || resp.Header.Get("Location") != c.location || resp.Header.Get("Content-Type") != "application/json" ||
+			derr != nil || m["location"] != c.location {
+			t.Errorf("%s: %d Location %q %s %v (%v), want a redirect to %s in JSON", c.what, resp.StatusCode, resp.Header.Get("Location"),
+				resp.Header.Get("Content-Type"), m, derr, c.location)
+		}
+	}
 }
 
 // TestDrainOnStop: on SIGTERM (the context's end) /readyz answers 503

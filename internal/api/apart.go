@@ -35,6 +35,10 @@ func ServeApart(ln net.Listener, h http.Handler, write, idle time.Duration, log 
 				refuseJSON(ctx, http.StatusBadRequest, "missing required Host header", false)
 				return
 			}
+			if reason := unadaptable(ctx); reason != "" {
+				refuseJSON(ctx, http.StatusBadRequest, reason, false)
+				return
+			}
 			adapted(ctx)
 		},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {

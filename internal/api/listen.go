@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -203,7 +204,22 @@ func (s *Server) serveFast(ctx *fasthttp.RequestCtx) {
 		}
 		ctx.Request.SetBody(b)
 	}
+	if reason := unadaptable(ctx); reason != "" {
+		s.refuseFast(ctx, http.StatusBadRequest, reason)
+		return
+	}
 	s.listener.adapted(ctx)
+}
+
+// unadaptable is why the adaptor cannot hand a request to a net/http
+// handler ("" when it can): a request URI that net/url does not parse
+// (a malformed escape, /%zz), which the adaptor would answer 500 in
+// plain text.
+func unadaptable(ctx *fasthttp.RequestCtx) string {
+	if _, err := url.ParseRequestURI(string(ctx.RequestURI())); err != nil {
+		return "malformed request URI"
+	}
+	return ""
 }
 
 // recoverFast answers a request whose handling panicked 500, JSON, and
@@ -348,7 +364,8 @@ func refuseJSON(ctx *fasthttp.RequestCtx, code int, reason string, grabbing bool
 // context ends once the handler returns (the adaptor's would last until
 // the listener shuts down, and so would whatever a handler started with
 // it), and a handler that panics is answered 500, JSON (the adaptor would
-// take the process down).
+// take the process down); and every answer net/http's own code writes
+// (a redirect, a refusal in plain text) is JSON (jsonOnly).
 func adapted(h http.Handler, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -363,7 +380,9 @@ func adapted(h http.Handler, log *slog.Logger) http.Handler {
 				writeJSON(w, http.StatusInternalServerError, map[string]string{"status": "error", "error": "internal error"})
 			}
 		}()
-		h.ServeHTTP(w, r)
+		jw := &jsonOnly{ResponseWriter: w}
+		h.ServeHTTP(jw, r)
+		jw.finish()
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"strings"
 	"time"
 
 	"rain/internal/api"
@@ -19,9 +20,11 @@ import (
 // The side listeners take the limits of the API's (api.MaxHeaderBytes and
 // the timeouts beside it).
 const (
-	// maxProfile is the longest CPU profile or trace the pprof listener
-	// takes (pprof's default is 30 s for a profile, 1 s for a trace).
+	// maxProfile and maxTrace are the longest CPU profile and execution
+	// trace the pprof listener takes (pprof's defaults: 30 s and 1 s). A
+	// busy process's trace is megabytes a second, held in memory whole.
 	maxProfile = 2 * time.Minute
+	maxTrace   = 10 * time.Second
 	// healthIdleTimeout is how long rain settle's health listener keeps
 	// an idle connection (rain serve's listeners take --idle-timeout).
 	healthIdleTimeout = 30 * time.Second
@@ -61,15 +64,21 @@ func (s *server) listenApart() error {
 }
 
 // boundProfiles is h with a bound on a profile's or a trace's length
-// (seconds=): at most maxProfile, since one runs on for as long as it
-// was asked, even once its client has gone.
+// (seconds=, in the query or a form body, as pprof reads it): at most
+// maxProfile for a CPU profile and maxTrace for a trace. One runs on for as
+// long as it was asked, even once its client has gone, and its answer is
+// held whole in memory until it ends (the listener's adaptor buffers it).
 func boundProfiles(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if v := r.URL.Query().Get("seconds"); v != "" {
-			if sec, err := strconv.ParseFloat(v, 64); err == nil && sec > maxProfile.Seconds() {
+		most := maxProfile
+		if strings.HasSuffix(r.URL.Path, "/trace") {
+			most = maxTrace
+		}
+		if v := r.FormValue("seconds"); v != "" {
+			if sec, err := strconv.ParseFloat(v, 64); err == nil && sec > most.Seconds() {
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusBadRequest)
-				_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("seconds=%s: at most %v", v, maxProfile)})
+				_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("seconds=%s: at most %v", v, most)})
 				return
 			}
 		}

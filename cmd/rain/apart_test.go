@@ -232,7 +232,19 @@ func TestSideListenersRefuseInJSON(t *testing.T) {
 	}
 	debug := "http://" + apartAddr(t, logs, "debug-listen")
 	if code, body := get(t, debug+"/debug/pprof/profile?seconds=3600", longToken); code != 400 {
-		t.Errorf("a profile of an hour on --debug-listen = %d %.100q, want 400 (longer than the listener's write timeout)", code, body)
+		t.Errorf("a profile of an hour on --debug-listen = %d %.100q, want 400 (over 2 minutes)", code, body)
+	}
+	if code, body := get(t, debug+"/debug/pprof/trace?seconds=60", longToken); code != 400 {
+		t.Errorf("a trace of a minute on --debug-listen = %d %.100q, want 400 (over 10 s)", code, body)
+	}
+	req, _ := http.NewRequest("POST", debug+"/debug/pprof/profile", strings.NewReader("seconds=3600"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+longToken)
+	client := &http.Client{Timeout: 10 * time.Second}
+	if resp, err := client.Do(req); err != nil || resp.StatusCode != 400 {
+		t.Errorf("a profile of an hour asked in a form body = %v %v, want 400", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 // ServeApart serves h on ln in the background until stop, which shuts it
 // down (waiting up to 5 s for requests in flight). A request's headers
 // come within ReadHeaderTimeout and hold at most MaxHeaderBytes, its body
-// (at most 1 MiB) within ReadTimeout; its answer is written within write,
+// (at most maxAdminBody) within ReadTimeout; its answer is written within write,
 // and an idle connection is closed after idle. h runs as the API's
 // listener runs its routes other than POST /grab: a panic is answered
 // 500, JSON, and the request's context ends once h returns.
@@ -66,6 +66,9 @@ func ServeApart(ln net.Listener, h http.Handler, write, idle time.Duration, log 
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.ShutdownWithContext(ctx)
+		// A Shutdown that came before Serve began found no listener to
+		// close: closed here, Serve then returns at its first Accept.
+		_ = ln.Close()
 		<-done
 	}
 }

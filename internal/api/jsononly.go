@@ -26,6 +26,10 @@ type jsonOnly struct {
 }
 
 func (w *jsonOnly) WriteHeader(code int) {
+	if code < 200 {
+		w.ResponseWriter.WriteHeader(code) // informational: the answer is still to come
+		return
+	}
 	if w.code != 0 {
 		return // superfluous, as net/http has it
 	}

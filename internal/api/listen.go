@@ -294,7 +294,8 @@ func (s *Server) fastRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 }
 
 // refuseRequest answers a request the listener could not read (the
-// server's ErrorHandler): see refuseUnread.
+// server's ErrorHandler) as unread says, in the contract's form
+// (refuseFast).
 func (s *Server) refuseRequest(ctx *fasthttp.RequestCtx, err error) {
 	if code, reason, ok := unread(ctx, err, fmt.Sprintf(
 		"its headers within %v, a grab's body within %v of them, any other body within %v",

@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -45,48 +46,66 @@ func FuzzEveryAnswerIsJSON(f *testing.F) {
 		f.Add(seed[0], seed[1], seed[2], seed[3])
 	}
 	s := newStack(f, 1, redistest.Options{})
-	addr := strings.TrimPrefix(s.url, "http://")
+	// And a side listener (ServeApart) of a plain net/http mux, as rain
+	// serve's --metrics-listen and rain settle's are.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("# metrics\n")) })
+	f.Cleanup(ServeApart(ln, mux, WriteTimeout, time.Second, slog.New(slog.DiscardHandler)))
+	addrs := []string{strings.TrimPrefix(s.url, "http://"), ln.Addr().String()}
 	f.Fuzz(func(t *testing.T, method, target, headers, body string) {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Closed with a reset: hundreds of thousands of runs would
-		// otherwise hold every local port in TIME_WAIT.
-		_ = conn.(*net.TCPConn).SetLinger(0)
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
-		_, _ = conn.Write([]byte(method + " " + target + " HTTP/1.1\r\nHost: rain\r\n" + headers + "\r\n" + body))
-		_ = conn.(*net.TCPConn).CloseWrite()
-		br := bufio.NewReader(conn)
-		var resp *http.Response
-		for {
-			resp, err = http.ReadResponse(br, nil)
-			if err != nil {
-				// No answer: the server may close a connection that sent
-				// nothing it could take for a request. Any answer it gives
-				// is checked below.
-				return
-			}
-			if resp.StatusCode >= 200 {
-				break
-			}
-			resp.Body.Close() // 100 Continue: the answer comes after it
-		}
-		defer resp.Body.Close()
-		code := resp.StatusCode
-		if code < 300 || code == http.StatusNotModified {
-			return // an endpoint's own answer (the dashboard's files and /metrics are not JSON)
-		}
-		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
-			t.Fatalf("%q %q %q %q: answered %d with Content-Type %q, want application/json", method, target, headers, body, code, ct)
-		}
-		if method == http.MethodHead {
-			return // no body
-		}
-		var v map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-			t.Fatalf("%q %q %q %q: answered %d with a body that is not a JSON object: %v", method, target, headers, body, code, err)
+		for _, addr := range addrs {
+			answeredJSON(t, addr, method, target, headers, body)
 		}
 	})
+}
+
+// answeredJSON sends the request on a connection of its own to addr and
+// checks its answer, if any (see FuzzEveryAnswerIsJSON).
+func answeredJSON(t *testing.T, addr, method, target, headers, body string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed with a reset: hundreds of thousands of runs would
+	// otherwise hold every local port in TIME_WAIT.
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+	_, _ = conn.Write([]byte(method + " " + target + " HTTP/1.1\r\nHost: rain\r\n" + headers + "\r\n" + body))
+	_ = conn.(*net.TCPConn).CloseWrite()
+	br := bufio.NewReader(conn)
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(br, nil)
+		if err != nil {
+			// No answer: the server may close a connection that sent
+			// nothing it could take for a request. Any answer it gives
+			// is checked below.
+			return
+		}
+		if resp.StatusCode >= 200 {
+			break
+		}
+		resp.Body.Close() // 100 Continue: the answer comes after it
+	}
+	defer resp.Body.Close()
+	code := resp.StatusCode
+	if code < 300 || code == http.StatusNotModified {
+		return // an endpoint's own answer (the dashboard's files and /metrics are not JSON)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("%s: %q %q %q %q: answered %d with Content-Type %q, want application/json", addr, method, target, headers, body, code, ct)
+	}
+	if method == http.MethodHead {
+		return // no body
+	}
+	var v map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("%s: %q %q %q %q: answered %d with a body that is not a JSON object: %v", addr, method, target, headers, body, code, err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,6 +124,43 @@ func TestPreloadIdempotent(t *testing.T) {
 	st, err := e.cat.Status(ctx, "p")
 	if err != nil || st.Count != 100 || st.RemainingCount != 100 {
 		t.Fatalf("Status after a refused preload = %+v, %v; want the first spec untouched", st, err)
+	}
+}
+
+// TestConcurrentPreloadsCreateOnce: identical preloads of a new id sent at
+// once (an operator's retries, two consoles) all succeed with the same
+// pool, and exactly one says it created it (201; the others 200, API.md).
+// Before, each that found the pool loading finished the load and said it
+// created it.
+func TestConcurrentPreloadsCreateOnce(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 2, redistest.Options{})
+	for round := range 5 {
+		spec := rain.Spec{PoolID: fmt.Sprintf("c%d", round), TotalCents: 2_000_000, Count: 20_000, SubPools: 2}
+		const n = 6
+		var created atomic.Int32
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Go(func() {
+				_, c, err := e.cat.Preload(ctx, spec)
+				errs[i] = err
+				if c {
+					created.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if got := created.Load(); got != 1 {
+			t.Fatalf("round %d: %d of %d concurrent identical preloads said they created the pool, want exactly 1", round, got, n)
+		}
+		if st, err := e.cat.Status(ctx, spec.PoolID); err != nil || st.RemainingCount != spec.Count || st.State != string(rain.Open) {
+			t.Fatalf("round %d: status %+v, %v; want all %d packets, open", round, st, err, spec.Count)
+		}
+		e.assertAudit(t, spec.PoolID)
 	}
 }
 

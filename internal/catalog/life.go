@@ -275,17 +275,29 @@ func account(p *rain.Pool, seals []lua.Sealed) *rain.Account {
 // the serial shard first (what is stored there decides); a copy that is
 // missing or partial is written whole, and none goes back (lua.PutRecord).
 func (c *Catalog) writeRecord(ctx context.Context, p *record) error {
+	_, err := c.moveRecord(ctx, p)
+	return err
+}
+
+// moveRecord is writeRecord, and says whether this call moved the record
+// on to p's state on the serial shard (which decides; of concurrent calls,
+// one).
+func (c *Catalog) moveRecord(ctx context.Context, p *record) (moved bool, err error) {
 	f := p.fields()
 	names := append([]string{c.serial}, c.shards.Names()...)
 	for i, name := range names {
 		if i > 0 && name == c.serial {
 			continue
 		}
-		if _, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f); err != nil {
-			return rain.Errorf(rain.ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
+		_, m, err := lua.PutRecord(ctx, c.shards.Client(name), recordKey(p.ID()), f)
+		if err != nil {
+			return false, rain.Errorf(rain.ErrUnavailable, err, "shard %s: write the record of %s", name, p.ID())
+		}
+		if i == 0 {
+			moved = m
 		}
 	}
-	return nil
+	return moved, nil
 }
 
 // free retires every sub-pool (lua.Retire): its keys unlinked (UNLINK frees

@@ -56,10 +56,9 @@ func (c *Catalog) PreloadProgress(ctx context.Context, in rain.Spec, progress fu
 		return nil, false, err
 	}
 	if p.State != rain.Open {
-		if err := c.fill(ctx, p, progress); err != nil {
+		if created, err = c.fill(ctx, p, progress); err != nil {
 			return nil, false, err
 		}
-		created = true
 	}
 	st, err = c.Status(ctx, spec.PoolID)
 	return st, created, err
@@ -194,13 +193,18 @@ func saltFor(pool string, j int, p shard.Primary) (string, error) {
 	return "", rain.Errorf(rain.ErrUnavailable, fmt.Errorf("primary %s", p.Addr), "no hash tag of pool %s sub-pool %d falls on its primary", pool, j)
 }
 
-// fill loads every sub-pool's stock, then opens them and the record.
-func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, total int64)) error {
+// fill loads every sub-pool's stock, then opens them and the record. It
+// says whether this call opened the record: of concurrent preloads of one
+// pool, one (the pool's creation, the answer 201; the others find it
+// loaded, 200), and a preload that finishes one that died midway. (None,
+// when the reply to the call that opened it was lost and the call sent
+// again: it then answers 200, the pool open all the same.)
+func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, total int64)) (opened bool, err error) {
 	spec := p.Spec
 	amounts, err := split.Amounts(rand.New(rand.NewPCG(p.Seed, p.Seed^0x9e3779b97f4a7c15)),
 		split.Spec{TotalCents: spec.TotalCents, Count: spec.Count, MinCents: spec.MinCents, MaxCents: spec.MaxCents})
 	if err != nil {
-		return rain.Errorf(rain.ErrInvalid, err, "%s", err)
+		return false, rain.Errorf(rain.ErrInvalid, err, "%s", err)
 	}
 	counts := subPoolCounts(spec.Count, len(p.Placement))
 	var mu sync.Mutex
@@ -224,16 +228,16 @@ func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, tot
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return false, err
 	}
 	for j := range counts {
 		sp := p.SubPool(j)
-		opened, n, cents, err := lua.OpenSubPool(ctx, c.client(&p.Pool, j), sp)
+		ok, n, cents, err := lua.OpenSubPool(ctx, c.client(&p.Pool, j), sp)
 		if err != nil {
-			return loadErr(spec.PoolID, err)
+			return false, loadErr(spec.PoolID, err)
 		}
-		if !opened {
-			return rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
+		if !ok {
+			return false, rain.Errorf(rain.ErrUnavailable, nil, "sub-pool %d holds %d packets, %d cents after loading", j, n, cents)
 		}
 	}
 	// The record opens only from loading (lua.PutRecord moves a record on,
@@ -241,13 +245,13 @@ func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, tot
 	// closed, and says so.
 	open := *p
 	open.State = rain.Open
-	if err := c.writeRecord(ctx, &open); err != nil {
-		return err
+	if opened, err = c.moveRecord(ctx, &open); err != nil {
+		return false, err
 	}
 	if now, err := c.Read(ctx, spec.PoolID); err != nil {
-		return err
+		return false, err
 	} else if now.State.Over() {
-		return closedErr(spec.PoolID, now.State)
+		return false, closedErr(spec.PoolID, now.State)
 	}
 	// Every instance learns the pool now; the registry refresh covers a
 	// notice that is lost, within a second.
@@ -256,7 +260,7 @@ func (c *Catalog) fill(ctx context.Context, p *record, progress func(loaded, tot
 			"pool_id", spec.PoolID, "err", err)
 	}
 	c.opened(spec.PoolID)
-	return nil
+	return opened, nil
 }
 
 // fillSubPool sets up sub-pool j and appends its amounts from the first batch

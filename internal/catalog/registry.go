@@ -234,7 +234,7 @@ func furthest(copies []copyOf, serial string) *record {
 // putRecord writes the record where none is whole, or moves the stored one
 // on to its state (never back), atomically, and returns what is stored.
 func (c *Catalog) putRecord(ctx context.Context, client redis.UniversalClient, pool string, fields map[string]string) (*record, error) {
-	m, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
+	m, _, err := lua.PutRecord(ctx, client, recordKey(pool), fields)
 	if err != nil {
 		return nil, rain.Errorf(rain.ErrUnavailable, err, "write pool record")
 	}

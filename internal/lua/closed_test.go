@@ -377,11 +377,14 @@ func TestRecordOnlyMovesOn(t *testing.T) {
 	rec := func(state, account string) map[string]string {
 		return map[string]string{"spec": `{"pool_id":"p"}`, "seed": "7", "placement": "a,b", "state": state, "account": account}
 	}
-	put := func(f map[string]string) map[string]string {
+	put := func(f map[string]string, wantMoved bool) map[string]string {
 		t.Helper()
-		m, err := PutRecord(ctx, c, key, f)
+		m, moved, err := PutRecord(ctx, c, key, f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if moved != wantMoved {
+			t.Fatalf("PutRecord(%s) moved = %v, want %v", f["state"], moved, wantMoved)
 		}
 		return m
 	}
@@ -398,17 +401,19 @@ func TestRecordOnlyMovesOn(t *testing.T) {
 	if err := c.HSet(ctx, key, "state", "closing").Err(); err != nil { // a part, as a blind write left one
 		t.Fatal(err)
 	}
-	want(put(rec("loading", "")), "loading", "")
-	want(put(rec("open", "")), "open", "")
+	want(put(rec("loading", ""), true), "loading", "") // written whole
+	want(put(rec("loading", ""), false), "loading", "")
+	want(put(rec("open", ""), true), "open", "")
+	want(put(rec("open", ""), false), "open", "") // a second preload's open: it did not open it
 	acct, _ := json.Marshal(map[string]any{"pool_id": "p", "state": "closing"})
-	want(put(rec("closing", string(acct))), "closing", string(acct))
-	want(put(rec("open", "")), "closing", string(acct)) // a stalled preload opens nothing
+	want(put(rec("closing", string(acct)), true), "closing", string(acct))
+	want(put(rec("open", ""), false), "closing", string(acct)) // a stalled preload opens nothing
 	closed, _ := json.Marshal(map[string]any{"pool_id": "p", "state": "closed"})
-	want(put(rec("closed", string(closed))), "closed", string(closed))
-	want(put(rec("closing", string(acct))), "closed", string(closed))
+	want(put(rec("closed", string(closed)), true), "closed", string(closed))
+	want(put(rec("closing", string(acct)), false), "closed", string(closed))
 	other := rec("closed", "{}")
 	other["seed"] = "8"
-	want(put(other), "closed", string(closed))
+	want(put(other, false), "closed", string(closed))
 }
 
 // TestEndedIsAFact: once a sub-pool's end has been seen (an operator's

@@ -105,18 +105,23 @@ func OpenSubPool(ctx context.Context, c Client, sp rain.SubPool) (opened bool, s
 // placement, state and, when not empty, account) where none is whole, or
 // moves a record of the same pool on to fields["state"] (with the account)
 // when it is at an earlier stage of the pool's life; never back (see
-// record.lua). It returns the stored record's fields.
-func PutRecord(ctx context.Context, c Client, key string, fields map[string]string) (map[string]string, error) {
+// record.lua). It returns the stored record's fields, and whether this
+// call wrote the record or moved it on (of concurrent calls, one; a call
+// re-sent after its reply was lost finds it moved already, and says no).
+func PutRecord(ctx context.Context, c Client, key string, fields map[string]string) (map[string]string, bool, error) {
 	res, err := recordScript.Run(ctx, c, []string{key},
 		fields["spec"], fields["seed"], fields["placement"], fields["state"], fields["account"], fields["tags"]).Slice()
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	if len(res)%2 != 1 {
+		return nil, false, fmt.Errorf("record: a reply of %d values, want the record's pairs and a flag", len(res))
 	}
 	m := make(map[string]string, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
 		m[str(res, i)] = str(res, i+1)
 	}
-	return m, nil
+	return m, integer(res, len(res)-1) == 1, nil
 }
 
 // End ends the sub-pool's window now, unless it ended before; it returns

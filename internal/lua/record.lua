@@ -16,11 +16,15 @@
 -- preload can never open a pool that was closed, and a copy written back
 -- from another shard keeps the furthest stage and its account. A record of
 -- another spec is left as it is: the first preload of an id wins.
--- Re-sent, it changes nothing. Returns the stored record as HGETALL does.
+-- Re-sent, it changes nothing. Returns the stored record as HGETALL does,
+-- then 1 when this call wrote the record or moved it on to ARGV[4] (of
+-- concurrent calls, one), else 0.
 local key = KEYS[1]
+local moved = 0
 local stage = {loading = 1, open = 2, closing = 3, closed = 4}
 local cur = redis.call('HMGET', key, 'spec', 'seed', 'placement', 'state', 'tags')
 if not cur[1] then
+  moved = 1
   redis.call('DEL', key)
   redis.call('HSET', key, 'spec', ARGV[1], 'seed', ARGV[2], 'placement', ARGV[3], 'state', ARGV[4])
   if ARGV[5] ~= '' then
@@ -32,6 +36,7 @@ if not cur[1] then
 elseif cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] and (cur[5] or '') == ARGV[6] then
   local from, to = stage[cur[4]] or 0, stage[ARGV[4]] or 0
   if to > from then
+    moved = 1
     redis.call('HSET', key, 'state', ARGV[4])
   end
   if to >= from and ARGV[5] ~= '' and redis.call('HEXISTS', key, 'account') == 0 then
@@ -41,4 +46,6 @@ elseif cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] and (cur[5]
     redis.call('HSET', key, 'account', ARGV[5])
   end
 end
-return redis.call('HGETALL', key)
+local all = redis.call('HGETALL', key)
+all[#all + 1] = moved
+return all

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"rain"
 	"rain/internal/logtest"
 	"rain/internal/pgtest"
 	"rain/internal/redistest"
@@ -111,6 +112,106 @@ func TestCloseCommand(t *testing.T) {
 		if code != c.code || (code == 200 && body["status"] != "confirmed") {
 			t.Errorf("confirm of %s serial %d after the close = %d %v, want %d", c.user, int64(c.serial), code, body, c.code)
 		}
+	}
+}
+
+// TestCloseRefusedWhenTheBooksDiffer: a close reconciles the shards with
+// PostgreSQL, the system of record: once settlement has delivered every
+// grant, a grant missing from the database (a row lost, deleted by hand)
+// makes the close refuse, naming the sub-pool and both tallies, and leave
+// everything as it was: the pool ended, not closed, no account written.
+// Once the row is back, the close goes through (its seals were undone).
+func TestCloseRefusedWhenTheBooksDiffer(t *testing.T) {
+	servers := redistest.StartN(t, 2, durable)
+	pg := pgtest.Start(t, pgtest.Options{})
+	url := pg.NewDB(t)
+	environ := map[string]string{
+		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(servers)),
+		"RAIN_ADMIN_TOKEN": longToken,
+	}
+	addr, _ := startServe(t, []string{"--postgres", url}, environ)
+	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"bk","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 4 {
+		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"bk","user_id":"u%d"}`, i)); code != 200 {
+			t.Fatalf("grab = %d %v", code, body)
+		}
+	}
+	tool := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, env(environ), &out, &errOut)
+		return out.String(), err
+	}
+	if _, err := tool("end", "--pool", "bk"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	outboxed := func() int64 {
+		var n int64
+		for _, srv := range servers {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			for j := range 2 {
+				l, err := c.XLen(ctx, rain.SubPool{Pool: "bk", Index: j}.Keys().Outbox).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += l
+			}
+			c.Close()
+		}
+		return n
+	}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(sctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
+	}()
+	t.Cleanup(stop)
+	waittest.Until(t, 20*time.Second, "every grant in PostgreSQL and every outbox entry settled", func() bool {
+		var n int64
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM rain_grants WHERE pool_id = 'bk'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 4 && outboxed() == 0
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("rain settle returned %v after cancel", err)
+	}
+	var serial, amount int64
+	var sub int
+	var user string
+	var grantedAt time.Time
+	if err := conn.QueryRow(ctx, `DELETE FROM rain_grants WHERE pool_id = 'bk' AND user_id = 'u1' RETURNING serial, sub_pool, amount_cents, granted_at`).
+		Scan(&serial, &sub, &amount, &grantedAt); err != nil {
+		t.Fatal(err)
+	}
+	user = "u1"
+	_, err = tool("close", "--pool", "bk", "--postgres", url)
+	if want := fmt.Sprintf("books: sub-pool %d holds", sub); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("rain close with a grant missing from PostgreSQL = %v, want a refusal naming %q", err, want)
+	}
+	if code, body := get(t, "http://"+addr+"/admin/pools/bk", longToken); code != 200 || !strings.Contains(body, `"state":"ended"`) {
+		t.Fatalf("the pool after the refused close = %d %s, want ended", code, body)
+	}
+	var accounts int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM rain_pools WHERE pool_id = 'bk'`).Scan(&accounts); err != nil || accounts != 0 {
+		t.Fatalf("rain_pools rows for the refused close: %d, %v; want none", accounts, err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO rain_grants (serial, pool_id, sub_pool, user_id, amount_cents, granted_at) VALUES ($1, 'bk', $2, $3, $4, $5)`,
+		serial, sub, user, amount, grantedAt); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tool("close", "--pool", "bk", "--postgres", url)
+	var a map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &a) != nil || a["state"] != "closed" || a["confirmed_count"] != float64(4) {
+		t.Fatalf("rain close with the row back = %q, %v; want the account, 4 confirmed", out, err)
 	}
 }
 

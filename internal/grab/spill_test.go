@@ -15,6 +15,8 @@ import (
 	"rain/internal/lua"
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
+	"rain/internal/shard"
+	"rain/internal/shard/shardtest"
 	"rain/internal/wait/waittest"
 )
 
@@ -58,6 +60,65 @@ func TestSpillNoFalseSoldOut(t *testing.T) {
 		t.Fatalf("status %+v, want 100 held, none left", st)
 	}
 	e.assertAudit(t, "spill")
+}
+
+// TestNoFalseSoldOutUnderContention: as many users as packets, three in
+// four of them homed in one sub-pool of four, all grabbing at once through
+// two instances (each retrying what is answered 503, as a client does):
+// every one is granted. A sold_out to any of them would be false, the
+// stock being there for them all (invariant 4); with more users than
+// packets, as in the other concurrent tests, a false one would go
+// unnoticed.
+func TestNoFalseSoldOutUnderContention(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 3, redistest.Options{})
+	const n = 200
+	e.preload(t, rain.Spec{PoolID: "full", TotalCents: 100 * n, Count: n, SubPools: 4})
+	p, err := e.cat.Cached(ctx, "full")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users []string
+	for i := 0; len(users) < n; i++ {
+		u := fmt.Sprintf("u%d", i)
+		if p.Home(u) == 0 || len(users) >= n*3/4 {
+			users = append(users, u)
+		}
+	}
+	svc2, _ := e.service(t, shardtest.Open(t, redistest.Addrs(e.servers), shard.Options{}))
+	services := []*grab.Service{e.svc, svc2}
+	results := make([]grab.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, u := range users {
+		wg.Go(func() {
+			svc := services[i%2]
+			for try := 0; ; try++ {
+				r, err := svc.Grab(ctx, "full", u)
+				if err != nil && try < 400 {
+					time.Sleep(5 * time.Millisecond) // 503: busy, unavailable, outcome unknown
+					continue
+				}
+				results[i], errs[i] = r, err
+				return
+			}
+		})
+	}
+	wg.Wait()
+	var cents int64
+	for i, r := range results {
+		if errs[i] != nil || (r.Outcome != grab.Granted && r.Outcome != grab.AlreadyGranted) {
+			t.Errorf("%s (home %d) got %+v, %v; want granted: a packet was left for every user", users[i], p.Home(users[i]), r, errs[i])
+		}
+		cents += r.Amount
+	}
+	if cents != 100*n {
+		t.Errorf("granted %d cents, want %d", cents, 100*n)
+	}
+	if st, err := e.cat.Status(ctx, "full"); err != nil || st.HeldCount != n || st.RemainingCount != 0 {
+		t.Fatalf("status %+v, %v; want %d held, none left", st, err, n)
+	}
+	e.assertAudit(t, "full")
 }
 
 // TestSpillRace: many users race for the last packets across sub-pools:

@@ -210,3 +210,49 @@ func TestFailingSubPoolsDoNotStallTheReaper(t *testing.T) {
 		t.Fatalf("reaper %+v: the failures on s1 were not counted", st)
 	}
 }
+
+// TestLagCountsReleasesThatFail: a grant past its deadline whose release
+// keeps failing (its shard at maxmemory: the release script cannot write)
+// shows in the reaper's lag, which grows while it fails (the lag alert
+// pages on it), and is back to nothing once the grant is released. Before,
+// a release that failed measured nothing, and the lag stayed 0.
+func TestLagCountsReleasesThatFail(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t) // s1, s2, s3
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("lag%d", i); e.shards.Ring().Distinct(c, 1)[0] == "s1" {
+			id = c
+		}
+	}
+	if _, _, err := e.cat.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1000, Count: 10, SubPools: 1, HoldSeconds: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.svc.Grab(ctx, id, "someone")
+	if err != nil || g.Outcome != grab.Granted {
+		t.Fatalf("grab: %+v %v", g, err)
+	}
+	s1 := e.clients[0]
+	waittest.Until(t, 10*time.Second, "the sub-pool marked due on s1", func() bool {
+		n, _ := s1.ZCard(ctx, lua.DueAt).Result()
+		return n >= 1
+	})
+	if err := s1.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s1.ConfigSet(context.Background(), "maxmemory", "0").Err() })
+	r := New(e.shards, e.cat, e.locker(time.Second), Config{Interval: 100 * time.Millisecond, IdlePoll: 200 * time.Millisecond, FullSweep: time.Hour})
+	start(t, r)
+	waittest.Until(t, 30*time.Second, "the lag past 3 s while the release fails", func() bool { return r.Stats().Lag > 3*time.Second })
+	if err := s1.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.cat.Read(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 30*time.Second, "the grant released and the lag back under a second", func() bool {
+		rec, _ := s1.HGet(ctx, p.SubPool(0).Keys().Grants, "someone").Result()
+		return strings.HasPrefix(rec, "r:") && r.Stats().Lag < time.Second
+	})
+}

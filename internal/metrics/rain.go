@@ -42,7 +42,7 @@ func (r *Registry) Reaper(stats func() reaper.Stats) {
 	r.Gauge("rain_reaper_leader", "1 while this instance holds the reaper lock.", func() float64 { return b2f(stats().Leader) })
 	r.Counter("rain_reaper_released_total", "Expired grants released back to the stock.", func() float64 { return float64(stats().Released) })
 	r.Counter("rain_reaper_released_cents_total", "Cents of expired grants released back to the stock.", func() float64 { return float64(stats().ReleasedCents) })
-	r.Gauge("rain_reaper_lag_seconds", "How long past its deadline the oldest overdue grant was at the last sweep, or how long a due sub-pool's sweeps have been failing if longer (its release cannot run).", func() float64 { return stats().Lag.Seconds() })
+	r.Gauge("rain_reaper_lag_seconds", "How long past its deadline the oldest overdue grant was at the last sweep.", func() float64 { return stats().Lag.Seconds() })
 	r.Counter("rain_reaper_sweeps_total", "Sweeps made.", func() float64 { return float64(stats().Sweeps) })
 	r.Counter("rain_reaper_sweep_errors_total", "Sweeps that met an error (a shard down).", func() float64 { return float64(stats().Errors) })
 	r.Counter("rain_reaper_lost_locks_total", "Times the lock was lost while sweeping.", func() float64 { return float64(stats().LostLocks) })

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,8 +27,7 @@ const releaseBatch = 500
 type Sweep struct {
 	Released, ReleasedCents int64
 	// OldestOverdue is how long past its deadline the oldest overdue grant
-	// was when the pass reached it, or how long a due sub-pool's sweeps
-	// have been failing if longer: the reaper's lag.
+	// was when the pass reached it: the reaper's lag.
 	OldestOverdue time.Duration
 }
 
@@ -46,33 +44,6 @@ type sweeper struct {
 	valid, age time.Duration // the spill reservation's validity (T), a transfer's age before it is resolved
 	log        logger
 	page       int // sub-pools per read of a due index: dueBatch
-
-	mu sync.Mutex
-	// failing holds, for each due sub-pool (its meta key) whose sweeps
-	// fail, when the first of them failed: its grants due then are overdue
-	// at least since, which the lag counts (a release that fails measures
-	// nothing).
-	failing map[string]time.Time
-}
-
-// failed notes whether the sweep of due sub-pool meta failed, and returns
-// how long its sweeps have been failing (0 when this one did not).
-func (w *sweeper) failed(meta string, failed bool) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !failed {
-		delete(w.failing, meta)
-		return 0
-	}
-	if w.failing == nil {
-		w.failing = map[string]time.Time{}
-	}
-	since, ok := w.failing[meta]
-	if !ok {
-		since = time.Now()
-		w.failing[meta] = since
-	}
-	return time.Since(since)
 }
 
 // logger is what the sweeper logs with (*slog.Logger).
@@ -167,9 +138,6 @@ func (w *sweeper) due(ctx context.Context, name string, d lua.Due, sw *Sweep) (a
 			}
 		}
 	}
-	// Due, and its sweep failing: its grants wait past their deadline for
-	// as long, at least (the lag, and its alert).
-	sw.OldestOverdue = max(sw.OldestOverdue, w.failed(d.Meta, err != nil))
 	done, derr := lua.DoneDue(ctx, w.shards.Client(name), d, in)
 	if derr != nil {
 		return time.Time{}, true, errors.Join(err, fmt.Errorf("%w: update the due index of shard %s: %w", rain.ErrUnavailable, name, derr))

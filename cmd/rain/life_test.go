@@ -20,6 +20,48 @@ import (
 	"rain/internal/wait/waittest"
 )
 
+// booksEnv is rain serve on two durable shards with a PostgreSQL database
+// (--postgres), pool id preloaded (10 packets in 2 sub-pools) and granted
+// to users u0 to u3.
+type booksEnv struct {
+	servers []*redistest.Server
+	url     string // the database's
+	addr    string // rain serve's
+	environ map[string]string
+	serials map[string]float64 // each user's grant
+}
+
+func newBooksEnv(t *testing.T, id string) *booksEnv {
+	t.Helper()
+	e := &booksEnv{servers: redistest.StartN(t, 2, durable), serials: map[string]float64{}}
+	e.url = pgtest.Start(t, pgtest.Options{}).NewDB(t)
+	e.environ = map[string]string{
+		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(e.servers)),
+		"RAIN_ADMIN_TOKEN": longToken,
+	}
+	e.addr, _ = startServe(t, []string{"--postgres", e.url}, e.environ)
+	if code, body := post(t, "http://"+e.addr+"/admin/pools", longToken,
+		fmt.Sprintf(`{"pool_id":%q,"total_cents":1000,"count":10,"sub_pools":2}`, id)); code != 201 {
+		t.Fatalf("preload = %d %v", code, body)
+	}
+	for i := range 4 {
+		user := fmt.Sprintf("u%d", i)
+		code, body := post(t, "http://"+e.addr+"/grab", "", fmt.Sprintf(`{"pool_id":%q,"user_id":%q}`, id, user))
+		if code != 200 {
+			t.Fatalf("grab = %d %v", code, body)
+		}
+		e.serials[user] = body["serial"].(float64)
+	}
+	return e
+}
+
+// tool runs a rain subcommand with the env's variables: what it printed.
+func (e *booksEnv) tool(args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, env(e.environ), &out, &errOut)
+	return out.String(), err
+}
+
 // TestCloseCommand: a pool's whole life from the command line, on real
 // shards and a real PostgreSQL: rain serve --postgres, grabs, rain close
 // refused while the window is open, rain end, rain settle --postgres, and
@@ -27,31 +69,8 @@ import (
 // account there. After the close the confirm of a grant is still
 // idempotent (API.md): the database answers for the freed keys.
 func TestCloseCommand(t *testing.T) {
-	servers := redistest.StartN(t, 2, durable)
-	pg := pgtest.Start(t, pgtest.Options{})
-	url := pg.NewDB(t)
-	environ := map[string]string{
-		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(servers)),
-		"RAIN_ADMIN_TOKEN": longToken,
-	}
-	addr, _ := startServe(t, []string{"--postgres", url}, environ)
-	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"cl","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
-		t.Fatalf("preload = %d %v", code, body)
-	}
-	serials := map[string]float64{}
-	for i := range 4 {
-		user := fmt.Sprintf("u%d", i)
-		code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"cl","user_id":%q}`, user))
-		if code != 200 {
-			t.Fatalf("grab = %d %v", code, body)
-		}
-		serials[user] = body["serial"].(float64)
-	}
-	tool := func(args ...string) (string, error) {
-		var out, errOut bytes.Buffer
-		err := run(context.Background(), args, env(environ), &out, &errOut)
-		return out.String(), err
-	}
+	e := newBooksEnv(t, "cl")
+	url, addr, environ, serials, tool := e.url, e.addr, e.environ, e.serials, e.tool
 	if _, err := tool("close", "--pool", "cl", "--postgres", url); err == nil || !strings.Contains(err.Error(), "window open") {
 		t.Fatalf("rain close of an open pool = %v, want an error naming the open window", err)
 	}
@@ -122,27 +141,8 @@ func TestCloseCommand(t *testing.T) {
 // everything as it was: the pool ended, not closed, no account written.
 // Once the row is back, the close goes through (its seals were undone).
 func TestCloseRefusedWhenTheBooksDiffer(t *testing.T) {
-	servers := redistest.StartN(t, 2, durable)
-	pg := pgtest.Start(t, pgtest.Options{})
-	url := pg.NewDB(t)
-	environ := map[string]string{
-		"RAIN_REDIS":       shardtest.Flag(redistest.Addrs(servers)),
-		"RAIN_ADMIN_TOKEN": longToken,
-	}
-	addr, _ := startServe(t, []string{"--postgres", url}, environ)
-	if code, body := post(t, "http://"+addr+"/admin/pools", longToken, `{"pool_id":"bk","total_cents":1000,"count":10,"sub_pools":2}`); code != 201 {
-		t.Fatalf("preload = %d %v", code, body)
-	}
-	for i := range 4 {
-		if code, body := post(t, "http://"+addr+"/grab", "", fmt.Sprintf(`{"pool_id":"bk","user_id":"u%d"}`, i)); code != 200 {
-			t.Fatalf("grab = %d %v", code, body)
-		}
-	}
-	tool := func(args ...string) (string, error) {
-		var out, errOut bytes.Buffer
-		err := run(context.Background(), args, env(environ), &out, &errOut)
-		return out.String(), err
-	}
+	e := newBooksEnv(t, "bk")
+	servers, url, addr, environ, tool := e.servers, e.url, e.addr, e.environ, e.tool
 	if _, err := tool("end", "--pool", "bk"); err != nil {
 		t.Fatal(err)
 	}

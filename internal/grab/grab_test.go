@@ -21,7 +21,9 @@ import (
 
 // IgnoreCurrent: ants (the worker pool, bulkhead_test.go) starts a default
 // pool of its own at init.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe()) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent(), redistest.IgnoreProbe())
+}
 
 // env is a Service on real redis-server shards, wired as every test of
 // the packages rain serve is built from wires it (internal/grabtest), with

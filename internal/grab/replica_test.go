@@ -87,3 +87,74 @@ func TestSpillTakeWaitsForAReplica(t *testing.T) {
 		t.Fatalf("the user holds %q at home: granted from a take the sibling lost", g)
 	}
 }
+
+// TestClaimWaitsForAReplica: on a shard with replicas (Sentinel) a claim's
+// grant is answered only once a replica has it (the batch's WAIT). With the
+// replica frozen, the claim runs on the primary and grants, but its
+// answer is an unknown outcome, never "granted"; a failover then (the
+// primary killed, the frozen replica promoted) loses that grant, which no
+// client was told of, and keeps the one answered before the freeze
+// (invariant 5: acknowledged means durable, with replicas).
+func TestClaimWaitsForAReplica(t *testing.T) {
+	ctx := context.Background()
+	durable := redistest.Options{AOF: true, Fsync: "always"}
+	primary := redistest.Start(t, durable)
+	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
+	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
+	plain := redistest.Start(t, durable)
+	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
+	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	ge := grabtest.On(t, []*redistest.Server{plain, primary}, []string{plain.Addr, "sentinel/rainm/" + sentinel.Addr})
+	id := ""
+	for i := 0; id == ""; i++ { // the pool's one sub-pool on the Sentinel shard, s2
+		if c := fmt.Sprintf("rp%d", i); ge.Shards.Ring().Distinct(c, 1)[0] == "s2" {
+			id = c
+		}
+	}
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: id, TotalCents: 1_000, Count: 10, SubPools: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ge.Catalog.Read(ctx, id)
+	if err != nil || p.Placement[0] != "s2" {
+		t.Fatalf("placement %v, %v", p.Placement, err)
+	}
+	k := p.SubPool(0).Keys()
+	before, err := ge.Service.Grab(ctx, id, "u0")
+	if err != nil || before.Outcome != grab.Granted {
+		t.Fatalf("grab of u0 with the replica in sync = %+v, %v", before, err)
+	}
+	waittest.Until(t, 10*time.Second, "the replica has u0's grant", func() bool {
+		g, err := rc.HGet(ctx, k.Grants, "u0").Result()
+		return err == nil && g != ""
+	})
+	pc := redistest.Clients(t, []*redistest.Server{primary})[0]
+	replica.Pause() // the replica stops hearing its primary
+	t.Cleanup(replica.Resume)
+	if err := pc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ge.Service.Grab(ctx, id, "u1")
+	if !errors.Is(err, grab.ErrOutcomeUnknown) {
+		t.Fatalf("a grant no replica holds = %+v, %v; want outcome unknown, not granted", r, err)
+	}
+	if g, err := pc.HGet(ctx, k.Grants, "u1").Result(); err != nil || g == "" {
+		t.Fatalf("u1's grant on the primary = %q, %v; want one: the claim ran, only its WAIT failed", g, err)
+	}
+	primary.Kill() // the failover: the replica, which never got u1's grant, is promoted
+	replica.Resume()
+	if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := rc.HGet(ctx, k.Grants, "u1").Result(); g != "" {
+		t.Fatalf("the promoted replica holds u1's grant %q: it had it before the grab was answered", g)
+	}
+	if g, err := rc.HGet(ctx, k.Grants, "u0").Result(); err != nil || g == "" {
+		t.Fatalf("u0's answered grant after the failover = %q, %v; want it kept", g, err)
+	}
+	if n, _ := rc.HGet(ctx, k.Meta, "stock_count").Result(); n != "9" {
+		t.Fatalf("the promoted replica holds %s packets, want 9 (only u0's granted)", n)
+	}
+}

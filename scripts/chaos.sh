@@ -6,7 +6,9 @@
 # installs redis-server), without the race detector and with full windows:
 #   TestOneBadShard       four shards, two instances at 1,500 grabs/s; one shard
 #                         killed (-9) and restarted, frozen (SIGSTOP) and
-#                         thawed, busy with a slow script, audited in pages
+#                         thawed, answering past the budget (a proxy holds
+#                         its replies), busy with a slow script, audited in
+#                         pages
 #   TestSentinelFailover  a Sentinel-managed shard loses its primary mid-flood
 #   TestChaosLostReplies  four shards behind proxies that lose replies
 # and prints, per fault: healthy users' p99, the bad shard's 503s, /readyz,

@@ -18,6 +18,7 @@ import (
 	"rain"
 	"rain/internal/grab"
 	"rain/internal/instance"
+	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/shard/shardtest"
@@ -27,7 +28,8 @@ import (
 // TestOneBadShard: four shards, two rain instances (the grab service, the
 // worker pool and the HTTP API, as rain serve wires them) under 1,500
 // grabs/s; one shard of the four is killed (-9) and restarted, frozen
-// (SIGSTOP) and thawed, and kept busy by a slow script. For each fault the
+// (SIGSTOP) and thawed, slowed (a proxy holds each of its replies half as
+// long again as the budget), and kept busy by a slow script. For each fault the
 // test measures, and prints: the p99 of users whose home is on a healthy
 // shard, beside the same before the fault; how fast users of the bad shard
 // are answered 503 once its breaker is open; how long /readyz takes and how
@@ -55,6 +57,21 @@ func TestOneBadShard(t *testing.T) {
 	ctx := context.Background()
 	servers := redistest.StartN(t, 4, durable)
 	specs := shardtest.Specs(redistest.Addrs(servers))
+	const subPools = 4
+	// The bad shard: one that is neither the serial shard nor the arbiter,
+	// the first of the pool's placement that is not s1. Its instances reach
+	// it through a proxy, which answers it late in the slow fault.
+	ring, err := shard.NewRing(specs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := ring.Distinct("bad", subPools)
+	badSub := slices.IndexFunc(placed, func(name string) bool { return name != "s1" })
+	badName := placed[badSub]
+	badAt := slices.IndexFunc(specs, func(sp shard.Spec) bool { return sp.Name == badName })
+	bad := servers[badAt]
+	late := redisproxy.Start(t, bad.Addr)
+	specs[badAt].Addr = late.Addr
 	var urls []string
 	var instances []*instance.Instance
 	for range 2 {
@@ -62,15 +79,13 @@ func TestOneBadShard(t *testing.T) {
 		urls = append(urls, base)
 		instances = append(instances, in)
 	}
-	const subPools = 4
 	st, _, err := instances[0].Catalog.Preload(ctx, rain.Spec{PoolID: "bad", TotalCents: 100_000_000, Count: 1_000_000, SubPools: subPools})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The bad shard: one that is neither the serial shard nor the arbiter.
-	badSub := slices.IndexFunc(st.SubPools, func(sp rain.SubPoolStatus) bool { return sp.Shard != "s1" })
-	badName := st.SubPools[badSub].Shard
-	bad := servers[slices.IndexFunc(specs, func(sp shard.Spec) bool { return sp.Name == badName })]
+	if st.SubPools[badSub].Shard != badName {
+		t.Fatalf("sub-pool %d placed on %s, want %s (the ring's placement)", badSub, st.SubPools[badSub].Shard, badName)
+	}
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}, Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
@@ -90,10 +105,6 @@ func TestOneBadShard(t *testing.T) {
 	var slow chan struct{} // closed when the slow script has returned
 	var audits chan error  // the audits' end
 	// The big pool lives on the bad shard alone: an id the ring places there.
-	ring, err := shard.NewRing(specs, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	bigID := ""
 	for i := 0; bigID == ""; i++ {
 		if id := fmt.Sprintf("big%d", i); ring.Distinct(id, 1)[0] == badName {
@@ -106,6 +117,11 @@ func TestOneBadShard(t *testing.T) {
 	faults := []fault{
 		{"kill -9, restart", bad.Kill, bad.Restart, true},
 		{"SIGSTOP, SIGCONT", bad.Pause, bad.Resume, true},
+		// A shard that answers, but every command later than the budget
+		// (half as long again): to rain a stall, cut off as one.
+		{"answers past the budget", func() {
+			late.SetReplyDelay(func([]string) bool { return true }, instances[0].Shards.Timeout()*3/2)
+		}, func() { late.SetReplyDelay(nil, 0) }, true},
 		{"a slow script", func() {
 			slow = make(chan struct{})
 			c := shard.NewClient(bad.Addr, shard.Options{Timeout: time.Minute})

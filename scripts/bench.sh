@@ -35,7 +35,9 @@
 #                               OPEN=1 adds open-loop runs at LOAD x the saturated rate;
 #                               BEFORE_FLAGS and AFTER_FLAGS add rain serve flags to
 #                               either side (BEFORE=HEAD AFTER_FLAGS="--workers off":
-#                               what a flag costs)
+#                               what a flag costs); BEFORE_ENV and AFTER_ENV set
+#                               variables of either side's process
+#                               (AFTER_ENV="GOMAXPROCS=1")
 #
 # rain runs on 4 shards (RAIN_SHARDS=N: N; budget sets its own), each a
 # redis-server on this machine, so their fsyncs share one disk.
@@ -43,6 +45,8 @@
 # them relaxed); the baseline's Redis with appendfsync everysec (BASELINE_FSYNC).
 # The baseline runs on one Redis (BASELINE_SHARDS=N: on N, its users split over
 # them by a hash of their id, the minimal design sharded as rain is).
+# RAIN_ENV and BASELINE_ENV set variables of rain serve's and the baseline's
+# processes (RAIN_ENV=GOMAXPROCS=1 BASELINE_ENV=GOMAXPROCS=1).
 # rain serve writes one outbox entry per batch of grants (RAIN_OUTBOX=packed: one
 # per grant; fields: a field per value, its default) and names a batch's grants
 # by one deadline index member (RAIN_DEADLINE_INDEX=grant: a member per grant,
@@ -286,7 +290,10 @@ start_rain_on() {
   [ "$rain_fsync" = always ] || durability=(--durability relaxed)
   user_auth_none "${rain_bin:-$bin/rain}"
   free_port rp
-  RAIN_OUTBOX=$outbox RAIN_DEADLINE_INDEX=$rain_deadline_index "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
+  # rain_env: variables of this process (versus's BEFORE_ENV, AFTER_ENV;
+  # else RAIN_ENV), split on spaces; env execs, so $! is rain's PID.
+  # shellcheck disable=SC2086
+  RAIN_OUTBOX=$outbox RAIN_DEADLINE_INDEX=$rain_deadline_index env ${rain_env:-${RAIN_ENV:-}} "${rain_bin:-$bin/rain}" serve --listen "127.0.0.1:$rp" --redis "$shards" --admin-token "$token" \
     "${durability[@]}" "${no_user_auth[@]}" "${@:5}" \
     >"$dir/rain.log" 2>&1 &
   pid=$!
@@ -339,7 +346,8 @@ start_baseline() {
     addrs+="${addrs:+,}127.0.0.1:$br" pids+="${pids:+ }$redis_pid" ports+="${ports:+ }$br"
   done
   free_port bp
-  "$bin/baseline" -listen "127.0.0.1:$bp" -redis "$addrs" -admin-token "$token" \
+  # shellcheck disable=SC2086
+  env ${BASELINE_ENV:-} "$bin/baseline" -listen "127.0.0.1:$bp" -redis "$addrs" -admin-token "$token" \
     >"$tmp/baseline.log" 2>&1 &
   started+=($!)
   app_of[$bp]=$! redis_of[$bp]=$pids redis_ports_of[$bp]=$ports
@@ -868,8 +876,8 @@ bench_versus() {
   git worktree remove --force "$tree"
   local bport aport
   # Each side's flags are split on spaces (unquoted on purpose).
-  rain_bin="$bin/rain-before" start_rain bport ${BEFORE_FLAGS:-}
-  start_rain aport ${AFTER_FLAGS:-}
+  rain_env="${BEFORE_ENV:-}" rain_bin="$bin/rain-before" start_rain bport ${BEFORE_FLAGS:-}
+  rain_env="${AFTER_ENV:-}" start_rain aport ${AFTER_FLAGS:-}
   local r n order
   for ((r = 1; r <= rounds; r++)); do
     order="before after"
@@ -893,7 +901,7 @@ bench_versus() {
         -user-prefix "e$r." -repeat "$repeat" -admin-token "$token"
     done
   done
-  echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE${BEFORE_FLAGS:+ with $BEFORE_FLAGS}${AFTER_FLAGS:+; after: the working tree with $AFTER_FLAGS}"
+  echo "== versus: $rounds round(s) of $duration, medians over rounds (errors: sums); before = $BEFORE${BEFORE_FLAGS:+ with $BEFORE_FLAGS}${BEFORE_ENV:+ and $BEFORE_ENV}${AFTER_FLAGS:+; after: the working tree with $AFTER_FLAGS}${AFTER_ENV:+; after with $AFTER_ENV}"
   print_row "versus: saturated" before sat
   print_row "versus: saturated" after sat
   figure "$(awk -v b="$(med before sat goodput_rps)" -v a="$(med after sat goodput_rps)" \

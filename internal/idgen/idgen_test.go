@@ -231,7 +231,9 @@ func TestRedisDownAndBack(t *testing.T) {
 	// below carry a deadline that says so.
 	cfg := Config{MinStep: 500, MaxStep: 500, Wait: time.Hour, MaxBackoff: 50 * time.Millisecond}
 	g := newGen(t, NewRedisAllocator(rdb, key), cfg)
-	patience := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), time.Minute) }
+	patience := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), time.Minute)
+	}
 	before := take(t, g, 2200)
 	assertIncreasing(t, before, 0)
 

@@ -231,9 +231,6 @@ func TestRedisDownAndBack(t *testing.T) {
 	// below carry a deadline that says so.
 	cfg := Config{MinStep: 500, MaxStep: 500, Wait: time.Hour, MaxBackoff: 50 * time.Millisecond}
 	g := newGen(t, NewRedisAllocator(rdb, key), cfg)
-	patience := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.Background(), time.Minute)
-	}
 	before := take(t, g, 2200)
 	assertIncreasing(t, before, 0)
 
@@ -246,7 +243,7 @@ func TestRedisDownAndBack(t *testing.T) {
 
 	var during []int64
 	var failure error
-	ctx, cancel := patience()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for failure == nil {
 		id, err := g.Next(ctx)

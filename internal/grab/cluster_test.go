@@ -11,6 +11,8 @@ import (
 
 	"rain"
 	"rain/internal/grab"
+	"rain/internal/grabtest"
+	"rain/internal/lua"
 	"rain/internal/redistest"
 	"rain/internal/shard"
 	"rain/internal/wait/waittest"
@@ -96,9 +98,24 @@ func TestClusterPlacesOverPrimaries(t *testing.T) {
 // (unavailable, outcome unknown: the client retries), grabs on the moved
 // sub-pool go on within a second of the move, every user's re-grab
 // returns their one grant, and the audit is ok.
+//
+// It runs with the grants written in both forms: under the batch form the
+// claim scripts' keys all exist, so a migrating node runs them (see
+// TestScriptsRefusedOnAMigratingSlot); under the default one a key they
+// declare does not, and it refuses them before they run.
 func TestClusterReshardMidRain(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		form lua.Form
+	}{{"grant form", lua.Form{}}, {"batch form", lua.Form{Outbox: lua.OutboxBatch, BatchedDeadlines: true}}} {
+		t.Run(c.name, func(t *testing.T) { reshardMidRain(t, c.form) })
+	}
+}
+
+func reshardMidRain(t *testing.T, form lua.Form) {
 	ctx := context.Background()
 	e, cl := clusterEnv(t, 0)
+	_, e.cat, e.svc = grabtest.Service(t, e.shards, grab.Config{SpillValidity: e.valid, Form: form})
 	st := e.preload(t, rain.Spec{PoolID: "move", TotalCents: 3_000_000, Count: 300_000})
 	if len(st.SubPools) != 3 {
 		t.Fatalf("%d sub-pools for 300,000 packets on 3 primaries, want 3 (the primaries count as shards)", len(st.SubPools))

@@ -58,6 +58,30 @@
 -- are Lua numbers, exact to 2^53 (rain caps a pool at 1e15 cents), written
 -- with %d: a number passed to redis.call as it is would be sent as %.14g.
 
+-- A slot being moved (Redis Cluster, this node MIGRATING it): Redis runs a
+-- script here only if every key it declares is here, but then refuses any
+-- command of it that touches a key that is not (one the script itself
+-- emptied, and so deleted, included) with an error, and keeps what the
+-- script wrote before it: half a script. So every script first reads a key
+-- of its slot that never exists, which on a migrating slot fails before
+-- anything is written, and answers TRYAGAIN: nothing ran, try again (once
+-- the keys are all gone, Redis sends the caller to the node they moved to).
+-- Elsewhere (a slot of this node's, a slot it imports under ASKING, a
+-- server that is no cluster) the read finds nothing and costs a call.
+if #KEYS > 0 then
+  local key = KEYS[1]
+  local open = string.find(key, '{', 1, true)
+  local close = open and string.find(key, '}', open + 1, true)
+  local tag = key -- the part of the key its slot is hashed from
+  if close and close > open + 1 then
+    tag = string.sub(key, open + 1, close - 1)
+  end
+  local probe = redis.pcall('EXISTS', '{' .. tag .. '}:never')
+  if type(probe) == 'table' and probe.err then
+    return redis.error_reply('TRYAGAIN the slot of ' .. key .. ' is being moved: nothing ran (' .. probe.err .. ')')
+  end
+end
+
 local books = {}  -- counter -> what this script's moves changed it by
 local booked = {} -- those counters, in the order first changed
 local popped, used = nil, 0 -- the stock pop_to_held popped, and how much of it it used

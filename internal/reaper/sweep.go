@@ -289,7 +289,7 @@ func (w *sweeper) recoverSpills(ctx context.Context, p *rain.Pool, j int) (lua.I
 		}
 		v, err := lua.Decide(ctx, hc, &hk, t.Token, t.User, wait)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, w.shards.Redirected(ctx, p.Placement[t.Home], err))
 			continue
 		}
 		adopted := v.Adopted && v.Origin == j && v.Amount == t.Amount

@@ -488,7 +488,8 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 		return nil, nil, err
 	}
 	if !replicated {
-		return lua.ConfirmMany(ctx, c, k, args)
+		res, errs, err := lua.ConfirmMany(ctx, c, k, args)
+		return res, errs, w.shards.Redirected(ctx, sh.name, err)
 	}
 	run := func() (*redis.Cmd, *redis.IntCmd) {
 		pipe := c.Pipeline()
@@ -507,7 +508,7 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 	}
 	res, errs, err := lua.ParseConfirmMany(cmd, len(args))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, w.shards.Redirected(ctx, sh.name, err)
 	}
 	if n, werr := wait.Result(); werr != nil || n < 1 {
 		return nil, nil, fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, n, werr)

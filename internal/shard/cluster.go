@@ -366,6 +366,17 @@ func (s *Set) Reload(ctx context.Context, name string) {
 	}
 }
 
+// Redirected has the named cluster shard's client read the slot map again
+// when err is a MOVED or an ASK that a write through Writer met (the map
+// was behind the cluster's, nothing ran), so that the next try goes to the
+// slot's owner. It returns err.
+func (s *Set) Redirected(ctx context.Context, name string, err error) error {
+	if err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+		s.Reload(ctx, name)
+	}
+	return err
+}
+
 // Slot is the Redis Cluster hash slot of key: CRC16 of its hash tag (the
 // part between the first '{' and the next '}', when not empty) or of the
 // whole key, modulo 16384.
@@ -405,9 +416,15 @@ func crc16(s string) uint16 {
 
 // Writer is where a write of key to the named shard goes when its caller
 // may WAIT for a replica after it, and whether it should: the shard's
-// client and whether it runs with replicas (Sentinel); on a cluster shard
-// whose primary owning key has replicas, rain's own client of that primary
-// (a WAIT counts what its own connection wrote), else the cluster's client.
+// client and whether it runs with replicas (Sentinel); on a cluster shard,
+// rain's own client of the primary the slot map names the owner of key (a
+// WAIT counts what its own connection wrote), and whether that primary has
+// replicas. Never the cluster's client: it follows a MOVED or an ASK to
+// another primary, whose replicas were not asked about, and a write there
+// would go unwaited, though that primary may have replicas and fail over.
+// A slot map behind the cluster's (a slot moved since it was read) makes
+// the write answer MOVED, nothing run; the map is read again within 10 s
+// (and at once by a claim that meets the MOVED).
 func (s *Set) Writer(ctx context.Context, name, key string) (c redis.UniversalClient, replicated bool, err error) {
 	if s.clusters[name] == nil {
 		return s.Client(name), s.Replicated(name), nil
@@ -416,10 +433,7 @@ func (s *Set) Writer(ctx context.Context, name, key string) (c redis.UniversalCl
 	if err != nil {
 		return nil, false, err
 	}
-	if !s.NodeReplicated(name, addr) {
-		return s.Client(name), false, nil
-	}
-	return s.Node(name, addr), true, nil
+	return s.Node(name, addr), s.NodeReplicated(name, addr), nil
 }
 
 // CheckClusters checks every cluster shard as rain needs it at start: it

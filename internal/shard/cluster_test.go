@@ -173,3 +173,60 @@ func openCluster(t *testing.T, cl *redistest.Cluster, opts Options) *Set {
 	t.Cleanup(func() { set.Close() })
 	return set
 }
+
+// TestWriterStaysOnTheNodeItChecked: a write through Writer runs on the
+// primary whose replicas it asked about, or not at all. With the slot map
+// behind the cluster's (the key's slot moved since it was read), the write
+// answers MOVED and nothing runs on the slot's new owner: the cluster's
+// client would follow the MOVED there, to a primary whose replicas nobody
+// asked about, and a write that must wait for a replica would go unwaited.
+// Redirected has the map read again, and the next Writer goes to the new
+// owner.
+func TestWriterStaysOnTheNodeItChecked(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 0, redistest.Options{})
+	set := openCluster(t, cl, Options{})
+	const key = "{w}:k"
+	if _, err := set.Owner(ctx, "c1", key); err != nil { // the map, read now
+		t.Fatal(err)
+	}
+	if ps, err := set.Primaries(ctx, "c1"); err != nil || len(ps) != 3 { // and each primary's replicas: none
+		t.Fatalf("Primaries = %v, %v", ps, err)
+	}
+	slot := Slot(key)
+	from := cl.Owner(slot)
+	to := cl.Nodes[slices.IndexFunc(cl.Nodes, func(n *redistest.Server) bool { return n != from })]
+	cl.MoveSlot(slot, to, 0)
+	c, _, err := set.Writer(ctx, "c1", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	werr := c.Set(ctx, key, "v", 0).Err()
+	if !redis.HasErrorPrefix(werr, "MOVED") {
+		t.Fatalf("a write through Writer with the map behind = %v; want MOVED, nothing run", werr)
+	}
+	if v, err := redistest.Client(t, to).Get(ctx, key).Result(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("the new owner holds %q, %v: the write ran there", v, err)
+	}
+	if err := set.Redirected(ctx, "c1", werr); err != werr {
+		t.Fatalf("Redirected returned %v, want its error", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		owner, err := set.Owner(ctx, "c1", key)
+		if err == nil && owner == to.Addr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the map names %s the owner 10 s after Redirected (%v), want %s", owner, err, to.Addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c, _, err = set.Writer(ctx, "c1", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatalf("a write once the map follows: %v", err)
+	}
+}

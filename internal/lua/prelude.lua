@@ -68,17 +68,27 @@
 -- the keys are all gone, Redis sends the caller to the node they moved to).
 -- Elsewhere (a slot of this node's, a slot it imports under ASKING, a
 -- server that is no cluster) the read finds nothing and costs a call.
+-- The key read is named rain:... as every key of rain's is, so that a
+-- Redis user allowed rain's keys alone (~rain:*) may read it. A key with
+-- braces but no hash tag (an empty {}, a } alone) is not rain's: no read.
 if #KEYS > 0 then
   local key = KEYS[1]
   local open = string.find(key, '{', 1, true)
   local close = open and string.find(key, '}', open + 1, true)
-  local tag = key -- the part of the key its slot is hashed from
+  local tag -- the part of the key its slot is hashed from
   if close and close > open + 1 then
     tag = string.sub(key, open + 1, close - 1)
+  elseif not string.find(key, '[{}]') then
+    tag = key
   end
-  local probe = redis.pcall('EXISTS', '{' .. tag .. '}:never')
-  if type(probe) == 'table' and probe.err then
-    return redis.error_reply('TRYAGAIN the slot of ' .. key .. ' is being moved: nothing ran (' .. probe.err .. ')')
+  if tag then
+    local probe = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')
+    if type(probe) == 'table' and probe.err then
+      if string.find(probe.err, 'non local key', 1, true) then
+        return redis.error_reply('TRYAGAIN the slot of ' .. key .. ' is being moved: nothing ran (' .. probe.err .. ')')
+      end
+      return redis.error_reply(probe.err) -- nothing ran: not a slot moving (a key the user may not read, ...)
+    end
   end
 end
 

@@ -269,12 +269,12 @@ func ConfirmMany(ctx context.Context, c Client, k *rain.Keys, grants []ConfirmAr
 }
 
 // ConfirmManyCmd queues ConfirmMany on pipe as EVALSHA, with the fence
-// (see confirm_many.lua), for a WAIT queued after it on the same
+// (see confirm_many.lua) when a WAIT is queued after it on the same
 // connection, which then covers every confirm it answers; read it with
 // ParseConfirmMany. A shard whose script cache is empty answers NOSCRIPT
 // (IsNoScript): nothing ran; load the scripts and send it again.
-func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, grants []ConfirmArg) *redis.Cmd {
-	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(true, grants)...)
+func ConfirmManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, fence bool, grants []ConfirmArg) *redis.Cmd {
+	return confirmManyScript.EvalSha(ctx, pipe, []string{k.Meta, k.Grants, k.Deadlines}, confirmManyArgs(fence, grants)...)
 }
 
 // ParseConfirmMany reads the answer of a ConfirmManyCmd of n grants.

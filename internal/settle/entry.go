@@ -19,6 +19,7 @@ import (
 
 	"rain"
 	"rain/internal/lua"
+	"rain/internal/shard"
 )
 
 // batch is one stream's entries of a read, as settleBatch sorts them.
@@ -481,21 +482,45 @@ var errNotReplicated = errors.New("settle: no replica confirmed the confirm in t
 // confirm confirms a batch of grants of sub-pool k (lua.ConfirmMany). On a
 // shard with replicas the confirm is followed on the same connection by
 // WAIT 1, as the claim path's batches are: only a confirm a replica holds
-// is paid, so a failover cannot undo it after the payout.
+// is paid, so a failover cannot undo it after the payout. On a cluster
+// shard it runs on the primary rain's slot map names (shard.Set.Writer);
+// one that answers ASK (the sub-pool's slot is being moved, its keys gone,
+// or a move was left half done) sends it to the node the keys went to,
+// after ASKING, waiting there for that primary's replica when it has one:
+// the grants made there meanwhile (the claim path follows ASK too) are
+// confirmed and paid, not left to lapse until the move is finished.
 func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
 	c, replicated, err := w.shards.Writer(ctx, sh.name, k.Meta)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !replicated {
-		res, errs, err := lua.ConfirmMany(ctx, c, k, args)
-		return res, errs, w.shards.Redirected(ctx, sh.name, err)
+	res, errs, err := w.confirmOn(ctx, c, replicated, false, k, args)
+	if addr, ok := shard.AskedTo(err); ok {
+		if n := w.shards.Node(sh.name, addr); n != nil {
+			res, errs, err = w.confirmOn(ctx, n, w.shards.NodeReplicated(sh.name, addr), true, k, args)
+		}
+	}
+	return res, errs, w.shards.Redirected(ctx, sh.name, err)
+}
+
+// confirmOn runs confirm's script on c, after ASKING when asking (the
+// slot is moving to c's node), followed on the same connection by WAIT 1
+// when replicated.
+func (w *Worker) confirmOn(ctx context.Context, c redis.UniversalClient, replicated, asking bool, k *rain.Keys, args []lua.ConfirmArg) ([]lua.ConfirmResult, []error, error) {
+	if !replicated && !asking {
+		return lua.ConfirmMany(ctx, c, k, args)
 	}
 	run := func() (*redis.Cmd, *redis.IntCmd) {
 		pipe := c.Pipeline()
-		cmd := lua.ConfirmManyCmd(ctx, pipe, k, args)
-		wait := redis.NewIntCmd(ctx, "wait", 1, (w.shards.Timeout() / 2).Milliseconds())
-		_ = pipe.Process(ctx, wait)
+		if asking {
+			_ = pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+		}
+		cmd := lua.ConfirmManyCmd(ctx, pipe, k, replicated, args)
+		var wait *redis.IntCmd
+		if replicated {
+			wait = redis.NewIntCmd(ctx, "wait", 1, (w.shards.Timeout() / 2).Milliseconds())
+			_ = pipe.Process(ctx, wait)
+		}
 		_, _ = pipe.Exec(ctx) // errors are per command, read below
 		return cmd, wait
 	}
@@ -508,10 +533,12 @@ func (w *Worker) confirm(ctx context.Context, sh *shardLoop, k *rain.Keys, args 
 	}
 	res, errs, err := lua.ParseConfirmMany(cmd, len(args))
 	if err != nil {
-		return nil, nil, w.shards.Redirected(ctx, sh.name, err)
+		return nil, nil, err
 	}
-	if n, werr := wait.Result(); werr != nil || n < 1 {
-		return nil, nil, fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, n, werr)
+	if wait != nil {
+		if n, werr := wait.Result(); werr != nil || n < 1 {
+			return nil, nil, fmt.Errorf("%w (WAIT answered %d, %v)", errNotReplicated, n, werr)
+		}
 	}
 	return res, errs, nil
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"rain"
 	"rain/internal/catalog"
 	"rain/internal/grab"
@@ -123,5 +125,106 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 	})
 	if paid := w.Stats().Delivered; paid != 0 {
 		t.Fatalf("settle paid %d grants on the promoted primary while no replica could hold their confirms", paid)
+	}
+}
+
+// TestConfirmFollowsAHalfMovedSlot: a reshard that stopped after moving a
+// sub-pool's keys but before handing its slot over (the old primary
+// MIGRATING, the new one IMPORTING) leaves the keys where the claim path
+// follows them (ASK), and grants made there must be paid, not left to
+// lapse until an operator finishes the move: the confirm, sent to the old
+// primary rain's slot map names, meets ASK and goes to the new one after
+// ASKING. Every grant is paid and confirmed there.
+func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, 0, redistest.Options{AOF: true, Fsync: "always"})
+	specs, err := shard.ParseSpecs("s1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gset, err := shard.Open(specs, 0, shard.Options{}) // the grab side (rain serve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gset.Close() })
+	_, gcat, svc := grabtest.Service(t, gset, grab.Config{})
+	sset, err := shard.Open(specs, 0, shard.Options{}) // the settle side
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sset.Close() })
+	if err := sset.CheckClusters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	scat := catalog.New(sset, catalog.Config{})
+	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "hm", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 600}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := gcat.Read(ctx, "hm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := p.SubPool(0).Keys()
+	grabAll(t, svc, "hm", "u", 3)
+	if owner, err := sset.Owner(ctx, "s1", k.Meta); err != nil || owner == "" { // settle's slot map, read now
+		t.Fatalf("owner of the sub-pool: %q, %v", owner, err)
+	}
+
+	slot := shard.Slot(k.Meta)
+	from := cl.Owner(slot)
+	var to *redistest.Server
+	for _, n := range cl.Nodes {
+		if n != from {
+			to = n
+			break
+		}
+	}
+	src, dst := redistest.Client(t, from), redistest.Client(t, to)
+	srcID, _ := src.Do(ctx, "CLUSTER", "MYID").Text()
+	dstID, _ := dst.Do(ctx, "CLUSTER", "MYID").Text()
+	for _, step := range []struct {
+		c    *redis.Client
+		args []any
+	}{
+		{dst, []any{"CLUSTER", "SETSLOT", slot, "IMPORTING", srcID}},
+		{src, []any{"CLUSTER", "SETSLOT", slot, "MIGRATING", dstID}},
+	} {
+		if err := step.c.Do(ctx, step.args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, port, _ := strings.Cut(to.Addr, ":")
+	for { // every key of the slot moved, the slot never handed over
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 10).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, key := range keys {
+			args = append(args, key)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	w := settle.New(sset, scat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
+	run(t, w)
+	waittest.Until(t, 20*time.Second, "the 3 grants paid through the half-moved slot", func() bool { return w.Stats().Delivered == 3 })
+	pipe := dst.Pipeline() // the slot is not the new node's yet: ASKING first
+	pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+	all := pipe.HGetAll(ctx, k.Grants)
+	_, _ = pipe.Exec(ctx)
+	recs, err := all.Result()
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("the grants on the node the keys went to: %v, %v", recs, err)
+	}
+	for user, rec := range recs {
+		if !strings.HasPrefix(rec, "c:") {
+			t.Errorf("%s's grant %q, want it confirmed", user, rec)
+		}
 	}
 }

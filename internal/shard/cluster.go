@@ -367,14 +367,29 @@ func (s *Set) Reload(ctx context.Context, name string) {
 }
 
 // Redirected has the named cluster shard's client read the slot map again
-// when err is a MOVED or an ASK that a write through Writer met (the map
-// was behind the cluster's, nothing ran), so that the next try goes to the
-// slot's owner. It returns err.
+// when err is a MOVED that a write through Writer met (the map was behind
+// the cluster's, nothing ran), so that the next try goes to the slot's
+// owner. It returns err.
 func (s *Set) Redirected(ctx context.Context, name string, err error) error {
-	if err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+	if err != nil && redis.HasErrorPrefix(err, "MOVED") {
 		s.Reload(ctx, name)
 	}
 	return err
+}
+
+// AskedTo reports the node an ASK answer sends a command to: its slot is
+// being moved there (or a move was left half done), and the keys it names
+// have gone there. Nothing ran where it was answered; the command goes to
+// that node after ASKING, on the same connection.
+func AskedTo(err error) (addr string, ok bool) {
+	if err == nil {
+		return "", false
+	}
+	f := strings.Fields(err.Error())
+	if len(f) != 3 || f[0] != "ASK" {
+		return "", false
+	}
+	return f[2], true
 }
 
 // Slot is the Redis Cluster hash slot of key: CRC16 of its hash tag (the

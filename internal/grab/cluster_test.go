@@ -160,14 +160,7 @@ func reshardMidRain(t *testing.T, form lua.Form) {
 	time.Sleep(300 * time.Millisecond)
 	k0 := p.SubPool(0).Keys()
 	slot := shard.Slot(k0.Meta)
-	from := cl.Owner(slot)
-	var to *redistest.Server
-	for _, n := range cl.Nodes {
-		if n != from {
-			to = n
-			break
-		}
-	}
+	to := cl.OtherPrimary(cl.Owner(slot))
 	cl.MoveSlot(slot, to, 20*time.Millisecond)
 	moved := time.Now()
 	waittest.Until(t, 30*time.Second, "a grant on the moved sub-pool after the move", func() bool {

@@ -74,23 +74,9 @@ func TestScriptsRefusedOnAMigratingSlot(t *testing.T) {
 	audit()
 
 	slot := shard.Slot(k.Meta)
-	from := cl.Owner(slot)
-	var to *redistest.Server
-	for _, n := range cl.Nodes {
-		if n != from {
-			to = n
-			break
-		}
-	}
+	to := cl.OtherPrimary(cl.Owner(slot))
+	from := cl.BeginMove(slot, to)
 	src, dst := redistest.Client(t, from), redistest.Client(t, to)
-	srcID, _ := src.Do(ctx, "CLUSTER", "MYID").Text()
-	dstID, _ := dst.Do(ctx, "CLUSTER", "MYID").Text()
-	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
-		t.Fatal(err)
-	}
 	stable := func() {
 		for _, c := range []*redis.Client{src, dst} {
 			if err := c.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE").Err(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,17 +23,11 @@ import (
 // nothing is granted twice (invariant 5).
 func TestSpillTakeWaitsForAReplica(t *testing.T) {
 	ctx := context.Background()
-	durable := redistest.Options{AOF: true, Fsync: "always"}
-	primary := redistest.Start(t, durable)
-	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
-	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
-	plain := redistest.Start(t, durable)
-	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
-	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
-		info, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
-	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{"sentinel/rainm/" + sentinel.Addr, plain.Addr})
+	rs := redistest.StartReplicated(t) // its Sentinel never fails it over here
+	primary, replica := rs.Primary, rs.Replica
+	plain := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always"})
+	rc := redistest.Client(t, replica)
+	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{rs.Spec(), plain.Addr})
 	id := ""
 	for i := 0; id == ""; i++ { // sub-pool 0 (the home) on the plain shard s2, 1 on the Sentinel shard s1
 		if c := fmt.Sprintf("sp%d", i); ge.Shards.Ring().Distinct(c, 2)[0] == "s2" {
@@ -97,17 +90,11 @@ func TestSpillTakeWaitsForAReplica(t *testing.T) {
 // (invariant 5: acknowledged means durable, with replicas).
 func TestClaimWaitsForAReplica(t *testing.T) {
 	ctx := context.Background()
-	durable := redistest.Options{AOF: true, Fsync: "always"}
-	primary := redistest.Start(t, durable)
-	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
-	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
-	plain := redistest.Start(t, durable)
-	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
-	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
-		info, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
-	ge := grabtest.On(t, []*redistest.Server{plain, primary}, []string{plain.Addr, "sentinel/rainm/" + sentinel.Addr})
+	rs := redistest.StartReplicated(t) // its Sentinel never fails it over here
+	primary, replica := rs.Primary, rs.Replica
+	plain := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always"})
+	rc := redistest.Client(t, replica)
+	ge := grabtest.On(t, []*redistest.Server{plain, primary}, []string{plain.Addr, rs.Spec()})
 	id := ""
 	for i := 0; id == ""; i++ { // the pool's one sub-pool on the Sentinel shard, s2
 		if c := fmt.Sprintf("rp%d", i); ge.Shards.Ring().Distinct(c, 1)[0] == "s2" {

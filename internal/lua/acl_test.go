@@ -32,16 +32,7 @@ func TestScriptsRunForAUserOfRainsKeysAlone(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "rain", Password: "pw"})
 	t.Cleanup(func() { c.Close() })
 	sp := rain.SubPool{Pool: "p", Index: 0}
-	if _, _, err := Setup(ctx, c, sp, 1, 42, Window{HoldMS: 5000}); err != nil {
-		t.Fatal(err)
-	}
-	if err := LoadScripts(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	load(t, c, sp, 0, 42)
-	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
-		t.Fatal(err)
-	}
+	openOne(t, c, sp, 42)
 	k := sp.Keys()
 	got, err := claimOne(ctx, c, &k, "u1", 77, "", 0)
 	if err != nil || got.Outcome != Granted || got.Amount != 42 {

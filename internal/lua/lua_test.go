@@ -41,6 +41,23 @@ func load(t *testing.T, c *redis.Client, sp rain.SubPool, batch int64, amounts .
 	return res, next
 }
 
+// openOne sets up sp on c as one packet of amount cents with a hold of 5 s,
+// loaded and open, the scripts loaded.
+func openOne(t *testing.T, c *redis.Client, sp rain.SubPool, amount int64) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := Setup(ctx, c, sp, 1, amount, Window{HoldMS: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadScripts(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	load(t, c, sp, 0, amount)
+	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestLoadBatchesOnceInOrder(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
@@ -106,16 +123,7 @@ func TestClaimOutboxAndCounters(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
 	sp := rain.SubPool{Pool: "p", Index: 0}
-	if _, _, err := Setup(ctx, c, sp, 1, 42, Window{HoldMS: 5000}); err != nil {
-		t.Fatal(err)
-	}
-	if err := LoadScripts(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	load(t, c, sp, 0, 42)
-	if _, _, _, err := OpenSubPool(ctx, c, sp); err != nil {
-		t.Fatal(err)
-	}
+	openOne(t, c, sp, 42)
 	k := sp.Keys()
 	got, err := claimOne(ctx, c, &k, "u1", 77, "", 0)
 	if err != nil || got.Outcome != Granted || got.Amount != 42 || got.Serial != 77 || got.DeadlineMS == 0 {

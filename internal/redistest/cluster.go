@@ -192,50 +192,88 @@ func (c *Cluster) id(s *Server) string {
 
 // MoveSlot moves slot, and its keys, from its owner to node to, as
 // redis-cli --cluster reshard moves each slot: the target importing, the
-// source migrating, the keys migrated (MIGRATE) a few at a time with pause
-// between the batches (while a slot is half moved, a command on it is
-// redirected: ASK, TRYAGAIN), then the slot given to the target on every
-// primary.
+// source migrating (BeginMove), the keys migrated (MIGRATE) a few at a time
+// with pause between the batches (MoveKeys; while a slot is half moved, a
+// command on it is redirected: ASK, TRYAGAIN), then the slot given to the
+// target on every primary.
 func (c *Cluster) MoveSlot(slot int, to *Server, pause time.Duration) {
 	c.tb.Helper()
-	ctx := context.Background()
-	from := c.Owner(slot)
-	if from == to {
+	if c.Owner(slot) == to {
 		return
 	}
-	src, dst := c.client(from), c.client(to)
-	fromID, toID := c.id(from), c.id(to)
-	must := func(err error) {
-		c.tb.Helper()
-		if err != nil {
-			c.tb.Fatalf("redistest: move slot %d from %s to %s: %v", slot, from.Addr, to.Addr, err)
-		}
-	}
-	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
-	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
-	host, port, _ := strings.Cut(to.Addr, ":")
-	for {
-		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 3).Result()
-		must(err)
-		if len(keys) == 0 {
-			break
-		}
-		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		must(src.Do(ctx, args...).Err())
-		time.Sleep(pause)
-	}
+	c.BeginMove(slot, to)
+	c.MoveKeys(slot, to, pause)
+	ctx := context.Background()
+	toID := c.id(to)
 	for _, s := range c.Nodes {
 		if s.PID() == 0 {
 			continue
 		}
 		if role, err := c.client(s).Do(ctx, "ROLE").Slice(); err == nil && len(role) > 0 && role[0] == "master" {
-			must(c.client(s).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
+			c.must(c.client(s).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err(), "give slot %d to %s", slot, to.Addr)
 		}
 	}
 	c.WaitOK()
+}
+
+// OtherPrimary is a primary of the cluster other than s (the first such),
+// where a slot of s's may move.
+func (c *Cluster) OtherPrimary(s *Server) *Server {
+	c.tb.Helper()
+	for _, n := range c.Nodes {
+		if n == s || n.PID() == 0 {
+			continue
+		}
+		if role, err := c.client(n).Do(context.Background(), "ROLE").Slice(); err == nil && len(role) > 0 && role[0] == "master" {
+			return n
+		}
+	}
+	c.tb.Fatalf("redistest: no primary but %s", s.Addr)
+	return nil
+}
+
+// BeginMove starts moving slot from its owner to node to, its keys left
+// where they are: to IMPORTING it, the owner MIGRATING it, as a reshard's
+// first step. It returns the owner.
+func (c *Cluster) BeginMove(slot int, to *Server) (from *Server) {
+	c.tb.Helper()
+	ctx := context.Background()
+	from = c.Owner(slot)
+	c.must(c.client(to).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", c.id(from)).Err(), "import slot %d on %s", slot, to.Addr)
+	c.must(c.client(from).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", c.id(to)).Err(), "migrate slot %d from %s", slot, from.Addr)
+	return from
+}
+
+// MoveKeys migrates every key of slot from its owner (as BeginMove left
+// it) to node to, a few at a time with pause between the batches; the slot
+// is not handed over (MoveSlot does that): a reshard stopped here leaves
+// it half moved.
+func (c *Cluster) MoveKeys(slot int, to *Server, pause time.Duration) {
+	c.tb.Helper()
+	ctx := context.Background()
+	src := c.client(c.Owner(slot))
+	host, port, _ := strings.Cut(to.Addr, ":")
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 3).Result()
+		c.must(err, "keys of slot %d", slot)
+		if len(keys) == 0 {
+			return
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		c.must(src.Do(ctx, args...).Err(), "migrate keys of slot %d to %s", slot, to.Addr)
+		time.Sleep(pause)
+	}
+}
+
+// must fails the test with what it was doing when err is not nil.
+func (c *Cluster) must(err error, doing string, args ...any) {
+	c.tb.Helper()
+	if err != nil {
+		c.tb.Fatalf("redistest: "+doing+": %v", append(args, err)...)
+	}
 }
 
 // AddPrimary starts a node and has it join the cluster as a primary

@@ -3,12 +3,14 @@ package redistest
 // This file starts Redis Sentinels.
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -79,3 +81,35 @@ func startSentinel(tb testing.TB, master, primaryAddr string, quorum int, downAf
 }
 
 // start runs the process and waits for PING.
+
+// Replicated is a shard with a replica: a durable primary (AOF,
+// appendfsync always), its replica, in sync when StartReplicated returns,
+// and a Sentinel watching them as "rainm" that never fails them over.
+type Replicated struct {
+	Primary, Replica, Sentinel *Server
+}
+
+// StartReplicated starts a Replicated shard, stopped in tb's cleanup.
+func StartReplicated(tb testing.TB) *Replicated {
+	tb.Helper()
+	durable := Options{AOF: true, Fsync: "always"}
+	r := &Replicated{Primary: Start(tb, durable)}
+	durable.ReplicaOf = r.Primary.Addr
+	r.Replica = Start(tb, durable)
+	r.Sentinel = StartSentinel(tb, "rainm", r.Primary.Addr, 1, time.Hour)
+	rc := Client(tb, r.Replica)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		info, err := rc.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: the replica %s not in sync with %s within 15s: %v", r.Replica.Addr, r.Primary.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Spec is the shard as rain's --redis names it: its Sentinel and master.
+func (r *Replicated) Spec() string { return "sentinel/rainm/" + r.Sentinel.Addr }

@@ -45,6 +45,31 @@ func role(t *testing.T, s *redistest.Server) string {
 	return fmt.Sprint(r[0])
 }
 
+// clusterSides opens the cluster cl as one shard s1 twice: a grab service
+// and its catalogue (rain serve's side), and a shard set, checked at start
+// as rain settle checks it, with its catalogue (the settle side).
+func clusterSides(t *testing.T, cl *redistest.Cluster) (*grab.Service, *catalog.Catalog, *shard.Set, *catalog.Catalog) {
+	t.Helper()
+	specs, err := shard.ParseSpecs("s1=1@cluster/" + cl.Seeds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func() *shard.Set {
+		set, err := shard.Open(specs, 0, shard.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { set.Close() })
+		return set
+	}
+	_, gcat, svc := grabtest.Service(t, open(), grab.Config{})
+	sset := open()
+	if err := sset.CheckClusters(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return svc, gcat, sset, catalog.New(sset, catalog.Config{})
+}
+
 // TestConfirmWaitsAfterAFailover: a settle worker on a Redis Cluster whose
 // primary fails over to its replica (CLUSTER FAILOVER: the old primary now
 // its replica) confirms on the new primary only once a replica has the
@@ -55,25 +80,7 @@ func role(t *testing.T, s *redistest.Server) string {
 func TestConfirmWaitsAfterAFailover(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3, 1, redistest.Options{AOF: true, Fsync: "always", NodeTimeout: 2 * time.Second})
-	specs, err := shard.ParseSpecs("s1=1@cluster/" + cl.Seeds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gset, err := shard.Open(specs, 0, shard.Options{}) // the grab side (rain serve)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gset.Close() })
-	_, gcat, svc := grabtest.Service(t, gset, grab.Config{})
-	sset, err := shard.Open(specs, 0, shard.Options{}) // the settle side, checked at start as rain settle does
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sset.Close() })
-	if err := sset.CheckClusters(ctx); err != nil {
-		t.Fatal(err)
-	}
-	scat := catalog.New(sset, catalog.Config{})
+	svc, gcat, sset, scat := clusterSides(t, cl)
 	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "fo", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 60}); err != nil {
 		t.Fatal(err)
 	}
@@ -138,25 +145,7 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3, 0, redistest.Options{AOF: true, Fsync: "always"})
-	specs, err := shard.ParseSpecs("s1=1@cluster/" + cl.Seeds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gset, err := shard.Open(specs, 0, shard.Options{}) // the grab side (rain serve)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gset.Close() })
-	_, gcat, svc := grabtest.Service(t, gset, grab.Config{})
-	sset, err := shard.Open(specs, 0, shard.Options{}) // the settle side
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sset.Close() })
-	if err := sset.CheckClusters(ctx); err != nil {
-		t.Fatal(err)
-	}
-	scat := catalog.New(sset, catalog.Config{})
+	svc, gcat, sset, scat := clusterSides(t, cl)
 	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "hm", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 600}); err != nil {
 		t.Fatal(err)
 	}
@@ -171,45 +160,10 @@ func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
 	}
 
 	slot := shard.Slot(k.Meta)
-	from := cl.Owner(slot)
-	var to *redistest.Server
-	for _, n := range cl.Nodes {
-		if n != from {
-			to = n
-			break
-		}
-	}
-	src, dst := redistest.Client(t, from), redistest.Client(t, to)
-	srcID, _ := src.Do(ctx, "CLUSTER", "MYID").Text()
-	dstID, _ := dst.Do(ctx, "CLUSTER", "MYID").Text()
-	for _, step := range []struct {
-		c    *redis.Client
-		args []any
-	}{
-		{dst, []any{"CLUSTER", "SETSLOT", slot, "IMPORTING", srcID}},
-		{src, []any{"CLUSTER", "SETSLOT", slot, "MIGRATING", dstID}},
-	} {
-		if err := step.c.Do(ctx, step.args...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	host, port, _ := strings.Cut(to.Addr, ":")
-	for { // every key of the slot moved, the slot never handed over
-		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 10).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(keys) == 0 {
-			break
-		}
-		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
-		for _, key := range keys {
-			args = append(args, key)
-		}
-		if err := src.Do(ctx, args...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	to := cl.OtherPrimary(cl.Owner(slot))
+	cl.BeginMove(slot, to)
+	cl.MoveKeys(slot, to, 0) // every key of the slot moved, the slot never handed over
+	dst := redistest.Client(t, to)
 
 	w := settle.New(sset, scat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
 	run(t, w)

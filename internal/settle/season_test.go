@@ -144,17 +144,10 @@ func TestSettlementThatCannotReadSaysSo(t *testing.T) {
 // would let the reaper release a grant already paid, and grant it again.)
 func TestConfirmWaitsForAReplica(t *testing.T) {
 	ctx := context.Background()
-	durable := redistest.Options{AOF: true, Fsync: "always"}
-	primary := redistest.Start(t, durable)
-	replica := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always", ReplicaOf: primary.Addr})
-	sentinel := redistest.StartSentinel(t, "rainm", primary.Addr, 1, time.Hour) // it never fails over here
-	plain := redistest.Start(t, durable)
-	rc := redistest.Clients(t, []*redistest.Server{replica})[0]
-	waittest.Until(t, 15*time.Second, "the replica in sync", func() bool {
-		info, err := rc.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
-	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{"sentinel/rainm/" + sentinel.Addr, plain.Addr})
+	rs := redistest.StartReplicated(t) // its Sentinel never fails it over here
+	primary, replica := rs.Primary, rs.Replica
+	plain := redistest.Start(t, redistest.Options{AOF: true, Fsync: "always"})
+	ge := grabtest.On(t, []*redistest.Server{primary, plain}, []string{rs.Spec(), plain.Addr})
 	id := ""
 	for i := 0; id == ""; i++ { // a pool of one sub-pool, on the Sentinel shard s1
 		if c := fmt.Sprintf("ha%d", i); ge.Shards.Ring().Distinct(c, 1)[0] == "s1" {

@@ -49,3 +49,20 @@ func TestScriptsRunForAUserOfRainsKeysAlone(t *testing.T) {
 		t.Fatalf("claim by a user denied rain's keys = %v; want Redis's refusal", err)
 	}
 }
+
+// TestConfirmManyRefusesWhereNoSubPoolIs: a confirm on a node that holds
+// none of the sub-pool's keys (a slot's keys split between two primaries
+// by a move broken off) is refused, nothing written, rather than answered
+// "unknown" for each grant, which settlement would acknowledge unpaid.
+func TestConfirmManyRefusesWhereNoSubPoolIs(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t)
+	k := rain.SubPool{Pool: "elsewhere", Index: 0}.Keys()
+	res, errs, err := ConfirmMany(ctx, c, &k, []ConfirmArg{{User: "u1", Serial: 1, Amount: 10}})
+	if err == nil || !strings.Contains(err.Error(), "RAINSTATE") {
+		t.Fatalf("confirm where no sub-pool is = %+v, %v, %v; want refused", res, errs, err)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("%d keys after the refused confirm, %v; want none", n, err)
+	}
+}

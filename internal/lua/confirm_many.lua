@@ -22,9 +22,18 @@
 -- Returns one reply per grant: {"confirmed", amount} | {"already", amount}
 --   | {"released"} | {"mismatch"} (another serial) | {"unknown"} (no grant)
 --   | {"amount", amount} (the grant's amount is another)
---   | {"error", message} (a bad grant record)
+--   | {"error", message} (a bad grant record); an error, nothing written,
+--   when the sub-pool's meta is not here
 local meta, grants = KEYS[1], KEYS[2]
 local k = {meta = meta, grants = grants, deadlines = KEYS[3]}
+-- A sub-pool's meta outlives it (a closed one keeps its tombstone): none
+-- here means the sub-pool's keys are not on this node (a slot's keys split
+-- between two primaries by a move broken off and its state lost). Refused,
+-- nothing written: "unknown" for each grant would have settlement
+-- acknowledge them unpaid while they are held elsewhere.
+if redis.call('EXISTS', meta) == 0 then
+  return redis.error_reply('RAINSTATE no sub-pool ' .. meta .. ' here: its keys are elsewhere, or it never was')
+end
 local n = (#ARGV - 1) / 3
 local users = {}
 for i = 1, n do

@@ -497,9 +497,9 @@ func (b *batcher) redirect(ctx context.Context, g *group, valid int64) {
 		switch {
 		case len(f) == 3 && f[0] == "MOVED":
 			b.shards.Reload(ctx, b.cluster)
-			c, asking = b.shards.Node(b.cluster, f[2]), false
+			c, asking = b.shards.Node(b.cluster, shard.RedirectAddr(f[2])), false
 		case len(f) == 3 && f[0] == "ASK":
-			c, asking = b.shards.Node(b.cluster, f[2]), true
+			c, asking = b.shards.Node(b.cluster, shard.RedirectAddr(f[2])), true
 		default: // TRYAGAIN: the same node, after a moment
 			if wait.For(ctx, 20*time.Millisecond) != nil {
 				return

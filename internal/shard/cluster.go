@@ -389,7 +389,18 @@ func AskedTo(err error) (addr string, ok bool) {
 	if len(f) != 3 || f[0] != "ASK" {
 		return "", false
 	}
-	return f[2], true
+	return RedirectAddr(f[2]), true
+}
+
+// RedirectAddr is the node's address in a MOVED or ASK answer as rain names
+// nodes (net.JoinHostPort): Redis writes an IPv6 host without brackets
+// ("::1:7001"), which a client cannot dial.
+func RedirectAddr(a string) string {
+	i := strings.LastIndexByte(a, ':')
+	if i < 0 || strings.HasPrefix(a, "[") {
+		return a
+	}
+	return net.JoinHostPort(a[:i], a[i+1:])
 }
 
 // Slot is the Redis Cluster hash slot of key: CRC16 of its hash tag (the

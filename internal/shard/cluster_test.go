@@ -230,3 +230,25 @@ func TestWriterStaysOnTheNodeItChecked(t *testing.T) {
 		t.Fatalf("a write once the map follows: %v", err)
 	}
 }
+
+// TestRedirectAddr: a MOVED or ASK answer's node, as rain dials and names
+// nodes: an IPv6 host, which Redis writes without brackets, gets them.
+func TestRedirectAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:7001":   "127.0.0.1:7001",
+		"::1:7001":         "[::1]:7001",
+		"fe80::2:6379":     "[fe80::2]:6379",
+		"[::1]:7001":       "[::1]:7001",
+		"redis-0.svc:6379": "redis-0.svc:6379",
+	} {
+		if got := RedirectAddr(in); got != want {
+			t.Errorf("RedirectAddr(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if addr, ok := AskedTo(errors.New("ASK 1661 ::1:7001")); !ok || addr != "[::1]:7001" {
+		t.Errorf("AskedTo(an IPv6 ASK) = %q, %v", addr, ok)
+	}
+	if _, ok := AskedTo(errors.New("MOVED 1661 127.0.0.1:7001")); ok {
+		t.Error("AskedTo(a MOVED) ok")
+	}
+}

@@ -203,6 +203,14 @@ func (c *Cluster) MoveSlot(slot int, to *Server, pause time.Duration) {
 	}
 	c.BeginMove(slot, to)
 	c.MoveKeys(slot, to, pause)
+	c.FinishMove(slot, to)
+}
+
+// FinishMove gives slot to node to on every primary, as a reshard's last
+// step (redis-cli --cluster fix finishes a move that stopped before it),
+// and waits for the cluster to agree.
+func (c *Cluster) FinishMove(slot int, to *Server) {
+	c.tb.Helper()
 	ctx := context.Background()
 	toID := c.id(to)
 	for _, s := range c.Nodes {

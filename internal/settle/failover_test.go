@@ -141,10 +141,17 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 // follows them (ASK), and grants made there must be paid, not left to
 // lapse until an operator finishes the move: the confirm, sent to the old
 // primary rain's slot map names, meets ASK and goes to the new one after
-// ASKING. Every grant is paid and confirmed there.
+// ASKING, and, where that primary has a replica, waits for it. Every grant
+// is paid and confirmed there.
 func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
+	for _, replicas := range []int{0, 1} {
+		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) { confirmFollowsAHalfMovedSlot(t, replicas) })
+	}
+}
+
+func confirmFollowsAHalfMovedSlot(t *testing.T, replicas int) {
 	ctx := context.Background()
-	cl := redistest.StartCluster(t, 3, 0, redistest.Options{AOF: true, Fsync: "always"})
+	cl := redistest.StartCluster(t, 3, replicas, redistest.Options{AOF: true, Fsync: "always"})
 	svc, gcat, sset, scat := clusterSides(t, cl)
 	if _, _, err := gcat.Preload(ctx, rain.Spec{PoolID: "hm", TotalCents: 10_000, Count: 100, SubPools: 1, HoldSeconds: 600}); err != nil {
 		t.Fatal(err)
@@ -166,8 +173,26 @@ func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
 	dst := redistest.Client(t, to)
 
 	w := settle.New(sset, scat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
-	run(t, w)
-	waittest.Until(t, 20*time.Second, "the 3 grants paid through the half-moved slot", func() bool { return w.Stats().Delivered == 3 })
+	if replicas > 0 {
+		// The new primary's replica stalls: nothing is paid while it lacks
+		// the confirms. (Confirmed there, the grants' deadline index is
+		// gone, and a key the script names that is missing on a node
+		// importing the slot makes it answer TRYAGAIN: they are paid once
+		// the move is finished.)
+		rep := replicaOf(t, cl, to)
+		rep.Pause()
+		t.Cleanup(rep.Resume)
+		run(t, w)
+		waittest.Until(t, 20*time.Second, "confirms failing for want of a replica", func() bool { return w.Stats().Failures >= 3 })
+		if st := w.Stats(); st.Delivered != 0 {
+			t.Fatalf("stats %+v: paid with the new primary's replica frozen", st)
+		}
+		rep.Resume()
+		cl.FinishMove(slot, to)
+	} else {
+		run(t, w)
+	}
+	waittest.Until(t, 20*time.Second, "the 3 grants paid", func() bool { return w.Stats().Delivered == 3 })
 	pipe := dst.Pipeline() // the slot is not the new node's yet: ASKING first
 	pipe.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 	all := pipe.HGetAll(ctx, k.Grants)

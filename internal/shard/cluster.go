@@ -449,8 +449,8 @@ func crc16(s string) uint16 {
 // another primary, whose replicas were not asked about, and a write there
 // would go unwaited, though that primary may have replicas and fail over.
 // A slot map behind the cluster's (a slot moved since it was read) makes
-// the write answer MOVED, nothing run; the map is read again within 10 s
-// (and at once by a claim that meets the MOVED).
+// the write answer MOVED, nothing run: the caller has the map read again
+// (Redirected), as a claim that meets a MOVED does.
 func (s *Set) Writer(ctx context.Context, name, key string) (c redis.UniversalClient, replicated bool, err error) {
 	if s.clusters[name] == nil {
 		return s.Client(name), s.Replicated(name), nil

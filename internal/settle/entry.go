@@ -109,9 +109,9 @@ func (b *batch) settled(i int) {
 // for another grant (left for an operator). Every other entry is
 // acknowledged and deleted from the stream, so that an outbox holds what
 // is unsettled, not everything ever granted. It reports whether an entry
-// was left pending for a failure of the shard (a confirm, an
-// acknowledgment: the caller then waits RetryDelay); a failed delivery is
-// the entry's alone, and does not slow the shard's other entries.
+// was left pending for a failure of a confirm or an acknowledgment (the
+// outbox then waits its backoff: shardLoop.putOff); a failed delivery is
+// the entry's alone, and does not slow the outbox's other entries.
 //
 // An entry of several grants is acknowledged once every one of them is
 // settled. Until then each pass confirms all of them again (confirm is

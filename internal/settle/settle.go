@@ -73,10 +73,13 @@ type Config struct {
 	// up new pools. Default 2s.
 	Refresh time.Duration
 	// RetryDelay is the pause after a pass over a shard that failed (a
-	// read, a confirm, an acknowledgment); it doubles with each pass that
-	// fails again, up to MaxRetryDelay, and is back to RetryDelay after one
-	// that does not. An entry whose delivery failed waits the same way on
-	// its own (Worker.retries), and the pass goes on. Default 1s.
+	// read of its outboxes); it doubles with each pass that fails again, up
+	// to MaxRetryDelay, and is back to RetryDelay after one that does not.
+	// An outbox whose own confirm, acknowledgment or read failed waits the
+	// same way on its own while the passes read the shard's others
+	// (shardLoop.paused), and an entry whose delivery failed waits on its
+	// own too (Worker.retries): one sub-pool that keeps failing never makes
+	// the other pools' grants of its shard wait past their hold. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
@@ -352,6 +355,25 @@ type pass struct {
 	incomplete bool            // a read failed: the pass does not know
 	vanished   bool            // a stream was gone (its pool closed): list them again
 	left       map[string]bool // "stream id" of the entries left for an operator it met
+	// failing holds the streams that left entries for a failure of their
+	// own (a confirm, an acknowledgment, a read of that stream alone);
+	// shardFailed says a failure was of no one stream (a read of several).
+	failing     map[string]bool
+	shardFailed bool
+}
+
+// failed notes a failure of stream ("": of the shard, a read of several).
+func (p *pass) failed(stream string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if stream == "" {
+		p.shardFailed = true
+		return
+	}
+	if p.failing == nil {
+		p.failing = map[string]bool{}
+	}
+	p.failing[stream] = true
 }
 
 // leave notes an entry left for an operator.
@@ -413,8 +435,13 @@ type shardLoop struct {
 	i       int // the shard's place in Worker.behind
 	name    string
 	c       redis.UniversalClient
-	cluster bool            // a Redis Cluster: its outboxes are in many slots, read one by one
-	streams []string        // the outboxes of the open pools' sub-pools here
+	cluster bool     // a Redis Cluster: its outboxes are in many slots, read one by one
+	streams []string // the outboxes of the open pools' sub-pools here
+	live    []string // those a pass reads: not put off (paused)
+	// paused holds the outboxes put off after failures of their own, each
+	// tried again at its time with its own backoff (putOff). Only the
+	// shard's loop uses it.
+	paused  map[string]pause
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
@@ -465,6 +492,14 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 			}
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
+		live, next := sh.due(now)
+		if len(sh.streams) > 0 && len(live) == 0 {
+			// Every outbox is put off after failures of its own: the
+			// first to be tried again sets the pass's time.
+			_ = wait.For(ctx, min(next.Sub(now), w.cfg.Refresh))
+			continue
+		}
+		sh.live = live
 		if len(sh.streams) == 0 {
 			w.behind[sh.i].Store(0)
 			w.waiting[sh.i].Store(0)
@@ -476,6 +511,9 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		// the same consumer name), then those abandoned by others.
 		sh.begin()
 		var p pass
+		if len(live) < len(sh.streams) {
+			p.fail(false, true) // outboxes put off: their entries may be unsettled
+		}
 		failed := w.read(ctx, sh, "0", &p)
 		if now.After(nextClaim) {
 			failed = w.claim(ctx, sh, &p) || failed
@@ -488,7 +526,10 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		if ctx.Err() == nil {
 			w.note(sh, &p, now)
 		}
-		if !failed {
+		sh.putOff(&p, time.Now(), w.cfg)
+		if !failed || !p.shardFailed && len(p.failing) > 0 {
+			// Nothing failed, or only outboxes of their own, which wait
+			// their own backoff (putOff) while the others go on.
 			backoff = w.cfg.RetryDelay
 			continue
 		}
@@ -606,12 +647,12 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	if sh.cluster {
 		return w.readEach(ctx, sh, id, block, p)
 	}
-	res, err := w.xread(ctx, sh, sh.streams, id, block)
+	res, err := w.xread(ctx, sh, sh.live, id, block)
 	var rerr redis.Error
-	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.streams) > 1 {
+	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.live) > 1 {
 		// (redis.Nil is a redis.Error too: a read that found nothing new.)
 		res, failed = nil, false
-		for _, key := range slices.Clone(sh.streams) { // readFailed may drop one
+		for _, key := range slices.Clone(sh.live) { // readFailed may drop one
 			one, oerr := w.xread(ctx, sh, []string{key}, id, -1)
 			if errors.Is(oerr, redis.Nil) {
 				continue // nothing new there
@@ -629,8 +670,8 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		return false
 	case err != nil:
 		key := ""
-		if len(sh.streams) == 1 {
-			key = sh.streams[0]
+		if len(sh.live) == 1 {
+			key = sh.live[0]
 		}
 		return w.readFailed(ctx, sh, key, err, p)
 	}
@@ -660,7 +701,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 // of one stream would hold up the others).
 func (w *Worker) readEach(ctx context.Context, sh *shardLoop, id string, block time.Duration, p *pass) (failed bool) {
 	read := 0
-	for _, key := range slices.Clone(sh.streams) { // readFailed may drop one
+	for _, key := range slices.Clone(sh.live) { // readFailed may drop one
 		res, err := w.xread(ctx, sh, []string{key}, id, -1)
 		if errors.Is(err, redis.Nil) {
 			continue
@@ -710,12 +751,14 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 		delete(sh.grouped, key)
 		if w.gone(ctx, sh, key) {
 			sh.streams = slices.DeleteFunc(sh.streams, func(s string) bool { return s == key })
+			sh.live = slices.DeleteFunc(sh.live, func(s string) bool { return s == key })
 			p.fail(true, false)
 			return false
 		}
 	}
 	w.failures.Add(1)
 	p.fail(redis.HasErrorPrefix(err, "NOGROUP"), true)
+	p.failed(key)
 	w.cfg.Logger.Warn("settle: read", "shard", sh.name, "stream", key, "err", err)
 	return true
 }
@@ -738,7 +781,7 @@ func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
 // claim takes over entries pending on other consumers for ClaimAfter. It
 // reports whether an entry was left for a failure.
 func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool) {
-	for _, key := range slices.Clone(sh.streams) {
+	for _, key := range slices.Clone(sh.live) {
 		start := "0-0"
 		for {
 			msgs, next, err := sh.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
@@ -760,4 +803,57 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool
 		}
 	}
 	return failed
+}
+
+// pause is an outbox put off: tried again from until; delay is the wait
+// of its last failure, doubled at its next.
+type pause struct {
+	until time.Time
+	delay time.Duration
+}
+
+// due returns the outboxes a pass at now reads (those not put off, in
+// order), and the earliest time one put off is tried again.
+func (sh *shardLoop) due(now time.Time) (live []string, next time.Time) {
+	live = make([]string, 0, len(sh.streams))
+	for _, s := range sh.streams {
+		pa, paused := sh.paused[s]
+		if !paused || !now.Before(pa.until) {
+			live = append(live, s)
+		} else if next.IsZero() || pa.until.Before(next) {
+			next = pa.until
+		}
+	}
+	return live, next
+}
+
+// putOff puts off the outboxes that failed on their own in p, each by
+// twice its last wait (RetryDelay the first time, up to MaxRetryDelay),
+// and forgets the pause of every other outbox the pass read.
+func (sh *shardLoop) putOff(p *pass, now time.Time, cfg Config) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range sh.live {
+		if !p.failing[s] {
+			delete(sh.paused, s)
+		}
+	}
+	for s := range p.failing {
+		if !slices.Contains(sh.streams, s) {
+			continue // gone with its pool
+		}
+		d := cfg.RetryDelay
+		if pa, ok := sh.paused[s]; ok {
+			d = min(2*pa.delay, max(cfg.MaxRetryDelay, cfg.RetryDelay))
+		}
+		if sh.paused == nil {
+			sh.paused = map[string]pause{}
+		}
+		sh.paused[s] = pause{until: now.Add(d), delay: d}
+	}
+	for s := range sh.paused {
+		if !slices.Contains(sh.streams, s) {
+			delete(sh.paused, s)
+		}
+	}
 }

@@ -31,7 +31,7 @@ const maxCalls = 8
 func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	defer func() {
 		if failed {
-			p.failed(stream) // its own: it waits its own backoff (shardLoop.putOff)
+			p.failed(stream, false) // its own: its pending entries wait its backoff (shardLoop.putOff)
 		}
 	}()
 	// The entries of a batch still running (or that ended during this

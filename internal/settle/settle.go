@@ -75,11 +75,12 @@ type Config struct {
 	// RetryDelay is the pause after a pass over a shard that failed (a
 	// read of its outboxes); it doubles with each pass that fails again, up
 	// to MaxRetryDelay, and is back to RetryDelay after one that does not.
-	// An outbox whose own confirm, acknowledgment or read failed waits the
-	// same way on its own while the passes read the shard's others
-	// (shardLoop.paused), and an entry whose delivery failed waits on its
-	// own too (Worker.retries): one sub-pool that keeps failing never makes
-	// the other pools' grants of its shard wait past their hold. Default 1s.
+	// An outbox whose own confirm or acknowledgment failed has its pending
+	// entries read again the same way on its own, its new entries read as
+	// every other outbox's; one whose own read failed is not read until its
+	// time (shardLoop.paused). An entry whose delivery failed waits on its
+	// own too (Worker.retries). So one grant or sub-pool that keeps failing
+	// never makes the shard's other grants wait past their hold. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
@@ -356,14 +357,16 @@ type pass struct {
 	vanished   bool            // a stream was gone (its pool closed): list them again
 	left       map[string]bool // "stream id" of the entries left for an operator it met
 	// failing holds the streams that left entries for a failure of their
-	// own (a confirm, an acknowledgment, a read of that stream alone);
-	// shardFailed says a failure was of no one stream (a read of several).
+	// own: true when a read of that stream alone failed, false for a
+	// confirm or an acknowledgment. shardFailed says a failure was of no
+	// one stream (a read of several).
 	failing     map[string]bool
 	shardFailed bool
 }
 
-// failed notes a failure of stream ("": of the shard, a read of several).
-func (p *pass) failed(stream string) {
+// failed notes a failure of stream ("": of the shard, a read of several);
+// read says a read of it failed.
+func (p *pass) failed(stream string, read bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if stream == "" {
@@ -373,7 +376,7 @@ func (p *pass) failed(stream string) {
 	if p.failing == nil {
 		p.failing = map[string]bool{}
 	}
-	p.failing[stream] = true
+	p.failing[stream] = p.failing[stream] || read
 }
 
 // leave notes an entry left for an operator.
@@ -437,11 +440,16 @@ type shardLoop struct {
 	c       redis.UniversalClient
 	cluster bool     // a Redis Cluster: its outboxes are in many slots, read one by one
 	streams []string // the outboxes of the open pools' sub-pools here
-	live    []string // those a pass reads: not put off (paused)
+	// fresh are those a pass reads new entries of, pending those it reads
+	// its own pending entries of and takes others' over from: the streams
+	// not put off (due).
+	fresh, pending []string
 	// paused holds the outboxes put off after failures of their own, each
-	// tried again at its time with its own backoff (putOff). Only the
-	// shard's loop uses it.
+	// tried again at its time with its own backoff (putOff); claimed when
+	// each was last looked at for entries to take over (claim). Only the
+	// shard's loop uses them.
 	paused  map[string]pause
+	claimed map[string]time.Time
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
@@ -474,7 +482,7 @@ func (sh *shardLoop) begin() {
 
 // loop settles one shard's outboxes until ctx ends.
 func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
-	var nextRefresh, nextClaim time.Time
+	var nextRefresh, next time.Time
 	backoff := w.cfg.RetryDelay
 	sh.settled = time.Now()
 	for ctx.Err() == nil {
@@ -492,14 +500,13 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 			}
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
-		live, next := sh.due(now)
-		if len(sh.streams) > 0 && len(live) == 0 {
-			// Every outbox is put off after failures of its own: the
-			// first to be tried again sets the pass's time.
+		sh.fresh, sh.pending, next = sh.due(now)
+		if len(sh.streams) > 0 && len(sh.fresh) == 0 {
+			// Every outbox's reads are put off after failures of their
+			// own: the first to be read again sets the pass's time.
 			_ = wait.For(ctx, min(next.Sub(now), w.cfg.Refresh))
 			continue
 		}
-		sh.live = live
 		if len(sh.streams) == 0 {
 			w.behind[sh.i].Store(0)
 			w.waiting[sh.i].Store(0)
@@ -511,14 +518,11 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		// the same consumer name), then those abandoned by others.
 		sh.begin()
 		var p pass
-		if len(live) < len(sh.streams) {
+		if len(sh.pending) < len(sh.streams) {
 			p.fail(false, true) // outboxes put off: their entries may be unsettled
 		}
 		failed := w.read(ctx, sh, "0", &p)
-		if now.After(nextClaim) {
-			failed = w.claim(ctx, sh, &p) || failed
-			nextClaim = now.Add(min(w.cfg.ClaimAfter/2, 5*time.Second))
-		}
+		failed = w.claim(ctx, sh, &p, now) || failed
 		failed = w.read(ctx, sh, ">", &p) || failed
 		if p.vanished {
 			nextRefresh = time.Time{}
@@ -625,6 +629,7 @@ func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
 			delete(sh.grouped, key)
 		}
 	}
+	sh.forget(live)
 	sh.streams = out
 	return err
 }
@@ -644,15 +649,22 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	if id == ">" {
 		block = w.cfg.Block
 	}
-	if sh.cluster {
-		return w.readEach(ctx, sh, id, block, p)
+	streams := sh.pending
+	if id == ">" {
+		streams = sh.fresh
 	}
-	res, err := w.xread(ctx, sh, sh.live, id, block)
+	if len(streams) == 0 {
+		return false // every outbox put off, or gone with its pool
+	}
+	if sh.cluster {
+		return w.readEach(ctx, sh, streams, id, block, p)
+	}
+	res, err := w.xread(ctx, sh, streams, id, block)
 	var rerr redis.Error
-	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(sh.live) > 1 {
+	if err != nil && !errors.Is(err, redis.Nil) && errors.As(err, &rerr) && len(streams) > 1 {
 		// (redis.Nil is a redis.Error too: a read that found nothing new.)
 		res, failed = nil, false
-		for _, key := range slices.Clone(sh.live) { // readFailed may drop one
+		for _, key := range slices.Clone(streams) { // readFailed may drop one
 			one, oerr := w.xread(ctx, sh, []string{key}, id, -1)
 			if errors.Is(oerr, redis.Nil) {
 				continue // nothing new there
@@ -670,8 +682,8 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		return false
 	case err != nil:
 		key := ""
-		if len(sh.live) == 1 {
-			key = sh.live[0]
+		if len(streams) == 1 {
+			key = streams[0]
 		}
 		return w.readFailed(ctx, sh, key, err, p)
 	}
@@ -699,9 +711,9 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 // so each outbox is read on its own (not blocking), its entries settled as
 // a batch; when none had anything new the pass waits block (a blocking read
 // of one stream would hold up the others).
-func (w *Worker) readEach(ctx context.Context, sh *shardLoop, id string, block time.Duration, p *pass) (failed bool) {
+func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, id string, block time.Duration, p *pass) (failed bool) {
 	read := 0
-	for _, key := range slices.Clone(sh.live) { // readFailed may drop one
+	for _, key := range slices.Clone(streams) { // readFailed may drop one
 		res, err := w.xread(ctx, sh, []string{key}, id, -1)
 		if errors.Is(err, redis.Nil) {
 			continue
@@ -750,15 +762,14 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 	if key != "" && redis.HasErrorPrefix(err, "NOGROUP") {
 		delete(sh.grouped, key)
 		if w.gone(ctx, sh, key) {
-			sh.streams = slices.DeleteFunc(sh.streams, func(s string) bool { return s == key })
-			sh.live = slices.DeleteFunc(sh.live, func(s string) bool { return s == key })
+			sh.drop(key)
 			p.fail(true, false)
 			return false
 		}
 	}
 	w.failures.Add(1)
 	p.fail(redis.HasErrorPrefix(err, "NOGROUP"), true)
-	p.failed(key)
+	p.failed(key, true)
 	w.cfg.Logger.Warn("settle: read", "shard", sh.name, "stream", key, "err", err)
 	return true
 }
@@ -778,10 +789,20 @@ func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
 	return err == nil && g == lua.GroupGone
 }
 
-// claim takes over entries pending on other consumers for ClaimAfter. It
-// reports whether an entry was left for a failure.
-func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool) {
-	for _, key := range slices.Clone(sh.live) {
+// claim takes over entries pending on other consumers for ClaimAfter, on
+// each outbox of the pass's pending ones not looked at within the last
+// min(ClaimAfter/2, 5s). It reports whether an entry was left for a
+// failure.
+func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Time) (failed bool) {
+	every := min(w.cfg.ClaimAfter/2, 5*time.Second)
+	for _, key := range slices.Clone(sh.pending) { // readFailed may drop one
+		if at, ok := sh.claimed[key]; ok && now.Sub(at) < every {
+			continue
+		}
+		if sh.claimed == nil {
+			sh.claimed = map[string]time.Time{}
+		}
+		sh.claimed[key] = now
 		start := "0-0"
 		for {
 			msgs, next, err := sh.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
@@ -805,42 +826,59 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass) (failed bool
 	return failed
 }
 
-// pause is an outbox put off: tried again from until; delay is the wait
-// of its last failure, doubled at its next.
+// pause is an outbox put off: its pending entries read again from until
+// (and its new ones too, when reads says a read of it failed); delay is
+// the wait of its last failure, doubled at its next.
 type pause struct {
 	until time.Time
 	delay time.Duration
+	reads bool
 }
 
-// due returns the outboxes a pass at now reads (those not put off, in
-// order), and the earliest time one put off is tried again.
-func (sh *shardLoop) due(now time.Time) (live []string, next time.Time) {
-	live = make([]string, 0, len(sh.streams))
+// due returns, in order, the outboxes a pass at now reads new entries of
+// (fresh: their reads not put off) and own pending entries of (pending:
+// not put off at all), and the earliest time one put off is read again.
+func (sh *shardLoop) due(now time.Time) (fresh, pending []string, next time.Time) {
+	fresh = make([]string, 0, len(sh.streams))
+	pending = make([]string, 0, len(sh.streams))
 	for _, s := range sh.streams {
 		pa, paused := sh.paused[s]
-		if !paused || !now.Before(pa.until) {
-			live = append(live, s)
-		} else if next.IsZero() || pa.until.Before(next) {
+		switch {
+		case !paused || !now.Before(pa.until):
+			fresh, pending = append(fresh, s), append(pending, s)
+			continue
+		case !pa.reads:
+			fresh = append(fresh, s)
+		}
+		if next.IsZero() || pa.until.Before(next) {
 			next = pa.until
 		}
 	}
-	return live, next
+	return fresh, pending, next
 }
 
-// putOff puts off the outboxes that failed on their own in p, each by
-// twice its last wait (RetryDelay the first time, up to MaxRetryDelay),
-// and forgets the pause of every other outbox the pass read.
+// drop forgets an outbox gone with its pool.
+func (sh *shardLoop) drop(key string) {
+	del := func(s string) bool { return s == key }
+	sh.streams = slices.DeleteFunc(sh.streams, del)
+	sh.fresh = slices.DeleteFunc(sh.fresh, del)
+	sh.pending = slices.DeleteFunc(sh.pending, del)
+	delete(sh.paused, key)
+	delete(sh.claimed, key)
+}
+
+// putOff puts off each outbox that failed on its own in p, by twice its
+// last wait (RetryDelay the first time, up to MaxRetryDelay): its reads
+// too when a read of it failed. One put off whose new entries alone
+// failed keeps the pause it had (they are pending now, read again at its
+// time). Every other outbox whose pending entries the pass read, in a
+// pass without a failure of the shard's, is no longer put off.
 func (sh *shardLoop) putOff(p *pass, now time.Time, cfg Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, s := range sh.live {
-		if !p.failing[s] {
-			delete(sh.paused, s)
-		}
-	}
-	for s := range p.failing {
-		if !slices.Contains(sh.streams, s) {
-			continue // gone with its pool
+	for s, reads := range p.failing {
+		if !reads && !slices.Contains(sh.pending, s) {
+			continue // put off already
 		}
 		d := cfg.RetryDelay
 		if pa, ok := sh.paused[s]; ok {
@@ -849,11 +887,27 @@ func (sh *shardLoop) putOff(p *pass, now time.Time, cfg Config) {
 		if sh.paused == nil {
 			sh.paused = map[string]pause{}
 		}
-		sh.paused[s] = pause{until: now.Add(d), delay: d}
+		sh.paused[s] = pause{until: now.Add(d), delay: d, reads: reads}
 	}
+	if !p.shardFailed {
+		for _, s := range sh.pending {
+			if _, failed := p.failing[s]; !failed {
+				delete(sh.paused, s)
+			}
+		}
+	}
+}
+
+// forget forgets what the loop keeps of outboxes no longer listed.
+func (sh *shardLoop) forget(live map[string]bool) {
 	for s := range sh.paused {
-		if !slices.Contains(sh.streams, s) {
+		if !live[s] {
 			delete(sh.paused, s)
+		}
+	}
+	for s := range sh.claimed {
+		if !live[s] {
+			delete(sh.claimed, s)
 		}
 	}
 }

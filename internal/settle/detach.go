@@ -29,11 +29,6 @@ const maxCalls = 8
 // reports then is its own (its failed deliveries wait their retries, its
 // acknowledgment is made when it ends).
 func (w *Worker) settleOrGoOn(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
-	defer func() {
-		if failed {
-			p.failed(stream, false) // its own: its pending entries wait its backoff (shardLoop.putOff)
-		}
-	}()
 	// The entries of a batch still running (or that ended during this
 	// pass) are its: this batch neither settles nor marks them.
 	var mine []redis.XMessage

@@ -103,15 +103,14 @@ func (b *batch) settled(i int) {
 // acknowledgment. An entry it cannot read is acknowledged
 // only when it is a release (which pays nothing); any other is left
 // pending for an operator. A grant whose confirm or delivery fails leaves
-// its entry pending (retried on the next pass over the worker's own
-// pending entries; one whose delivery failed is put off first, by a wait
-// of its own: Worker.retries), and so does one whose serial the sink paid
+// its entry pending, tried again after a wait of its own (Worker.retries),
+// and so does one whose serial the sink paid
 // for another grant (left for an operator). Every other entry is
 // acknowledged and deleted from the stream, so that an outbox holds what
 // is unsettled, not everything ever granted. It reports whether an entry
-// was left pending for a failure of a confirm or an acknowledgment (the
-// outbox then waits its backoff: shardLoop.putOff); a failed delivery is
-// the entry's alone, and does not slow the outbox's other entries.
+// was left pending for a failure of a confirm or an acknowledgment (for
+// the count; such an entry, as one whose delivery failed, waits a backoff
+// of its own and slows no other).
 //
 // An entry of several grants is acknowledged once every one of them is
 // settled. Until then each pass confirms all of them again (confirm is
@@ -131,7 +130,7 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 	now := time.Now()
 	for _, m := range msgs {
 		if w.putOff(stream, m.ID, now) {
-			p.behind(m.ID) // its delivery failed lately: tried again at its time
+			p.behind(m.ID) // it failed lately: tried again at its time
 			if _, waits := w.awaitingOperator.Load(stream + " " + m.ID); waits {
 				p.leave(stream + " " + m.ID) // still left for an operator meanwhile
 			}
@@ -224,6 +223,7 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 			w.failures.Add(int64(len(done)))
 			w.cfg.Logger.Warn("settle: acknowledge; entries left pending", "stream", b.stream, "entries", len(done), "err", err)
 			p.behindAll(done)
+			w.retryAll(b.stream, done)
 			return true
 		}
 		return false
@@ -273,10 +273,13 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		if ctx.Err() == nil {
 			w.failures.Add(int64(to - from))
 			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "grants", to-from, "err", err)
+			w.retryAll(b.stream, b.ids[from:to])
 		}
 		p.behindAll(b.ids[from:to])
 		return nil, nil, true
 	}
+	var retry []string // entries of a grant whose confirm failed
+	defer func() { w.retryAll(b.stream, retry) }()
 	for j, g := range b.grants[from:to] {
 		i := from + j
 		before, key := w.seenBefore(b, i)
@@ -285,6 +288,7 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			w.failures.Add(1)
 			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", g.Serial, "err", errs[j])
 			p.behind(b.ids[i])
+			retry = append(retry, b.ids[i])
 			failed = true
 		case before == paidOut && res[j].Result == lua.AlreadyConfirmed:
 			b.settled(i) // paid on an earlier pass, its entry still pending

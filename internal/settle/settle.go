@@ -75,12 +75,11 @@ type Config struct {
 	// RetryDelay is the pause after a pass over a shard that failed (a
 	// read of its outboxes); it doubles with each pass that fails again, up
 	// to MaxRetryDelay, and is back to RetryDelay after one that does not.
-	// An outbox whose own confirm or acknowledgment failed has its pending
-	// entries read again the same way on its own, its new entries read as
-	// every other outbox's; one whose own read failed is not read until its
-	// time (shardLoop.paused). An entry whose delivery failed waits on its
-	// own too (Worker.retries). So one grant or sub-pool that keeps failing
-	// never makes the shard's other grants wait past their hold. Default 1s.
+	// An outbox whose own read failed waits the same way on its own, the
+	// shard's others read meanwhile (shardLoop.paused); an entry whose
+	// confirm, delivery or acknowledgment failed waits on its own
+	// (Worker.retries). So one grant or sub-pool that keeps failing never
+	// makes the shard's other grants wait past their hold. Default 1s.
 	RetryDelay time.Duration
 	// MaxRetryDelay bounds that backoff. Default 15s.
 	MaxRetryDelay time.Duration
@@ -200,11 +199,12 @@ type Worker struct {
 	seen  sync.Map
 	seenN atomic.Int64 // about how many keys seen holds
 
-	// retries holds each entry whose delivery failed ("stream id"): it is
-	// tried again no sooner than its time, and each failure doubles its
-	// wait (RetryDelay up to MaxRetryDelay). The wait is the entry's own:
-	// a grant the sink keeps refusing never slows the other entries of its
-	// shard, whose grants must be paid within their hold.
+	// retries holds each entry whose confirm, delivery or acknowledgment
+	// failed ("stream id"): it is tried again no sooner than its time, and
+	// each failure doubles its wait (RetryDelay up to MaxRetryDelay). The
+	// wait is the entry's own: a grant the sink keeps refusing, or whose
+	// confirm keeps failing, never slows the other entries of its shard,
+	// whose grants must be paid within their hold.
 	retryMu sync.Mutex
 	retries map[string]entryRetry
 	sweptAt time.Time // when retries was last swept of entries no longer tried
@@ -214,11 +214,11 @@ type Worker struct {
 	detached sync.WaitGroup
 }
 
-// entryRetry is when an entry whose delivery failed is tried again, and
-// how long its next wait is; alone, that its grants go to the sink in
-// calls of their own from then on (a call of several that ran out its
-// DeliverTimeout held it: one grant the sink hangs on must not keep the
-// others of its call unpaid).
+// entryRetry is when an entry whose confirm, delivery or acknowledgment
+// failed is tried again, and how long its next wait is; alone, that its
+// grants go to the sink in calls of their own from then on (a call of
+// several that ran out its DeliverTimeout held it: one grant the sink
+// hangs on must not keep the others of its call unpaid).
 type entryRetry struct {
 	at    time.Time
 	wait  time.Duration
@@ -237,6 +237,18 @@ func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
 		r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
 		r.alone = r.alone || alone
 	})
+}
+
+// retryAll puts off each entry of ids (of stream; an id may come more
+// than once, for the grants of one entry) after a failed confirm or
+// acknowledgment, as retryLater does after a failed delivery.
+func (w *Worker) retryAll(stream string, ids []string) {
+	now := time.Now()
+	for i, id := range ids {
+		if !slices.Contains(ids[:i], id) {
+			w.retryLater(stream, id, now, false)
+		}
+	}
 }
 
 // noPlace puts the entry off for RetryDelay, its wait unchanged: its
@@ -292,8 +304,8 @@ func (w *Worker) alone(stream, id string) bool {
 	return w.retries[stream+" "+id].alone
 }
 
-// putOff reports whether the entry's delivery failed and its time to be
-// tried again has not come.
+// putOff reports whether the entry's confirm, delivery or acknowledgment
+// failed and its time to be tried again has not come.
 func (w *Worker) putOff(stream, id string, now time.Time) bool {
 	w.retryMu.Lock()
 	defer w.retryMu.Unlock()
@@ -356,17 +368,14 @@ type pass struct {
 	incomplete bool            // a read failed: the pass does not know
 	vanished   bool            // a stream was gone (its pool closed): list them again
 	left       map[string]bool // "stream id" of the entries left for an operator it met
-	// failing holds the streams that left entries for a failure of their
-	// own: true when a read of that stream alone failed, false for a
-	// confirm or an acknowledgment. shardFailed says a failure was of no
-	// one stream (a read of several).
+	// failing holds the streams whose own read failed (a read of that
+	// stream alone); shardFailed says a read of several failed.
 	failing     map[string]bool
 	shardFailed bool
 }
 
-// failed notes a failure of stream ("": of the shard, a read of several);
-// read says a read of it failed.
-func (p *pass) failed(stream string, read bool) {
+// readFailed notes that a read of stream failed ("": of several).
+func (p *pass) readFailed(stream string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if stream == "" {
@@ -376,7 +385,7 @@ func (p *pass) failed(stream string, read bool) {
 	if p.failing == nil {
 		p.failing = map[string]bool{}
 	}
-	p.failing[stream] = p.failing[stream] || read
+	p.failing[stream] = true
 }
 
 // leave notes an entry left for an operator.
@@ -440,14 +449,11 @@ type shardLoop struct {
 	c       redis.UniversalClient
 	cluster bool     // a Redis Cluster: its outboxes are in many slots, read one by one
 	streams []string // the outboxes of the open pools' sub-pools here
-	// fresh are those a pass reads new entries of, pending those it reads
-	// its own pending entries of and takes others' over from: the streams
-	// not put off (due).
-	fresh, pending []string
-	// paused holds the outboxes put off after failures of their own, each
-	// tried again at its time with its own backoff (putOff); claimed when
-	// each was last looked at for entries to take over (claim). Only the
-	// shard's loop uses them.
+	live    []string // those a pass reads: not put off (due)
+	// paused holds the outboxes put off after failed reads of their own,
+	// each read again at its time with its own backoff (pauseReads); claimed
+	// when each was last looked at for entries to take over (claim). Only
+	// the shard's loop uses them.
 	paused  map[string]pause
 	claimed map[string]time.Time
 	grouped map[string]bool // outboxes whose consumer group is known to be there
@@ -500,10 +506,10 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 			}
 			nextRefresh = now.Add(w.cfg.Refresh)
 		}
-		sh.fresh, sh.pending, next = sh.due(now)
-		if len(sh.streams) > 0 && len(sh.fresh) == 0 {
-			// Every outbox's reads are put off after failures of their
-			// own: the first to be read again sets the pass's time.
+		sh.live, next = sh.due(now)
+		if len(sh.streams) > 0 && len(sh.live) == 0 {
+			// Every outbox is put off after failed reads of its own: the
+			// first to be read again sets the pass's time.
 			_ = wait.For(ctx, min(next.Sub(now), w.cfg.Refresh))
 			continue
 		}
@@ -518,7 +524,7 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		// the same consumer name), then those abandoned by others.
 		sh.begin()
 		var p pass
-		if len(sh.pending) < len(sh.streams) {
+		if len(sh.live) < len(sh.streams) {
 			p.fail(false, true) // outboxes put off: their entries may be unsettled
 		}
 		failed := w.read(ctx, sh, "0", &p)
@@ -530,10 +536,11 @@ func (w *Worker) loop(ctx context.Context, sh *shardLoop) {
 		if ctx.Err() == nil {
 			w.note(sh, &p, now)
 		}
-		sh.putOff(&p, time.Now(), w.cfg)
-		if !failed || !p.shardFailed && len(p.failing) > 0 {
-			// Nothing failed, or only outboxes of their own, which wait
-			// their own backoff (putOff) while the others go on.
+		sh.pauseReads(&p, time.Now(), w.cfg)
+		if !failed || !p.shardFailed {
+			// Nothing failed, or only what waits a backoff of its own: an
+			// outbox's read (pauseReads), an entry (Worker.retries), a
+			// takeover (claim's own time).
 			backoff = w.cfg.RetryDelay
 			continue
 		}
@@ -649,10 +656,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 	if id == ">" {
 		block = w.cfg.Block
 	}
-	streams := sh.pending
-	if id == ">" {
-		streams = sh.fresh
-	}
+	streams := sh.live
 	if len(streams) == 0 {
 		return false // every outbox put off, or gone with its pool
 	}
@@ -670,7 +674,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 				continue // nothing new there
 			}
 			if oerr != nil {
-				failed = w.readFailed(ctx, sh, key, oerr, p) || failed
+				failed = w.readFailed(ctx, sh, key, oerr, p, true) || failed
 				continue
 			}
 			res = append(res, one...)
@@ -685,7 +689,7 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		if len(streams) == 1 {
 			key = streams[0]
 		}
-		return w.readFailed(ctx, sh, key, err, p)
+		return w.readFailed(ctx, sh, key, err, p, true)
 	}
 	for _, st := range res {
 		w.settling(sh, st.Stream, st.Messages)
@@ -719,7 +723,7 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, 
 			continue
 		}
 		if err != nil {
-			failed = w.readFailed(ctx, sh, key, err, p) || failed
+			failed = w.readFailed(ctx, sh, key, err, p, true) || failed
 			continue
 		}
 		for _, st := range res {
@@ -755,7 +759,7 @@ func (w *Worker) xread(ctx context.Context, sh *shardLoop, streams []string, id 
 // that is no failure; any other failure counts (Stats.Failures), leaves the
 // pass incomplete, and is tried again after the backoff. It reports whether
 // the read failed.
-func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err error, p *pass) bool {
+func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err error, p *pass, reading bool) bool {
 	if ctx.Err() != nil {
 		return false
 	}
@@ -769,7 +773,9 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 	}
 	w.failures.Add(1)
 	p.fail(redis.HasErrorPrefix(err, "NOGROUP"), true)
-	p.failed(key, true)
+	if reading {
+		p.readFailed(key) // put off: the stream's (pauseReads), or the shard's
+	}
 	w.cfg.Logger.Warn("settle: read", "shard", sh.name, "stream", key, "err", err)
 	return true
 }
@@ -795,7 +801,7 @@ func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
 // failure.
 func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Time) (failed bool) {
 	every := min(w.cfg.ClaimAfter/2, 5*time.Second)
-	for _, key := range slices.Clone(sh.pending) { // readFailed may drop one
+	for _, key := range slices.Clone(sh.live) { // readFailed may drop one
 		if at, ok := sh.claimed[key]; ok && now.Sub(at) < every {
 			continue
 		}
@@ -810,7 +816,7 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Tim
 				MinIdle: w.cfg.ClaimAfter, Start: start, Count: w.cfg.Batch,
 			}).Result()
 			if err != nil {
-				failed = w.readFailed(ctx, sh, key, err, p) || failed
+				failed = w.readFailed(ctx, sh, key, err, p, false) || failed
 				break
 			}
 			if len(msgs) > 0 {
@@ -826,60 +832,45 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Tim
 	return failed
 }
 
-// pause is an outbox put off: its pending entries read again from until
-// (and its new ones too, when reads says a read of it failed); delay is
-// the wait of its last failure, doubled at its next.
+// pause is an outbox put off after a failed read of its own: read again
+// from until; delay is the wait of its last failure, doubled at its next.
 type pause struct {
 	until time.Time
 	delay time.Duration
-	reads bool
 }
 
-// due returns, in order, the outboxes a pass at now reads new entries of
-// (fresh: their reads not put off) and own pending entries of (pending:
-// not put off at all), and the earliest time one put off is read again.
-func (sh *shardLoop) due(now time.Time) (fresh, pending []string, next time.Time) {
-	fresh = make([]string, 0, len(sh.streams))
-	pending = make([]string, 0, len(sh.streams))
+// due returns the outboxes a pass at now reads (those not put off, in
+// order), and the earliest time one put off is read again.
+func (sh *shardLoop) due(now time.Time) (live []string, next time.Time) {
+	live = make([]string, 0, len(sh.streams))
 	for _, s := range sh.streams {
 		pa, paused := sh.paused[s]
-		switch {
-		case !paused || !now.Before(pa.until):
-			fresh, pending = append(fresh, s), append(pending, s)
-			continue
-		case !pa.reads:
-			fresh = append(fresh, s)
-		}
-		if next.IsZero() || pa.until.Before(next) {
+		if !paused || !now.Before(pa.until) {
+			live = append(live, s)
+		} else if next.IsZero() || pa.until.Before(next) {
 			next = pa.until
 		}
 	}
-	return fresh, pending, next
+	return live, next
 }
 
 // drop forgets an outbox gone with its pool.
 func (sh *shardLoop) drop(key string) {
 	del := func(s string) bool { return s == key }
 	sh.streams = slices.DeleteFunc(sh.streams, del)
-	sh.fresh = slices.DeleteFunc(sh.fresh, del)
-	sh.pending = slices.DeleteFunc(sh.pending, del)
+	sh.live = slices.DeleteFunc(sh.live, del)
 	delete(sh.paused, key)
 	delete(sh.claimed, key)
 }
 
-// putOff puts off each outbox that failed on its own in p, by twice its
-// last wait (RetryDelay the first time, up to MaxRetryDelay): its reads
-// too when a read of it failed. One put off whose new entries alone
-// failed keeps the pause it had (they are pending now, read again at its
-// time). Every other outbox whose pending entries the pass read, in a
-// pass without a failure of the shard's, is no longer put off.
-func (sh *shardLoop) putOff(p *pass, now time.Time, cfg Config) {
+// pauseReads puts off each outbox whose own read failed in p, by twice its
+// last wait (RetryDelay the first time, up to MaxRetryDelay); every other
+// outbox the pass read, in a pass without a failed read of several, is
+// no longer put off.
+func (sh *shardLoop) pauseReads(p *pass, now time.Time, cfg Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for s, reads := range p.failing {
-		if !reads && !slices.Contains(sh.pending, s) {
-			continue // put off already
-		}
+	for s := range p.failing {
 		d := cfg.RetryDelay
 		if pa, ok := sh.paused[s]; ok {
 			d = min(2*pa.delay, max(cfg.MaxRetryDelay, cfg.RetryDelay))
@@ -887,11 +878,11 @@ func (sh *shardLoop) putOff(p *pass, now time.Time, cfg Config) {
 		if sh.paused == nil {
 			sh.paused = map[string]pause{}
 		}
-		sh.paused[s] = pause{until: now.Add(d), delay: d, reads: reads}
+		sh.paused[s] = pause{until: now.Add(d), delay: d}
 	}
 	if !p.shardFailed {
-		for _, s := range sh.pending {
-			if _, failed := p.failing[s]; !failed {
+		for _, s := range sh.live {
+			if !p.failing[s] {
 				delete(sh.paused, s)
 			}
 		}

@@ -35,6 +35,19 @@ type batch struct {
 	// (together, in order), and how many are not settled yet (the entry
 	// is settled with the last of them).
 	several map[string]*span
+	// retry holds the entries a failure leaves pending (id -> alone:
+	// its grants go to the sink in calls of their own from then on), put
+	// off once each when the batch ends (Worker.retryLater): a failure of
+	// several of its grants, or of several steps, doubles its wait once.
+	retry map[string]bool
+}
+
+// retryLater notes that entry id is tried again later (batch.retry).
+func (b *batch) retryLater(id string, alone bool) {
+	if b.retry == nil {
+		b.retry = map[string]bool{}
+	}
+	b.retry[id] = b.retry[id] || alone
 }
 
 // span is an entry's grants in batch.grants, [start, end), and how many of
@@ -126,6 +139,12 @@ func (b *batch) settled(i int) {
 // takes over what this one is still working through.
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{stream: stream}
+	defer func() {
+		now := time.Now()
+		for id, alone := range b.retry {
+			w.retryLater(stream, id, now, alone)
+		}
+	}()
 	b.sp, b.spOK = rain.ParseOutbox(stream)
 	now := time.Now()
 	for _, m := range msgs {
@@ -223,7 +242,9 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 			w.failures.Add(int64(len(done)))
 			w.cfg.Logger.Warn("settle: acknowledge; entries left pending", "stream", b.stream, "entries", len(done), "err", err)
 			p.behindAll(done)
-			w.retryAll(b.stream, done)
+			for _, id := range done {
+				b.retryLater(id, false)
+			}
 			return true
 		}
 		return false
@@ -273,13 +294,13 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		if ctx.Err() == nil {
 			w.failures.Add(int64(to - from))
 			w.cfg.Logger.Warn("settle: confirm; entries left pending", "stream", b.stream, "grants", to-from, "err", err)
-			w.retryAll(b.stream, b.ids[from:to])
+			for _, id := range b.ids[from:to] {
+				b.retryLater(id, false)
+			}
 		}
 		p.behindAll(b.ids[from:to])
 		return nil, nil, true
 	}
-	var retry []string // entries of a grant whose confirm failed
-	defer func() { w.retryAll(b.stream, retry) }()
 	for j, g := range b.grants[from:to] {
 		i := from + j
 		before, key := w.seenBefore(b, i)
@@ -288,7 +309,7 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			w.failures.Add(1)
 			w.cfg.Logger.Error("settle: confirm of one grant failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", g.Serial, "err", errs[j])
 			p.behind(b.ids[i])
-			retry = append(retry, b.ids[i])
+			b.retryLater(b.ids[i], false)
 			failed = true
 		case before == paidOut && res[j].Result == lua.AlreadyConfirmed:
 			b.settled(i) // paid on an earlier pass, its entry still pending
@@ -458,7 +479,7 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 			// their own, if their call of several ran out its time.
 			p.behind(b.ids[i])
 			w.failures.Add(1)
-			w.retryLater(b.stream, b.ids[i], time.Now(), timedOut && len(call) > 1)
+			b.retryLater(b.ids[i], timedOut && len(call) > 1)
 			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", pay[j].Serial, "err", err)
 		}
 	}

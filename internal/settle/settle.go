@@ -225,9 +225,10 @@ type entryRetry struct {
 	alone bool
 }
 
-// retryLater puts the entry off after a failed delivery, doubling its
-// wait; alone, its grants go to the sink in calls of their own from then
-// on (entryRetry).
+// retryLater puts the entry off after a failed confirm, delivery or
+// acknowledgment, doubling its wait; alone, its grants go to the sink in
+// calls of their own from then on (entryRetry). A batch puts each of its
+// entries off once at most (batch.retry).
 func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
 	w.noteRetry(stream+" "+id, now, func(r *entryRetry, had bool) {
 		if !had {
@@ -237,18 +238,6 @@ func (w *Worker) retryLater(stream, id string, now time.Time, alone bool) {
 		r.wait = min(2*r.wait, max(w.cfg.MaxRetryDelay, w.cfg.RetryDelay))
 		r.alone = r.alone || alone
 	})
-}
-
-// retryAll puts off each entry of ids (of stream; an id may come more
-// than once, for the grants of one entry) after a failed confirm or
-// acknowledgment, as retryLater does after a failed delivery.
-func (w *Worker) retryAll(stream string, ids []string) {
-	now := time.Now()
-	for i, id := range ids {
-		if !slices.Contains(ids[:i], id) {
-			w.retryLater(stream, id, now, false)
-		}
-	}
 }
 
 // noPlace puts the entry off for RetryDelay, its wait unchanged: its
@@ -456,6 +445,11 @@ type shardLoop struct {
 	// the shard's loop uses them.
 	paused  map[string]pause
 	claimed map[string]time.Time
+	// page holds, for an outbox whose own pending entries fill more than
+	// one read (Config.Batch), the id after which its next read of them
+	// begins: the passes read them a page each in turn, so that entries
+	// put off at the front (Worker.retries) never hide those behind them.
+	page    map[string]string
 	grouped map[string]bool // outboxes whose consumer group is known to be there
 	settled time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
@@ -681,6 +675,9 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		}
 		err = nil
 	}
+	if id == "0" && (err == nil || errors.Is(err, redis.Nil)) {
+		sh.turnPages(streams, res, w.cfg.Batch, p)
+	}
 	switch {
 	case errors.Is(err, redis.Nil), ctx.Err() != nil:
 		return false
@@ -719,6 +716,9 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, 
 	read := 0
 	for _, key := range slices.Clone(streams) { // readFailed may drop one
 		res, err := w.xread(ctx, sh, []string{key}, id, -1)
+		if id == "0" && (err == nil || errors.Is(err, redis.Nil)) {
+			sh.turnPages([]string{key}, res, w.cfg.Batch, p)
+		}
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
@@ -741,12 +741,18 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, 
 	return failed
 }
 
-// xread is one XREADGROUP of streams at id.
+// xread is one XREADGROUP of streams at id: ">" new entries, "0" the
+// worker's own pending ones, each stream's from the page it is at
+// (turnPages).
 func (w *Worker) xread(ctx context.Context, sh *shardLoop, streams []string, id string, block time.Duration) ([]redis.XStream, error) {
 	args := make([]string, 0, 2*len(streams))
 	args = append(args, streams...)
-	for range streams {
-		args = append(args, id)
+	for _, s := range streams {
+		if at, ok := sh.page[s]; ok && id == "0" {
+			args = append(args, at)
+		} else {
+			args = append(args, id)
+		}
 	}
 	return sh.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
@@ -796,7 +802,7 @@ func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
 }
 
 // claim takes over entries pending on other consumers for ClaimAfter, on
-// each outbox of the pass's pending ones not looked at within the last
+// each outbox the pass reads that it has not looked at within the last
 // min(ClaimAfter/2, 5s). It reports whether an entry was left for a
 // failure.
 func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Time) (failed bool) {
@@ -861,6 +867,29 @@ func (sh *shardLoop) drop(key string) {
 	sh.live = slices.DeleteFunc(sh.live, del)
 	delete(sh.paused, key)
 	delete(sh.claimed, key)
+	delete(sh.page, key)
+}
+
+// turnPages notes, after a read of streams' own pending entries (res),
+// where each stream's next one begins: after the last entry read when
+// the read was full (batch), else at the start again. A pass that read
+// a stream from past its start did not see every entry it may have
+// left unsettled (p is incomplete).
+func (sh *shardLoop) turnPages(streams []string, res []redis.XStream, batch int64, p *pass) {
+	for _, s := range streams {
+		if _, ok := sh.page[s]; ok {
+			p.fail(false, true)
+		}
+		delete(sh.page, s)
+	}
+	for _, st := range res {
+		if int64(len(st.Messages)) >= batch {
+			if sh.page == nil {
+				sh.page = map[string]string{}
+			}
+			sh.page[st.Stream] = st.Messages[len(st.Messages)-1].ID
+		}
+	}
 }
 
 // pauseReads puts off each outbox whose own read failed in p, by twice its
@@ -899,6 +928,11 @@ func (sh *shardLoop) forget(live map[string]bool) {
 	for s := range sh.claimed {
 		if !live[s] {
 			delete(sh.claimed, s)
+		}
+	}
+	for s := range sh.page {
+		if !live[s] {
+			delete(sh.page, s)
 		}
 	}
 }

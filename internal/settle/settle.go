@@ -160,11 +160,12 @@ type Stats struct {
 	// be read as grants or a release (logged once each).
 	Conflicts int64
 	// LeftForOperator is how many entries left pending for an operator the
-	// worker's last pass over each shard met (its own pending entries are
-	// read again every pass), summed over the shards: not 0 while one still
-	// waits for an operator, and so blocks its pool's close; 0 again once
-	// the operator has cleared them. A pass that could not read a shard
-	// keeps that shard's figure.
+	// worker's last pass over each shard met (each pass reads the first
+	// Config.Batch of an outbox's own pending entries again, and a page of
+	// those behind them in turn), summed over the shards: not 0 while one
+	// still waits for an operator among the first Batch of its outbox, and
+	// so blocks its pool's close; 0 again once the operator has cleared
+	// them. A pass that could not read a shard keeps that shard's figure.
 	LeftForOperator int64
 	// Lag is how far settlement is behind the grants: the age of the oldest
 	// outbox entry (its stream id is the time it was written) that may be
@@ -445,13 +446,15 @@ type shardLoop struct {
 	// the shard's loop uses them.
 	paused  map[string]pause
 	claimed map[string]time.Time
-	// page holds, for an outbox whose own pending entries fill more than
-	// one read (Config.Batch), the id after which its next read of them
-	// begins: the passes read them a page each in turn, so that entries
-	// put off at the front (Worker.retries) never hide those behind them.
-	page    map[string]string
-	grouped map[string]bool // outboxes whose consumer group is known to be there
-	settled time.Time       // when the last pass that read every outbox began
+	// page holds, for an outbox whose own pending entries fill a read
+	// (Config.Batch) and more, the id after which the next pass's second
+	// read of them begins (nextPages).
+	page map[string]string
+	// claimFrom holds where the next round of claim goes on in an outbox
+	// whose pending entries one round did not get through (maxClaimCalls).
+	claimFrom map[string]string
+	grouped   map[string]bool // outboxes whose consumer group is known to be there
+	settled   time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
 	// shard's grants (maxCalls), lonely one for each of a grant tried
 	// alone (see deliverSlot).
@@ -675,8 +678,8 @@ func (w *Worker) read(ctx context.Context, sh *shardLoop, id string, p *pass) (f
 		}
 		err = nil
 	}
-	if id == "0" && (err == nil || errors.Is(err, redis.Nil)) {
-		sh.turnPages(streams, res, w.cfg.Batch, p)
+	if id == "0" && err == nil {
+		res = w.nextPages(ctx, sh, res, p)
 	}
 	switch {
 	case errors.Is(err, redis.Nil), ctx.Err() != nil:
@@ -716,8 +719,8 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, 
 	read := 0
 	for _, key := range slices.Clone(streams) { // readFailed may drop one
 		res, err := w.xread(ctx, sh, []string{key}, id, -1)
-		if id == "0" && (err == nil || errors.Is(err, redis.Nil)) {
-			sh.turnPages([]string{key}, res, w.cfg.Batch, p)
+		if id == "0" && err == nil {
+			res = w.nextPages(ctx, sh, res, p)
 		}
 		if errors.Is(err, redis.Nil) {
 			continue
@@ -741,19 +744,21 @@ func (w *Worker) readEach(ctx context.Context, sh *shardLoop, streams []string, 
 	return failed
 }
 
-// xread is one XREADGROUP of streams at id: ">" new entries, "0" the
-// worker's own pending ones, each stream's from the page it is at
-// (turnPages).
+// xread is one XREADGROUP of streams at id (">" new entries; "0", or
+// the id after which to begin, the worker's own pending ones).
 func (w *Worker) xread(ctx context.Context, sh *shardLoop, streams []string, id string, block time.Duration) ([]redis.XStream, error) {
+	ids := make([]string, len(streams))
+	for i := range ids {
+		ids[i] = id
+	}
+	return w.xreadAt(ctx, sh, streams, ids, block)
+}
+
+// xreadAt is one XREADGROUP of streams, each at its id in ids.
+func (w *Worker) xreadAt(ctx context.Context, sh *shardLoop, streams, ids []string, block time.Duration) ([]redis.XStream, error) {
 	args := make([]string, 0, 2*len(streams))
 	args = append(args, streams...)
-	for _, s := range streams {
-		if at, ok := sh.page[s]; ok && id == "0" {
-			args = append(args, at)
-		} else {
-			args = append(args, id)
-		}
-	}
+	args = append(args, ids...)
 	return sh.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: args, Count: w.cfg.Batch, Block: block,
 	}).Result()
@@ -801,6 +806,10 @@ func (w *Worker) gone(ctx context.Context, sh *shardLoop, key string) bool {
 	return err == nil && g == lua.GroupGone
 }
 
+// maxClaimCalls bounds the XAUTOCLAIM calls of one outbox in one round
+// of claim; the next round goes on where it stopped.
+const maxClaimCalls = 8
+
 // claim takes over entries pending on other consumers for ClaimAfter, on
 // each outbox the pass reads that it has not looked at within the last
 // min(ClaimAfter/2, 5s). It reports whether an entry was left for a
@@ -815,8 +824,11 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Tim
 			sh.claimed = map[string]time.Time{}
 		}
 		sh.claimed[key] = now
-		start := "0-0"
-		for {
+		start, ok := sh.claimFrom[key]
+		if !ok {
+			start = "0-0"
+		}
+		for calls := 1; ; calls++ {
 			msgs, next, err := sh.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 				Stream: key, Group: w.cfg.Group, Consumer: w.cfg.Consumer,
 				MinIdle: w.cfg.ClaimAfter, Start: start, Count: w.cfg.Batch,
@@ -829,7 +841,17 @@ func (w *Worker) claim(ctx context.Context, sh *shardLoop, p *pass, now time.Tim
 				w.settling(sh, key, msgs)
 				failed = w.settleOrGoOn(ctx, sh, key, msgs, p) || failed
 			}
-			if next == "0-0" || len(msgs) == 0 {
+			// Redis looks at ten times Count pending entries a call at
+			// most: an empty answer is not the end, next is.
+			if next == "0-0" {
+				delete(sh.claimFrom, key)
+				break
+			}
+			if calls == maxClaimCalls {
+				if sh.claimFrom == nil {
+					sh.claimFrom = map[string]string{}
+				}
+				sh.claimFrom[key] = next // the next round goes on from there
 				break
 			}
 			start = next
@@ -868,28 +890,78 @@ func (sh *shardLoop) drop(key string) {
 	delete(sh.paused, key)
 	delete(sh.claimed, key)
 	delete(sh.page, key)
+	delete(sh.claimFrom, key)
 }
 
-// turnPages notes, after a read of streams' own pending entries (res),
-// where each stream's next one begins: after the last entry read when
-// the read was full (batch), else at the start again. A pass that read
-// a stream from past its start did not see every entry it may have
-// left unsettled (p is incomplete).
-func (sh *shardLoop) turnPages(streams []string, res []redis.XStream, batch int64, p *pass) {
-	for _, s := range streams {
-		if _, ok := sh.page[s]; ok {
-			p.fail(false, true)
-		}
-		delete(sh.page, s)
-	}
+// nextPages adds to res, a read of streams' own pending entries from
+// their start, one more page of each stream whose read was full
+// (Config.Batch): the page after the one the last pass read there, or
+// after this read's (shardLoop.page). So every pass reads the front of
+// each outbox's pending entries (those put off the longest fall due
+// first), and entries put off there never hide those behind them: the
+// passes read those a page each in turn. A read that fails leaves them to
+// the next pass.
+func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStream, p *pass) []redis.XStream {
+	var more, from []string
 	for _, st := range res {
-		if int64(len(st.Messages)) >= batch {
+		if int64(len(st.Messages)) < w.cfg.Batch {
+			delete(sh.page, st.Stream)
+			continue
+		}
+		last := st.Messages[len(st.Messages)-1].ID
+		at, ok := sh.page[st.Stream]
+		if !ok || !idAfter(at, last) {
+			at = last // the front reaches past the page the last pass read
+		}
+		more, from = append(more, st.Stream), append(from, at)
+	}
+	if len(more) == 0 {
+		return res
+	}
+	next, err := w.xreadAt(ctx, sh, more, from, -1)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		if ctx.Err() == nil {
+			w.failures.Add(1)
+			p.fail(false, true)
+			w.cfg.Logger.Warn("settle: read of the next page of pending entries", "shard", sh.name, "err", err)
+		}
+		return res
+	}
+	got := map[string][]redis.XMessage{}
+	for _, st := range next {
+		got[st.Stream] = st.Messages
+	}
+	for i := range res {
+		s := res[i].Stream
+		if !slices.Contains(more, s) {
+			continue
+		}
+		page := got[s]
+		if int64(len(page)) < w.cfg.Batch {
+			delete(sh.page, s) // the end: the next pass reads on after the front
+		} else {
 			if sh.page == nil {
 				sh.page = map[string]string{}
 			}
-			sh.page[st.Stream] = st.Messages[len(st.Messages)-1].ID
+			sh.page[s] = page[len(page)-1].ID
 		}
+		res[i].Messages = append(res[i].Messages, page...)
 	}
+	return res
+}
+
+// idAfter reports whether stream id a comes after b ("ms-seq").
+func idAfter(a, b string) bool {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	ami, _ := strconv.ParseUint(am, 10, 64)
+	bmi, _ := strconv.ParseUint(bm, 10, 64)
+	if ami != bmi {
+		return ami > bmi
+	}
+	asi, _ := strconv.ParseUint(as, 10, 64)
+	bsi, _ := strconv.ParseUint(bs, 10, 64)
+	return asi > bsi
 }
 
 // pauseReads puts off each outbox whose own read failed in p, by twice its
@@ -933,6 +1005,11 @@ func (sh *shardLoop) forget(live map[string]bool) {
 	for s := range sh.page {
 		if !live[s] {
 			delete(sh.page, s)
+		}
+	}
+	for s := range sh.claimFrom {
+		if !live[s] {
+			delete(sh.claimFrom, s)
 		}
 	}
 }

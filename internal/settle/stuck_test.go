@@ -75,7 +75,17 @@ func TestOneStuckOutboxSlowsNoOther(t *testing.T) {
 func TestEntriesPutOffHideNoOther(t *testing.T) {
 	st := startStuck(t, 10, []string{"u0", "u1"}, func(cfg *settle.Config) { cfg.Batch, cfg.ClaimAfter = 2, time.Minute })
 	waittest.Until(t, 30*time.Second, "both confirms refused four times", func() bool { return st.w.Stats().Failures >= 8 })
-	st.failOnce(t, 0)
+	made := st.failOnce(t, 0)
+	st.put(t, "u0", st.recs["u0"])
+	st.put(t, "u1", st.recs["u1"])
+	waittest.Until(t, 30*time.Second, "every grant paid once the records are back", func() bool {
+		paid, _ := st.sink.stats()
+		return paid == made+2
+	})
+	waittest.Until(t, 30*time.Second, "the outbox empty", func() bool {
+		n, err := st.c.XLen(st.ctx, st.keys.Outbox).Result()
+		return err == nil && n == 0
+	})
 }
 
 // stuck is a worker on one shard with pool a (hold 2 s, one sub-pool),

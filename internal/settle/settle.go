@@ -2,8 +2,9 @@
 // effect, through the sub-pools' outbox streams.
 //
 // A Worker reads each shard's outbox streams with a Redis consumer group, in
-// batches of up to Config.Batch entries per stream, every stream of a shard
-// at once, and for every batch, in parts of up to Config.Batch grants (an
+// batches of up to Config.Batch entries per stream (two reads of its own
+// pending ones: nextPages), every stream of a shard at once, and for every
+// batch, in parts of up to Config.Batch grants (an
 // entry of rain serve --outbox batch holds a batch's grants), in this
 // order:
 //
@@ -61,8 +62,10 @@ type Config struct {
 	// Default hostname-pid.
 	Consumer string
 	// Batch is the most entries read per stream per call, settled as one
-	// batch, and the most grants one confirm script and one delivery take
-	// (an entry may hold a batch's grants). Default 500.
+	// batch (a pass's two reads of the worker's own pending entries of a
+	// stream as one: nextPages), and the most grants one confirm script
+	// and one delivery take (an entry may hold a batch's grants). Default
+	// 500.
 	Batch int64
 	// Block is how long one read waits for new entries. Default 1s.
 	Block time.Duration
@@ -912,6 +915,11 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 		at, ok := sh.page[st.Stream]
 		if !ok || !idAfter(at, last) {
 			at = last // the front reaches past the page the last pass read
+		} else {
+			// The entries between the front and the page read next are
+			// not read in this pass: they may be unsettled, and no
+			// younger than the front's last.
+			p.behind(last)
 		}
 		more, from = append(more, st.Stream), append(from, at)
 	}
@@ -940,6 +948,7 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 		if int64(len(page)) < w.cfg.Batch {
 			delete(sh.page, s) // the end: the next pass reads on after the front
 		} else {
+			p.behind(page[len(page)-1].ID) // more may wait behind it
 			if sh.page == nil {
 				sh.page = map[string]string{}
 			}

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -1001,24 +1002,13 @@ func (sh *shardLoop) pauseReads(p *pass, now time.Time, cfg Config) {
 
 // forget forgets what the loop keeps of outboxes no longer listed.
 func (sh *shardLoop) forget(live map[string]bool) {
-	for s := range sh.paused {
-		if !live[s] {
-			delete(sh.paused, s)
-		}
-	}
-	for s := range sh.claimed {
-		if !live[s] {
-			delete(sh.claimed, s)
-		}
-	}
-	for s := range sh.page {
-		if !live[s] {
-			delete(sh.page, s)
-		}
-	}
-	for s := range sh.claimFrom {
-		if !live[s] {
-			delete(sh.claimFrom, s)
-		}
-	}
+	forgetGone(sh.paused, live)
+	forgetGone(sh.claimed, live)
+	forgetGone(sh.page, live)
+	forgetGone(sh.claimFrom, live)
+}
+
+// forgetGone deletes from m the outboxes not in live.
+func forgetGone[V any](m map[string]V, live map[string]bool) {
+	maps.DeleteFunc(m, func(s string, _ V) bool { return !live[s] })
 }

@@ -920,7 +920,7 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 			// The entries between the front and the page read next are
 			// not read in this pass: they may be unsettled, and no
 			// younger than the front's last.
-			p.behind(last)
+			w.maybeBehind(p, st.Stream, last)
 		}
 		more, from = append(more, st.Stream), append(from, at)
 	}
@@ -949,7 +949,7 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 		if int64(len(page)) < w.cfg.Batch {
 			delete(sh.page, s) // the end: the next pass reads on after the front
 		} else {
-			p.behind(page[len(page)-1].ID) // more may wait behind it
+			w.maybeBehind(p, s, page[len(page)-1].ID) // more may wait behind it
 			if sh.page == nil {
 				sh.page = map[string]string{}
 			}
@@ -958,6 +958,16 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 		res[i].Messages = append(res[i].Messages, page...)
 	}
 	return res
+}
+
+// maybeBehind notes in p that entries of stream no younger than id may be
+// unsettled, unless id waits for an operator: an outbox whose pending
+// entries all do is no lag (Stats.Lag), and one of those is no mark of
+// what lies behind it.
+func (w *Worker) maybeBehind(p *pass, stream, id string) {
+	if _, waits := w.awaitingOperator.Load(stream + " " + id); !waits {
+		p.behind(id)
+	}
 }
 
 // idAfter reports whether stream id a comes after b ("ms-seq").

@@ -88,6 +88,26 @@ func TestEntriesPutOffHideNoOther(t *testing.T) {
 	})
 }
 
+// TestEntriesLeftForAnOperatorAreNoLag: an outbox whose pending entries,
+// more than two reads' worth (Batch 2), all wait for an operator (entries
+// that cannot be read as grants) is no lag: the passes that read a page
+// behind the front do not take one of those as a mark of unsettled
+// entries behind it. They did, a review found: the lag grew for as long as
+// the entries waited.
+func TestEntriesLeftForAnOperatorAreNoLag(t *testing.T) {
+	st := startStuck(t, 10, nil, func(cfg *settle.Config) { cfg.Batch = 2 })
+	for range 5 {
+		if err := st.c.XAdd(st.ctx, &redis.XAddArgs{Stream: st.keys.Outbox, Values: []string{"G", "unreadable"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waittest.Until(t, 20*time.Second, "the five entries left for an operator", func() bool { return st.w.Stats().Conflicts == 5 })
+	time.Sleep(3 * time.Second) // the passes read their pages again, many times over
+	if s := st.w.Stats(); s.Lag > time.Second || s.LeftForOperator == 0 {
+		t.Fatalf("with only entries left for an operator pending: lag %v, %d left for an operator; want no lag, some left", s.Lag, s.LeftForOperator)
+	}
+}
+
 // stuck is a worker on one shard with pool a (hold 2 s, one sub-pool),
 // grants of it whose records are garbled, and whatever other pools were
 // given.

@@ -141,8 +141,9 @@ func TestConfirmWaitsAfterAFailover(t *testing.T) {
 // follows them (ASK), and grants made there must be paid, not left to
 // lapse until an operator finishes the move: the confirm, sent to the old
 // primary rain's slot map names, meets ASK and goes to the new one after
-// ASKING, and, where that primary has a replica, waits for it. Every grant
-// is paid and confirmed there.
+// ASKING (loading rain's scripts there first when that primary has none),
+// and, where it has a replica, waits for it. Every grant is paid and
+// confirmed there.
 func TestConfirmFollowsAHalfMovedSlot(t *testing.T) {
 	for _, replicas := range []int{0, 1} {
 		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) { confirmFollowsAHalfMovedSlot(t, replicas) })
@@ -171,6 +172,11 @@ func confirmFollowsAHalfMovedSlot(t *testing.T, replicas int) {
 	cl.BeginMove(slot, to)
 	cl.MoveKeys(slot, to, 0) // every key of the slot moved, the slot never handed over
 	dst := redistest.Client(t, to)
+	// The new primary never ran rain's scripts (its cache emptied): the
+	// confirm through ASK meets NOSCRIPT there, loads them, and goes again.
+	if err := dst.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 
 	w := settle.New(sset, scat, openLedger(t, filepath.Join(t.TempDir(), "ledger.jsonl")), fastConfig("settle"))
 	if replicas > 0 {

@@ -441,10 +441,11 @@ func TestALostConfirmIsMadeAgain(t *testing.T) {
 			if n := e.confirmed(t); n != 10 {
 				t.Fatalf("%d grants confirmed after settlement, want the 10 paid", n)
 			}
-			// Under batch the worker remembers it paid them (the entry was
-			// still pending): each confirm made again is an anomaly, logged.
-			if st, want := w.Stats(), map[lua.OutboxForm]int64{lua.OutboxPacked: 0, lua.OutboxBatch: 10}[form]; st.Anomalies != want {
-				t.Fatalf("stats %+v: want %d anomalies (a paid grant confirmed again)", st, want)
+			// The worker remembers it paid them (the entries were still
+			// pending, their acknowledgment failed): each confirm made again
+			// is an anomaly, logged.
+			if st := w.Stats(); st.Anomalies != 10 {
+				t.Fatalf("stats %+v: want 10 anomalies (a paid grant confirmed again)", st)
 			}
 			reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
 			var sw reaper.Sweep
@@ -585,6 +586,54 @@ func TestAPaidGrantNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	}
 }
 
+// TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator: two grants
+// alone in their entries (--outbox packed) are confirmed and paid, and the
+// acknowledgment of their entries is lost, beyond go-redis's retries. The
+// shard then loses the confirms and the reaper releases the grants. The
+// worker that paid them leaves the entries for an operator, as it does the
+// grants of an entry of several: settled as released unpaid, the amounts
+// it paid would be back in the stock, to be granted and paid again, with
+// nothing left pending to say so.
+func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
+	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1) // the deadline index names the two in one member
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 2)
+	victim := grantsOf(t, entries[0], 1)[0]
+	was := snapshot(t, c, k)
+	waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
+		tm, err := c.Time(ctx).Result()
+		return err == nil && tm.UnixMilli() > dueAfter(was.due)
+	})
+	set, cat, proxies, _ := e.doomed(t)
+	for _, p := range proxies {
+		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
+	}
+	sink := &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}
+	sink.after = func() {
+		was.restore(t)
+		sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx)
+		if err != nil || sw.Released != 2 {
+			t.Errorf("sweep = %+v, %v; want the 2 grants released", sw, err)
+		}
+	}
+	w := settle.New(set, cat, sink, fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 20*time.Second, "the entries left for an operator", func() bool {
+		st := w.Stats()
+		return st.Conflicts == 2 && st.LeftForOperator == 2
+	})
+	stop()
+	if st := w.Stats(); st.Delivered != 2 || st.Expired != 0 {
+		t.Fatalf("stats %+v: want the grants delivered once each, none taken for released unpaid", st)
+	}
+	if paid, again := sink.stats(); paid != 2 || again != 0 {
+		t.Fatalf("the sink paid %d grants, %d again; want 2, none again", paid, again)
+	}
+	if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
+		t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)
+	}
+}
+
 // outbox is the client and keys of e's first sub-pool, and the entries of
 // its outbox, which must be n.
 func (e *env) outbox(t *testing.T, n int) (redis.UniversalClient, rain.Keys, []redis.XMessage) {
@@ -613,14 +662,20 @@ func grantsOf(t *testing.T, m redis.XMessage, n int) []lua.OutboxEntry {
 }
 
 // TestAnAcknowledgmentLostMidRead: a read of four entries of ten grants in
-// parts of five; the acknowledgment after the second part never runs, or
-// runs with its reply lost, four times over (beyond go-redis's retries).
-// The later parts go on; every grant is paid, none delivered twice, every
-// entry acknowledged in the end, and the failure counted.
+// parts of five (under --outbox packed, reads of entries of one grant
+// each); the acknowledgment after the second part never runs, or runs with
+// its reply lost, four times over (beyond go-redis's retries). The later
+// parts go on; every grant is paid, none delivered twice or counted
+// delivered twice, every entry acknowledged in the end, and the failure
+// counted.
 func TestAnAcknowledgmentLostMidRead(t *testing.T) {
-	for _, lost := range []string{"request", "reply"} {
-		t.Run(lost, func(t *testing.T) {
-			e, grants := batchEnv(t, 40, 1, 10, 0)
+	for _, tc := range []struct {
+		form lua.OutboxForm
+		lost string
+	}{{lua.OutboxBatch, "request"}, {lua.OutboxBatch, "reply"}, {lua.OutboxPacked, "request"}, {lua.OutboxPacked, "reply"}} {
+		lost := tc.lost
+		t.Run(tc.form.String()+"/"+lost, func(t *testing.T) {
+			e, grants := formEnv(t, tc.form, 40, 1, 10, 0)
 			set, cat, proxies, _ := e.doomed(t)
 			for _, p := range proxies {
 				if lost == "request" {
@@ -638,8 +693,8 @@ func TestAnAcknowledgmentLostMidRead(t *testing.T) {
 			if _, again := sink.stats(); again != 0 {
 				t.Fatalf("%d deliveries of grants delivered before", again)
 			}
-			if st := w.Stats(); st.Failures == 0 {
-				t.Fatalf("stats %+v: want the lost acknowledgment counted as a failure", st)
+			if st := w.Stats(); st.Failures == 0 || st.Delivered != 40 {
+				t.Fatalf("stats %+v: want the lost acknowledgment counted as a failure, and 40 grants delivered", st)
 			}
 			if n := e.confirmed(t); n != 40 {
 				t.Fatalf("%d grants confirmed, want 40", n)

@@ -40,6 +40,11 @@ type batch struct {
 	// off once each when the batch ends (Worker.retryLater): a failure of
 	// several of its grants, or of several steps, doubles its wait once.
 	retry map[string]bool
+	// noted holds the places in grants of the grants alone in their
+	// entries that this batch paid, or found paid by this worker before:
+	// until their entries' acknowledgment they are noted paid in
+	// Worker.seen only when an acknowledgment failed (acknowledge).
+	noted []int
 }
 
 // retryLater notes that entry id is tried again later (batch.retry).
@@ -85,15 +90,21 @@ func (w *Worker) see(key string, o outcome) {
 	}
 }
 
-// seenBefore is what Worker.seen holds of b.grants[i], and its key there
-// ("" for a grant alone in its entry, which is never noted).
+// seenBefore is what Worker.seen holds of b.grants[i], and its key there.
+// A grant alone in its entry is there only when this worker paid it and
+// the acknowledgment of its entry failed (acknowledge): its key is "" when
+// it is not there.
 func (w *Worker) seenBefore(b *batch, i int) (outcome, string) {
 	id := b.ids[i]
-	if _, several := b.several[id]; !several {
+	_, several := b.several[id]
+	if !several && w.seenN.Load() == 0 {
 		return notSeen, ""
 	}
 	key := seenKey(b.stream, id, b.grants[i].Serial)
-	v, _ := w.seen.Load(key)
+	v, had := w.seen.Load(key)
+	if !several && !had {
+		return notSeen, ""
+	}
 	o, _ := v.(outcome)
 	return o, key
 }
@@ -230,13 +241,16 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 
 // acknowledge acknowledges and trims the entries of b settled so far, and
 // forgets what Worker.seen holds of them. It reports a failure (the
-// entries are then settled again, at no cost, on the next pass).
+// entries are then settled again, at no cost, on the next pass: the
+// grants alone in their entries that this worker paid are noted paid in
+// Worker.seen, as those of entries of several grants are from their
+// payout, so that they are neither paid nor counted again).
 func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
 	if len(b.done) == 0 {
 		return false
 	}
-	done := b.done
-	b.done = nil
+	done, noted := b.done, b.noted
+	b.done, b.noted = nil, nil
 	if err := lua.Acknowledge(ctx, sh.c, b.stream, w.cfg.Group, done); err != nil {
 		if ctx.Err() == nil {
 			w.failures.Add(int64(len(done)))
@@ -245,11 +259,21 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 			for _, id := range done {
 				b.retryLater(id, false)
 			}
+			for _, i := range noted {
+				w.see(seenKey(b.stream, b.ids[i], b.grants[i].Serial), paidOut)
+			}
 			return true
 		}
 		return false
 	}
 	w.retried(b.stream, done)
+	if w.seenN.Load() > 0 {
+		for _, i := range noted {
+			if _, had := w.seen.LoadAndDelete(seenKey(b.stream, b.ids[i], b.grants[i].Serial)); had {
+				w.seenN.Add(-1)
+			}
+		}
+	}
 	for _, id := range done {
 		if sp, several := b.several[id]; several {
 			for i := sp.start; i < sp.end; i++ {
@@ -313,6 +337,9 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			failed = true
 		case before == paidOut && res[j].Result == lua.AlreadyConfirmed:
 			b.settled(i) // paid on an earlier pass, its entry still pending
+			if _, several := b.several[b.ids[i]]; !several {
+				b.noted = append(b.noted, i)
+			}
 		case res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed:
 			if before == paidOut {
 				// Confirmed again: its shard had lost the confirm made before
@@ -467,6 +494,8 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 			w.delivered.Add(1)
 			if _, several := b.several[b.ids[i]]; several {
 				w.see(seenKey(b.stream, b.ids[i], pay[j].Serial), paidOut)
+			} else {
+				b.noted = append(b.noted, i)
 			}
 			b.settled(i)
 		case ctx.Err() != nil:

@@ -197,10 +197,11 @@ type Worker struct {
 	awaitingOperator                                   sync.Map       // "stream id" of the entries left pending for an operator (settling)
 	// seen holds, for each grant this worker settled of an entry of
 	// several grants still pending (another of its grants failed, or is
-	// left for an operator), what became of it ("stream id serial" ->
-	// outcome): later passes settle the rest of the entry without paying
-	// or counting it again. Dropped when the entry is acknowledged (see,
-	// acknowledge).
+	// left for an operator), and for each grant alone in its entry that
+	// it paid before the entry's acknowledgment failed, what became of it
+	// ("stream id serial" -> outcome): later passes settle the rest of the
+	// entry without paying or counting it again. Dropped when the entry is
+	// acknowledged (see, acknowledge).
 	seen  sync.Map
 	seenN atomic.Int64 // about how many keys seen holds
 

@@ -315,6 +315,52 @@ func TestNoTakeoverWhileAReadIsSettled(t *testing.T) {
 	}
 }
 
+// TestAConfirmAgainThatFailsIsCounted: an entry of ten grants read in
+// two parts of five; the first part's delivery takes over a second, so
+// the second part is confirmed again before its delivery, and that
+// confirm is lost, beyond go-redis's retries. The second part is paid on
+// a later pass, every grant once, and the failure is counted (what
+// RainSettlementFailing watches).
+func TestAConfirmAgainThatFailsIsCounted(t *testing.T) {
+	e, grants := batchEnv(t, 10, 1, 10, 0)
+	set, cat, proxies, _ := e.doomed(t)
+	sink := &slowFirst{memSink: newMemSink(0), delay: 1100 * time.Millisecond}
+	sink.during = func() {
+		for _, p := range proxies {
+			p.DropRequests(redisproxy.Script(lua.SHA("confirm_many")), 4)
+		}
+	}
+	w := settle.New(set, cat, sink, fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
+	stop()
+	sink.checkPaid(t, grants)
+	if _, again := sink.stats(); again != 0 {
+		t.Fatalf("%d deliveries of grants delivered before", again)
+	}
+	if st := w.Stats(); st.Failures == 0 || st.Delivered != 10 {
+		t.Fatalf("stats %+v: want the failed confirm counted, and 10 grants delivered", st)
+	}
+	e.assertAudit(t)
+}
+
+// slowFirst is a sink whose first call takes delay, calling during at its
+// start.
+type slowFirst struct {
+	*memSink
+	delay  time.Duration
+	during func()
+	once   sync.Once
+}
+
+func (s *slowFirst) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	s.once.Do(func() {
+		s.during()
+		time.Sleep(s.delay)
+	})
+	return s.memSink.Deliver(ctx, gs)
+}
+
 // TestAWorkerTakesOverMidEntry: worker a pays every grant of an entry of
 // 128 but one, whose delivery keeps failing; a stops; b takes the entry
 // over and pays the rest. Every grant is paid once, the entry acknowledged.

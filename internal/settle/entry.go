@@ -404,7 +404,8 @@ func (w *Worker) confirmOf(ctx context.Context, sh *shardLoop, b *batch, gs []Gr
 // that lost its confirms since (a host crash under --durability relaxed)
 // may have released one, its amount back in the stock. The others are not
 // paid now, and their entries stay pending: the next pass settles them
-// from what the shard then holds.
+// from what the shard then holds, and one whose confirm failed now waits
+// a retry of its own first, its failure counted, as a first confirm's is.
 func (w *Worker) stillConfirmed(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt []int) ([]Grant, []int) {
 	if len(pay) == 0 {
 		return nil, nil
@@ -413,11 +414,16 @@ func (w *Worker) stillConfirmed(ctx context.Context, sh *shardLoop, b *batch, p 
 	var keep []Grant
 	var keepAt []int
 	for j, g := range pay {
-		if err == nil && errs[j] == nil && (res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed) {
+		id := b.ids[payAt[j]]
+		switch {
+		case err == nil && errs[j] == nil && (res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed):
 			keep, keepAt = append(keep, g), append(keepAt, payAt[j])
 			continue
+		case (err != nil || errs[j] != nil) && ctx.Err() == nil:
+			w.failures.Add(1)
+			b.retryLater(id, false)
 		}
-		p.behind(b.ids[payAt[j]])
+		p.behind(id)
 	}
 	if len(keep) < len(pay) && ctx.Err() == nil {
 		w.cfg.Logger.Warn("settle: grants confirmed earlier in a read are not paid now: no longer confirmed, or the confirm again failed",

@@ -332,8 +332,9 @@ func TestNoTakeoverWhileAReadIsSettled(t *testing.T) {
 // two parts of five; the first part's delivery takes over a second, so
 // the second part is confirmed again before its delivery, and that
 // confirm is lost, beyond go-redis's retries. The second part is paid on
-// a later pass, every grant once, and the failure is counted (what
-// RainSettlementFailing watches).
+// a later pass, no sooner than the entry's retry delay after the failure
+// (put off, as after a first confirm's failure), every grant once, and
+// the failure is counted (what RainSettlementFailing watches).
 func TestAConfirmAgainThatFailsIsCounted(t *testing.T) {
 	e, grants := batchEnv(t, 10, 1, 10, 0)
 	set, cat, proxies, _ := e.doomed(t)
@@ -343,11 +344,17 @@ func TestAConfirmAgainThatFailsIsCounted(t *testing.T) {
 			p.DropRequests(redisproxy.Script(lua.SHA("confirm_many")), 4)
 		}
 	}
-	w := settle.New(set, cat, sink, fastConfig("a"))
+	cfg := fastConfig("a")
+	cfg.RetryDelay = 2 * time.Second
+	w := settle.New(set, cat, sink, cfg)
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "every outbox empty", func() bool { return e.outboxed(t) == 0 })
 	stop()
 	sink.checkPaidOnce(t, w, grants)
+	if first, last := sink.calls(); last.Sub(first) < cfg.RetryDelay {
+		t.Fatalf("the second part was paid %v after the first part's delivery ended; want no sooner than the retry delay, %v",
+			last.Sub(first), cfg.RetryDelay)
+	}
 	e.assertAudit(t)
 }
 
@@ -358,14 +365,33 @@ type slowFirst struct {
 	delay  time.Duration
 	during func()
 	once   sync.Once
+
+	mu              sync.Mutex
+	firstEnd, lastC time.Time // when the first call ended, when the last began
 }
 
 func (s *slowFirst) Deliver(ctx context.Context, gs []settle.Grant) []error {
+	first := false
 	s.once.Do(func() {
+		first = true
 		s.during()
 		time.Sleep(s.delay)
 	})
+	s.mu.Lock()
+	if first {
+		s.firstEnd = time.Now()
+	} else {
+		s.lastC = time.Now()
+	}
+	s.mu.Unlock()
 	return s.memSink.Deliver(ctx, gs)
+}
+
+// calls is when the first call ended and the last began.
+func (s *slowFirst) calls() (firstEnd, last time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstEnd, s.lastC
 }
 
 // TestAWorkerTakesOverMidEntry: worker a pays every grant of an entry of
@@ -675,6 +701,10 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 		st := w.Stats()
 		return st.Conflicts == 2 && st.LeftForOperator == 2
 	})
+	time.Sleep(300 * time.Millisecond) // passes over the entries waiting
+	if n := settle.Marked(w); n != 2 {
+		t.Fatalf("%d grants marked, want the 2 paid, their entries still pending", n)
+	}
 	stop()
 	if st := w.Stats(); st.Delivered != 2 || st.Expired != 0 {
 		t.Fatalf("stats %+v: want the grants delivered once each, none taken for released unpaid", st)
@@ -741,6 +771,10 @@ func TestAnAcknowledgmentLostMidRead(t *testing.T) {
 			w := settle.New(set, cat, sink, fastConfig("a"))
 			stop := run(t, w)
 			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.outboxed(t) == 0 && pending(t, e) == 0 })
+			// An acknowledgment whose reply was lost applied: what the worker
+			// marked of its entries leaves with the next read of its pending
+			// entries, which begins past them.
+			waittest.Until(t, 10*time.Second, "nothing marked", func() bool { return settle.Marked(w) == 0 })
 			stop()
 			sink.checkPaidOnce(t, w, grants)
 			if n := e.confirmed(t); n != 40 {

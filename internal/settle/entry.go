@@ -40,11 +40,29 @@ type batch struct {
 	// off once each when the batch ends (Worker.retryLater): a failure of
 	// several of its grants, or of several steps, doubles its wait once.
 	retry map[string]bool
-	// noted holds the places in grants of the grants alone in their
-	// entries that this batch paid, or found paid by this worker before:
-	// until their entries' acknowledgment they are noted paid in
-	// Worker.seen only when an acknowledgment failed (acknowledge).
-	noted []int
+	// noted holds the grants alone in their entries that this batch
+	// settled (their places in grants, and how): they are marked
+	// (Worker.marks) only when their entries' acknowledgment fails
+	// (acknowledge).
+	noted []notedGrant
+}
+
+// notedGrant is a grant alone in its entry that a batch settled: its place
+// in batch.grants, and how.
+type notedGrant struct {
+	i int
+	o outcome
+}
+
+// mark marks b.grants[i] with o (Worker.marks): at once for a grant of an
+// entry of several, once an acknowledgment fails for a grant alone in its
+// entry (batch.noted).
+func (w *Worker) mark(b *batch, i int, o outcome) {
+	if _, several := b.several[b.ids[i]]; several {
+		w.marks.set(b.stream, b.ids[i], b.grants[i].Serial, o)
+		return
+	}
+	b.noted = append(b.noted, notedGrant{i, o})
 }
 
 // retryLater notes that entry id is tried again later (batch.retry).
@@ -59,54 +77,9 @@ func (b *batch) retryLater(id string, alone bool) {
 // them are not settled yet.
 type span struct{ start, end, open int }
 
-// seenKey names a grant of an entry of several grants in Worker.seen.
-func seenKey(stream, id string, serial int64) string {
-	return stream + " " + id + " " + strconv.FormatInt(serial, 10)
-}
-
-// outcome is what this worker did before with a grant of an entry of
-// several grants still pending (Worker.seen).
-type outcome uint8
-
-const (
-	notSeen    outcome = iota
-	paidOut            // confirmed and delivered
-	expiredOut         // released at its deadline before its confirm: not paid
-	unmatched          // no grant matches it: an anomaly, counted
-)
-
-// maxSeen bounds Worker.seen. The keys of an entry another worker
-// acknowledged (it took the entry over) or an operator cleared are never
-// dropped one by one; past the bound the set is emptied, which costs only
-// deliveries again, which the sinks dedupe, and counts again.
-const maxSeen = 1 << 16
-
-// see notes in Worker.seen what became of a grant of an entry of several
-// grants (key: seenKey).
-func (w *Worker) see(key string, o outcome) {
-	if _, had := w.seen.Swap(key, o); !had && w.seenN.Add(1) > maxSeen {
-		w.seen.Clear()
-		w.seenN.Store(0)
-	}
-}
-
-// seenBefore is what Worker.seen holds of b.grants[i], and its key there.
-// A grant alone in its entry is there only when this worker paid it and
-// the acknowledgment of its entry failed (acknowledge): its key is "" when
-// it is not there.
-func (w *Worker) seenBefore(b *batch, i int) (outcome, string) {
-	id := b.ids[i]
-	_, several := b.several[id]
-	if !several && w.seenN.Load() == 0 {
-		return notSeen, ""
-	}
-	key := seenKey(b.stream, id, b.grants[i].Serial)
-	v, had := w.seen.Load(key)
-	if !several && !had {
-		return notSeen, ""
-	}
-	o, _ := v.(outcome)
-	return o, key
+// seenBefore is what this worker remembers of b.grants[i] (Worker.marks).
+func (w *Worker) seenBefore(b *batch, i int) outcome {
+	return w.marks.get(b.stream, b.ids[i], b.grants[i].Serial)
 }
 
 // settled notes that b.grants[i] is settled; its entry is, with the last
@@ -139,7 +112,7 @@ func (b *batch) settled(i int) {
 // An entry of several grants is acknowledged once every one of them is
 // settled. Until then each pass confirms all of them again (confirm is
 // idempotent, and heals a confirm a shard lost) and delivers again only
-// those this worker has not paid (Worker.seen), so that one grant left for
+// those this worker has not paid (Worker.marks), so that one grant left for
 // an operator never keeps the others of its entry from being retried and
 // paid, and nothing is counted twice. A grant this worker paid that is no
 // longer confirmed (its shard lost the confirm) is left for an operator;
@@ -240,11 +213,11 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 }
 
 // acknowledge acknowledges and trims the entries of b settled so far, and
-// forgets what Worker.seen holds of them. It reports a failure (the
+// forgets what Worker.marks holds of them. It reports a failure (the
 // entries are then settled again, at no cost, on the next pass: the
-// grants alone in their entries that this worker paid are noted paid in
-// Worker.seen, as those of entries of several grants are from their
-// payout, so that they are neither paid nor counted again).
+// grants alone in their entries that the batch settled are marked, as
+// those of entries of several grants are as they are settled, so that
+// they are neither paid nor counted again).
 func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pass) (failed bool) {
 	if len(b.done) == 0 {
 		return false
@@ -259,30 +232,15 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 			for _, id := range done {
 				b.retryLater(id, false)
 			}
-			for _, i := range noted {
-				w.see(seenKey(b.stream, b.ids[i], b.grants[i].Serial), paidOut)
+			for _, g := range noted {
+				w.marks.set(b.stream, b.ids[g.i], b.grants[g.i].Serial, g.o)
 			}
 			return true
 		}
 		return false
 	}
 	w.retried(b.stream, done)
-	if w.seenN.Load() > 0 {
-		for _, i := range noted {
-			if _, had := w.seen.LoadAndDelete(seenKey(b.stream, b.ids[i], b.grants[i].Serial)); had {
-				w.seenN.Add(-1)
-			}
-		}
-	}
-	for _, id := range done {
-		if sp, several := b.several[id]; several {
-			for i := sp.start; i < sp.end; i++ {
-				if _, had := w.seen.LoadAndDelete(seenKey(b.stream, id, b.grants[i].Serial)); had {
-					w.seenN.Add(-1)
-				}
-			}
-		}
-	}
+	w.marks.drop(b.stream, done)
 	return false
 }
 
@@ -327,7 +285,7 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 	}
 	for j, g := range b.grants[from:to] {
 		i := from + j
-		before, key := w.seenBefore(b, i)
+		before := w.seenBefore(b, i)
 		switch {
 		case errs[j] != nil:
 			w.failures.Add(1)
@@ -337,9 +295,7 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			failed = true
 		case before == paidOut && res[j].Result == lua.AlreadyConfirmed:
 			b.settled(i) // paid on an earlier pass, its entry still pending
-			if _, several := b.several[b.ids[i]]; !several {
-				b.noted = append(b.noted, i)
-			}
+			w.mark(b, i, paidOut)
 		case res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed:
 			if before == paidOut {
 				// Confirmed again: its shard had lost the confirm made before
@@ -358,10 +314,8 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		case res[j].Result == lua.WasReleased:
 			if before != expiredOut {
 				w.expired.Add(1) // released at its deadline first: not paid
-				if key != "" {
-					w.see(key, expiredOut)
-				}
 			}
+			w.mark(b, i, expiredOut)
 			b.settled(i)
 		case res[j].Result == lua.AmountMismatch:
 			// The entry would pay another amount than the grant holds:
@@ -374,10 +328,8 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 				w.anomalies.Add(1)
 				w.cfg.Logger.Error("settle: outbox grant has no matching grant; settled unpaid",
 					"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
-				if key != "" {
-					w.see(key, unmatched)
-				}
 			}
+			w.mark(b, i, unmatched)
 			b.settled(i)
 		}
 	}
@@ -498,11 +450,7 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 		switch {
 		case err == nil:
 			w.delivered.Add(1)
-			if _, several := b.several[b.ids[i]]; several {
-				w.see(seenKey(b.stream, b.ids[i], pay[j].Serial), paidOut)
-			} else {
-				b.noted = append(b.noted, i)
-			}
+			w.mark(b, i, paidOut)
 			b.settled(i)
 		case ctx.Err() != nil:
 			return

@@ -195,15 +195,9 @@ type Worker struct {
 	reading                                            []atomic.Int64 // per shard: unix ms of the oldest entry the pass under way is settling; 0: none (see settling)
 	conflicted                                         sync.Map       // "stream id serial" of entries (and their grants) left pending for an operator
 	awaitingOperator                                   sync.Map       // "stream id" of the entries left pending for an operator (settling)
-	// seen holds, for each grant this worker settled of an entry of
-	// several grants still pending (another of its grants failed, or is
-	// left for an operator), and for each grant alone in its entry that
-	// it paid before the entry's acknowledgment failed, what became of it
-	// ("stream id serial" -> outcome): later passes settle the rest of the
-	// entry without paying or counting it again. Dropped when the entry is
-	// acknowledged (see, acknowledge).
-	seen  sync.Map
-	seenN atomic.Int64 // about how many keys seen holds
+	// marks holds what became of the grants this worker settled of
+	// entries still pending to it (marks).
+	marks marks
 
 	// retries holds each entry whose confirm, delivery or acknowledgment
 	// failed ("stream id"): it is tried again no sooner than its time, and
@@ -783,6 +777,7 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 		delete(sh.grouped, key)
 		if w.gone(ctx, sh, key) {
 			sh.drop(key)
+			w.marks.dropStream(key)
 			p.fail(true, false)
 			return false
 		}
@@ -905,8 +900,16 @@ func (sh *shardLoop) drop(key string) {
 // each outbox's pending entries (those put off the longest fall due
 // first), and entries put off there never hide those behind them: the
 // passes read those a page each in turn. A read that fails leaves them to
-// the next pass.
+// the next pass. What Worker.marks holds of entries before the front, no
+// longer pending to this worker, is dropped.
 func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStream, p *pass) []redis.XStream {
+	for _, st := range res {
+		first := ""
+		if len(st.Messages) > 0 {
+			first = st.Messages[0].ID
+		}
+		w.marks.dropBefore(st.Stream, first)
+	}
 	var more, from []string
 	for _, st := range res {
 		if int64(len(st.Messages)) < w.cfg.Batch {

@@ -717,6 +717,62 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	}
 }
 
+// TestAMarkOutlivesATakeover: worker a pays the victim of an entry of two
+// grants; its sibling's delivery keeps failing, so the entry stays pending.
+// Another consumer takes the entry over (and then stops), and a's passes go
+// on meanwhile: the entry is still in the outbox, so a keeps its mark of the
+// victim. The shard then loses the victim's confirm, the reaper releases
+// it, and a takes the entry back: it leaves it for an operator. Had it
+// forgotten the victim was paid, it would take it for released unpaid and
+// acknowledge the entry, the amount it paid back in the stock.
+func TestAMarkOutlivesATakeover(t *testing.T) {
+	e, _ := batchEnv(t, 2, 1, 2, 1)
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 1)
+	es := grantsOf(t, entries[0], 2)
+	victim, sibling := es[0], es[1]
+	was := snapshot(t, c, k)
+	waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
+		tm, err := c.Time(ctx).Result()
+		return err == nil && tm.UnixMilli() > dueAfter(was.due)
+	})
+	sink := newMemSink(0)
+	sink.fail[sibling.Serial] = true
+	cfg := fastConfig("a")
+	cfg.ClaimAfter = 3 * time.Second // the entry stays with the other consumer that long
+	w := settle.New(e.shards, e.cat, sink, cfg)
+	stop := run(t, w)
+	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
+		sink.mu.Lock()
+		_, paid := sink.paid[victim.Serial]
+		sink.mu.Unlock()
+		return paid && settle.Marked(w) == 1
+	})
+	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: k.Outbox, Group: "settle", Consumer: "b",
+		Messages: []string{entries[0].ID}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a's passes, and a look at its marks, while b holds the entry
+	if n := settle.Marked(w); n != 1 {
+		t.Fatalf("%d grants marked while another consumer holds the entry, want the victim", n)
+	}
+	was.restore(t)
+	if sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx); err != nil || sw.Released != 2 {
+		t.Fatalf("sweep = %+v, %v; want the 2 grants released", sw, err)
+	}
+	waittest.Until(t, 20*time.Second, "the entry left for an operator", func() bool {
+		st := w.Stats()
+		return st.Conflicts == 1 && st.LeftForOperator == 1
+	})
+	stop()
+	if st := w.Stats(); st.Expired != 1 {
+		t.Fatalf("stats %+v: want only the sibling taken for released unpaid", st)
+	}
+	if n, err := c.XLen(ctx, k.Outbox).Result(); err != nil || n != 1 {
+		t.Fatalf("outbox = %d entries, %v; want the entry still there", n, err)
+	}
+}
+
 // outbox is the client and keys of e's first sub-pool, and the entries of
 // its outbox, which must be n.
 func (e *env) outbox(t *testing.T, n int) (redis.UniversalClient, rain.Keys, []redis.XMessage) {

@@ -20,14 +20,18 @@ const (
 	unmatched          // no grant matches it: an anomaly, counted
 )
 
-// maxMarks bounds marks. What it holds is of entries pending to this worker:
-// marks leave with their entry's acknowledgment, and those of entries no
-// longer pending to it (an acknowledgment that applied though its reply was
-// lost, an entry another worker took over, or an operator cleared) with
-// the next read of the worker's pending entries that begins past them
-// (dropBefore). At the bound a grant is not marked: its entry, read again,
-// pays it again (the sinks dedupe) and counts it again.
+// maxMarks bounds marks. Marks leave with their entry's acknowledgment by
+// this worker, and otherwise once their entry is gone from its outbox (an
+// acknowledgment that applied though its reply was lost; another worker's,
+// after it took the entry over; an operator's): see
+// Worker.forgetAcknowledged. An entry another worker holds keeps its marks,
+// for it may come back to this one. At the bound a grant is not marked: its
+// entry, read again, pays it again (the sinks dedupe) and counts it again.
 const maxMarks = 1 << 16
+
+// maxMarkChecks bounds the entries of one outbox whose marks one look
+// checks (Worker.forgetAcknowledged); the next look checks others.
+const maxMarkChecks = 64
 
 // marks holds, per outbox and entry, what became of the grants this worker
 // settled of entries still pending to it: of an entry of several grants,
@@ -94,27 +98,31 @@ func (m *marks) drop(stream string, ids []string) {
 	}
 }
 
-// dropBefore forgets the marks of stream's entries before first, the first
-// entry pending to this worker in a read of its pending entries from their
-// start ("": it had none): they are not pending to it any more.
-func (m *marks) dropBefore(stream, first string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.by[stream]
-	for id, e := range s {
-		if first == "" || idAfter(first, id) {
-			m.n -= len(e)
-			delete(s, id)
-		}
-	}
-	if s != nil && len(s) == 0 {
-		delete(m.by, stream)
-	}
-}
-
 // dropStream forgets the marks of an outbox gone with its pool.
 func (m *marks) dropStream(stream string) {
-	m.dropBefore(stream, "")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.by[stream] {
+		m.n -= len(e)
+	}
+	delete(m.by, stream)
+}
+
+// entries returns up to max of the entries of stream with marks, none of
+// those in skip.
+func (m *marks) entries(stream string, skip map[string]bool, max int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id := range m.by[stream] {
+		if len(ids) == max {
+			break
+		}
+		if !skip[id] {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // count is how many grants are marked.

@@ -452,6 +452,9 @@ type shardLoop struct {
 	// claimFrom holds where the next round of claim goes on in an outbox
 	// whose pending entries one round did not get through (maxClaimCalls).
 	claimFrom map[string]string
+	// marksChecked holds when forgetAcknowledged last looked up an
+	// outbox's marked entries.
+	marksChecked map[string]time.Time
 	grouped   map[string]bool // outboxes whose consumer group is known to be there
 	settled   time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
@@ -891,6 +894,7 @@ func (sh *shardLoop) drop(key string) {
 	delete(sh.claimed, key)
 	delete(sh.page, key)
 	delete(sh.claimFrom, key)
+	delete(sh.marksChecked, key)
 }
 
 // nextPages adds to res, a read of streams' own pending entries from
@@ -900,16 +904,9 @@ func (sh *shardLoop) drop(key string) {
 // each outbox's pending entries (those put off the longest fall due
 // first), and entries put off there never hide those behind them: the
 // passes read those a page each in turn. A read that fails leaves them to
-// the next pass. What Worker.marks holds of entries before the front, no
-// longer pending to this worker, is dropped.
+// the next pass.
 func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStream, p *pass) []redis.XStream {
-	for _, st := range res {
-		first := ""
-		if len(st.Messages) > 0 {
-			first = st.Messages[0].ID
-		}
-		w.marks.dropBefore(st.Stream, first)
-	}
+	w.forgetAcknowledged(ctx, sh, res)
 	var more, from []string
 	for _, st := range res {
 		if int64(len(st.Messages)) < w.cfg.Batch {
@@ -963,6 +960,54 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 	}
 	return res
 }
+
+// forgetAcknowledged forgets what Worker.marks holds of entries gone from
+// their outbox: of each outbox of res (a read of this worker's own pending
+// entries) with marks, looked at no more than once a markCheckEvery, up to
+// maxMarkChecks of its marked entries that res does not hold are looked up
+// (XRANGE of the id alone), and those not there are forgotten. An entry is
+// gone only once acknowledged and deleted (acknowledge.lua), and ids are
+// never used again, so no mark of an entry that can still be paid is lost.
+// A failed look up forgets nothing.
+func (w *Worker) forgetAcknowledged(ctx context.Context, sh *shardLoop, res []redis.XStream) {
+	now := time.Now()
+	for _, st := range res {
+		if at, ok := sh.marksChecked[st.Stream]; ok && now.Sub(at) < markCheckEvery {
+			continue
+		}
+		read := make(map[string]bool, len(st.Messages))
+		for _, m := range st.Messages {
+			read[m.ID] = true
+		}
+		ids := w.marks.entries(st.Stream, read, maxMarkChecks)
+		if len(ids) == 0 {
+			continue
+		}
+		if sh.marksChecked == nil {
+			sh.marksChecked = map[string]time.Time{}
+		}
+		sh.marksChecked[st.Stream] = now
+		pipe := sh.c.Pipeline()
+		cmds := make([]*redis.XMessageSliceCmd, len(ids))
+		for i, id := range ids {
+			cmds[i] = pipe.XRangeN(ctx, st.Stream, id, id, 1)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			continue
+		}
+		var gone []string
+		for i, cmd := range cmds {
+			if len(cmd.Val()) == 0 {
+				gone = append(gone, ids[i])
+			}
+		}
+		w.marks.drop(st.Stream, gone)
+	}
+}
+
+// markCheckEvery is how often forgetAcknowledged looks at one outbox's
+// marks at most.
+const markCheckEvery = time.Second
 
 // maybeBehind notes in p that entries of stream no younger than id may be
 // unsettled, unless id waits for an operator: an outbox whose pending
@@ -1020,6 +1065,7 @@ func (sh *shardLoop) forget(live map[string]bool) {
 	forgetGone(sh.claimed, live)
 	forgetGone(sh.page, live)
 	forgetGone(sh.claimFrom, live)
+	forgetGone(sh.marksChecked, live)
 }
 
 // forgetGone deletes from m the outboxes not in live.

@@ -455,8 +455,8 @@ type shardLoop struct {
 	// marksChecked holds when forgetAcknowledged last looked up an
 	// outbox's marked entries.
 	marksChecked map[string]time.Time
-	grouped   map[string]bool // outboxes whose consumer group is known to be there
-	settled   time.Time       // when the last pass that read every outbox began
+	grouped      map[string]bool // outboxes whose consumer group is known to be there
+	settled      time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
 	// shard's grants (maxCalls), lonely one for each of a grant tried
 	// alone (see deliverSlot).

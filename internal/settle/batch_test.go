@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -739,7 +740,7 @@ func TestAMarkOutlivesATakeover(t *testing.T) {
 	sink := newMemSink(0)
 	sink.fail[sibling.Serial] = true
 	cfg := fastConfig("a")
-	cfg.ClaimAfter = 3 * time.Second // the entry stays with the other consumer that long
+	cfg.ClaimAfter = 6 * time.Second // the entry stays with the other consumer that long
 	w := settle.New(e.shards, e.cat, sink, cfg)
 	stop := run(t, w)
 	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
@@ -771,6 +772,49 @@ func TestAMarkOutlivesATakeover(t *testing.T) {
 	if n, err := c.XLen(ctx, k.Outbox).Result(); err != nil || n != 1 {
 		t.Fatalf("outbox = %d entries, %v; want the entry still there", n, err)
 	}
+}
+
+// TestMarksLeaveWithTheirPool: worker a pays the victim of an entry of two
+// grants, its sibling's delivery failing, and marks it. The entry is then
+// acknowledged and deleted elsewhere (another worker took it over and
+// settled it) and the pool is no longer listed before a reads its pending
+// entries again: a's marks of the outbox leave all the same, once it finds
+// the entry gone.
+func TestMarksLeaveWithTheirPool(t *testing.T) {
+	e, _ := batchEnv(t, 2, 1, 2, 0)
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 1)
+	es := grantsOf(t, entries[0], 2)
+	sink := newMemSink(0)
+	sink.fail[es[1].Serial] = true
+	subs := &hiding{inner: e.cat}
+	w := settle.New(e.shards, subs, sink, fastConfig("a"))
+	stop := run(t, w)
+	defer stop()
+	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
+		sink.mu.Lock()
+		_, paid := sink.paid[es[0].Serial]
+		sink.mu.Unlock()
+		return paid && settle.Marked(w) == 1
+	})
+	subs.hide.Store(true)
+	if err := c.XDel(ctx, k.Outbox, entries[0].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 10*time.Second, "nothing marked", func() bool { return settle.Marked(w) == 0 })
+}
+
+// hiding is a SubPools that lists none once hide is set.
+type hiding struct {
+	inner settle.SubPools
+	hide  atomic.Bool
+}
+
+func (h *hiding) SubPools(ctx context.Context) ([]rain.SubPoolRef, error) {
+	if h.hide.Load() {
+		return nil, nil
+	}
+	return h.inner.SubPools(ctx)
 }
 
 // outbox is the client and keys of e's first sub-pool, and the entries of
@@ -828,8 +872,7 @@ func TestAnAcknowledgmentLostMidRead(t *testing.T) {
 			stop := run(t, w)
 			waittest.Until(t, 20*time.Second, "every entry acknowledged", func() bool { return e.outboxed(t) == 0 && pending(t, e) == 0 })
 			// An acknowledgment whose reply was lost applied: what the worker
-			// marked of its entries leaves with the next read of its pending
-			// entries, which begins past them.
+			// marked of its entries leaves once it finds them gone.
 			waittest.Until(t, 10*time.Second, "nothing marked", func() bool { return settle.Marked(w) == 0 })
 			stop()
 			sink.checkPaidOnce(t, w, grants)

@@ -24,6 +24,7 @@ import (
 
 // batch is one stream's entries of a read, as settleBatch sorts them.
 type batch struct {
+	shard  string // the name of the outbox's shard
 	stream string
 	sp     rain.SubPool // the stream's sub-pool, when spOK (rain.ParseOutbox)
 	spOK   bool
@@ -59,7 +60,7 @@ type notedGrant struct {
 // entry (batch.noted).
 func (w *Worker) mark(b *batch, i int, o outcome) {
 	if _, several := b.several[b.ids[i]]; several {
-		w.marks.set(b.stream, b.ids[i], b.grants[i].Serial, o)
+		w.marks.set(b.shard, b.stream, b.ids[i], b.grants[i].Serial, o)
 		return
 	}
 	b.noted = append(b.noted, notedGrant{i, o})
@@ -122,7 +123,7 @@ func (b *batch) settled(i int) {
 // the rest of the read is claimed again (keep), so that no other worker
 // takes over what this one is still working through.
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
-	b := batch{stream: stream}
+	b := batch{shard: sh.name, stream: stream}
 	defer func() {
 		now := time.Now()
 		for id, alone := range b.retry {
@@ -233,7 +234,7 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 				b.retryLater(id, false)
 			}
 			for _, g := range noted {
-				w.marks.set(b.stream, b.ids[g.i], b.grants[g.i].Serial, g.o)
+				w.marks.set(b.shard, b.stream, b.ids[g.i], b.grants[g.i].Serial, g.o)
 			}
 			return true
 		}

@@ -40,8 +40,15 @@ const maxMarkChecks = 64
 // entry's acknowledgment failed.
 type marks struct {
 	mu sync.Mutex
-	by map[string]map[string]map[int64]outcome // stream -> entry id -> serial -> outcome
-	n  int                                     // grants marked
+	by map[string]*streamMarks // by stream
+	n  int                     // grants marked
+}
+
+// streamMarks is the marks of one outbox: its shard's name, and its
+// entries' (entry id -> serial -> outcome).
+type streamMarks struct {
+	shard string
+	ids   map[string]map[int64]outcome
 }
 
 // get is what became of grant serial of entry id of stream (notSeen: not
@@ -52,15 +59,22 @@ func (m *marks) get(stream, id string, serial int64) outcome {
 	if m.n == 0 {
 		return notSeen
 	}
-	return m.by[stream][id][serial]
+	if s := m.by[stream]; s != nil {
+		return s.ids[id][serial]
+	}
+	return notSeen
 }
 
-// set marks grant serial of entry id of stream with o, within maxMarks.
-func (m *marks) set(stream, id string, serial int64, o outcome) {
+// set marks grant serial of entry id of stream, an outbox of the named
+// shard, with o, within maxMarks.
+func (m *marks) set(shard, stream, id string, serial int64, o outcome) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.by[stream]
-	e := s[id]
+	var e map[int64]outcome
+	if s != nil {
+		e = s.ids[id]
+	}
 	if _, had := e[serial]; !had {
 		if m.n >= maxMarks {
 			return
@@ -68,15 +82,15 @@ func (m *marks) set(stream, id string, serial int64, o outcome) {
 		m.n++
 	}
 	if m.by == nil {
-		m.by = map[string]map[string]map[int64]outcome{}
+		m.by = map[string]*streamMarks{}
 	}
 	if s == nil {
-		s = map[string]map[int64]outcome{}
+		s = &streamMarks{shard: shard, ids: map[string]map[int64]outcome{}}
 		m.by[stream] = s
 	}
 	if e == nil {
 		e = map[int64]outcome{}
-		s[id] = e
+		s.ids[id] = e
 	}
 	e[serial] = o
 }
@@ -90,10 +104,10 @@ func (m *marks) drop(stream string, ids []string) {
 		return
 	}
 	for _, id := range ids {
-		m.n -= len(s[id])
-		delete(s, id)
+		m.n -= len(s.ids[id])
+		delete(s.ids, id)
 	}
-	if len(s) == 0 {
+	if len(s.ids) == 0 {
 		delete(m.by, stream)
 	}
 }
@@ -102,8 +116,10 @@ func (m *marks) drop(stream string, ids []string) {
 func (m *marks) dropStream(stream string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, e := range m.by[stream] {
-		m.n -= len(e)
+	if s := m.by[stream]; s != nil {
+		for _, e := range s.ids {
+			m.n -= len(e)
+		}
 	}
 	delete(m.by, stream)
 }
@@ -113,8 +129,12 @@ func (m *marks) dropStream(stream string) {
 func (m *marks) entries(stream string, skip map[string]bool, max int) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	s := m.by[stream]
+	if s == nil {
+		return nil
+	}
 	var ids []string
-	for id := range m.by[stream] {
+	for id := range s.ids {
 		if len(ids) == max {
 			break
 		}
@@ -123,6 +143,20 @@ func (m *marks) entries(stream string, skip map[string]bool, max int) []string {
 		}
 	}
 	return ids
+}
+
+// streamsOf returns the outboxes of the named shard with marks, none of
+// those in skip.
+func (m *marks) streamsOf(shard string, skip map[string]bool) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for stream, s := range m.by {
+		if s.shard == shard && !skip[stream] {
+			out = append(out, stream)
+		}
+	}
+	return out
 }
 
 // count is how many grants are marked.

@@ -637,6 +637,11 @@ func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
 	}
 	sh.forget(live)
 	sh.streams = out
+	// The marks of an outbox no longer listed (its pool closed, or its
+	// record unreadable for now) leave once its entries are gone.
+	for _, stream := range w.marks.streamsOf(sh.name, live) {
+		w.forgetGoneEntries(ctx, sh, stream, nil)
+	}
 	return err
 }
 
@@ -962,47 +967,55 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 }
 
 // forgetAcknowledged forgets what Worker.marks holds of entries gone from
-// their outbox: of each outbox of res (a read of this worker's own pending
-// entries) with marks, looked at no more than once a markCheckEvery, up to
-// maxMarkChecks of its marked entries that res does not hold are looked up
-// (XRANGE of the id alone), and those not there are forgotten. An entry is
-// gone only once acknowledged and deleted (acknowledge.lua), and ids are
-// never used again, so no mark of an entry that can still be paid is lost.
-// A failed look up forgets nothing.
+// their outbox (forgetGoneEntries), for each outbox of res (a read of this
+// worker's own pending entries) with marks, looked at no more than once a
+// markCheckEvery; the entries res holds are there.
 func (w *Worker) forgetAcknowledged(ctx context.Context, sh *shardLoop, res []redis.XStream) {
 	now := time.Now()
 	for _, st := range res {
 		if at, ok := sh.marksChecked[st.Stream]; ok && now.Sub(at) < markCheckEvery {
 			continue
 		}
-		read := make(map[string]bool, len(st.Messages))
-		for _, m := range st.Messages {
-			read[m.ID] = true
-		}
-		ids := w.marks.entries(st.Stream, read, maxMarkChecks)
-		if len(ids) == 0 {
-			continue
-		}
 		if sh.marksChecked == nil {
 			sh.marksChecked = map[string]time.Time{}
 		}
 		sh.marksChecked[st.Stream] = now
-		pipe := sh.c.Pipeline()
-		cmds := make([]*redis.XMessageSliceCmd, len(ids))
-		for i, id := range ids {
-			cmds[i] = pipe.XRangeN(ctx, st.Stream, id, id, 1)
+		read := make(map[string]bool, len(st.Messages))
+		for _, m := range st.Messages {
+			read[m.ID] = true
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			continue
-		}
-		var gone []string
-		for i, cmd := range cmds {
-			if len(cmd.Val()) == 0 {
-				gone = append(gone, ids[i])
-			}
-		}
-		w.marks.drop(st.Stream, gone)
+		w.forgetGoneEntries(ctx, sh, st.Stream, read)
 	}
+}
+
+// forgetGoneEntries forgets what Worker.marks holds of entries of stream
+// gone from it: up to maxMarkChecks of its marked entries, none in there
+// (known to be there), are looked up (XRANGE of the id alone), and those
+// not there are forgotten. An entry is gone only once acknowledged and
+// deleted (acknowledge.lua, or an operator), and ids are never used again,
+// so no mark of an entry that can still be paid is lost; an entry another
+// worker took over keeps its marks, for it may come back. A failed look up
+// forgets nothing.
+func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, stream string, there map[string]bool) {
+	ids := w.marks.entries(stream, there, maxMarkChecks)
+	if len(ids) == 0 {
+		return
+	}
+	pipe := sh.c.Pipeline()
+	cmds := make([]*redis.XMessageSliceCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.XRangeN(ctx, stream, id, id, 1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return
+	}
+	var gone []string
+	for i, cmd := range cmds {
+		if len(cmd.Val()) == 0 {
+			gone = append(gone, ids[i])
+		}
+	}
+	w.marks.drop(stream, gone)
 }
 
 // markCheckEvery is how often forgetAcknowledged looks at one outbox's

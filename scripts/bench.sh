@@ -1200,7 +1200,10 @@ bench_driver() {
 # counts, never times); then `go test -run x -bench ClaimMany -count
 # BENCH_COUNT (3) ./internal/lua`: Redis's CPU per claim of the claim path
 # alone at batches of 1 to 128, and of a pipelined batch of the minimal
-# design's script alone. Last, the figures and the table. PROFILES=DIR keeps
+# design's script alone; then `go test -run x -bench RoundTrip -count
+# BENCH_COUNT ./internal/shard`: the CPU one round trip to a shard costs
+# rain's process, through go-redis and on a bare connection (the kernel's
+# floor). Last, the figures and the table. PROFILES=DIR keeps
 # there the merged profiles of rain and the rain binary, for go tool pprof,
 # and the Redis samples as classify reads them (NAME.redis-stacks.txt).
 # Needs perf for the split of Redis's CPU and strace for the futex counts
@@ -1246,6 +1249,9 @@ bench_budget() {
   echo "== budget: go test -run x -bench ClaimMany -count ${BENCH_COUNT:-3} ./internal/lua"
   go test -run x -bench ClaimMany -count "${BENCH_COUNT:-3}" ./internal/lua | grep '^Benchmark' >"$tmp/claimmany.out"
   cat "$tmp/claimmany.out"
+  echo "== budget: go test -run x -bench RoundTrip -count ${BENCH_COUNT:-3} ./internal/shard"
+  go test -run x -bench RoundTrip -count "${BENCH_COUNT:-3}" ./internal/shard | grep '^Benchmark' >"$tmp/roundtrip.out"
+  cat "$tmp/roundtrip.out"
   budget_report
   cleanup
 }
@@ -1618,7 +1624,33 @@ budget_report() {
   done
   echo "== budget: the floors of Redis: the claim path alone (BenchmarkClaimMany), one batch per round trip and fsync"
   budget_claims "$tmp/claimmany.out"
+  echo "== budget: the floor of a round trip to a shard in rain's process (BenchmarkRoundTrip): CPU us per round trip, medians"
+  budget_roundtrip "$tmp/roundtrip.out"
 }
+
+# budget_roundtrip FILE: the client's CPU per round trip of the RoundTrip
+# benchmark's lines in FILE (go-redis, and a bare connection), medians over
+# its -count runs.
+budget_roundtrip() {
+  [ -s "$1" ] || return 0
+  awk '{
+      name = $1; sub(/-[0-9]+$/, "", name); sub(/^BenchmarkRoundTrip\//, "", name)
+      for (i = 3; i < NF; i += 2) if ($(i + 1) == "client-us/op") runs[name] = runs[name] " " $i
+    }
+'"$awk_median"'
+    END {
+      printf "budget: a round trip of one batch, this process: go-redis %.1f us, a bare connection %.1f us (the kernel: send, receive, wake-ups)\n",
+        median(runs["go-redis"]), median(runs["conn"])
+    }' "$1" | while IFS= read -r line; do figure "$line"; done
+}
+
+# awk_median: an awk function, median(s), of the numbers in string s
+# (separated by spaces).
+awk_median='function median(s, a, n, i, j, t) {
+      n = split(s, a, " ")
+      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }'
 
 # budget_claims FILE: the figures of the ClaimMany benchmark's lines in FILE,
 # medians over its -count runs, and issue 30's target beside them.
@@ -1629,11 +1661,7 @@ budget_claims() {
       if (!(name in seen)) { seen[name] = 1; names[++k] = name }
       for (i = 3; i < NF; i += 2) runs[name, $(i + 1)] = runs[name, $(i + 1)] " " $i
     }
-    function median(s, a, n, i, j, t) {
-      n = split(s, a, " ")
-      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
+'"$awk_median"'
     END {
       for (i = 1; i <= k; i++) {
         n = names[i]

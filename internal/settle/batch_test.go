@@ -586,6 +586,15 @@ func (s *subPoolState) restore(t *testing.T) {
 	}
 }
 
+// waitDue waits until the shard's clock is past every deadline s holds.
+func (s *subPoolState) waitDue(t *testing.T) {
+	t.Helper()
+	waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
+		tm, err := s.c.Time(context.Background()).Result()
+		return err == nil && tm.UnixMilli() > dueAfter(s.due)
+	})
+}
+
 // dueAfter is the latest deadline of the deadline index's members.
 func dueAfter(due []redis.Z) int64 {
 	var last int64
@@ -616,6 +625,28 @@ func (s *loseAfterPay) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	return errs
 }
 
+// pair is pool "p" of one sub-pool whose two grants, held one second, are
+// in one outbox entry (--outbox batch), past their deadline, and the
+// sub-pool's records as they were before settlement (was).
+type pair struct {
+	env             *env
+	c               redis.UniversalClient
+	k               rain.Keys
+	entries         []redis.XMessage
+	victim, sibling lua.OutboxEntry
+	was             *subPoolState
+}
+
+func newPair(t *testing.T) pair {
+	t.Helper()
+	e, _ := batchEnv(t, 2, 1, 2, 1)
+	c, k, entries := e.outbox(t, 1)
+	es := grantsOf(t, entries[0], 2)
+	was := snapshot(t, c, k)
+	was.waitDue(t)
+	return pair{env: e, c: c, k: k, entries: entries, victim: es[0], sibling: es[1], was: was}
+}
+
 // TestAPaidGrantNoLongerConfirmedIsLeftForAnOperator: an entry of two
 // grants; the victim is confirmed and paid, its sibling's delivery fails
 // (the entry waits). The shard then loses the victim's confirm and the
@@ -626,16 +657,9 @@ func (s *loseAfterPay) Deliver(ctx context.Context, gs []settle.Grant) []error {
 func TestAPaidGrantNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	for _, regrant := range []bool{false, true} {
 		t.Run(map[bool]string{false: "released", true: "granted-again"}[regrant], func(t *testing.T) {
-			e, _ := batchEnv(t, 2, 1, 2, 1)
+			pe := newPair(t)
+			e, c, k, entries, victim, sibling, was := pe.env, pe.c, pe.k, pe.entries, pe.victim, pe.sibling, pe.was
 			ctx := context.Background()
-			c, k, entries := e.outbox(t, 1)
-			es := grantsOf(t, entries[0], 2)
-			victim, sibling := es[0], es[1]
-			was := snapshot(t, c, k)
-			waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
-				tm, err := c.Time(ctx).Result()
-				return err == nil && tm.UnixMilli() > dueAfter(was.due)
-			})
 			sink := &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}
 			sink.fail[sibling.Serial] = true
 			sink.after = func() {
@@ -680,10 +704,7 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	c, k, entries := e.outbox(t, 2)
 	victim := grantsOf(t, entries[0], 1)[0]
 	was := snapshot(t, c, k)
-	waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
-		tm, err := c.Time(ctx).Result()
-		return err == nil && tm.UnixMilli() > dueAfter(was.due)
-	})
+	was.waitDue(t)
 	set, cat, proxies, _ := e.doomed(t)
 	for _, p := range proxies {
 		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
@@ -718,6 +739,17 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	}
 }
 
+// waitPaidAndMarked waits until s paid serial and w marked one grant.
+func (s *memSink) waitPaidAndMarked(t *testing.T, w *settle.Worker, serial int64) {
+	t.Helper()
+	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
+		s.mu.Lock()
+		_, paid := s.paid[serial]
+		s.mu.Unlock()
+		return paid && settle.Marked(w) == 1
+	})
+}
+
 // TestAMarkOutlivesATakeover: worker a pays the victim of an entry of two
 // grants; its sibling's delivery keeps failing, so the entry stays pending.
 // Another consumer takes the entry over (and then stops), and a's passes go
@@ -727,28 +759,16 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 // forgotten the victim was paid, it would take it for released unpaid and
 // acknowledge the entry, the amount it paid back in the stock.
 func TestAMarkOutlivesATakeover(t *testing.T) {
-	e, _ := batchEnv(t, 2, 1, 2, 1)
+	pe := newPair(t)
+	e, c, k, entries, victim, sibling, was := pe.env, pe.c, pe.k, pe.entries, pe.victim, pe.sibling, pe.was
 	ctx := context.Background()
-	c, k, entries := e.outbox(t, 1)
-	es := grantsOf(t, entries[0], 2)
-	victim, sibling := es[0], es[1]
-	was := snapshot(t, c, k)
-	waittest.Until(t, 10*time.Second, "the grants' deadline passed", func() bool {
-		tm, err := c.Time(ctx).Result()
-		return err == nil && tm.UnixMilli() > dueAfter(was.due)
-	})
 	sink := newMemSink(0)
 	sink.fail[sibling.Serial] = true
 	cfg := fastConfig("a")
 	cfg.ClaimAfter = 6 * time.Second // the entry stays with the other consumer that long
 	w := settle.New(e.shards, e.cat, sink, cfg)
 	stop := run(t, w)
-	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
-		sink.mu.Lock()
-		_, paid := sink.paid[victim.Serial]
-		sink.mu.Unlock()
-		return paid && settle.Marked(w) == 1
-	})
+	sink.waitPaidAndMarked(t, w, victim.Serial)
 	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: k.Outbox, Group: "settle", Consumer: "b",
 		Messages: []string{entries[0].ID}}).Err(); err != nil {
 		t.Fatal(err)
@@ -791,12 +811,7 @@ func TestMarksLeaveWithTheirPool(t *testing.T) {
 	w := settle.New(e.shards, subs, sink, fastConfig("a"))
 	stop := run(t, w)
 	defer stop()
-	waittest.Until(t, 10*time.Second, "the victim paid and marked", func() bool {
-		sink.mu.Lock()
-		_, paid := sink.paid[es[0].Serial]
-		sink.mu.Unlock()
-		return paid && settle.Marked(w) == 1
-	})
+	sink.waitPaidAndMarked(t, w, es[0].Serial)
 	subs.hide.Store(true)
 	if err := c.XDel(ctx, k.Outbox, entries[0].ID).Err(); err != nil {
 		t.Fatal(err)

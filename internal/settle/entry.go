@@ -60,11 +60,14 @@ type notedGrant struct {
 // entry (batch.noted).
 func (w *Worker) mark(b *batch, i int, o outcome) {
 	if _, several := b.several[b.ids[i]]; several {
-		w.marks.set(b.shard, b.stream, b.ids[i], b.grants[i].Serial, o)
+		w.marks.set(b.outbox(), b.ids[i], b.grants[i].Serial, o)
 		return
 	}
 	b.noted = append(b.noted, notedGrant{i, o})
 }
+
+// outbox names b's outbox in Worker.marks.
+func (b *batch) outbox() outboxOf { return outboxOf{b.shard, b.stream} }
 
 // retryLater notes that entry id is tried again later (batch.retry).
 func (b *batch) retryLater(id string, alone bool) {
@@ -80,7 +83,7 @@ type span struct{ start, end, open int }
 
 // seenBefore is what this worker remembers of b.grants[i] (Worker.marks).
 func (w *Worker) seenBefore(b *batch, i int) outcome {
-	return w.marks.get(b.stream, b.ids[i], b.grants[i].Serial)
+	return w.marks.get(b.outbox(), b.ids[i], b.grants[i].Serial)
 }
 
 // settled notes that b.grants[i] is settled; its entry is, with the last
@@ -234,14 +237,14 @@ func (w *Worker) acknowledge(ctx context.Context, sh *shardLoop, b *batch, p *pa
 				b.retryLater(id, false)
 			}
 			for _, g := range noted {
-				w.marks.set(b.shard, b.stream, b.ids[g.i], b.grants[g.i].Serial, g.o)
+				w.marks.set(b.outbox(), b.ids[g.i], b.grants[g.i].Serial, g.o)
 			}
 			return true
 		}
 		return false
 	}
 	w.retried(b.stream, done)
-	w.marks.drop(b.stream, done)
+	w.marks.drop(b.outbox(), done)
 	return false
 }
 

@@ -26,7 +26,10 @@ const (
 // after it took the entry over; an operator's): see
 // Worker.forgetAcknowledged. An entry another worker holds keeps its marks,
 // for it may come back to this one. At the bound a grant is not marked: its
-// entry, read again, pays it again (the sinks dedupe) and counts it again.
+// entry, read again, pays it again (the sinks dedupe) and counts it again,
+// and, should its shard lose the grant's confirm meanwhile, takes it for
+// released unpaid. Only entries whose settling met a failure hold marks
+// past their batch, so the bound is far above what a failure leaves.
 const maxMarks = 1 << 16
 
 // maxMarkChecks bounds the entries of one outbox whose marks one look
@@ -40,41 +43,31 @@ const maxMarkChecks = 64
 // entry's acknowledgment failed.
 type marks struct {
 	mu sync.Mutex
-	by map[string]*streamMarks // by stream
-	n  int                     // grants marked
+	by map[outboxOf]map[string]map[int64]outcome // outbox -> entry id -> serial -> outcome
+	n  int                                       // grants marked
 }
 
-// streamMarks is the marks of one outbox: its shard's name, and its
-// entries' (entry id -> serial -> outcome).
-type streamMarks struct {
-	shard string
-	ids   map[string]map[int64]outcome
-}
+// outboxOf names an outbox: its shard, and its stream's key there.
+type outboxOf struct{ shard, stream string }
 
-// get is what became of grant serial of entry id of stream (notSeen: not
-// marked).
-func (m *marks) get(stream, id string, serial int64) outcome {
+// get is what became of grant serial of entry id of outbox o (notSeen:
+// not marked).
+func (m *marks) get(o outboxOf, id string, serial int64) outcome {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.n == 0 {
 		return notSeen
 	}
-	if s := m.by[stream]; s != nil {
-		return s.ids[id][serial]
-	}
-	return notSeen
+	return m.by[o][id][serial]
 }
 
-// set marks grant serial of entry id of stream, an outbox of the named
-// shard, with o, within maxMarks.
-func (m *marks) set(shard, stream, id string, serial int64, o outcome) {
+// set marks grant serial of entry id of outbox o with what, within
+// maxMarks.
+func (m *marks) set(o outboxOf, id string, serial int64, what outcome) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.by[stream]
-	var e map[int64]outcome
-	if s != nil {
-		e = s.ids[id]
-	}
+	s := m.by[o]
+	e := s[id]
 	if _, had := e[serial]; !had {
 		if m.n >= maxMarks {
 			return
@@ -82,59 +75,51 @@ func (m *marks) set(shard, stream, id string, serial int64, o outcome) {
 		m.n++
 	}
 	if m.by == nil {
-		m.by = map[string]*streamMarks{}
+		m.by = map[outboxOf]map[string]map[int64]outcome{}
 	}
 	if s == nil {
-		s = &streamMarks{shard: shard, ids: map[string]map[int64]outcome{}}
-		m.by[stream] = s
+		s = map[string]map[int64]outcome{}
+		m.by[o] = s
 	}
 	if e == nil {
 		e = map[int64]outcome{}
-		s.ids[id] = e
+		s[id] = e
 	}
-	e[serial] = o
+	e[serial] = what
 }
 
-// drop forgets the marks of the entries ids of stream (acknowledged).
-func (m *marks) drop(stream string, ids []string) {
+// drop forgets the marks of the entries ids of outbox o (acknowledged, or
+// gone).
+func (m *marks) drop(o outboxOf, ids []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.by[stream]
-	if s == nil {
-		return
-	}
+	s := m.by[o]
 	for _, id := range ids {
-		m.n -= len(s.ids[id])
-		delete(s.ids, id)
+		m.n -= len(s[id])
+		delete(s, id)
 	}
-	if len(s.ids) == 0 {
-		delete(m.by, stream)
+	if s != nil && len(s) == 0 {
+		delete(m.by, o)
 	}
 }
 
-// dropStream forgets the marks of an outbox gone with its pool.
-func (m *marks) dropStream(stream string) {
+// dropOutbox forgets the marks of outbox o, gone with its pool.
+func (m *marks) dropOutbox(o outboxOf) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s := m.by[stream]; s != nil {
-		for _, e := range s.ids {
-			m.n -= len(e)
-		}
+	for _, e := range m.by[o] {
+		m.n -= len(e)
 	}
-	delete(m.by, stream)
+	delete(m.by, o)
 }
 
-// entries returns up to max of the entries of stream with marks, none of
+// entries returns up to max of the entries of outbox o with marks, none of
 // those in skip.
-func (m *marks) entries(stream string, skip map[string]bool, max int) []string {
+func (m *marks) entries(o outboxOf, skip map[string]bool, max int) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.by[stream]
-	if s == nil {
-		return nil
-	}
 	var ids []string
-	for id := range s.ids {
+	for id := range m.by[o] {
 		if len(ids) == max {
 			break
 		}
@@ -145,15 +130,18 @@ func (m *marks) entries(stream string, skip map[string]bool, max int) []string {
 	return ids
 }
 
-// streamsOf returns the outboxes of the named shard with marks, none of
-// those in skip.
-func (m *marks) streamsOf(shard string, skip map[string]bool) []string {
+// unlisted returns up to max of the streams of the named shard's outboxes
+// with marks, none of those in listed.
+func (m *marks) unlisted(shard string, listed map[string]bool, max int) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
-	for stream, s := range m.by {
-		if s.shard == shard && !skip[stream] {
-			out = append(out, stream)
+	for o := range m.by {
+		if len(out) == max {
+			break
+		}
+		if o.shard == shard && !listed[o.stream] {
+			out = append(out, o.stream)
 		}
 	}
 	return out

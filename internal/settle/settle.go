@@ -453,10 +453,12 @@ type shardLoop struct {
 	// whose pending entries one round did not get through (maxClaimCalls).
 	claimFrom map[string]string
 	// marksChecked holds when forgetAcknowledged last looked up an
-	// outbox's marked entries.
-	marksChecked map[string]time.Time
-	grouped      map[string]bool // outboxes whose consumer group is known to be there
-	settled      time.Time       // when the last pass that read every outbox began
+	// outbox's marked entries; unlistedChecked when refresh last looked up
+	// those of the outboxes no longer listed.
+	marksChecked    map[string]time.Time
+	unlistedChecked time.Time
+	grouped         map[string]bool // outboxes whose consumer group is known to be there
+	settled         time.Time       // when the last pass that read every outbox began
 	// calls holds a place for each call to the sink in flight for the
 	// shard's grants (maxCalls), lonely one for each of a grant tried
 	// alone (see deliverSlot).
@@ -638,9 +640,13 @@ func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
 	sh.forget(live)
 	sh.streams = out
 	// The marks of an outbox no longer listed (its pool closed, or its
-	// record unreadable for now) leave once its entries are gone.
-	for _, stream := range w.marks.streamsOf(sh.name, live) {
-		w.forgetGoneEntries(ctx, sh, stream, nil)
+	// record unreadable for now) leave once its entries are gone: up to
+	// maxMarkChecks outboxes a listing, no more than once a markCheckEvery.
+	if now := time.Now(); now.Sub(sh.unlistedChecked) >= markCheckEvery {
+		sh.unlistedChecked = now
+		for _, stream := range w.marks.unlisted(sh.name, live, maxMarkChecks) {
+			w.forgetGoneEntries(ctx, sh, stream, nil)
+		}
 	}
 	return err
 }
@@ -785,7 +791,7 @@ func (w *Worker) readFailed(ctx context.Context, sh *shardLoop, key string, err 
 		delete(sh.grouped, key)
 		if w.gone(ctx, sh, key) {
 			sh.drop(key)
-			w.marks.dropStream(key)
+			w.marks.dropOutbox(outboxOf{sh.name, key})
 			p.fail(true, false)
 			return false
 		}
@@ -997,7 +1003,8 @@ func (w *Worker) forgetAcknowledged(ctx context.Context, sh *shardLoop, res []re
 // worker took over keeps its marks, for it may come back. A failed look up
 // forgets nothing.
 func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, stream string, there map[string]bool) {
-	ids := w.marks.entries(stream, there, maxMarkChecks)
+	o := outboxOf{sh.name, stream}
+	ids := w.marks.entries(o, there, maxMarkChecks)
 	if len(ids) == 0 {
 		return
 	}
@@ -1015,7 +1022,7 @@ func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, stream st
 			gone = append(gone, ids[i])
 		}
 	}
-	w.marks.drop(stream, gone)
+	w.marks.drop(o, gone)
 }
 
 // markCheckEvery is how often forgetAcknowledged looks at one outbox's

@@ -32,8 +32,8 @@ const (
 // past their batch, so the bound is far above what a failure leaves.
 const maxMarks = 1 << 16
 
-// maxMarkChecks bounds the entries of one outbox whose marks one look
-// checks (Worker.forgetAcknowledged); the next look checks others.
+// maxMarkChecks bounds the marked entries one look up of a shard's
+// (Worker.forgetGoneEntries) checks; the next look checks others.
 const maxMarkChecks = 64
 
 // marks holds, per outbox and entry, what became of the grants this worker

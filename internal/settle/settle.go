@@ -641,12 +641,20 @@ func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
 	sh.streams = out
 	// The marks of an outbox no longer listed (its pool closed, or its
 	// record unreadable for now) leave once its entries are gone: up to
-	// maxMarkChecks outboxes a listing, no more than once a markCheckEvery.
+	// maxMarkChecks entries a listing, no more than once a markCheckEvery.
 	if now := time.Now(); now.Sub(sh.unlistedChecked) >= markCheckEvery {
 		sh.unlistedChecked = now
+		var looks []markLookup
+		left := maxMarkChecks
 		for _, stream := range w.marks.unlisted(sh.name, live, maxMarkChecks) {
-			w.forgetGoneEntries(ctx, sh, stream, nil)
+			if ids := w.marks.entries(outboxOf{sh.name, stream}, nil, left); len(ids) > 0 {
+				looks, left = append(looks, markLookup{stream, ids}), left-len(ids)
+			}
+			if left == 0 {
+				break
+			}
 		}
+		w.forgetGoneEntries(ctx, sh, looks)
 	}
 	return err
 }
@@ -973,56 +981,70 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 }
 
 // forgetAcknowledged forgets what Worker.marks holds of entries gone from
-// their outbox (forgetGoneEntries), for each outbox of res (a read of this
-// worker's own pending entries) with marks, looked at no more than once a
-// markCheckEvery; the entries res holds are there.
+// their outbox (forgetGoneEntries), for the outboxes of res (a read of this
+// worker's own pending entries) with marks, each looked at no more than
+// once a markCheckEvery; the entries res holds are there.
 func (w *Worker) forgetAcknowledged(ctx context.Context, sh *shardLoop, res []redis.XStream) {
 	now := time.Now()
+	var looks []markLookup
+	left := maxMarkChecks
 	for _, st := range res {
-		if at, ok := sh.marksChecked[st.Stream]; ok && now.Sub(at) < markCheckEvery {
+		if at, ok := sh.marksChecked[st.Stream]; ok && now.Sub(at) < markCheckEvery || left == 0 {
+			continue
+		}
+		read := make(map[string]bool, len(st.Messages))
+		for _, m := range st.Messages {
+			read[m.ID] = true
+		}
+		ids := w.marks.entries(outboxOf{sh.name, st.Stream}, read, left)
+		if len(ids) == 0 {
 			continue
 		}
 		if sh.marksChecked == nil {
 			sh.marksChecked = map[string]time.Time{}
 		}
 		sh.marksChecked[st.Stream] = now
-		read := make(map[string]bool, len(st.Messages))
-		for _, m := range st.Messages {
-			read[m.ID] = true
-		}
-		w.forgetGoneEntries(ctx, sh, st.Stream, read)
+		looks, left = append(looks, markLookup{st.Stream, ids}), left-len(ids)
 	}
+	w.forgetGoneEntries(ctx, sh, looks)
 }
 
-// forgetGoneEntries forgets what Worker.marks holds of entries of stream
-// gone from it: up to maxMarkChecks of its marked entries, none in there
-// (known to be there), are looked up (XRANGE of the id alone), and those
-// not there are forgotten. An entry is gone only once acknowledged and
-// deleted (acknowledge.lua, or an operator), and ids are never used again,
-// so no mark of an entry that can still be paid is lost; an entry another
-// worker took over keeps its marks, for it may come back. A failed look up
-// forgets nothing.
-func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, stream string, there map[string]bool) {
-	o := outboxOf{sh.name, stream}
-	ids := w.marks.entries(o, there, maxMarkChecks)
-	if len(ids) == 0 {
+// markLookup is marked entries of one outbox to look up (forgetGoneEntries).
+type markLookup struct {
+	stream string
+	ids    []string
+}
+
+// forgetGoneEntries forgets what Worker.marks holds of the entries of looks
+// gone from their outbox: each is looked up (XRANGE of the id alone), all
+// in one pipeline, and those not there are forgotten. An entry is gone only
+// once acknowledged and deleted (acknowledge.lua, or an operator), and ids
+// are never used again, so no mark of an entry that can still be paid is
+// lost; an entry another worker took over keeps its marks, for it may come
+// back. A pipeline that fails forgets nothing.
+func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, looks []markLookup) {
+	if len(looks) == 0 {
 		return
 	}
 	pipe := sh.c.Pipeline()
-	cmds := make([]*redis.XMessageSliceCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.XRangeN(ctx, stream, id, id, 1)
+	cmds := make([][]*redis.XMessageSliceCmd, len(looks))
+	for i, l := range looks {
+		for _, id := range l.ids {
+			cmds[i] = append(cmds[i], pipe.XRangeN(ctx, l.stream, id, id, 1))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return
 	}
-	var gone []string
-	for i, cmd := range cmds {
-		if len(cmd.Val()) == 0 {
-			gone = append(gone, ids[i])
+	for i, l := range looks {
+		var gone []string
+		for j, cmd := range cmds[i] {
+			if len(cmd.Val()) == 0 {
+				gone = append(gone, l.ids[j])
+			}
 		}
+		w.marks.drop(outboxOf{sh.name, l.stream}, gone)
 	}
-	w.marks.drop(o, gone)
 }
 
 // markCheckEvery is how often forgetAcknowledged looks at one outbox's

@@ -982,8 +982,9 @@ func (w *Worker) nextPages(ctx context.Context, sh *shardLoop, res []redis.XStre
 
 // forgetAcknowledged forgets what Worker.marks holds of entries gone from
 // their outbox (forgetGoneEntries), for the outboxes of res (a read of this
-// worker's own pending entries) with marks, each looked at no more than
-// once a markCheckEvery; the entries res holds are there.
+// worker's own pending entries: all the shard's, or on a Redis Cluster one
+// outbox) with marks, each looked at no more than once a markCheckEvery;
+// the entries res holds are there.
 func (w *Worker) forgetAcknowledged(ctx context.Context, sh *shardLoop, res []redis.XStream) {
 	now := time.Now()
 	var looks []markLookup
@@ -1047,8 +1048,9 @@ func (w *Worker) forgetGoneEntries(ctx context.Context, sh *shardLoop, looks []m
 	}
 }
 
-// markCheckEvery is how often forgetAcknowledged looks at one outbox's
-// marks at most.
+// markCheckEvery is how often forgetAcknowledged looks up one outbox's
+// marked entries at most, and refresh those of the outboxes no longer
+// listed.
 const markCheckEvery = time.Second
 
 // maybeBehind notes in p that entries of stream no younger than id may be

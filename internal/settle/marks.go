@@ -130,18 +130,28 @@ func (m *marks) entries(o outboxOf, skip map[string]bool, max int) []string {
 	return ids
 }
 
-// unlisted returns up to max of the streams of the named shard's outboxes
-// with marks, none of those in listed.
-func (m *marks) unlisted(shard string, listed map[string]bool, max int) []string {
+// unlisted returns up to max of the marked entries of the named shard's
+// outboxes, none of those in listed, to look up.
+func (m *marks) unlisted(shard string, listed map[string]bool, max int) []markLookup {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []string
-	for o := range m.by {
-		if len(out) == max {
-			break
+	var out []markLookup
+	for o, s := range m.by {
+		if o.shard != shard || listed[o.stream] {
+			continue
 		}
-		if o.shard == shard && !listed[o.stream] {
-			out = append(out, o.stream)
+		l := markLookup{stream: o.stream}
+		for id := range s {
+			if max == 0 {
+				break
+			}
+			l.ids, max = append(l.ids, id), max-1
+		}
+		if len(l.ids) > 0 {
+			out = append(out, l)
+		}
+		if max == 0 {
+			break
 		}
 	}
 	return out

@@ -644,17 +644,7 @@ func (w *Worker) refresh(ctx context.Context, sh *shardLoop) error {
 	// maxMarkChecks entries a listing, no more than once a markCheckEvery.
 	if now := time.Now(); now.Sub(sh.unlistedChecked) >= markCheckEvery {
 		sh.unlistedChecked = now
-		var looks []markLookup
-		left := maxMarkChecks
-		for _, stream := range w.marks.unlisted(sh.name, live, maxMarkChecks) {
-			if ids := w.marks.entries(outboxOf{sh.name, stream}, nil, left); len(ids) > 0 {
-				looks, left = append(looks, markLookup{stream, ids}), left-len(ids)
-			}
-			if left == 0 {
-				break
-			}
-		}
-		w.forgetGoneEntries(ctx, sh, looks)
+		w.forgetGoneEntries(ctx, sh, w.marks.unlisted(sh.name, live, maxMarkChecks))
 	}
 	return err
 }

@@ -75,26 +75,13 @@ func (s Spec) Sentinel() (SentinelShard, bool) {
 // not of it. Everything before the last '@' is the credentials (no
 // sentinel address holds one), so a password cannot run into the rest.
 func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
-	rest, ok := strings.CutPrefix(addr, sentinelPrefix)
+	rest, tls, ok := cutForm(addr, sentinelPrefix, sentinelTLSPrefix)
 	if !ok {
-		if rest, ok = strings.CutPrefix(addr, sentinelTLSPrefix); !ok {
-			return sh, false, nil
-		}
-		sh.TLS = true
+		return sh, false, nil
 	}
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		cred := rest[:at]
-		if strings.Contains(cred, "/") {
-			return sh, true, errors.New("the user or password has a '/': percent-encode it (%2F)")
-		}
-		user, password, _ := strings.Cut(cred, ":")
-		if sh.Username, err = url.PathUnescape(user); err == nil {
-			sh.Password, err = url.PathUnescape(password)
-		}
-		if err != nil {
-			return sh, true, errors.New("bad percent-encoding in the user or password")
-		}
-		rest = rest[at+1:]
+	sh.TLS = tls
+	if sh.Username, sh.Password, rest, err = cutCredentials(rest); err != nil {
+		return sh, true, err
 	}
 	master, list, found := strings.Cut(rest, "/")
 	if !found || master == "" || list == "" {
@@ -102,6 +89,39 @@ func parseSentinel(addr string) (sh SentinelShard, ok bool, err error) {
 	}
 	sh.Master, sh.Sentinels = master, strings.Split(list, "+")
 	return sh, true, nil
+}
+
+// cutForm cuts the prefix of a shard form from addr: plain, or tlsPrefix
+// (tls true); ok is false when addr starts with neither.
+func cutForm(addr, plain, tlsPrefix string) (rest string, tls, ok bool) {
+	if rest, ok = strings.CutPrefix(addr, plain); ok {
+		return rest, false, true
+	}
+	rest, ok = strings.CutPrefix(addr, tlsPrefix)
+	return rest, ok, ok
+}
+
+// cutCredentials cuts the percent-encoded USER:PASSWORD@ that may start
+// rest, the part of a sentinel or cluster form after its prefix.
+// Everything before the last '@' is the credentials (no host:port holds
+// one), so a password cannot run into what follows.
+func cutCredentials(rest string) (user, password, after string, err error) {
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return "", "", rest, nil
+	}
+	cred := rest[:at]
+	if strings.Contains(cred, "/") {
+		return "", "", rest, errors.New("the user or password has a '/': percent-encode it (%2F)")
+	}
+	u, p, _ := strings.Cut(cred, ":")
+	if user, err = url.PathUnescape(u); err == nil {
+		password, err = url.PathUnescape(p)
+	}
+	if err != nil {
+		return "", "", rest, errors.New("bad percent-encoding in the user or password")
+	}
+	return user, password, rest[at+1:], nil
 }
 
 // clusterPrefix starts the Addr of a shard that is a whole Redis Cluster;
@@ -137,26 +157,13 @@ func (s Spec) Cluster() (ClusterShard, bool) {
 // not of it. Everything before the last '@' is the credentials (no node
 // address holds one).
 func parseCluster(addr string) (sh ClusterShard, ok bool, err error) {
-	rest, ok := strings.CutPrefix(addr, clusterPrefix)
+	rest, tls, ok := cutForm(addr, clusterPrefix, clusterTLSPrefix)
 	if !ok {
-		if rest, ok = strings.CutPrefix(addr, clusterTLSPrefix); !ok {
-			return sh, false, nil
-		}
-		sh.TLS = true
+		return sh, false, nil
 	}
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		cred := rest[:at]
-		if strings.Contains(cred, "/") {
-			return sh, true, errors.New("the user or password has a '/': percent-encode it (%2F)")
-		}
-		user, password, _ := strings.Cut(cred, ":")
-		if sh.Username, err = url.PathUnescape(user); err == nil {
-			sh.Password, err = url.PathUnescape(password)
-		}
-		if err != nil {
-			return sh, true, errors.New("bad percent-encoding in the user or password")
-		}
-		rest = rest[at+1:]
+	sh.TLS = tls
+	if sh.Username, sh.Password, rest, err = cutCredentials(rest); err != nil {
+		return sh, true, err
 	}
 	if rest == "" {
 		return sh, true, errors.New("want cluster/[USER:PASSWORD@] (or cluster+tls/...) and seed nodes' host:port joined by +")

@@ -380,8 +380,10 @@ load() {
   local args="$*"
   args=${args//-admin-token $token/-admin-token T} # the token stays off the screen
   echo "== $section: $name $kind (round $round): rainload $args"
-  local app0 redis0 app1 redis1 fsync
+  local app0 redis0 app1 redis1 fsync batches0=""
   slowest_fsync "$port" >/dev/null # resets the shards' latency monitors
+  # A rain's batches to its shards over the run (see add_batches).
+  [ -z "${shards_of[$port]:-}" ] || batches0=$(batch_totals "$port")
   app0=$(cpu_ticks ${app_of[$port]:-}) redis0=$(cpu_ticks ${redis_of[$port]:-})
   "$bin/rainload" -url "http://127.0.0.1:$port" -progress 0 -summary "$base.json" \
     -timeline "$base.jsonl" "$@" >"$base.out" 2>"$base.err" || {
@@ -397,6 +399,7 @@ load() {
     -v n="$(result_of "$base.out" answered)" '
     $1 == "result" { $0 = $0 sprintf(" app_us=%.1f redis_us=%.1f fsync_ms=%d", n ? a * 1e6 / hz / n : 0, n ? r * 1e6 / hz / n : 0, f) }
     { print }' "$base.out" >"$base.out.tmp" && mv "$base.out.tmp" "$base.out"
+  [ -z "$batches0" ] || add_batches "$base.out" "$batches0" "$(batch_totals "$port")"
   grep -E '^  (offered|statuses|accepted|driver lag)' "$base.out" || true
   if [ -n "$report_dir" ]; then
     report_seq=$((report_seq + 1))
@@ -544,6 +547,12 @@ bench_grab() {
     -v r999="$(med rain eq p999_ms)" -v b999="$(med baseline eq p999_ms)" -v eq="$eqm" 'BEGIN {
       printf "grab: rain/baseline %.2fx grabs/s saturated; at %.0f/s p50 %.2fx, p99 %.2fx, p99.9 %.2fx (target: grabs/s >= 1.00x)\n",
         rg / bg, eq, r50 / b50, r99 / b99, r999 / b999 }')"
+  # What a claim of rain's waits for: its shard's batches (claims each, and
+  # a batch's round trip from the lane), saturated and in the open loop.
+  figure "$(awk -v sc="$(med rain sat batch_claims)" -v sm="$(med rain sat batch_ms)" \
+    -v ec="$(med rain eq batch_claims)" -v em="$(med rain eq batch_ms)" -v eq="$eqm" 'BEGIN {
+      printf "grab: rain, batches to its shards: saturated %.1f claims each, round trip %.2f ms; at %.0f/s %.1f claims each, round trip %.2f ms\n",
+        sc, sm, eq, ec, em }')"
   # The CPU and latency targets of one grab against the minimal design, for
   # the shard count and connections of this run; they are set against the
   # minimal design on appendfsync always (BASELINE_FSYNC=always).
@@ -938,7 +947,7 @@ bench_pool() {
   local section=pool rate conns duration warmup inflight rounds repeat packets total share tmp token
   bench_settings
   build_tools
-  local pd=${POOL_DURATION:-20s} pc=${POOL_CONNS:-3000} port peak m mode b0
+  local pd=${POOL_DURATION:-20s} pc=${POOL_CONNS:-3000} port peak m mode
   start_rain port
   saturate peak "$port" 1 -admin-token "$token"
   peak=$(awk -v g="$(result_of "$tmp/peak.sat.1.out" goodput_rps)" 'BEGIN { printf "%d\n", g }')
@@ -948,10 +957,8 @@ bench_pool() {
     warm "pool-$mode" "$port" -pool over -admin-token "$token" -preload "$((peak * 200)):$((peak * 20000))" \
       -rate "$((peak / 2))" -conns 64 -user-prefix w -repeat "$repeat"
     for m in 2 4; do
-      b0=$(batch_totals "$port")
       load "pool-$mode" "x$m" 1 "$port" -pool over -rate "$((peak * m))" -duration "$pd" \
         -max-inflight "$pc" -conns "$pc" -user-prefix "x$m." -repeat "$repeat" -admin-token "$token" -scrape
-      add_batches "$tmp/pool-$mode.x$m.1.out" "$b0" "$(batch_totals "$port")"
     done
     cleanup
   done

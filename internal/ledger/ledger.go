@@ -166,24 +166,6 @@ func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 	return errs
 }
 
-// Paid returns which of serials the ledger holds (settle.PaidLookup). A
-// ledger whose failed write could not be cut off says nothing until it is
-// opened again: a line that write left may hold one of them.
-func (l *File) Paid(_ context.Context, serials []int64) (map[int64]bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.broken != nil {
-		return nil, l.broken
-	}
-	paid := map[int64]bool{}
-	for _, s := range serials {
-		if _, ok := l.seen[s]; ok {
-			paid[s] = true
-		}
-	}
-	return paid, nil
-}
-
 // append writes buf and fsyncs it. A write or an fsync that fails is cut
 // off: the file ends where it ended before, so the grants are written again
 // whole when delivered again, and never twice (a line the failed fsync left

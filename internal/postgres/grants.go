@@ -112,28 +112,6 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	return errs
 }
 
-// Paid returns which of serials the database holds, each a grant
-// settlement delivered (settle.PaidLookup).
-func (db *DB) Paid(ctx context.Context, serials []int64) (map[int64]bool, error) {
-	rows, err := db.pool.Query(ctx, `SELECT serial FROM rain_grants WHERE serial = ANY($1)`, serials)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	defer rows.Close()
-	paid := map[int64]bool{}
-	for rows.Next() {
-		var s int64
-		if err := rows.Scan(&s); err != nil {
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		paid[s] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	return paid, nil
-}
-
 // Serials returns the serials of the grants the database holds of the
 // user in the pool: the grants settlement delivered, each confirmed (at
 // most one in practice: a user holds one grant of a pool at a time, and

@@ -133,32 +133,6 @@ func TestDeliver(t *testing.T) {
 	}
 }
 
-// TestPaid: the database says which serials it holds (settle.PaidLookup),
-// and fails, saying nothing, once it is gone.
-func TestPaid(t *testing.T) {
-	ctx := context.Background()
-	srv := pgtest.Start(t, pgtest.Options{})
-	db, err := Open(ctx, srv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var _ settle.PaidLookup = db
-	for _, err := range db.Deliver(ctx, []settle.Grant{grant(1, "a", 10), grant(3, "c", 30)}) {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	paid, err := db.Paid(ctx, []int64{1, 2, 3, 4})
-	if err != nil || len(paid) != 2 || !paid[1] || !paid[3] {
-		t.Fatalf("Paid(1, 2, 3, 4) = %v, %v; want 1 and 3", paid, err)
-	}
-	srv.Stop()
-	if paid, err := db.Paid(ctx, []int64{1}); err == nil {
-		t.Fatalf("Paid on a stopped database = %v, no error", paid)
-	}
-}
-
 // TestDeliverOneSerialTwiceInABatch: a batch holding two different grants
 // under one serial pays the first and answers the second
 // settle.ErrSerialConflict (it is never counted delivered); the same grant

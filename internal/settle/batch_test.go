@@ -2,7 +2,6 @@ package settle_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -899,101 +898,6 @@ func TestAnAcknowledgmentLostMidRead(t *testing.T) {
 				t.Fatalf("%d grants confirmed, want 40", n)
 			}
 			e.assertAudit(t)
-		})
-	}
-}
-
-// lookupSink is a memSink that can say which serials it paid
-// (settle.PaidLookup), as the PostgreSQL and ledger sinks can; while down
-// is set it cannot.
-type lookupSink struct {
-	*memSink
-	down atomic.Bool
-}
-
-func (s *lookupSink) Paid(_ context.Context, serials []int64) (map[int64]bool, error) {
-	if s.down.Load() {
-		return nil, errors.New("the sink's database is down")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	paid := map[int64]bool{}
-	for _, serial := range serials {
-		if _, ok := s.paid[serial]; ok {
-			paid[serial] = true
-		}
-	}
-	return paid, nil
-}
-
-// TestAGrantAnotherWorkerPaidIsLeftForAnOperator: worker a pays the two
-// grants of pool "p" (--outbox packed: an entry each), their
-// acknowledgments are dropped at a proxy, and a stops, as a process that
-// dies does. The shard then loses the confirms and the reaper releases
-// both grants, their amounts back in the stock. Worker b, which paid
-// nothing and marks nothing, takes the entries over: its shard says the
-// grants were released unpaid. With a sink that can say what it paid, b
-// asks it, and leaves both entries for an operator; while the sink cannot
-// answer, b leaves them pending, settled neither way. A sink that cannot
-// say (a webhook) leaves b to take them for released unpaid, as before.
-func TestAGrantAnotherWorkerPaidIsLeftForAnOperator(t *testing.T) {
-	for _, lookup := range []bool{true, false} {
-		t.Run(fmt.Sprintf("lookup=%v", lookup), func(t *testing.T) {
-			e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1)
-			ctx := context.Background()
-			c, k, _ := e.outbox(t, 2)
-			was := snapshot(t, c, k)
-			was.waitDue(t)
-			set, cat, proxies, _ := e.doomed(t)
-			for _, p := range proxies {
-				p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 1000)
-			}
-			mem := newMemSink(0)
-			a := settle.New(set, cat, mem, fastConfig("a"))
-			stopA := run(t, a)
-			waittest.Until(t, 20*time.Second, "both grants paid by a, its acknowledgments lost", func() bool {
-				paid, _ := mem.stats()
-				return paid == 2 && a.Stats().Failures > 0
-			})
-			stopA()
-			was.restore(t)
-			if sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx); err != nil || sw.Released != 2 {
-				t.Fatalf("sweep = %+v, %v; want the 2 grants released", sw, err)
-			}
-
-			var sink settle.Sink = mem
-			ls := &lookupSink{memSink: mem}
-			if lookup {
-				ls.down.Store(true)
-				sink = ls
-			}
-			b := settle.New(e.shards, e.cat, sink, fastConfig("b"))
-			run(t, b)
-			if !lookup {
-				waittest.Until(t, 20*time.Second, "both taken for released unpaid", func() bool { return b.Stats().Expired == 2 })
-				return
-			}
-			waittest.Until(t, 20*time.Second, "b's failures to learn what was paid", func() bool { return b.Stats().Failures >= 2 })
-			if st := b.Stats(); st.Expired != 0 || st.Conflicts != 0 {
-				t.Fatalf("stats %+v while the sink cannot say what it paid: want the entries settled neither way", st)
-			}
-			if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
-				t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)
-			}
-			ls.down.Store(false)
-			waittest.Until(t, 20*time.Second, "the entries left for an operator", func() bool {
-				st := b.Stats()
-				return st.Conflicts == 2 && st.LeftForOperator == 2
-			})
-			if st := b.Stats(); st.Expired != 0 || st.Delivered != 0 {
-				t.Fatalf("stats %+v: want nothing taken for released unpaid, nothing paid again", st)
-			}
-			if paid, again := mem.stats(); paid != 2 || again != 0 {
-				t.Fatalf("the sink paid %d grants, %d again; want 2, none again", paid, again)
-			}
-			if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
-				t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)
-			}
 		})
 	}
 }

@@ -287,14 +287,9 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		p.behindAll(b.ids[from:to])
 		return nil, nil, true
 	}
-	paid := w.paidBefore(ctx, b, from, res, errs)
 	for j, g := range b.grants[from:to] {
 		i := from + j
 		before := w.seenBefore(b, i)
-		said := notAsked
-		if paid != nil {
-			said = paid[j]
-		}
 		switch {
 		case errs[j] != nil:
 			w.failures.Add(1)
@@ -320,21 +315,6 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			// Left for an operator.
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
 				fmt.Errorf("%s serial %d was paid and is no longer confirmed (%v): its shard lost the confirm, and its amount is back in the stock", g, g.Serial, res[j].Result))
-		case said == paidUnknown:
-			// Its shard says it was not paid, and the sink could not say
-			// whether it was: left pending until it can.
-			if ctx.Err() == nil {
-				w.failures.Add(1)
-			}
-			p.behind(b.ids[i])
-			b.retryLater(b.ids[i], false)
-			failed = true
-		case said == paidBySink:
-			// Paid by another worker, or by this one before it restarted
-			// (the sink has its serial), and no longer confirmed: as a grant
-			// this worker remembers paying (before == paidOut, above).
-			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
-				fmt.Errorf("%s serial %d was paid (the sink has it) and is no longer confirmed (%v): its shard lost the confirm, and its amount is back in the stock", g, g.Serial, res[j].Result))
 		case res[j].Result == lua.WasReleased:
 			if before != expiredOut {
 				w.expired.Add(1) // released at its deadline first: not paid
@@ -358,68 +338,6 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 		}
 	}
 	return pay, payAt, failed
-}
-
-// sinkSays is what the sink said of a grant its shard would settle unpaid
-// (paidBefore).
-type sinkSays uint8
-
-const (
-	notAsked    sinkSays = iota
-	notPaid              // the sink has not paid it
-	paidBySink           // the sink paid it before
-	paidUnknown          // the sink was asked and did not answer
-)
-
-// paidBefore asks the sink (when it is a PaidLookup), in one call, which of
-// b's grants from from on, confirmed with res and errs, it paid before,
-// of those their shard would have settled unpaid (released at their
-// deadline, or no grant under their serial) that this worker has no mark
-// of. The answer is one per grant of res; notAsked for the others. The
-// call is bounded by Config.Patience: a sink that does not answer in time
-// leaves those grants' entries pending (paidUnknown), never settled unpaid
-// on a guess.
-func (w *Worker) paidBefore(ctx context.Context, b *batch, from int, res []lua.ConfirmResult, errs []error) []sinkSays {
-	look, ok := w.sink.(PaidLookup)
-	if !ok {
-		return nil
-	}
-	var says []sinkSays
-	var serials []int64
-	for j := range res {
-		switch {
-		case errs[j] != nil, w.seenBefore(b, from+j) != notSeen:
-			continue
-		case res[j].Result == lua.Confirmed, res[j].Result == lua.AlreadyConfirmed, res[j].Result == lua.AmountMismatch:
-			continue
-		}
-		if says == nil {
-			says = make([]sinkSays, len(res))
-		}
-		says[j] = paidUnknown
-		serials = append(serials, b.grants[from+j].Serial)
-	}
-	if len(serials) == 0 {
-		return nil
-	}
-	lctx, cancel := context.WithTimeout(ctx, w.cfg.Patience)
-	defer cancel()
-	paid, err := look.Paid(lctx, serials)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.cfg.Logger.Warn("settle: the sink did not say whether grants released unconfirmed were paid; entries left pending", "stream", b.stream, "grants", len(serials), "err", err)
-		}
-		return says
-	}
-	for j := range says {
-		if says[j] == paidUnknown {
-			says[j] = notPaid
-			if paid[b.grants[from+j].Serial] {
-				says[j] = paidBySink
-			}
-		}
-	}
-	return says
 }
 
 // confirmOf confirms gs, grants of b (of its stream's sub-pool, or, for a

@@ -52,18 +52,3 @@ var ErrSerialConflict = errors.New("settle: serial already paid for another gran
 type Sink interface {
 	Deliver(ctx context.Context, gs []Grant) []error
 }
-
-// PaidLookup is what a Sink may also do: say which of serials it has paid
-// (internal/postgres and internal/ledger can; a webhook cannot). A worker
-// asks it before it settles unpaid a grant that its shard says was
-// released at its deadline, or holds under no such serial, and that the
-// worker has no mark of (Worker.marks): another worker, or this one before
-// it restarted, may have paid the grant before the shard lost its confirm
-// (a host crash under --durability relaxed). A grant the sink paid is then
-// left for an operator, as one this worker remembers paying is: its amount
-// was paid and is back in the stock.
-type PaidLookup interface {
-	// Paid returns the serials of serials that were delivered before (a
-	// serial not in it was not). An error says nothing of any of them.
-	Paid(ctx context.Context, serials []int64) (map[int64]bool, error)
-}

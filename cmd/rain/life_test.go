@@ -33,6 +33,13 @@ type booksEnv struct {
 
 func newBooksEnv(t *testing.T, id string) *booksEnv {
 	t.Helper()
+	return newBooksEnvHeld(t, id, 0)
+}
+
+// newBooksEnvHeld is newBooksEnv with grants held hold seconds (0: the
+// default).
+func newBooksEnvHeld(t *testing.T, id string, hold int) *booksEnv {
+	t.Helper()
 	e := &booksEnv{servers: redistest.StartN(t, 2, durable), serials: map[string]float64{}}
 	e.url = pgtest.Start(t, pgtest.Options{}).NewDB(t)
 	e.environ = map[string]string{
@@ -41,7 +48,7 @@ func newBooksEnv(t *testing.T, id string) *booksEnv {
 	}
 	e.addr, _ = startServe(t, []string{"--postgres", e.url}, e.environ)
 	if code, body := post(t, "http://"+e.addr+"/admin/pools", longToken,
-		fmt.Sprintf(`{"pool_id":%q,"total_cents":1000,"count":10,"sub_pools":2}`, id)); code != 201 {
+		fmt.Sprintf(`{"pool_id":%q,"total_cents":1000,"count":10,"sub_pools":2%s}`, id, holdField(hold))); code != 201 {
 		t.Fatalf("preload = %d %v", code, body)
 	}
 	for i := range 4 {
@@ -53,6 +60,14 @@ func newBooksEnv(t *testing.T, id string) *booksEnv {
 		e.serials[user] = body["serial"].(float64)
 	}
 	return e
+}
+
+// holdField is the preload's hold_seconds field for hold, "" for 0.
+func holdField(hold int) string {
+	if hold == 0 {
+		return ""
+	}
+	return fmt.Sprintf(`,"hold_seconds":%d`, hold)
 }
 
 // tool runs a rain subcommand with the env's variables: what it printed.
@@ -131,6 +146,74 @@ func TestCloseCommand(t *testing.T) {
 		if code != c.code || (code == 200 && body["status"] != "confirmed") {
 			t.Errorf("confirm of %s serial %d after the close = %d %v, want %d", c.user, int64(c.serial), code, body, c.code)
 		}
+	}
+}
+
+// TestReleasedGrantsAfterTheClose: grants released at their deadline
+// before settlement saw them are recorded by rain settle --postgres as
+// settled unpaid (rain_unpaid), none paid; the pool closes, and a confirm
+// of one of them after the close answers 409, released, as before it
+// (API.md), not 404.
+func TestReleasedGrantsAfterTheClose(t *testing.T) {
+	e := newBooksEnvHeld(t, "rl", 1)
+	url, addr, environ, serials, tool := e.url, e.addr, e.environ, e.serials, e.tool
+	confirm := func(user string, serial float64) int {
+		code, _ := post(t, "http://"+addr+"/admin/grants/confirm", longToken, fmt.Sprintf(`{"pool_id":"rl","user_id":%q,"serial":%d}`, user, int64(serial)))
+		return code
+	}
+	waittest.Until(t, 20*time.Second, "the grants released at their deadline", func() bool {
+		code, body := get(t, "http://"+addr+"/admin/pools/rl", longToken)
+		var st map[string]any
+		return code == 200 && json.Unmarshal([]byte(body), &st) == nil && st["released_count"] == float64(4)
+	})
+	for u, s := range serials {
+		if code := confirm(u, s); code != 409 {
+			t.Fatalf("confirm of %s's released grant = %d, want 409", u, code)
+		}
+	}
+	if _, err := tool("end", "--pool", "rl"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
+	}()
+	t.Cleanup(cancel)
+	var out string
+	waittest.Until(t, 20*time.Second, "rain close succeeds once rain settle has settled every grant", func() bool {
+		var err error
+		out, err = tool("close", "--pool", "rl", "--postgres", url)
+		return err == nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("rain settle returned %v after cancel", err)
+	}
+	var a map[string]any
+	if err := json.Unmarshal([]byte(out), &a); err != nil || a["confirmed_count"] != float64(0) || a["unclaimed_count"] != float64(10) {
+		t.Fatalf("rain close printed %q (%v); want the account, none confirmed, the 10 back to the campaign", out, err)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var paid, released int64
+	if err := conn.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM rain_grants WHERE pool_id = 'rl'),
+		(SELECT count(*) FROM rain_unpaid WHERE pool_id = 'rl' AND reason = 'released')`).Scan(&paid, &released); err != nil {
+		t.Fatal(err)
+	}
+	if paid != 0 || released != 4 {
+		t.Fatalf("PostgreSQL holds %d grants paid and %d released; want none paid, the 4 released", paid, released)
+	}
+	for u, s := range serials {
+		if code := confirm(u, s); code != 409 {
+			t.Errorf("confirm of %s's released grant after the close = %d, want 409", u, code)
+		}
+	}
+	if code := confirm("nobody", 1); code != 404 {
+		t.Errorf("confirm of a user without a grant after the close = %d, want 404", code)
 	}
 }
 

@@ -34,9 +34,10 @@ type Books interface {
 	// (its sums, sub-pool by sub-pool; the time aside) is a no-op; another
 	// under the same pool id is an error.
 	Record(ctx context.Context, a *rain.Account) error
-	// Serials returns the serials of the user's grants in the pool that
-	// the books hold (delivered by settlement, so confirmed).
-	Serials(ctx context.Context, poolID, userID string) ([]int64, error)
+	// Settled returns the serials of the user's grants in the pool that
+	// the books hold: delivered by settlement (paid, so confirmed), and
+	// recorded by it as released at their deadline.
+	Settled(ctx context.Context, poolID, userID string) (paid, released []int64, err error)
 }
 
 // End ends the pool now: from then on every grab answers ended (a user who

@@ -183,23 +183,27 @@ func (c *Catalog) Confirm(ctx context.Context, poolID, userID string, serial int
 
 // confirmClosed answers the confirm of a grant of a closed (or closing)
 // pool whose sub-pool's keys are freed, from the books: confirmed when
-// they hold the grant, a serial mismatch when they hold another of the
-// user's. A grant they do not hold was never confirmed (a close waits for
-// settlement to deliver every confirmed grant): unknown, as one released
-// at its deadline is once its record is freed. Without books nothing
-// holds the pool's grants any more: unknown, saying so.
+// they hold the grant paid, released when they hold it released at its
+// deadline, a serial mismatch when they hold another of the user's. A
+// grant they do not hold was never confirmed (a close waits for settlement
+// to deliver every confirmed grant): unknown, as one released at its
+// deadline is when settlement did not record it (a sink other than the
+// database). Without books nothing holds the pool's grants any more:
+// unknown, saying so.
 func (c *Catalog) confirmClosed(ctx context.Context, poolID, userID string, serial int64) error {
 	if c.books == nil {
 		return rain.Errorf(rain.ErrNoGrant, nil, "pool %s is closed and its grants' records are freed; with no database (--postgres) nothing holds them any more", poolID)
 	}
-	serials, err := c.books.Serials(ctx, poolID, userID)
+	paid, released, err := c.books.Settled(ctx, poolID, userID)
 	if err != nil {
 		return rain.Errorf(rain.ErrUnavailable, err, "confirm %s: the database did not answer", poolID)
 	}
-	if slices.Contains(serials, serial) {
+	switch {
+	case slices.Contains(paid, serial):
 		return nil
-	}
-	if len(serials) > 0 {
+	case slices.Contains(released, serial):
+		return rain.ErrGrantReleased
+	case len(paid)+len(released) > 0:
 		return rain.ErrSerialMismatch
 	}
 	return rain.ErrNoGrant

@@ -19,7 +19,8 @@ import (
 )
 
 // File is a settle.Sink that appends one JSON line per grant to a file and
-// fsyncs it before Deliver returns. It holds exactly one line per serial,
+// fsyncs it before Deliver returns, for the grants it pays and for those
+// settled unpaid (settle.RecordsUnpaid). It holds exactly one line per serial,
 // across redeliveries and crashes: it reads the serials already in the file
 // when it opens, and cuts off a torn last line a crash may have left (that
 // grant is then delivered again and written whole). A serial already in the
@@ -76,9 +77,10 @@ func (l *File) load() error {
 	return nil
 }
 
-// Read reads the grants of the ledger at path by serial, ignoring a
-// torn last line. A serial on two lines is an error: the ledger holds one
-// line per serial.
+// Read reads the grants the ledger at path paid, by serial, ignoring a
+// torn last line (and the grants it recorded as settled unpaid, whose
+// lines carry "unpaid"). A serial on two lines is an error: the ledger
+// holds one line per serial.
 func Read(path string) (map[int64]settle.Grant, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -86,6 +88,11 @@ func Read(path string) (map[int64]settle.Grant, error) {
 	}
 	defer f.Close()
 	grants, _, err := readLines(f)
+	for s, g := range grants {
+		if g.Unpaid != "" {
+			delete(grants, s)
+		}
+	}
 	return grants, err
 }
 
@@ -117,8 +124,12 @@ func readLines(r io.Reader) (map[int64]settle.Grant, int64, error) {
 }
 
 // Deliver appends the grants of gs whose serials the ledger lacks, all in
-// one write and one fsync: a grant already there (or twice in gs) is a
-// repeat, another grant under a serial there settle.ErrSerialConflict.
+// one write and one fsync: a grant already there (or twice in gs), settled
+// the same way, is a repeat, another grant under a serial there (or one
+// given both ways in gs, the second) settle.ErrSerialConflict. A grant to settle unpaid (settle.Grant.Unpaid)
+// is recorded as such ("unpaid" on its line), and answers settle.ErrPaid
+// when the ledger paid its serial; a grant to pay whose serial the ledger
+// recorded unpaid answers settle.ErrSettledUnpaid (settle.RecordsUnpaid).
 func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -131,11 +142,22 @@ func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 	}
 	var buf []byte
 	var added []settle.Grant
+	paying := map[int64]bool{} // the serials of gs: whether their first grant is to pay
 	now := time.Now().UTC()
 	for i, g := range gs {
+		if pay, met := paying[g.Serial]; met && pay != (g.Unpaid == "") {
+			errs[i] = fmt.Errorf("%w: serial %d given both to pay and unpaid, %s", settle.ErrSerialConflict, g.Serial, g)
+			continue
+		}
+		paying[g.Serial] = g.Unpaid == ""
 		if had, ok := l.seen[g.Serial]; ok {
-			if !had.Same(g) {
-				errs[i] = fmt.Errorf("%w: serial %d was paid for %s, now %s", settle.ErrSerialConflict, g.Serial, had, g)
+			switch {
+			case !had.Same(g):
+				errs[i] = fmt.Errorf("%w: serial %d was settled for %s, now %s", settle.ErrSerialConflict, g.Serial, had, g)
+			case had.Unpaid == "" && g.Unpaid != "":
+				errs[i] = fmt.Errorf("%w: serial %d, %s", settle.ErrPaid, g.Serial, g)
+			case had.Unpaid != "" && g.Unpaid == "":
+				errs[i] = fmt.Errorf("%w (%s): serial %d, %s", settle.ErrSettledUnpaid, had.Unpaid, g.Serial, g)
 			}
 			continue
 		}
@@ -198,6 +220,10 @@ func (l *File) append(buf []byte) error {
 	}
 	return nil
 }
+
+// RecordsUnpaid reports that the ledger records the grants settled unpaid:
+// settle.RecordsUnpaid.
+func (l *File) RecordsUnpaid() bool { return true }
 
 // Close closes the file.
 func (l *File) Close() error {

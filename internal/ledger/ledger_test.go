@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"rain/internal/settle"
+	"rain/internal/settle/sinktest"
 )
 
 // openLedger opens the ledger at path, closed when the test ends (a test
@@ -106,5 +107,32 @@ func TestLedgerFailedFsync(t *testing.T) {
 	fi, err := os.Stat(path)
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ledger mode %v, %v; want 0600 (it names every user paid)", fi.Mode().Perm(), err)
+	}
+}
+
+// TestUnpaidOneWayEach: the ledger records the grants settled unpaid and
+// answers for each serial the one way it was settled
+// (settle.RecordsUnpaid), opened again too; Read gives the grants it paid.
+func TestUnpaidOneWayEach(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	sinktest.OneWayEach(t, l)
+	sinktest.Race(t, l, 1000, 50)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := openLedger(t, path)
+	sinktest.Expect(t, again, []settle.Grant{sinktest.Grant(1, "a", 10, ""), sinktest.Grant(2, "b", 20, settle.Released)},
+		settle.ErrSettledUnpaid, settle.ErrPaid)
+	paid := readLedger(t, path)
+	for _, s := range []int64{1, 3, 4} {
+		if _, ok := paid[s]; ok {
+			t.Fatalf("Read gives serial %d, settled unpaid", s)
+		}
+	}
+	for _, s := range []int64{2, 5} {
+		if g, ok := paid[s]; !ok || g.Unpaid != "" {
+			t.Fatalf("Read gives serial %d as %+v, %v; want it paid", s, g, ok)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"rain"
 	"rain/internal/pgtest"
 	"rain/internal/settle"
+	"rain/internal/settle/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -202,4 +204,41 @@ func TestRecord(t *testing.T) {
 	if err != nil || !got.ClosedAt.Equal(a.ClosedAt) || got.ConfirmedCents != 70 || len(got.SubPools) != 1 {
 		t.Fatalf("Account = %+v, %v; want the first", got, err)
 	}
+}
+
+// TestUnpaidOneWayEach: the database records the grants settled unpaid
+// (rain_unpaid) and answers for each serial the one way it was settled
+// (settle.RecordsUnpaid); what a close reads of a user (Settled) follows.
+func TestUnpaidOneWayEach(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	sinktest.OneWayEach(t, db)
+	for _, c := range []struct {
+		user           string
+		paid, released []int64
+	}{{"a", nil, []int64{1}}, {"b", []int64{2}, nil}, {"c", nil, nil}, {"d", nil, []int64{4}}, {"e", []int64{5}, nil}} {
+		paid, released, err := db.Settled(ctx, "p", c.user)
+		if err != nil || !slices.Equal(paid, c.paid) || !slices.Equal(released, c.released) {
+			t.Fatalf("Settled(p, %s) = %v, %v, %v; want paid %v, released %v (an unmatched grant is neither)", c.user, paid, released, err, c.paid, c.released)
+		}
+	}
+	totals, err := db.Totals(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count, cents int64
+	for _, tl := range totals {
+		count, cents = count+tl.Count, cents+tl.Cents
+	}
+	if count != 2 || cents != 70 {
+		t.Fatalf("Totals count %d grants, %d cents; want the 2 paid, 70 cents (what was settled unpaid is not in them)", count, cents)
+	}
+}
+
+// TestPaidAndUnpaidAtOnce: one serial delivered to pay by one worker and
+// unpaid by another, at once, is settled one way (the advisory lock);
+// many serials, each raced so.
+func TestPaidAndUnpaidAtOnce(t *testing.T) {
+	db, _ := open(t)
+	sinktest.Race(t, db, 1000, 200)
 }

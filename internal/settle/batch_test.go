@@ -222,11 +222,18 @@ type memSink struct {
 	paid  map[int64]settle.Grant
 	calls map[int64]int
 	fail  map[int64]bool // serials whose delivery fails (not a conflict)
+	// records: the sink records the grants settled unpaid (in unpaid),
+	// settle.RecordsUnpaid.
+	records bool
+	unpaid  map[int64]settle.Grant
 }
 
 func newMemSink(delay time.Duration) *memSink {
-	return &memSink{delay: delay, paid: map[int64]settle.Grant{}, calls: map[int64]int{}, fail: map[int64]bool{}}
+	return &memSink{delay: delay, paid: map[int64]settle.Grant{}, calls: map[int64]int{}, fail: map[int64]bool{},
+		unpaid: map[int64]settle.Grant{}}
 }
+
+func (s *memSink) RecordsUnpaid() bool { return s.records }
 
 func (s *memSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	if s.delay > 0 {
@@ -243,9 +250,29 @@ func (s *memSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 			errs[i] = ctx.Err()
 			continue
 		}
-		s.calls[g.Serial]++
 		if s.fail[g.Serial] {
 			errs[i] = fmt.Errorf("the wallet refuses %d for now", g.Serial)
+			continue
+		}
+		if g.Unpaid != "" {
+			if p, ok := s.paid[g.Serial]; ok {
+				errs[i] = settle.ErrPaid
+				if !p.Same(g) {
+					errs[i] = settle.ErrSerialConflict
+				}
+			} else if u, ok := s.unpaid[g.Serial]; !ok {
+				s.unpaid[g.Serial] = g
+			} else if !u.Same(g) {
+				errs[i] = settle.ErrSerialConflict
+			}
+			continue
+		}
+		s.calls[g.Serial]++
+		if u, ok := s.unpaid[g.Serial]; ok {
+			errs[i] = settle.ErrSettledUnpaid
+			if !u.Same(g) {
+				errs[i] = settle.ErrSerialConflict
+			}
 			continue
 		}
 		if p, ok := s.paid[g.Serial]; ok {
@@ -733,6 +760,65 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	}
 	if paid, again := sink.stats(); paid != 2 || again != 0 {
 		t.Fatalf("the sink paid %d grants, %d again; want 2, none again", paid, again)
+	}
+	if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
+		t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)
+	}
+}
+
+// TestAWorkerThatDidNotPayAsksTheSink: two grants alone in their entries
+// (--outbox packed) are paid by worker a, and the acknowledgment of their
+// entries is lost, beyond go-redis's retries. The shard then loses the
+// confirms and the reaper releases the grants, and a stops (a process
+// restarted). Worker b, which remembers nothing of a's payouts, takes the
+// entries over and finds the grants released: it settles them unpaid in
+// the sink (settle.RecordsUnpaid), which answers that it paid them, so b
+// leaves the entries for an operator. Taken for released unpaid and
+// acknowledged, the amounts paid would be back in the stock, to be
+// granted and paid again, with nothing left pending to say so.
+func TestAWorkerThatDidNotPayAsksTheSink(t *testing.T) {
+	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1)
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 2)
+	victim := grantsOf(t, entries[0], 1)[0]
+	was := snapshot(t, c, k)
+	was.waitDue(t)
+	set, cat, proxies, _ := e.doomed(t)
+	for _, p := range proxies {
+		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
+	}
+	sink := &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}
+	sink.records = true
+	released := make(chan struct{})
+	sink.after = func() {
+		was.restore(t)
+		sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx)
+		if err != nil || sw.Released != 2 {
+			t.Errorf("sweep = %+v, %v; want the 2 grants released", sw, err)
+		}
+		close(released)
+	}
+	a := settle.New(set, cat, sink, fastConfig("a"))
+	stopA := run(t, a)
+	<-released
+	waittest.Until(t, 10*time.Second, "a's acknowledgment lost", func() bool {
+		st := a.Stats()
+		return st.Delivered == 2 && st.Failures >= 2
+	})
+	stopA()
+	b := settle.New(e.shards, e.cat, sink, fastConfig("b"))
+	stopB := run(t, b)
+	waittest.Until(t, 20*time.Second, "the entries left for an operator by b", func() bool {
+		st := b.Stats()
+		return st.Conflicts == 2 && st.LeftForOperator == 2
+	})
+	time.Sleep(300 * time.Millisecond) // passes over the entries waiting
+	stopB()
+	if st := b.Stats(); st.Delivered != 0 || st.Expired != 0 || st.Anomalies != 0 {
+		t.Fatalf("b's stats %+v: want nothing delivered, none taken for released unpaid", st)
+	}
+	if paid, again := sink.stats(); paid != 2 || again != 0 || len(sink.unpaid) != 0 {
+		t.Fatalf("the sink paid %d grants, %d again, and holds %d settled unpaid; want 2, none again, none unpaid", paid, again, len(sink.unpaid))
 	}
 	if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
 		t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)

@@ -121,7 +121,9 @@ func (b *batch) settled(i int) {
 // paid, and nothing is counted twice. A grant this worker paid that is no
 // longer confirmed (its shard lost the confirm) is left for an operator;
 // a worker that did not pay it (restarted, or taking the entry over) does
-// not know, and takes it for released unpaid. A read of such entries may
+// not know, and asks the sink when it records unpaid grants (it settles
+// the grant unpaid there, and the sink refuses one it paid: payCall);
+// with another sink it takes the grant for released unpaid. A read of such entries may
 // take several parts: after each, the entries settled are acknowledged and
 // the rest of the read is claimed again (keep), so that no other worker
 // takes over what this one is still working through.
@@ -272,8 +274,12 @@ func (w *Worker) keep(ctx context.Context, sh *shardLoop, b *batch, from int) {
 
 // confirmGrants confirms b's grants from to to (exclusive), notes what is
 // settled without a payout (batch.settled: released, unmatched), and
-// returns the grants to pay and their places in b.grants (payGrants). It
-// reports whether some are left pending for a failure.
+// returns the grants to pay and their places in b.grants (payGrants). When
+// the sink records unpaid grants (Worker.unpaid), those it would settle
+// unpaid are returned with them instead (Grant.Unpaid), unless this worker
+// settled them so before: they are settled once the sink has them, and a
+// grant the sink paid is then left for an operator (payCall). It reports
+// whether some are left pending for a failure.
 func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, from, to int, p *pass) (pay []Grant, payAt []int, failed bool) {
 	res, errs, err := w.confirmOf(ctx, sh, b, b.grants[from:to])
 	if err != nil {
@@ -315,6 +321,9 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			// Left for an operator.
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
 				fmt.Errorf("%s serial %d was paid and is no longer confirmed (%v): its shard lost the confirm, and its amount is back in the stock", g, g.Serial, res[j].Result))
+		case res[j].Result == lua.WasReleased && before != expiredOut && w.unpaid:
+			g.Unpaid = Released // settled once the sink records it (payCall)
+			pay, payAt = append(pay, g), append(payAt, i)
 		case res[j].Result == lua.WasReleased:
 			if before != expiredOut {
 				w.expired.Add(1) // released at its deadline first: not paid
@@ -327,17 +336,26 @@ func (w *Worker) confirmGrants(ctx context.Context, sh *shardLoop, b *batch, fro
 			// (the pool cannot close until one looks).
 			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10), fmt.Errorf("outbox entry of %s serial %d pays %d cents; the grant holds %d",
 				g, g.Serial, g.AmountCents, res[j].Amount))
+		case before != unmatched && w.unpaid:
+			g.Unpaid = Unmatched // settled once the sink records it (payCall)
+			pay, payAt = append(pay, g), append(payAt, i)
 		default:
 			if before != unmatched {
-				w.anomalies.Add(1)
-				w.cfg.Logger.Error("settle: outbox grant has no matching grant; settled unpaid",
-					"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
+				w.unmatchedGrant(g)
 			}
 			w.mark(b, i, unmatched)
 			b.settled(i)
 		}
 	}
 	return pay, payAt, failed
+}
+
+// unmatchedGrant counts and logs a grant of an outbox that matches no
+// grant of its shard, settled unpaid.
+func (w *Worker) unmatchedGrant(g Grant) {
+	w.anomalies.Add(1)
+	w.cfg.Logger.Error("settle: outbox grant has no matching grant; settled unpaid",
+		"pool_id", g.PoolID, "user_id", g.UserID, "serial", g.Serial)
 }
 
 // confirmOf confirms gs, grants of b (of its stream's sub-pool, or, for a
@@ -366,30 +384,45 @@ func (w *Worker) stillConfirmed(ctx context.Context, sh *shardLoop, b *batch, p 
 	if len(pay) == 0 {
 		return nil, nil
 	}
-	res, errs, err := w.confirmOf(ctx, sh, b, pay)
-	var keep []Grant
-	var keepAt []int
+	// A grant to settle unpaid (Grant.Unpaid) is not confirmed: it is
+	// settled as it was found.
+	var keep, confirmed []Grant
+	var keepAt, confirmedAt []int
 	for j, g := range pay {
-		id := b.ids[payAt[j]]
+		if g.Unpaid != "" {
+			keep, keepAt = append(keep, g), append(keepAt, payAt[j])
+		} else {
+			confirmed, confirmedAt = append(confirmed, g), append(confirmedAt, payAt[j])
+		}
+	}
+	if len(confirmed) == 0 {
+		return keep, keepAt
+	}
+	res, errs, err := w.confirmOf(ctx, sh, b, confirmed)
+	dropped := 0
+	for j, g := range confirmed {
+		id := b.ids[confirmedAt[j]]
 		switch {
 		case err == nil && errs[j] == nil && (res[j].Result == lua.Confirmed || res[j].Result == lua.AlreadyConfirmed):
-			keep, keepAt = append(keep, g), append(keepAt, payAt[j])
+			keep, keepAt = append(keep, g), append(keepAt, confirmedAt[j])
 			continue
 		case (err != nil || errs[j] != nil) && ctx.Err() == nil:
 			w.failures.Add(1)
 			b.retryLater(id, false)
 		}
+		dropped++
 		p.behind(id)
 	}
-	if len(keep) < len(pay) && ctx.Err() == nil {
+	if dropped > 0 && ctx.Err() == nil {
 		w.cfg.Logger.Warn("settle: grants confirmed earlier in a read are not paid now: no longer confirmed, or the confirm again failed",
-			"stream", b.stream, "grants", len(pay)-len(keep), "err", err)
+			"stream", b.stream, "grants", dropped, "err", err)
 	}
 	return keep, keepAt
 }
 
-// payGrants delivers pay, grants of b confirmed (payAt: their places in
-// b.grants), and notes what is settled.
+// payGrants delivers pay, grants of b confirmed, or to settle unpaid
+// (Grant.Unpaid; payAt: their places in b.grants), and notes what is
+// settled.
 func (w *Worker) payGrants(ctx context.Context, sh *shardLoop, b *batch, p *pass, pay []Grant, payAt []int) {
 	if len(pay) == 0 {
 		return
@@ -451,15 +484,33 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 	for k, err := range answers {
 		j := call[k]
 		i := payAt[j]
+		g := pay[j]
 		switch {
+		case err == nil && g.Unpaid == Released:
+			w.expired.Add(1) // released at its deadline first: not paid
+			w.mark(b, i, expiredOut)
+			b.settled(i)
+		case err == nil && g.Unpaid != "":
+			w.unmatchedGrant(g)
+			w.mark(b, i, unmatched)
+			b.settled(i)
 		case err == nil:
 			w.delivered.Add(1)
 			w.mark(b, i, paidOut)
 			b.settled(i)
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, ErrSerialConflict):
-			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(pay[j].Serial, 10), err)
+		case errors.Is(err, ErrPaid):
+			// Paid (by another worker, or by this one before it was
+			// restarted), and its shard released it or holds no such
+			// grant: the shard lost the confirm, and the amount is back in
+			// the stock. Marked paid, so that this worker does not ask
+			// again, and left for an operator.
+			w.marks.set(b.outbox(), b.ids[i], g.Serial, paidOut)
+			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10),
+				fmt.Errorf("%s serial %d was paid, and its shard says %s: it lost the confirm, and its amount is back in the stock: %w", g, g.Serial, g.Unpaid, err))
+		case errors.Is(err, ErrSerialConflict), errors.Is(err, ErrSettledUnpaid):
+			w.leftForOperator(p, b.stream, b.ids[i], strconv.FormatInt(g.Serial, 10), err)
 		default:
 			// Tried again after a wait of its own (retryLater), not the
 			// shard's: the other entries keep being paid meanwhile; on

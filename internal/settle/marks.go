@@ -28,7 +28,8 @@ const (
 // for it may come back to this one. At the bound a grant is not marked: its
 // entry, read again, pays it again (the sinks dedupe) and counts it again,
 // and, should its shard lose the grant's confirm meanwhile, takes it for
-// released unpaid. Only entries whose settling met a failure hold marks
+// released unpaid (unless the sink records unpaid grants, and refuses:
+// RecordsUnpaid). Only entries whose settling met a failure hold marks
 // past their batch, so the bound is far above what a failure leaves.
 const maxMarks = 1 << 16
 

@@ -188,6 +188,9 @@ type Worker struct {
 	subs   SubPools
 	sink   Sink
 	cfg    Config
+	// unpaid: the sink records the grants settled unpaid
+	// (RecordsUnpaid), and is given them.
+	unpaid bool
 
 	delivered, expired, anomalies, failures, conflicts atomic.Int64
 	behind                                             []atomic.Int64 // per shard (Run's order): unix ms of the oldest entry that may be unsettled; 0: none (see note)
@@ -318,8 +321,9 @@ const maxRetries = 100_000
 func New(shards *shard.Set, subs SubPools, sink Sink, cfg Config) *Worker {
 	cfg.init()
 	n := len(shards.Names())
-	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n),
-		waiting: make([]atomic.Int64, n)}
+	ru, ok := sink.(RecordsUnpaid)
+	return &Worker{shards: shards, subs: subs, sink: sink, cfg: cfg, unpaid: ok && ru.RecordsUnpaid(),
+		behind: make([]atomic.Int64, n), reading: make([]atomic.Int64, n), waiting: make([]atomic.Int64, n)}
 }
 
 // Stats returns what the worker did so far.

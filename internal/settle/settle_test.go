@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -406,7 +407,12 @@ func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
 	})
 	stop()
 	if got := readLedger(t, path); len(got) != 0 {
-		t.Fatalf("ledger has %d lines for released grants, want none", len(got))
+		t.Fatalf("ledger has %d grants paid of the released grants, want none", len(got))
+	}
+	// Each recorded once as settled unpaid (settle.RecordsUnpaid).
+	if b, err := os.ReadFile(path); err != nil || strings.Count(string(b), `"unpaid":"released"`) != int(n) || strings.Count(string(b), "\n") != int(n) {
+		t.Fatalf("ledger of %d lines, %d released (%v); want the %d released grants, a line each", strings.Count(string(b), "\n"),
+			strings.Count(string(b), `"unpaid":"released"`), err, n)
 	}
 	e.assertAudit(t)
 }

@@ -20,7 +20,21 @@ type Grant struct {
 	AmountCents int64     `json:"amount_cents"`
 	DeadlineMS  int64     `json:"deadline_ms"`
 	GrantedAt   time.Time `json:"granted_at"` // when it was made, by its shard's clock
+	// Unpaid, when not "", says the grant is settled without a payout, and
+	// why: Released or Unmatched. Only a sink that records such grants
+	// (RecordsUnpaid) is given them.
+	Unpaid string `json:"unpaid,omitempty"`
 }
+
+// Why a grant is settled unpaid (Grant.Unpaid).
+const (
+	// Released: its shard released it at its deadline, unconfirmed; its
+	// amount is back in the stock.
+	Released = "released"
+	// Unmatched: its shard holds no grant of that serial for the user (a
+	// shard that lost writes); an anomaly.
+	Unmatched = "unmatched"
+)
 
 // Same reports whether g and o are one grant: the same serial for the same
 // pool, sub-pool, user and amount. (The deadline and the time are not
@@ -42,6 +56,19 @@ func (g Grant) String() string {
 // pending and counts it.
 var ErrSerialConflict = errors.New("settle: serial already paid for another grant")
 
+// ErrPaid is returned by a sink that records unpaid grants for a grant
+// given unpaid (Grant.Unpaid) whose serial it paid: the worker's shard says
+// the grant was released (its amount back in the stock) or holds no such
+// grant, yet it was paid, by another worker or before a failover took the
+// confirm back. Nothing is recorded; the worker leaves the entry pending
+// for an operator.
+var ErrPaid = errors.New("settle: the sink paid this serial")
+
+// ErrSettledUnpaid is returned by a sink that records unpaid grants for a
+// grant to pay whose serial it recorded as settled unpaid: nothing is
+// paid; the worker leaves the entry pending for an operator.
+var ErrSettledUnpaid = errors.New("settle: the sink recorded this serial as settled unpaid")
+
 // Sink receives confirmed grants, in batches. Deliver returns one error per
 // grant of gs (nil: delivered, now or before). It may see a grant more than
 // once (after a crash, or from another worker that took the entry over)
@@ -51,4 +78,27 @@ var ErrSerialConflict = errors.New("settle: serial already paid for another gran
 // other error leaves the grant to be delivered again later.
 type Sink interface {
 	Deliver(ctx context.Context, gs []Grant) []error
+}
+
+// RecordsUnpaid is a Sink that also records, under their serials, the
+// grants settlement settles without a payout (Grant.Unpaid: released at
+// their deadline, or matching no grant of their shard), in the same
+// Deliver calls as the grants it pays, and answers for each serial the one
+// way it was settled, atomically across every worker:
+//
+//   - an unpaid grant whose serial it paid is ErrPaid, and one to pay
+//     whose serial it recorded unpaid ErrSettledUnpaid (nothing changes
+//     in either case);
+//   - the same grant given the same way again is a repeat (nil);
+//   - another grant under a serial it holds is ErrSerialConflict.
+//
+// So a worker that does not know what another paid (restarted, or taking
+// an entry over), or a delivery still in flight on another worker, never
+// turns a paid grant into a released one: the worker asks the sink by
+// settling it there. RecordsUnpaid reports whether the sink does; a sink
+// that does not is given only grants to pay, and the worker settles unpaid
+// grants on what it remembers alone (Worker.marks).
+type RecordsUnpaid interface {
+	Sink
+	RecordsUnpaid() bool
 }

@@ -19,26 +19,34 @@ import (
 )
 
 // File is a settle.Sink that appends one JSON line per grant to a file and
-// fsyncs it before Deliver returns, for the grants it pays and for those
-// settled unpaid (settle.RecordsUnpaid). It holds exactly one line per serial,
+// fsyncs it before Deliver returns. It holds exactly one line per serial,
 // across redeliveries and crashes: it reads the serials already in the file
 // when it opens, and cuts off a torn last line a crash may have left (that
 // grant is then delivered again and written whole). A serial already in the
 // file with other contents is settle.ErrSerialConflict.
+//
+// The grants settled unpaid (settle.RecordsUnpaid) go the same way into a
+// file of their own beside it, the ledger's path with UnpaidSuffix, so
+// that the ledger lists only what was paid; a serial is in one of the two,
+// never both.
 //
 // A ledger file dedupes only what it holds: two settle workers with two
 // ledgers would each pay a grant one of them took over from the other. Run
 // one worker per ledger file, or use a sink that dedupes across workers (the
 // wallet webhook, keyed by serial).
 type File struct {
-	mu     sync.Mutex             // guards f, seen and broken
-	f      *os.File               // opened for append
-	seen   map[int64]settle.Grant // the grants in the file, by serial
+	mu     sync.Mutex             // guards f, u, seen and broken
+	f, u   *os.File               // opened for append: the grants paid, and those settled unpaid
+	seen   map[int64]settle.Grant // the grants in both files, by serial (Unpaid set for those of u)
 	broken error                  // a failed write could not be cut off: Deliver refuses until the file is opened again
 	// sync makes what was written durable: (*os.File).Sync; a test makes
 	// it fail to play a disk that refuses an fsync.
 	sync func(*os.File) error
 }
+
+// UnpaidSuffix names the file of the grants a ledger settled unpaid: the
+// ledger's path and this.
+const UnpaidSuffix = ".unpaid"
 
 // ledgerLine is one line of the ledger.
 type ledgerLine struct {
@@ -46,41 +54,56 @@ type ledgerLine struct {
 	SettledAt time.Time `json:"settled_at"`
 }
 
-// Open opens or creates the ledger at path; a file it creates can be
-// read and written by its owner alone (it lists every user paid).
+// Open opens or creates the ledger at path, and the file beside it of
+// the grants settled unpaid (UnpaidSuffix); a file it creates can be read
+// and written by its owner alone (it lists every user paid).
 func Open(path string) (*File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	l := &File{seen: map[int64]settle.Grant{}, sync: (*os.File).Sync}
+	var err error
+	if l.f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	l := &File{f: f, seen: map[int64]settle.Grant{}, sync: (*os.File).Sync}
+	if l.u, err = os.OpenFile(path+UnpaidSuffix, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+		l.f.Close()
+		return nil, fmt.Errorf("ledger: %w", err)
+	}
 	if err := l.load(); err != nil {
-		f.Close()
+		l.f.Close()
+		l.u.Close()
 		return nil, err
 	}
 	return l, nil
 }
 
-// load reads the serials in the file and truncates a torn tail.
+// load reads the serials in both files and truncates a torn tail of each.
 func (l *File) load() error {
-	grants, good, err := readLines(l.f)
-	if err != nil {
-		return err
-	}
-	l.seen = grants
-	if err := l.f.Truncate(good); err != nil {
-		return fmt.Errorf("ledger: truncate torn tail: %w", err)
-	}
-	if _, err := l.f.Seek(good, io.SeekStart); err != nil {
-		return fmt.Errorf("ledger: %w", err)
+	for _, f := range []*os.File{l.f, l.u} {
+		grants, good, err := readLines(f)
+		if err != nil {
+			return fmt.Errorf("%w (%s)", err, f.Name())
+		}
+		for s, g := range grants {
+			if (g.Unpaid == "") != (f == l.f) {
+				return fmt.Errorf("ledger: serial %d in %s is settled %q", s, f.Name(), g.Unpaid)
+			}
+			if _, both := l.seen[s]; both {
+				return fmt.Errorf("ledger: serial %d is both paid and settled unpaid", s)
+			}
+			l.seen[s] = g
+		}
+		if err := f.Truncate(good); err != nil {
+			return fmt.Errorf("ledger: truncate torn tail: %w", err)
+		}
+		if _, err := f.Seek(good, io.SeekStart); err != nil {
+			return fmt.Errorf("ledger: %w", err)
+		}
 	}
 	return nil
 }
 
 // Read reads the grants the ledger at path paid, by serial, ignoring a
-// torn last line (and the grants it recorded as settled unpaid, whose
-// lines carry "unpaid"). A serial on two lines is an error: the ledger
-// holds one line per serial.
+// torn last line. A serial on two lines is an error: the ledger holds one
+// line per serial.
 func Read(path string) (map[int64]settle.Grant, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -88,11 +111,6 @@ func Read(path string) (map[int64]settle.Grant, error) {
 	}
 	defer f.Close()
 	grants, _, err := readLines(f)
-	for s, g := range grants {
-		if g.Unpaid != "" {
-			delete(grants, s)
-		}
-	}
 	return grants, err
 }
 
@@ -124,12 +142,13 @@ func readLines(r io.Reader) (map[int64]settle.Grant, int64, error) {
 }
 
 // Deliver appends the grants of gs whose serials the ledger lacks, all in
-// one write and one fsync: a grant already there (or twice in gs), settled
-// the same way, is a repeat, another grant under a serial there (or one
-// given both ways in gs, the second) settle.ErrSerialConflict. A grant to settle unpaid (settle.Grant.Unpaid)
-// is recorded as such ("unpaid" on its line), and answers settle.ErrPaid
-// when the ledger paid its serial; a grant to pay whose serial the ledger
-// recorded unpaid answers settle.ErrSettledUnpaid (settle.RecordsUnpaid).
+// one write and one fsync (the grants settled unpaid in their file, in one
+// more): a grant already there (or twice in gs), settled the same way, is
+// a repeat, another grant under a serial there (or one given both ways in
+// gs, the second) settle.ErrSerialConflict. A grant to settle unpaid
+// (settle.Grant.Unpaid) answers settle.ErrPaid when the ledger paid its
+// serial, and a grant to pay whose serial the ledger recorded unpaid
+// settle.ErrSettledUnpaid (settle.RecordsUnpaid).
 func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -140,8 +159,12 @@ func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 		}
 		return errs
 	}
-	var buf []byte
-	var added []settle.Grant
+	type out struct {
+		f     *os.File
+		buf   []byte
+		added []int // places in gs
+	}
+	outs := [2]out{{f: l.f}, {f: l.u}}
 	paying := map[int64]bool{} // the serials of gs: whether their first grant is to pay
 	now := time.Now().UTC()
 	for i, g := range gs {
@@ -166,42 +189,51 @@ func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 			errs[i] = err
 			continue
 		}
-		buf = append(append(buf, b...), '\n')
+		o := &outs[0]
+		if g.Unpaid != "" {
+			o = &outs[1]
+		}
+		o.buf = append(append(o.buf, b...), '\n')
+		o.added = append(o.added, i)
 		l.seen[g.Serial] = g // a second copy in gs is a repeat of this one
-		added = append(added, g)
 	}
-	if len(added) == 0 {
-		return errs
+	for _, o := range outs {
+		if len(o.added) == 0 {
+			continue
+		}
+		if err := l.append(o.f, o.buf); err != nil {
+			for _, i := range o.added {
+				delete(l.seen, gs[i].Serial)
+				errs[i] = err // delivered again later; what was written is read back at open
+			}
+		}
 	}
-	err := l.append(buf)
-	if err == nil {
-		return errs
-	}
-	for _, g := range added {
-		delete(l.seen, g.Serial)
-	}
-	for i := range gs {
-		if errs[i] == nil {
-			errs[i] = err // delivered again later; what was written is read back at open
+	// A repeat within gs shares its first grant's fate.
+	first := map[int64]int{}
+	for i, g := range gs {
+		if f, ok := first[g.Serial]; !ok {
+			first[g.Serial] = i
+		} else if errs[i] == nil {
+			errs[i] = errs[f]
 		}
 	}
 	return errs
 }
 
-// append writes buf and fsyncs it. A write or an fsync that fails is cut
-// off: the file ends where it ended before, so the grants are written again
-// whole when delivered again, and never twice (a line the failed fsync left
-// in the file, written again, would put its serial on two lines: a ledger
-// that no longer opens). l.mu is held.
-func (l *File) append(buf []byte) error {
-	end, err := l.f.Seek(0, io.SeekCurrent)
+// append writes buf to f (one of l's files) and fsyncs it. A write or an
+// fsync that fails is cut off: the file ends where it ended before, so the
+// grants are written again whole when delivered again, and never twice (a
+// line the failed fsync left in the file, written again, would put its
+// serial on two lines: a ledger that no longer opens). l.mu is held.
+func (l *File) append(f *os.File, buf []byte) error {
+	end, err := f.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	cut := func(err error) error {
-		terr := l.f.Truncate(end)
+		terr := f.Truncate(end)
 		if terr == nil {
-			_, terr = l.f.Seek(end, io.SeekStart)
+			_, terr = f.Seek(end, io.SeekStart)
 		}
 		if terr != nil {
 			// What failed may be in the file: writing it again would put a
@@ -212,10 +244,10 @@ func (l *File) append(buf []byte) error {
 		}
 		return err
 	}
-	if _, err := l.f.Write(buf); err != nil {
+	if _, err := f.Write(buf); err != nil {
 		return fmt.Errorf("ledger: write: %w", cut(err))
 	}
-	if err := l.sync(l.f); err != nil {
+	if err := l.sync(f); err != nil {
 		return fmt.Errorf("ledger: fsync: %w", cut(err))
 	}
 	return nil
@@ -225,9 +257,9 @@ func (l *File) append(buf []byte) error {
 // settle.RecordsUnpaid.
 func (l *File) RecordsUnpaid() bool { return true }
 
-// Close closes the file.
+// Close closes the files.
 func (l *File) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.f.Close()
+	return errors.Join(l.f.Close(), l.u.Close())
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -124,7 +125,17 @@ func TestUnpaidOneWayEach(t *testing.T) {
 	again := openLedger(t, path)
 	sinktest.Expect(t, again, []settle.Grant{sinktest.Grant(1, "a", 10, ""), sinktest.Grant(2, "b", 20, settle.Released)},
 		settle.ErrSettledUnpaid, settle.ErrPaid)
+	b, err := os.ReadFile(path)
+	if err != nil || bytes.Contains(b, []byte("unpaid")) {
+		t.Fatalf("the ledger of what was paid holds %q (%v); want no grant settled unpaid", b, err)
+	}
 	paid := readLedger(t, path)
+	// Settled unpaid: serials 1, 3 and 4, and those of the race not paid
+	// (all paid but 2 and 5 are the race's).
+	u, err := os.ReadFile(path + UnpaidSuffix)
+	if n, want := bytes.Count(u, []byte("\n")), 3+50-(len(paid)-2); err != nil || n != want {
+		t.Fatalf("the file of the grants settled unpaid holds %d lines (%v), want %d", n, err, want)
+	}
 	for _, s := range []int64{1, 3, 4} {
 		if _, ok := paid[s]; ok {
 			t.Fatalf("Read gives serial %d, settled unpaid", s)

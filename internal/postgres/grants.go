@@ -4,8 +4,10 @@ package postgres
 // close reconciles.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,29 +16,31 @@ import (
 	"rain/internal/settle"
 )
 
-// settleLock is the advisory lock (its key) that orders a delivery's
-// grants to pay against another's grants to settle unpaid: a transaction
-// holds it shared while it pays, and alone while it records grants unpaid,
-// so that each sees what the other committed under the same serial (a
-// serial is paid, or settled unpaid, never both). Deliveries of grants to
-// pay alone, nearly all of them, do not wait for one another. Another
-// application's advisory lock under the same key would only make them
-// wait.
-const settleLock = 0x7261696e00000001 // "rain", 1
-
 // Deliver settles the grants of gs in one transaction: one to pay is
 // inserted into rain_grants, one to settle unpaid (settle.Grant.Unpaid)
 // into rain_unpaid. A serial the table holds already is a repeat when its
 // row is the same grant, and settle.ErrSerialConflict when it is another
-// (the row stays as it was). A grant to pay whose serial rain_unpaid
-// holds is settle.ErrSettledUnpaid, and a grant to settle unpaid whose
-// serial rain_grants holds settle.ErrPaid: nothing changes for either
+// (the row stays as it was). A grant to pay whose serial rain_unpaid holds
+// is settle.ErrSettledUnpaid, and a grant to settle unpaid whose serial
+// rain_grants holds settle.ErrPaid, each when the row is the same grant
+// (settle.ErrSerialConflict when another): nothing changes for either
 // (settle.RecordsUnpaid). Within gs, a serial met again is a repeat of its
 // first grant when the same (and settled the same way), and
 // settle.ErrSerialConflict when not: the first is settled (or compared
-// with the table's row), the other never counted delivered. An error of
+// with the tables' rows), the other never counted delivered. An error of
 // the database is every grant's: none was acknowledged, and settlement
 // delivers them again.
+//
+// Paying a serial and recording it unpaid exclude each other through
+// rain_grants' primary key alone, serial by serial, at READ COMMITTED
+// (set here, whatever the database's default): a grant to settle unpaid
+// is first inserted into rain_grants too, and that row deleted again
+// before the transaction ends. That insert waits for a payment of the
+// serial in flight, and finds it once committed (ErrPaid); a payment's
+// insert waits for such a transaction in flight, and its next statement,
+// which reads rain_unpaid, then sees what it recorded (ErrSettledUnpaid,
+// and the payment's row is deleted). A transaction that hangs holds up
+// only the serials it holds.
 func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := make([]error, len(gs))
 	fail := func(err error) []error {
@@ -46,7 +50,7 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		return errs
 	}
 	first := make(map[int64]int, len(gs)) // serial -> the index of its first grant in gs
-	var pay, unpaid []int64               // serials, each once
+	var pay, unpaid []settle.Grant        // first grants, each serial once
 	for i, g := range gs {
 		if f, ok := first[g.Serial]; ok {
 			if !gs[f].Same(g) || (gs[f].Unpaid == "") != (g.Unpaid == "") {
@@ -56,56 +60,77 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		}
 		first[g.Serial] = i
 		if g.Unpaid == "" {
-			pay = append(pay, g.Serial)
+			pay = append(pay, g)
 		} else {
-			unpaid = append(unpaid, g.Serial)
+			unpaid = append(unpaid, g)
 		}
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return fail(err)
 	}
 	defer tx.Rollback(ctx) // a no-op after Commit
-	lock := "SELECT pg_advisory_xact_lock_shared($1)"
-	if len(unpaid) > 0 {
-		lock = "SELECT pg_advisory_xact_lock($1)"
+	// refuse answers for the grant under serial s that the row had holds
+	// it: why when the same grant, settle.ErrSerialConflict when another.
+	refuse := func(s int64, had settle.Grant, table string, why error) {
+		i := first[s]
+		if !had.Same(gs[i]) {
+			why = settle.ErrSerialConflict
+		}
+		errs[i] = fmt.Errorf("%w: serial %d is %s in %s, now %s", why, s, had, table, gs[i])
 	}
-	if _, err := tx.Exec(ctx, lock, int64(settleLock)); err != nil {
+	// Every serial of gs taken in rain_grants, in one statement and in
+	// ascending order (so that two deliveries wait for each other in one
+	// order, never in a cycle): those to pay for good, those to settle
+	// unpaid until their row is deleted below.
+	all := append(pay, unpaid...)
+	slices.SortFunc(all, func(a, b settle.Grant) int { return cmp.Compare(a.Serial, b.Serial) })
+	added, held, err := insert(ctx, tx, "rain_grants", all)
+	if err != nil {
 		return fail(err)
 	}
-	// A serial settled the other way is not settled again.
-	for _, other := range []struct {
-		serials []int64
-		table   string
-		err     error
-	}{{pay, "rain_unpaid", settle.ErrSettledUnpaid}, {unpaid, "rain_grants", settle.ErrPaid}} {
-		held, err := rowsOf(ctx, tx, other.table, other.serials)
-		if err != nil {
-			return fail(err)
-		}
-		for s, had := range held {
-			i := first[s]
-			errs[i] = fmt.Errorf("%w: serial %d is %s in %s, now %s", other.err, s, had, other.table, gs[i])
+	for s, had := range held {
+		if gs[first[s]].Unpaid != "" {
+			refuse(s, had, "rain_grants", settle.ErrPaid)
+		} else if !had.Same(gs[first[s]]) {
+			refuse(s, had, "rain_grants", settle.ErrSerialConflict)
 		}
 	}
-	for _, t := range []struct {
-		serials []int64
-		table   string
-	}{{pay, "rain_grants"}, {unpaid, "rain_unpaid"}} {
-		var rows []settle.Grant
-		for _, s := range t.serials {
-			if i := first[s]; errs[i] == nil {
-				rows = append(rows, gs[i])
-			}
+	var paying, taken []int64
+	for _, s := range added {
+		if gs[first[s]].Unpaid == "" {
+			paying = append(paying, s)
+		} else {
+			taken = append(taken, s)
 		}
-		held, err := insert(ctx, tx, t.table, rows)
-		if err != nil {
+	}
+	// A grant to pay whose serial was recorded unpaid is not paid.
+	recorded, err := rowsOf(ctx, tx, "rain_unpaid", paying)
+	if err != nil {
+		return fail(err)
+	}
+	undo := taken
+	for s, had := range recorded {
+		refuse(s, had, "rain_unpaid", settle.ErrSettledUnpaid)
+		undo = append(undo, s)
+	}
+	if len(undo) > 0 {
+		if _, err := tx.Exec(ctx, "DELETE FROM rain_grants WHERE serial = ANY($1)", undo); err != nil {
 			return fail(err)
 		}
-		for s, had := range held {
-			if i := first[s]; !had.Same(gs[i]) {
-				errs[i] = fmt.Errorf("%w: serial %d is %s in %s, now %s", settle.ErrSerialConflict, s, had, t.table, gs[i])
-			}
+	}
+	// The grants to settle unpaid whose serials were taken, recorded.
+	var rows []settle.Grant
+	for _, s := range taken {
+		rows = append(rows, gs[first[s]])
+	}
+	_, had, err := insert(ctx, tx, "rain_unpaid", rows)
+	if err != nil {
+		return fail(err)
+	}
+	for s, h := range had {
+		if !h.Same(gs[first[s]]) {
+			refuse(s, h, "rain_unpaid", settle.ErrSerialConflict)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -122,10 +147,11 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 
 // insert inserts gs into table (rain_grants, or rain_unpaid with each
 // grant's reason), a serial the table holds already left as it is, and
-// returns the rows it held of those serials.
-func insert(ctx context.Context, tx pgx.Tx, table string, gs []settle.Grant) (held map[int64]settle.Grant, err error) {
+// returns the serials it inserted and the rows the table held of the
+// others.
+func insert(ctx context.Context, tx pgx.Tx, table string, gs []settle.Grant) (added []int64, held map[int64]settle.Grant, err error) {
 	if len(gs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	serials, pools, subs := make([]int64, len(gs)), make([]string, len(gs)), make([]int32, len(gs))
 	users, amounts, at, reasons := make([]string, len(gs)), make([]int64, len(gs)), make([]time.Time, len(gs)), make([]string, len(gs))
@@ -144,19 +170,20 @@ func insert(ctx context.Context, tx pgx.Tx, table string, gs []settle.Grant) (he
 	}
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	inserted := map[int64]bool{}
 	for rows.Next() {
 		var s int64
 		if err := rows.Scan(&s); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		inserted[s] = true
+		added = append(added, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var again []int64
 	for _, s := range serials {
@@ -164,7 +191,8 @@ func insert(ctx context.Context, tx pgx.Tx, table string, gs []settle.Grant) (he
 			again = append(again, s)
 		}
 	}
-	return rowsOf(ctx, tx, table, again)
+	held, err = rowsOf(ctx, tx, table, again)
+	return added, held, err
 }
 
 // rowsOf reads the grants table holds under serials.

@@ -1,6 +1,7 @@
 // Package postgres is rain's system of record in PostgreSQL (through pgx):
-// the grants settlement delivers (rain_grants), and the final accounts of
-// closed pools (rain_pools), which reports and the wallet side read.
+// the grants settlement delivers (rain_grants), those it settles unpaid
+// (rain_unpaid), and the final accounts of closed pools (rain_pools),
+// which reports and the wallet side read.
 //
 // rain owns the schema: numbered migrations embedded in the binary
 // (migrations/NNNN_name.sql), applied at Open under an advisory lock, so

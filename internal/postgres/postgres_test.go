@@ -15,6 +15,7 @@ import (
 	"rain/internal/pgtest"
 	"rain/internal/settle"
 	"rain/internal/settle/sinktest"
+	"rain/internal/wait/waittest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -236,9 +237,71 @@ func TestUnpaidOneWayEach(t *testing.T) {
 }
 
 // TestPaidAndUnpaidAtOnce: one serial delivered to pay by one worker and
-// unpaid by another, at once, is settled one way (the advisory lock);
-// many serials, each raced so.
+// unpaid by another, at once, is settled one way (rain_grants' key); many
+// serials, each raced so. The same on a database whose transactions are
+// REPEATABLE READ by default: Deliver's own are READ COMMITTED.
 func TestPaidAndUnpaidAtOnce(t *testing.T) {
-	db, _ := open(t)
+	ctx := context.Background()
+	db, url := open(t)
 	sinktest.Race(t, db, 1000, 200)
+	if _, err := db.pool.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read'); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	var level string
+	if err := rr.pool.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&level); err != nil || level != "repeatable read" {
+		t.Fatalf("default_transaction_isolation = %q, %v; want repeatable read", level, err)
+	}
+	sinktest.Race(t, rr, 2000, 200)
+}
+
+// TestAHungPaymentHoldsOnlyItsSerial: a transaction that holds serial 1
+// (a payment that hangs: its worker's host lost mid-delivery) makes a
+// record of serial 1 unpaid wait for it, and nothing else: a payment of
+// serial 2 and a record of serial 3 unpaid go through meanwhile. Once the
+// hung payment commits, the wait ends: serial 1 was paid.
+func TestAHungPaymentHoldsOnlyItsSerial(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	hung, err := db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Rollback(ctx)
+	g := sinktest.Grant(1, "a", 10, "")
+	if _, err := hung.Exec(ctx, `INSERT INTO rain_grants (serial, pool_id, sub_pool, user_id, amount_cents, granted_at)
+		VALUES ($1, $2, $3, $4, $5, $6)`, g.Serial, g.PoolID, g.SubPool, g.UserID, g.AmountCents, g.GrantedAt); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		waiting <- db.Deliver(ctx, []settle.Grant{sinktest.Grant(1, "a", 10, settle.Released)})[0]
+	}()
+	waittest.Until(t, 10*time.Second, "the record of serial 1 unpaid waiting for the hung payment", func() bool {
+		var n int
+		err := db.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()").Scan(&n)
+		return err == nil && n >= 1
+	})
+	others, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for i, err := range db.Deliver(others, []settle.Grant{sinktest.Grant(2, "b", 20, ""), sinktest.Grant(3, "c", 30, settle.Released)}) {
+		if err != nil {
+			t.Fatalf("grant %d of another serial, delivered while serial 1's payment hangs: %v", i, err)
+		}
+	}
+	select {
+	case err := <-waiting:
+		t.Fatalf("the record of serial 1 unpaid ended (%v) while the payment of serial 1 hung", err)
+	default:
+	}
+	if err := hung.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; !errors.Is(err, settle.ErrPaid) {
+		t.Fatalf("the record of serial 1 unpaid, once its payment committed: %v, want settle.ErrPaid", err)
+	}
 }

@@ -224,13 +224,14 @@ type memSink struct {
 	fail  map[int64]bool // serials whose delivery fails (not a conflict)
 	// records: the sink records the grants settled unpaid (in unpaid),
 	// settle.RecordsUnpaid.
-	records bool
-	unpaid  map[int64]settle.Grant
+	records     bool
+	unpaid      map[int64]settle.Grant
+	unpaidCalls map[int64]int
 }
 
 func newMemSink(delay time.Duration) *memSink {
 	return &memSink{delay: delay, paid: map[int64]settle.Grant{}, calls: map[int64]int{}, fail: map[int64]bool{},
-		unpaid: map[int64]settle.Grant{}}
+		unpaid: map[int64]settle.Grant{}, unpaidCalls: map[int64]int{}}
 }
 
 func (s *memSink) RecordsUnpaid() bool { return s.records }
@@ -250,6 +251,11 @@ func (s *memSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 			errs[i] = ctx.Err()
 			continue
 		}
+		if g.Unpaid != "" {
+			s.unpaidCalls[g.Serial]++
+		} else {
+			s.calls[g.Serial]++
+		}
 		if s.fail[g.Serial] {
 			errs[i] = fmt.Errorf("the wallet refuses %d for now", g.Serial)
 			continue
@@ -267,7 +273,6 @@ func (s *memSink) Deliver(ctx context.Context, gs []settle.Grant) []error {
 			}
 			continue
 		}
-		s.calls[g.Serial]++
 		if u, ok := s.unpaid[g.Serial]; ok {
 			errs[i] = settle.ErrSettledUnpaid
 			if !u.Same(g) {
@@ -812,8 +817,15 @@ func TestAWorkerThatDidNotPayAsksTheSink(t *testing.T) {
 		st := b.Stats()
 		return st.Conflicts == 2 && st.LeftForOperator == 2
 	})
-	time.Sleep(300 * time.Millisecond) // passes over the entries waiting
+	time.Sleep(time.Second) // passes over the entries waiting
 	stopB()
+	sink.mu.Lock()
+	for serial, n := range sink.unpaidCalls {
+		if n > 2 {
+			t.Errorf("the sink was asked %d times to settle serial %d unpaid; want b to remember the answer that it paid it", n, serial)
+		}
+	}
+	sink.mu.Unlock()
 	if st := b.Stats(); st.Delivered != 0 || st.Expired != 0 || st.Anomalies != 0 {
 		t.Fatalf("b's stats %+v: want nothing delivered, none taken for released unpaid", st)
 	}
@@ -822,6 +834,43 @@ func TestAWorkerThatDidNotPayAsksTheSink(t *testing.T) {
 	}
 	if left, err := c.XLen(ctx, k.Outbox).Result(); err != nil || left != 2 {
 		t.Fatalf("outbox = %d entries, %v; want the 2 still there", left, err)
+	}
+}
+
+// TestAGrantRecordedUnpaidIsNotPaid: the sink holds the victim's serial
+// as settled unpaid (a worker found it released), and its shard holds it
+// held again (a failover took the release back). The worker confirms it
+// but does not pay it: it leaves the entry for an operator, and pays the
+// other grant. Once the operator deletes the record (the runbook), the
+// next pass pays the victim.
+func TestAGrantRecordedUnpaidIsNotPaid(t *testing.T) {
+	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 0)
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 2)
+	victim := grantsOf(t, entries[0], 1)[0]
+	sink := newMemSink(0)
+	sink.records = true
+	sink.unpaid[victim.Serial] = settle.Grant{Serial: victim.Serial, PoolID: "p", UserID: victim.User, AmountCents: victim.Amount, Unpaid: settle.Released}
+	w := settle.New(e.shards, e.cat, sink, fastConfig("a"))
+	stop := run(t, w)
+	defer stop()
+	waittest.Until(t, 20*time.Second, "the other grant paid, the victim's entry left for an operator", func() bool {
+		st := w.Stats()
+		return st.Delivered == 1 && st.Conflicts == 1 && st.LeftForOperator == 1
+	})
+	sink.mu.Lock()
+	_, paid := sink.paid[victim.Serial]
+	delete(sink.unpaid, victim.Serial)
+	sink.mu.Unlock()
+	if paid {
+		t.Fatal("the victim, recorded as settled unpaid, was paid")
+	}
+	waittest.Until(t, 20*time.Second, "the victim paid once its record is gone, and the outbox empty", func() bool {
+		n, err := c.XLen(ctx, k.Outbox).Result()
+		return w.Stats().Delivered == 2 && err == nil && n == 0
+	})
+	if paid, again := sink.stats(); paid != 2 {
+		t.Fatalf("the sink paid %d grants (%d again), want 2", paid, again)
 	}
 }
 

@@ -105,10 +105,10 @@ func (b *batch) settled(i int) {
 // only when it is a release (which pays nothing); any other is left
 // pending for an operator. A grant whose confirm or delivery fails leaves
 // its entry pending, tried again after a wait of its own (Worker.retries),
-// and so does one whose serial the sink paid
-// for another grant (left for an operator). Every other entry is
-// acknowledged and deleted from the stream, so that an outbox holds what
-// is unsettled, not everything ever granted. It reports whether an entry
+// and so does one whose serial the sink paid for another grant, or settled
+// the other way (ErrPaid, ErrSettledUnpaid: left for an operator). Every
+// other entry is acknowledged and deleted from the stream, so that an
+// outbox holds what is unsettled, not everything ever granted. It reports whether an entry
 // was left pending for a failure of a confirm or an acknowledgment (for
 // the count; such an entry, as one whose delivery failed, waits a backoff
 // of its own and slows no other).

@@ -160,8 +160,10 @@ type Stats struct {
 	// Conflicts counts what left an entry pending for an operator, once
 	// each: a grant whose serial the sink had paid for another grant, a
 	// grant whose amount is not what its record holds, a grant paid and
-	// then released (its shard lost the confirm), or an entry that cannot
-	// be read as grants or a release (logged once each).
+	// then released (its shard lost the confirm: this worker remembers it
+	// paid it, or the sink says so, ErrPaid), a grant to pay that the sink
+	// recorded as settled unpaid (ErrSettledUnpaid), or an entry that
+	// cannot be read as grants or a release (logged once each).
 	Conflicts int64
 	// LeftForOperator is how many entries left pending for an operator the
 	// worker's last pass over each shard met (each pass reads the first

@@ -410,7 +410,7 @@ func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
 		t.Fatalf("ledger has %d grants paid of the released grants, want none", len(got))
 	}
 	// Each recorded once as settled unpaid (settle.RecordsUnpaid).
-	if b, err := os.ReadFile(path); err != nil || strings.Count(string(b), `"unpaid":"released"`) != int(n) || strings.Count(string(b), "\n") != int(n) {
+	if b, err := os.ReadFile(path + ledger.UnpaidSuffix); err != nil || strings.Count(string(b), `"unpaid":"released"`) != int(n) || strings.Count(string(b), "\n") != int(n) {
 		t.Fatalf("ledger of %d lines, %d released (%v); want the %d released grants, a line each", strings.Count(string(b), "\n"),
 			strings.Count(string(b), `"unpaid":"released"`), err, n)
 	}

@@ -36,7 +36,7 @@ func Expect(t *testing.T, s settle.Sink, gs []settle.Grant, want ...error) {
 // OneWayEach checks the contract on s, from one caller: a grant settled
 // unpaid, given again, is a repeat, and given to pay ErrSettledUnpaid; a
 // grant paid, given unpaid, ErrPaid; another grant under a serial held
-// either way ErrSerialConflict; and within one call, a serial given both
+// either way, given either way, ErrSerialConflict; and within one call, a serial given both
 // ways is settled the first way, the second ErrSerialConflict.
 func OneWayEach(t *testing.T, s settle.RecordsUnpaid) {
 	t.Helper()
@@ -50,6 +50,8 @@ func OneWayEach(t *testing.T, s settle.RecordsUnpaid) {
 	Expect(t, s, []settle.Grant{Grant(1, "a", 10, ""), Grant(3, "c", 30, ""), Grant(2, "b", 20, settle.Released), Grant(2, "b", 20, settle.Unmatched)},
 		settle.ErrSettledUnpaid, settle.ErrSettledUnpaid, settle.ErrPaid, settle.ErrPaid)
 	Expect(t, s, []settle.Grant{Grant(1, "mallory", 10, settle.Released), Grant(2, "mallory", 20, "")},
+		settle.ErrSerialConflict, settle.ErrSerialConflict)
+	Expect(t, s, []settle.Grant{Grant(1, "mallory", 10, ""), Grant(2, "mallory", 20, settle.Released)},
 		settle.ErrSerialConflict, settle.ErrSerialConflict)
 	Expect(t, s, []settle.Grant{Grant(4, "d", 40, settle.Released), Grant(4, "d", 40, ""), Grant(5, "e", 50, ""), Grant(5, "e", 50, settle.Released)},
 		nil, settle.ErrSerialConflict, nil, settle.ErrSerialConflict)

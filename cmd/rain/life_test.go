@@ -62,6 +62,30 @@ func newBooksEnvHeld(t *testing.T, id string, hold int) *booksEnv {
 	return e
 }
 
+// settleAndClose runs rain settle --postgres until rain close --postgres
+// of pool id succeeds (once settlement has settled every grant into the
+// database), and returns what the close printed.
+func (e *booksEnv) settleAndClose(t *testing.T, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"settle", "--postgres", e.url, "--consumer", "c1"}, env(e.environ), &bytes.Buffer{}, &logtest.Buffer{})
+	}()
+	t.Cleanup(cancel)
+	var out string
+	waittest.Until(t, 20*time.Second, "rain close succeeds once rain settle has settled every grant into PostgreSQL", func() bool {
+		var err error
+		out, err = e.tool("close", "--pool", id, "--postgres", e.url)
+		return err == nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("rain settle returned %v after cancel", err)
+	}
+	return out
+}
+
 // holdField is the preload's hold_seconds field for hold, "" for 0.
 func holdField(hold int) string {
 	if hold == 0 {
@@ -85,29 +109,14 @@ func (e *booksEnv) tool(args ...string) (string, error) {
 // idempotent (API.md): the database answers for the freed keys.
 func TestCloseCommand(t *testing.T) {
 	e := newBooksEnv(t, "cl")
-	url, addr, environ, serials, tool := e.url, e.addr, e.environ, e.serials, e.tool
+	url, addr, serials, tool := e.url, e.addr, e.serials, e.tool
 	if _, err := tool("close", "--pool", "cl", "--postgres", url); err == nil || !strings.Contains(err.Error(), "window open") {
 		t.Fatalf("rain close of an open pool = %v, want an error naming the open window", err)
 	}
 	if out, err := tool("end", "--pool", "cl"); err != nil || !strings.Contains(out, `"state": "ended"`) {
 		t.Fatalf("rain end = %q, %v; want the status, ended", out, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
-	}()
-	t.Cleanup(cancel)
-	var out string
-	waittest.Until(t, 20*time.Second, "rain close succeeds once rain settle has delivered every grant into PostgreSQL", func() bool {
-		var err error
-		out, err = tool("close", "--pool", "cl", "--postgres", url)
-		return err == nil
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("rain settle returned %v after cancel", err)
-	}
+	out := e.settleAndClose(t, "cl")
 	var a map[string]any
 	if err := json.Unmarshal([]byte(out), &a); err != nil || a["state"] != "closed" || a["confirmed_count"] != float64(4) {
 		t.Fatalf("rain close printed %q (%v); want the account, 4 confirmed", out, err)
@@ -156,7 +165,7 @@ func TestCloseCommand(t *testing.T) {
 // (API.md), not 404.
 func TestReleasedGrantsAfterTheClose(t *testing.T) {
 	e := newBooksEnvHeld(t, "rl", 1)
-	url, addr, environ, serials, tool := e.url, e.addr, e.environ, e.serials, e.tool
+	url, addr, serials, tool := e.url, e.addr, e.serials, e.tool
 	confirm := func(user string, serial float64) int {
 		code, _ := post(t, "http://"+addr+"/admin/grants/confirm", longToken, fmt.Sprintf(`{"pool_id":"rl","user_id":%q,"serial":%d}`, user, int64(serial)))
 		return code
@@ -174,22 +183,7 @@ func TestReleasedGrantsAfterTheClose(t *testing.T) {
 	if _, err := tool("end", "--pool", "rl"); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"settle", "--postgres", url, "--consumer", "c1"}, env(environ), &bytes.Buffer{}, &logtest.Buffer{})
-	}()
-	t.Cleanup(cancel)
-	var out string
-	waittest.Until(t, 20*time.Second, "rain close succeeds once rain settle has settled every grant", func() bool {
-		var err error
-		out, err = tool("close", "--pool", "rl", "--postgres", url)
-		return err == nil
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("rain settle returned %v after cancel", err)
-	}
+	out := e.settleAndClose(t, "rl")
 	var a map[string]any
 	if err := json.Unmarshal([]byte(out), &a); err != nil || a["confirmed_count"] != float64(0) || a["unclaimed_count"] != float64(10) {
 		t.Fatalf("rain close printed %q (%v); want the account, none confirmed, the 10 back to the campaign", out, err)

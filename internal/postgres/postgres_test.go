@@ -76,6 +76,20 @@ func must[T any](v T, err error) T {
 	return v
 }
 
+// sumTotals is what db.Totals gives of pool "p", summed over its
+// sub-pools.
+func sumTotals(t *testing.T, db *DB) (count, cents int64) {
+	t.Helper()
+	totals, err := db.Totals(context.Background(), "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range totals {
+		count, cents = count+tl.Count, cents+tl.Cents
+	}
+	return count, cents
+}
+
 func grant(serial int64, user string, cents int64) settle.Grant {
 	return settle.Grant{Serial: serial, PoolID: "p", SubPool: int(serial % 2), UserID: user, AmountCents: cents,
 		GrantedAt: time.UnixMilli(1_800_000_000_000 + serial).UTC()}
@@ -122,17 +136,9 @@ func TestDeliver(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	totals, err := db.Totals(ctx, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var count, cents int64
-	for _, tl := range totals {
-		count += tl.Count
-		cents += tl.Cents
-	}
+	count, cents := sumTotals(t, db)
 	if count != 4+500 || cents != 100+(100+599)*500/2 {
-		t.Fatalf("totals %v: %d grants, %d cents; want one row per serial: 504, %d", totals, count, cents, 100+(100+599)*500/2)
+		t.Fatalf("totals: %d grants, %d cents; want one row per serial: 504, %d", count, cents, 100+(100+599)*500/2)
 	}
 }
 
@@ -150,14 +156,7 @@ func TestDeliverOneSerialTwiceInABatch(t *testing.T) {
 			t.Fatalf("Deliver of %+v in one batch: %v, want %v", batch[i], errs[i], want)
 		}
 	}
-	totals, err := db.Totals(ctx, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var count, cents int64
-	for _, tl := range totals {
-		count, cents = count+tl.Count, cents+tl.Cents
-	}
+	count, cents := sumTotals(t, db)
 	if count != 2 || cents != 30 {
 		t.Fatalf("the database holds %d grants, %d cents; want the first grant of each serial: 2, 30", count, cents)
 	}
@@ -223,14 +222,7 @@ func TestUnpaidOneWayEach(t *testing.T) {
 			t.Fatalf("Settled(p, %s) = %v, %v, %v; want paid %v, released %v (an unmatched grant is neither)", c.user, paid, released, err, c.paid, c.released)
 		}
 	}
-	totals, err := db.Totals(ctx, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var count, cents int64
-	for _, tl := range totals {
-		count, cents = count+tl.Count, cents+tl.Cents
-	}
+	count, cents := sumTotals(t, db)
 	if count != 2 || cents != 70 {
 		t.Fatalf("Totals count %d grants, %d cents; want the 2 paid, 70 cents (what was settled unpaid is not in them)", count, cents)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"rain"
+	"rain/internal/catalog"
 	"rain/internal/grab"
 	"rain/internal/grabtest"
 	"rain/internal/lua"
@@ -19,6 +20,7 @@ import (
 	"rain/internal/redisproxy"
 	"rain/internal/redistest"
 	"rain/internal/settle"
+	"rain/internal/shard"
 	"rain/internal/wait/waittest"
 )
 
@@ -731,25 +733,9 @@ func TestAPaidGrantNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 // it paid would be back in the stock, to be granted and paid again, with
 // nothing left pending to say so.
 func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
-	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1) // the deadline index names the two in one member
-	ctx := context.Background()
-	c, k, entries := e.outbox(t, 2)
-	victim := grantsOf(t, entries[0], 1)[0]
-	was := snapshot(t, c, k)
-	was.waitDue(t)
-	set, cat, proxies, _ := e.doomed(t)
-	for _, p := range proxies {
-		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
-	}
-	sink := &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}
-	sink.after = func() {
-		was.restore(t)
-		sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx)
-		if err != nil || sw.Released != 2 {
-			t.Errorf("sweep = %+v, %v; want the 2 grants released", sw, err)
-		}
-	}
-	w := settle.New(set, cat, sink, fastConfig("a"))
+	lp := newLostAfterPay(t, false)
+	ctx, c, k, sink := context.Background(), lp.c, lp.k, lp.sink
+	w := settle.New(lp.set, lp.cat, sink, fastConfig("a"))
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "the entries left for an operator", func() bool {
 		st := w.Stats()
@@ -771,6 +757,48 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 	}
 }
 
+// lostAfterPay is pool "p" of one sub-pool whose two grants, alone in
+// their entries (--outbox packed), are past their deadline; set and cat
+// reach its shards through proxies that drop the acknowledgment of their
+// entries beyond go-redis's retries, and sink (recording unpaid grants
+// when records) has the shard lose the confirms (its records as they
+// were) and the reaper release both grants once it pays the first
+// (released is closed then).
+type lostAfterPay struct {
+	e        *env
+	c        redis.UniversalClient
+	k        rain.Keys
+	set      *shard.Set
+	cat      *catalog.Catalog
+	sink     *loseAfterPay
+	released chan struct{}
+}
+
+func newLostAfterPay(t *testing.T, records bool) lostAfterPay {
+	t.Helper()
+	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1) // the deadline index names the two in one member
+	c, k, entries := e.outbox(t, 2)
+	victim := grantsOf(t, entries[0], 1)[0]
+	was := snapshot(t, c, k)
+	was.waitDue(t)
+	set, cat, proxies, _ := e.doomed(t)
+	for _, p := range proxies {
+		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
+	}
+	lp := lostAfterPay{e: e, c: c, k: k, set: set, cat: cat, released: make(chan struct{}),
+		sink: &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}}
+	lp.sink.records = records
+	lp.sink.after = func() {
+		was.restore(t)
+		sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(context.Background())
+		if err != nil || sw.Released != 2 {
+			t.Errorf("sweep = %+v, %v; want the 2 grants released", sw, err)
+		}
+		close(lp.released)
+	}
+	return lp
+}
+
 // TestAWorkerThatDidNotPayAsksTheSink: two grants alone in their entries
 // (--outbox packed) are paid by worker a, and the acknowledgment of their
 // entries is lost, beyond go-redis's retries. The shard then loses the
@@ -782,30 +810,11 @@ func TestAPaidGrantAloneNoLongerConfirmedIsLeftForAnOperator(t *testing.T) {
 // acknowledged, the amounts paid would be back in the stock, to be
 // granted and paid again, with nothing left pending to say so.
 func TestAWorkerThatDidNotPayAsksTheSink(t *testing.T) {
-	e, _ := formEnv(t, lua.OutboxPacked, 2, 1, 2, 1)
-	ctx := context.Background()
-	c, k, entries := e.outbox(t, 2)
-	victim := grantsOf(t, entries[0], 1)[0]
-	was := snapshot(t, c, k)
-	was.waitDue(t)
-	set, cat, proxies, _ := e.doomed(t)
-	for _, p := range proxies {
-		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
-	}
-	sink := &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}
-	sink.records = true
-	released := make(chan struct{})
-	sink.after = func() {
-		was.restore(t)
-		sw, err := reaper.New(e.shards, e.cat, nil, reaper.Config{}).Sweep(ctx)
-		if err != nil || sw.Released != 2 {
-			t.Errorf("sweep = %+v, %v; want the 2 grants released", sw, err)
-		}
-		close(released)
-	}
-	a := settle.New(set, cat, sink, fastConfig("a"))
+	lp := newLostAfterPay(t, true)
+	e, ctx, c, k, sink := lp.e, context.Background(), lp.c, lp.k, lp.sink
+	a := settle.New(lp.set, lp.cat, sink, fastConfig("a"))
 	stopA := run(t, a)
-	<-released
+	<-lp.released
 	waittest.Until(t, 10*time.Second, "a's acknowledgment lost", func() bool {
 		st := a.Stats()
 		return st.Delivered == 2 && st.Failures >= 2

@@ -50,21 +50,29 @@ func FuzzReadLines(f *testing.F) {
 }
 
 // FuzzLedgerRoundTrip: a grant of any ids and amounts delivered to a
-// ledger reads back as it was given, after the ledger is opened again (the
-// file's lines are what a restarted worker and an audit read); delivered
-// again, it is a repeat, not a conflict nor a second line.
+// ledger, paid or settled unpaid, reads back as it was given, after the
+// ledger is opened again (the files' lines are what a restarted worker and
+// an audit read), from the file of its kind; delivered again, it is a
+// repeat, not a conflict nor a second line. A serial that is not positive
+// is refused, and nothing written.
 func FuzzLedgerRoundTrip(f *testing.F) {
-	f.Add(int64(1), "p", 0, "u", int64(100), int64(1_700_000_000_000))
-	f.Add(int64(-7), "p\"\\\n", 3, "用户\u2028", int64(-1), int64(0))
-	f.Add(int64(1<<62), "", -1, "\xff\xfe", int64(1<<62), int64(-1))
-	f.Fuzz(func(t *testing.T, serial int64, pool string, sub int, user string, amount, deadline int64) {
-		if serial == 0 || !utf8.ValidString(pool) || !utf8.ValidString(user) {
-			// No grant has serial 0, and rain's ids are ASCII (settlement
-			// takes no other: rain.ValidID); JSON strings hold only UTF-8.
+	f.Add(int64(1), "p", 0, "u", int64(100), int64(1_700_000_000_000), false)
+	f.Add(int64(-7), "p\"\\\n", 3, "用户\u2028", int64(-1), int64(0), false)
+	f.Add(int64(1<<62), "", -1, "\xff\xfe", int64(1<<62), int64(-1), true)
+	f.Add(int64(9), "p", 1, "u", int64(5), int64(0), true)
+	f.Fuzz(func(t *testing.T, serial int64, pool string, sub int, user string, amount, deadline int64, released bool) {
+		if !utf8.ValidString(pool) || !utf8.ValidString(user) {
+			// rain's ids are ASCII (settlement takes no other:
+			// rain.ValidID); JSON strings hold only UTF-8.
 			return
 		}
 		g := settle.Grant{Serial: serial, PoolID: pool, SubPool: sub, UserID: user, AmountCents: amount, DeadlineMS: deadline,
 			GrantedAt: time.UnixMilli(1_700_000_000_123).UTC()}
+		mine, other := "", UnpaidSuffix
+		if released {
+			g.Unpaid = settle.Released
+			mine, other = other, mine
+		}
 		path := filepath.Join(t.TempDir(), "ledger.jsonl")
 		l, err := Open(path)
 		if err != nil {
@@ -72,6 +80,13 @@ func FuzzLedgerRoundTrip(f *testing.F) {
 		}
 		err = deliverOne(context.Background(), l, g)
 		_ = l.Close()
+		if serial <= 0 {
+			b, _ := os.ReadFile(path + mine)
+			if err == nil || len(b) != 0 {
+				t.Fatalf("Deliver(%+v) = %v, and the file holds %q; want it refused, nothing written", g, err, b)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("Deliver(%+v) = %v", g, err)
 		}
@@ -83,16 +98,27 @@ func FuzzLedgerRoundTrip(f *testing.F) {
 		if err := deliverOne(context.Background(), l, g); err != nil {
 			t.Fatalf("a repeat of %+v = %v, want nil", g, err)
 		}
-		grants, err := Read(path)
+		f, err := os.Open(path + mine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		grants, _, err := readLines(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got, ok := grants[serial]
-		if len(grants) != 1 || !ok || !got.Same(g) || got.DeadlineMS != deadline || !got.GrantedAt.Equal(g.GrantedAt) {
+		if len(grants) != 1 || !ok || !got.Same(g) || got.Unpaid != g.Unpaid || got.DeadlineMS != deadline || !got.GrantedAt.Equal(g.GrantedAt) {
 			t.Fatalf("ledger reads back %+v, want %+v", grants, g)
 		}
-		if b, _ := os.ReadFile(path); bytes.Count(b, []byte("\n")) != 1 {
-			t.Fatalf("ledger holds %q, want one line", b)
+		if b, _ := os.ReadFile(path + mine); bytes.Count(b, []byte("\n")) != 1 {
+			t.Fatalf("the file holds %q, want one line", b)
+		}
+		if b, _ := os.ReadFile(path + other); len(b) != 0 {
+			t.Fatalf("the other file holds %q, want nothing", b)
+		}
+		if paid, err := Read(path); err != nil || len(paid) != map[bool]int{false: 1, true: 0}[released] {
+			t.Fatalf("Read = %v, %v; want the grant only when paid", paid, err)
 		}
 	})
 }

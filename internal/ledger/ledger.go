@@ -173,6 +173,10 @@ func (l *File) Deliver(_ context.Context, gs []settle.Grant) []error {
 			continue
 		}
 		paying[g.Serial] = g.Unpaid == ""
+		if g.Serial <= 0 {
+			errs[i] = fmt.Errorf("ledger: serial %d: a ledger line needs a positive serial", g.Serial)
+			continue
+		}
 		if had, ok := l.seen[g.Serial]; ok {
 			switch {
 			case !had.Same(g):

@@ -3,9 +3,11 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"rain/internal/settle"
@@ -145,5 +147,83 @@ func TestUnpaidOneWayEach(t *testing.T) {
 		if g, ok := paid[s]; !ok || g.Unpaid != "" {
 			t.Fatalf("Read gives serial %d as %+v, %v; want it paid", s, g, ok)
 		}
+	}
+}
+
+// TestUnpaidFileFails: a delivery of both kinds whose write of the grants
+// settled unpaid fails (their fsync refused) keeps the grants it paid and
+// answers the others a failure: delivered again, they are written once;
+// a repeat of a failed grant in the same call fails with it. The unpaid
+// file's torn tail is cut off at open, as the ledger's is.
+func TestUnpaidFileFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	l.sync = func(f *os.File) error {
+		if f == l.u {
+			return errors.New("input/output error")
+		}
+		return f.Sync()
+	}
+	paid, unpaid := sinktest.Grant(1, "a", 10, ""), sinktest.Grant(2, "b", 20, settle.Released)
+	errs := l.Deliver(context.Background(), []settle.Grant{paid, unpaid, unpaid})
+	if errs[0] != nil || errs[1] == nil || errs[2] == nil {
+		t.Fatalf("Deliver with the unpaid file's fsync refused = %v; want the paid grant delivered, the unpaid one and its repeat failed", errs)
+	}
+	l.sync = (*os.File).Sync
+	sinktest.Expect(t, l, []settle.Grant{paid, unpaid}, nil, nil)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A torn tail in the unpaid file: cut off, the grant delivered again.
+	f, err := os.OpenFile(path+UnpaidSuffix, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"serial":3,"pool_id":"p","unp`); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	again := openLedger(t, path)
+	sinktest.Expect(t, again, []settle.Grant{paid, unpaid, sinktest.Grant(3, "c", 30, settle.Released)}, nil, nil, nil)
+	again.Close()
+	u, err := os.ReadFile(path + UnpaidSuffix)
+	if n := bytes.Count(u, []byte("\n")); err != nil || n != 2 || bytes.Contains(u, []byte(`"unp"`)) {
+		t.Fatalf("the unpaid file holds %q (%v); want serials 2 and 3, a line each", u, err)
+	}
+}
+
+// TestLedgerFilesThatDisagree: a ledger whose two files hold one serial,
+// or a line of the wrong kind (a grant settled unpaid in the ledger of
+// what was paid, or the other way), does not open.
+func TestLedgerFilesThatDisagree(t *testing.T) {
+	line := func(g settle.Grant) string {
+		b, err := json.Marshal(ledgerLine{Grant: g})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b) + "\n"
+	}
+	for _, c := range []struct {
+		name, paid, unpaid, want string
+	}{
+		{"both", line(sinktest.Grant(1, "a", 10, "")), line(sinktest.Grant(1, "a", 10, settle.Released)), "both paid and settled unpaid"},
+		{"unpaid in the ledger", line(sinktest.Grant(1, "a", 10, settle.Released)), "", `is settled "released"`},
+		{"paid in the unpaid file", "", line(sinktest.Grant(1, "a", 10, "")), `is settled ""`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ledger.jsonl")
+			if err := os.WriteFile(path, []byte(c.paid), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path+UnpaidSuffix, []byte(c.unpaid), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if l, err := Open(path); err == nil || !strings.Contains(err.Error(), c.want) {
+				if err == nil {
+					l.Close()
+				}
+				t.Fatalf("Open = %v, want an error saying %q", err, c.want)
+			}
+		})
 	}
 }

@@ -16,6 +16,10 @@ import (
 	"rain/internal/settle"
 )
 
+// lockTimeout bounds a delivery's wait for a serial another transaction
+// holds (Deliver).
+const lockTimeout = "2s"
+
 // Deliver settles the grants of gs in one transaction: one to pay is
 // inserted into rain_grants, one to settle unpaid (settle.Grant.Unpaid)
 // into rain_unpaid. A serial the table holds already is a repeat when its
@@ -39,8 +43,11 @@ import (
 // serial in flight, and finds it once committed (ErrPaid); a payment's
 // insert waits for such a transaction in flight, and its next statement,
 // which reads rain_unpaid, then sees what it recorded (ErrSettledUnpaid,
-// and the payment's row is deleted). A transaction that hangs holds up
-// only the serials it holds.
+// and the payment's row is deleted). A delivery waits at most lockTimeout
+// for a serial another holds, and fails then (tried again later); a
+// session whose client is gone is ended by the server (Open), so a
+// transaction that hangs holds up only the serials it holds, and for a
+// while.
 func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := make([]error, len(gs))
 	fail := func(err error) []error {
@@ -70,6 +77,13 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 		return fail(err)
 	}
 	defer tx.Rollback(ctx) // a no-op after Commit
+	// A serial another transaction holds (a delivery of it in flight, or
+	// one whose client is gone, until the server ends it) is waited for
+	// this long at most: then the batch fails, and settlement delivers it
+	// again later, so that one held serial never keeps a connection.
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'"); err != nil {
+		return fail(err)
+	}
 	// refuse answers for the grant under serial s that the row had holds
 	// it: why when the same grant, settle.ErrSerialConflict when another.
 	refuse := func(s int64, had settle.Grant, table string, why error) {
@@ -78,6 +92,20 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 			why = settle.ErrSerialConflict
 		}
 		errs[i] = fmt.Errorf("%w: serial %d is %s in %s, now %s", why, s, had, table, gs[i])
+	}
+	// gone answers for the grants of in that table neither took (added)
+	// nor held (held): a row deleted between the two statements (by hand).
+	// Nothing is settled; they are delivered again.
+	gone := func(in []settle.Grant, added []int64, held map[int64]settle.Grant, table string) {
+		took := make(map[int64]bool, len(added))
+		for _, s := range added {
+			took[s] = true
+		}
+		for _, g := range in {
+			if _, ok := held[g.Serial]; !ok && !took[g.Serial] {
+				errs[first[g.Serial]] = fmt.Errorf("postgres: serial %d was in %s and is gone: delivered again", g.Serial, table)
+			}
+		}
 	}
 	// Every serial of gs taken in rain_grants, in one statement and in
 	// ascending order (so that two deliveries wait for each other in one
@@ -96,6 +124,7 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 			refuse(s, had, "rain_grants", settle.ErrSerialConflict)
 		}
 	}
+	gone(all, added, held, "rain_grants")
 	var paying, taken []int64
 	for _, s := range added {
 		if gs[first[s]].Unpaid == "" {
@@ -124,10 +153,11 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	for _, s := range taken {
 		rows = append(rows, gs[first[s]])
 	}
-	_, had, err := insert(ctx, tx, "rain_unpaid", rows)
+	recordedNow, had, err := insert(ctx, tx, "rain_unpaid", rows)
 	if err != nil {
 		return fail(err)
 	}
+	gone(rows, recordedNow, had, "rain_unpaid")
 	for s, h := range had {
 		if !h.Same(gs[first[s]]) {
 			refuse(s, h, "rain_unpaid", settle.ErrSerialConflict)

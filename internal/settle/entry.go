@@ -633,6 +633,10 @@ func (b *batch) parseGrants(m redis.XMessage) (gs []Grant, release bool, err err
 		if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
 			return nil, false, errors.New("bad pool or user id")
 		}
+		if g.Serial <= 0 || g.AmountCents <= 0 {
+			// No grant has either: a damaged entry, never a sink's.
+			return nil, false, fmt.Errorf("serial %d, %d cents: want both positive", g.Serial, g.AmountCents)
+		}
 		gs[i] = g
 	}
 	return gs, false, nil

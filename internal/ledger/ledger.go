@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sync"
 	"time"
@@ -55,13 +56,25 @@ type ledgerLine struct {
 }
 
 // Open opens or creates the ledger at path, and the file beside it of
-// the grants settled unpaid (UnpaidSuffix); a file it creates can be read
-// and written by its owner alone (it lists every user paid).
+// the grants settled unpaid (UnpaidSuffix), which it creates only beside
+// an empty ledger; a file it creates can be read and written by its owner
+// alone (it lists every user paid).
 func Open(path string) (*File, error) {
 	l := &File{seen: map[int64]settle.Grant{}, sync: (*os.File).Sync}
 	var err error
 	if l.f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	// A ledger that holds grants beside no file of those settled unpaid
+	// has lost it (restored or moved without it), or was written before
+	// rain recorded them: it is not created silently, for the grants it
+	// recorded unpaid would then be paid.
+	if fi, err := l.f.Stat(); err != nil || fi.Size() > 0 {
+		if _, err := os.Stat(path + UnpaidSuffix); errors.Is(err, fs.ErrNotExist) {
+			l.f.Close()
+			return nil, fmt.Errorf("ledger: %s holds grants and %s is missing: restore it beside the ledger; if this ledger was written before rain recorded the grants it settles unpaid, create it empty (touch %s)",
+				path, path+UnpaidSuffix, path+UnpaidSuffix)
+		}
 	}
 	if l.u, err = os.OpenFile(path+UnpaidSuffix, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		l.f.Close()
@@ -130,7 +143,7 @@ func readLines(r io.Reader) (map[int64]settle.Grant, int64, error) {
 			return nil, 0, fmt.Errorf("ledger: read: %w", err)
 		}
 		var ll ledgerLine
-		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial == 0 {
+		if jerr := json.Unmarshal(line, &ll); jerr != nil || ll.Serial <= 0 {
 			return nil, 0, fmt.Errorf("ledger: line at byte %d is not a ledger line: %q", good, bytes.TrimSpace(line))
 		}
 		if _, dup := grants[ll.Serial]; dup {

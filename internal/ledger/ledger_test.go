@@ -227,3 +227,28 @@ func TestLedgerFilesThatDisagree(t *testing.T) {
 		})
 	}
 }
+
+// TestLedgerWithoutItsUnpaidFile: a ledger that holds grants and has no
+// file of those settled unpaid beside it (restored without it) does not
+// open, saying what to do; created empty, it opens.
+func TestLedgerWithoutItsUnpaidFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l := openLedger(t, path)
+	sinktest.Expect(t, l, []settle.Grant{sinktest.Grant(1, "a", 10, "")}, nil)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path + UnpaidSuffix); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Open(path); err == nil || !strings.Contains(err.Error(), "touch "+path+UnpaidSuffix) {
+		if err == nil {
+			again.Close()
+		}
+		t.Fatalf("Open of a ledger without its unpaid file = %v, want a refusal naming it", err)
+	}
+	if err := os.WriteFile(path+UnpaidSuffix, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sinktest.Expect(t, openLedger(t, path), []settle.Grant{sinktest.Grant(1, "a", 10, "")}, nil)
+}

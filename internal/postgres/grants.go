@@ -6,19 +6,29 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"rain"
 	"rain/internal/settle"
 )
 
 // lockTimeout bounds a delivery's wait for a serial another transaction
-// holds (Deliver).
-const lockTimeout = "2s"
+// holds, and idleInTransaction how long the server keeps a delivery's
+// transaction whose client went quiet (Deliver).
+const (
+	lockTimeout       = "2s"
+	idleInTransaction = "60s"
+)
+
+// lockNotAvailable is PostgreSQL's SQLSTATE for a lock not had within
+// lock_timeout.
+const lockNotAvailable = "55P03"
 
 // Deliver settles the grants of gs in one transaction: one to pay is
 // inserted into rain_grants, one to settle unpaid (settle.Grant.Unpaid)
@@ -44,13 +54,16 @@ const lockTimeout = "2s"
 // insert waits for such a transaction in flight, and its next statement,
 // which reads rain_unpaid, then sees what it recorded (ErrSettledUnpaid,
 // and the payment's row is deleted). A delivery waits at most lockTimeout
-// for a serial another holds, and fails then (tried again later); a
-// session whose client is gone is ended by the server (Open), so a
-// transaction that hangs holds up only the serials it holds, and for a
-// while.
+// for a serial another holds, and fails then (settle.ErrBusy: tried again
+// later, each grant on its own); a delivery's session whose client is gone
+// is ended by the server, so a transaction that hangs holds up only the
+// serials it holds, and for a while.
 func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	errs := make([]error, len(gs))
 	fail := func(err error) []error {
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == lockNotAvailable {
+			err = fmt.Errorf("%w (%w)", settle.ErrBusy, err) // lockTimeout ran out
+		}
 		for i := range errs {
 			errs[i] = fmt.Errorf("postgres: %w", err)
 		}
@@ -81,7 +94,9 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	// one whose client is gone, until the server ends it) is waited for
 	// this long at most: then the batch fails, and settlement delivers it
 	// again later, so that one held serial never keeps a connection.
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'"); err != nil {
+	// And a session whose client is gone (a host lost mid-delivery) keeps
+	// it open no longer than idleInTransaction: the server ends it.
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'; SET LOCAL idle_in_transaction_session_timeout = '"+idleInTransaction+"'"); err != nil {
 		return fail(err)
 	}
 	// refuse answers for the grant under serial s that the row had holds

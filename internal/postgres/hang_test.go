@@ -67,3 +67,51 @@ func TestHungDeliveryShows(t *testing.T) {
 	}
 	waittest.Until(t, 30*time.Second, "every grant paid once the lock is gone", func() bool { return w.Stats().Delivered == 20 })
 }
+
+// TestAHeldSerialHoldsUpNoOtherGrant: another session holds one serial
+// of the grants to pay (a transaction left open by hand, an application
+// of the wallet side). Its delivery waits the lock timeout and fails with
+// the grants of its call (settle.ErrBusy); from then on each of them goes
+// to the database in a call of its own, so every other grant is paid
+// while the serial is held, and the held one once it is let go.
+func TestAHeldSerialHoldsUpNoOtherGrant(t *testing.T) {
+	ctx := context.Background()
+	db, _ := open(t)
+	ge := grabtest.Start(t, 1, redistest.Options{})
+	if _, _, err := ge.Catalog.Preload(ctx, rain.Spec{PoolID: "p", TotalCents: 100_000, Count: 1000, SubPools: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var held int64
+	for u := range 11 {
+		r, err := ge.Service.Grab(ctx, "p", fmt.Sprintf("u%d", u))
+		if err != nil || r.Outcome != grab.Granted {
+			t.Fatalf("grab = %+v, %v", r, err)
+		}
+		if u == 3 {
+			held = r.Serial
+		}
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `INSERT INTO rain_grants (serial, pool_id, sub_pool, user_id, amount_cents, granted_at)
+		VALUES ($1, 'p', 0, 'u3', 1, now())`, held); err != nil {
+		t.Fatal(err)
+	}
+	w := settle.New(ge.Shards, ge.Catalog, db, settle.Config{Consumer: "c", Batch: 5, Block: 50 * time.Millisecond,
+		Refresh: 50 * time.Millisecond, ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond,
+		DeliverTimeout: 30 * time.Second})
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waittest.Until(t, 30*time.Second, "every grant but the held one paid while it is held", func() bool {
+		return w.Stats().Delivered == 10
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 30*time.Second, "the held grant paid once let go", func() bool { return w.Stats().Delivered == 11 })
+}

@@ -33,10 +33,6 @@ var (
 	ErrAccountConflict = errors.New("postgres: another account is recorded for the pool")
 )
 
-// idleInTransaction is the idle_in_transaction_session_timeout of rain's
-// sessions (see Open).
-const idleInTransaction = "60s"
-
 // migrateLock is the advisory lock key migrations are applied under.
 const migrateLock = 0x7261696e // "rain"
 
@@ -51,14 +47,6 @@ func Open(ctx context.Context, url string) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	// A session whose client is gone (a host lost mid-delivery) must not
-	// keep its transaction, and the serials it took, open for good: the
-	// server ends it after this long idle in a transaction (none of rain's
-	// waits that long between two statements). A link that sets its own
-	// keeps it.
-	if _, set := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
-		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = idleInTransaction
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -883,6 +883,39 @@ func TestAGrantRecordedUnpaidIsNotPaid(t *testing.T) {
 	}
 }
 
+// TestADamagedGrantHoldsUpNoOtherOfItsEntry: an entry of a batch's grants
+// (--outbox batch) holds, beside its three grants, one of 0 cents (a
+// damaged entry: no grant has that). The three are paid; the damaged one
+// goes to no sink, and the entry is left pending for an operator.
+func TestADamagedGrantHoldsUpNoOtherOfItsEntry(t *testing.T) {
+	e, _ := batchEnv(t, 3, 1, 3, 0)
+	ctx := context.Background()
+	c, k, entries := e.outbox(t, 1)
+	es := grantsOf(t, entries[0], 3)
+	damaged := fmt.Sprintf("%s 0:%d:%d:mallory", entries[0].Values["G"], es[0].Serial+100, es[0].DeadlineMS)
+	if err := c.XDel(ctx, k.Outbox, entries[0].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.XAdd(ctx, &redis.XAddArgs{Stream: k.Outbox, Values: []any{"G", damaged}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sink := newMemSink(0)
+	sink.records = true
+	w := settle.New(e.shards, e.cat, sink, fastConfig("a"))
+	stop := run(t, w)
+	waittest.Until(t, 20*time.Second, "the three grants paid, the entry left for an operator", func() bool {
+		st := w.Stats()
+		return st.Delivered == 3 && st.Conflicts == 1 && st.LeftForOperator == 1
+	})
+	stop()
+	if paid, _ := sink.stats(); paid != 3 || len(sink.unpaid) != 0 {
+		t.Fatalf("the sink paid %d grants and holds %d settled unpaid; want the 3, none unpaid", paid, len(sink.unpaid))
+	}
+	if n, err := c.XLen(ctx, k.Outbox).Result(); err != nil || n != 1 {
+		t.Fatalf("outbox = %d entries, %v; want the damaged one still there", n, err)
+	}
+}
+
 // waitPaidAndMarked waits until s paid serial and w marked one grant.
 func (s *memSink) waitPaidAndMarked(t *testing.T, w *settle.Worker, serial int64) {
 	t.Helper()

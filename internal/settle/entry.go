@@ -159,14 +159,27 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 		case release:
 			b.done = append(b.done, m.ID) // not paid
 		default:
+			var sp *span
 			if len(gs) > 1 {
 				if b.several == nil {
 					b.several = map[string]*span{}
 				}
-				b.several[m.ID] = &span{start: len(b.grants), end: len(b.grants) + len(gs), open: len(gs)}
+				sp = &span{start: len(b.grants), open: len(gs)}
+				b.several[m.ID] = sp
 			}
 			for _, g := range gs {
+				if g.Serial <= 0 || g.AmountCents <= 0 {
+					// No grant has either: a damaged grant, left for an
+					// operator. Its entry stays pending (it is never
+					// settled), and the entry's other grants are settled.
+					w.leftForOperator(p, stream, m.ID, strconv.FormatInt(g.Serial, 10),
+						fmt.Errorf("outbox grant %s serial %d: want a positive serial and amount", g, g.Serial))
+					continue
+				}
 				b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
+			}
+			if sp != nil {
+				sp.end = len(b.grants)
 			}
 		}
 	}
@@ -517,7 +530,7 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 			// their own, if their call of several ran out its time.
 			p.behind(b.ids[i])
 			w.failures.Add(1)
-			b.retryLater(b.ids[i], timedOut && len(call) > 1)
+			b.retryLater(b.ids[i], (timedOut || errors.Is(err, ErrBusy)) && len(call) > 1)
 			w.cfg.Logger.Warn("settle: delivery failed; entry left pending", "stream", b.stream, "id", b.ids[i], "serial", pay[j].Serial, "err", err)
 		}
 	}
@@ -632,10 +645,6 @@ func (b *batch) parseGrants(m redis.XMessage) (gs []Grant, release bool, err err
 		}
 		if !rain.ValidID(g.PoolID) || !rain.ValidID(g.UserID) {
 			return nil, false, errors.New("bad pool or user id")
-		}
-		if g.Serial <= 0 || g.AmountCents <= 0 {
-			// No grant has either: a damaged entry, never a sink's.
-			return nil, false, fmt.Errorf("serial %d, %d cents: want both positive", g.Serial, g.AmountCents)
 		}
 		gs[i] = g
 	}

@@ -64,6 +64,14 @@ var ErrSerialConflict = errors.New("settle: serial already paid for another gran
 // for an operator.
 var ErrPaid = errors.New("settle: the sink paid this serial")
 
+// ErrBusy is returned by a sink for the grants of a delivery that waited
+// too long for a serial another holds (a delivery of it in flight, or an
+// open transaction in the database): nothing was settled. The worker
+// delivers them again later, each in a call of its own, as after a call
+// that ran out its DeliverTimeout, so that the grant held up holds up no
+// other.
+var ErrBusy = errors.New("settle: a serial of the delivery is held by another")
+
 // ErrSettledUnpaid is returned by a sink that records unpaid grants for a
 // grant to pay whose serial it recorded as settled unpaid: nothing is
 // paid; the worker leaves the entry pending for an operator.

@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -61,7 +62,11 @@ type ledgerLine struct {
 // alone (it lists every user paid).
 func Open(path string) (*File, error) {
 	l := &File{seen: map[int64]settle.Grant{}, sync: (*os.File).Sync}
-	var err error
+	_, err := os.Stat(path)
+	created := errors.Is(err, fs.ErrNotExist)
+	if fi, err := os.Stat(path + UnpaidSuffix); created && err == nil && fi.Size() > 0 {
+		return nil, fmt.Errorf("ledger: %s is missing beside %s, which holds grants: restore it", path, path+UnpaidSuffix)
+	}
 	if l.f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
@@ -76,9 +81,20 @@ func Open(path string) (*File, error) {
 				path, path+UnpaidSuffix, path+UnpaidSuffix)
 		}
 	}
+	if _, err := os.Stat(path + UnpaidSuffix); errors.Is(err, fs.ErrNotExist) {
+		created = true
+	}
 	if l.u, err = os.OpenFile(path+UnpaidSuffix, os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		l.f.Close()
 		return nil, fmt.Errorf("ledger: %w", err)
+	}
+	if created {
+		// The files' names are durable before anything is written in them.
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			l.f.Close()
+			l.u.Close()
+			return nil, err
+		}
 	}
 	if err := l.load(); err != nil {
 		l.f.Close()
@@ -86,6 +102,19 @@ func Open(path string) (*File, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// syncDir fsyncs directory dir.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("ledger: fsync %s: %w", dir, err)
+	}
+	return nil
 }
 
 // load reads the serials in both files and truncates a torn tail of each.

@@ -230,7 +230,8 @@ func TestLedgerFilesThatDisagree(t *testing.T) {
 
 // TestLedgerWithoutItsUnpaidFile: a ledger that holds grants and has no
 // file of those settled unpaid beside it (restored without it) does not
-// open, saying what to do; created empty, it opens.
+// open, saying what to do; created empty, it opens. Nor does a ledger gone
+// from beside a file of grants settled unpaid.
 func TestLedgerWithoutItsUnpaidFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	l := openLedger(t, path)
@@ -251,4 +252,20 @@ func TestLedgerWithoutItsUnpaidFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	sinktest.Expect(t, openLedger(t, path), []settle.Grant{sinktest.Grant(1, "a", 10, "")}, nil)
+	// The other way: the ledger gone beside grants settled unpaid.
+	other := filepath.Join(t.TempDir(), "ledger.jsonl")
+	u := openLedger(t, other)
+	sinktest.Expect(t, u, []settle.Grant{sinktest.Grant(2, "b", 20, settle.Released)}, nil)
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(other); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Open(other); err == nil || !strings.Contains(err.Error(), "is missing") {
+		if err == nil {
+			again.Close()
+		}
+		t.Fatalf("Open of a ledger gone beside its unpaid file = %v, want a refusal", err)
+	}
 }

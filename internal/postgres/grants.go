@@ -96,7 +96,10 @@ func (db *DB) Deliver(ctx context.Context, gs []settle.Grant) []error {
 	// again later, so that one held serial never keeps a connection.
 	// And a session whose client is gone (a host lost mid-delivery) keeps
 	// it open no longer than idleInTransaction: the server ends it.
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'; SET LOCAL idle_in_transaction_session_timeout = '"+idleInTransaction+"'"); err != nil {
+	// (A database or role that ends idle transactions sooner keeps that.)
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+lockTimeout+"'; "+
+		"SELECT set_config('idle_in_transaction_session_timeout', '"+idleInTransaction+"', true) "+
+		"WHERE current_setting('idle_in_transaction_session_timeout')::interval NOT BETWEEN '1 ms' AND '"+idleInTransaction+"'"); err != nil {
 		return fail(err)
 	}
 	// refuse answers for the grant under serial s that the row had holds

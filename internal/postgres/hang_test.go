@@ -113,5 +113,5 @@ func TestAHeldSerialHoldsUpNoOtherGrant(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waittest.Until(t, 30*time.Second, "the held grant paid once let go", func() bool { return w.Stats().Delivered == 11 })
+	waittest.Until(t, 60*time.Second, "the held grant paid once let go (after its retry's wait)", func() bool { return w.Stats().Delivered == 11 })
 }

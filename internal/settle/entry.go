@@ -101,17 +101,17 @@ func (b *batch) settled(i int) {
 // settleBatch settles msgs, the entries of one outbox (one sub-pool): its
 // grants in confirm scripts and deliveries of at most Config.Batch grants
 // each (every part confirmed before any is delivered), then one
-// acknowledgment. An entry it cannot read is acknowledged
-// only when it is a release (which pays nothing); any other is left
-// pending for an operator. A grant whose confirm or delivery fails leaves
-// its entry pending, tried again after a wait of its own (Worker.retries),
-// and so does one whose serial the sink paid for another grant, or settled
-// the other way (ErrPaid, ErrSettledUnpaid: left for an operator). Every
-// other entry is acknowledged and deleted from the stream, so that an
-// outbox holds what is unsettled, not everything ever granted. It reports whether an entry
-// was left pending for a failure of a confirm or an acknowledgment (for
-// the count; such an entry, as one whose delivery failed, waits a backoff
-// of its own and slows no other).
+// acknowledgment. An entry it cannot read is acknowledged only when it is a
+// release (which pays nothing); any other is left pending for an operator. A
+// grant whose confirm or delivery fails leaves its entry pending, tried
+// again after a wait of its own (Worker.retries), and so does one whose
+// serial the sink paid for another grant, or settled the other way (ErrPaid,
+// ErrSettledUnpaid: left for an operator). Every other entry is acknowledged
+// and deleted from the stream, so that an outbox holds what is unsettled,
+// not everything ever granted. It reports whether an entry was left pending
+// for a failure of a confirm or an acknowledgment (for the count; such an
+// entry, as one whose delivery failed, waits a backoff of its own and slows
+// no other).
 //
 // An entry of several grants is acknowledged once every one of them is
 // settled. Until then each pass confirms all of them again (confirm is
@@ -119,14 +119,14 @@ func (b *batch) settled(i int) {
 // those this worker has not paid (Worker.marks), so that one grant left for
 // an operator never keeps the others of its entry from being retried and
 // paid, and nothing is counted twice. A grant this worker paid that is no
-// longer confirmed (its shard lost the confirm) is left for an operator;
-// a worker that did not pay it (restarted, or taking the entry over) does
-// not know, and asks the sink when it records unpaid grants (it settles
-// the grant unpaid there, and the sink refuses one it paid: payCall);
-// with another sink it takes the grant for released unpaid. A read of such entries may
-// take several parts: after each, the entries settled are acknowledged and
-// the rest of the read is claimed again (keep), so that no other worker
-// takes over what this one is still working through.
+// longer confirmed (its shard lost the confirm) is left for an operator; a
+// worker that did not pay it (restarted, or taking the entry over) does not
+// know, and asks the sink when it records unpaid grants (it settles the
+// grant unpaid there, and the sink refuses one it paid: payCall); with
+// another sink it takes the grant for released unpaid. A read of such
+// entries may take several parts: after each, the entries settled are
+// acknowledged and the rest of the read is claimed again (keep), so that no
+// other worker takes over what this one is still working through.
 func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, msgs []redis.XMessage, p *pass) (failed bool) {
 	b := batch{shard: sh.name, stream: stream}
 	defer func() {

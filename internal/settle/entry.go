@@ -32,9 +32,8 @@ type batch struct {
 	grants []Grant  // the grants of the grant entries, to confirm and deliver
 	ids    []string // the id of each grant's entry
 	// several holds each entry of several grants (an entry of a batch's
-	// grants, lua.ParseOutboxEntries): where its grants are in grants
-	// (together, in order), and how many are not settled yet (the entry
-	// is settled with the last of them).
+	// grants, lua.ParseOutboxEntries): how many of its grants are not
+	// settled yet (the entry is settled with the last of them).
 	several map[string]*span
 	// retry holds the entries a failure leaves pending (id -> alone:
 	// its grants go to the sink in calls of their own from then on), put
@@ -77,9 +76,8 @@ func (b *batch) retryLater(id string, alone bool) {
 	b.retry[id] = b.retry[id] || alone
 }
 
-// span is an entry's grants in batch.grants, [start, end), and how many of
-// them are not settled yet.
-type span struct{ start, end, open int }
+// span is how many of an entry's grants are not settled yet.
+type span struct{ open int }
 
 // seenBefore is what this worker remembers of b.grants[i] (Worker.marks).
 func (w *Worker) seenBefore(b *batch, i int) outcome {
@@ -159,13 +157,11 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 		case release:
 			b.done = append(b.done, m.ID) // not paid
 		default:
-			var sp *span
 			if len(gs) > 1 {
 				if b.several == nil {
 					b.several = map[string]*span{}
 				}
-				sp = &span{start: len(b.grants), open: len(gs)}
-				b.several[m.ID] = sp
+				b.several[m.ID] = &span{open: len(gs)}
 			}
 			for _, g := range gs {
 				if g.Serial <= 0 || g.AmountCents <= 0 {
@@ -177,9 +173,6 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 					continue
 				}
 				b.grants, b.ids = append(b.grants, g), append(b.ids, m.ID)
-			}
-			if sp != nil {
-				sp.end = len(b.grants)
 			}
 		}
 	}

@@ -91,9 +91,11 @@ func BenchmarkNextLevers(b *testing.B) {
 //	no-xadd        no outbox entry
 //	no-index       no deadline index member
 //
-// beside the minimal design's script, one EVALSHA per claim, alone and with
-// the prelude in front of it (minimal+prelude: what the prelude's function
-// definitions cost each call).
+// beside plain, rain's writes for a batch of new users written plainly
+// (plainClaimSrc: no prelude, the counters read with the meta; not rain's,
+// see there), and the minimal design's script, one EVALSHA per claim, alone
+// and with the prelude in front of it (minimal+prelude: what the prelude's
+// function definitions cost each call).
 //
 //	go test -run x -bench BatchFixedCost -benchtime 2s ./internal/lua
 func BenchmarkBatchFixedCost(b *testing.B) {
@@ -117,6 +119,11 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 				benchClaims(b, n, func(c *redis.Client) claimer { return &rainClaims{c: c, form: benchForm, script: redis.NewScript(src)} })
 			})
 		}
+		b.Run("plain/batch="+strconv.Itoa(n), func(b *testing.B) {
+			benchClaims(b, n, func(c *redis.Client) claimer {
+				return &rainClaims{c: c, form: benchForm, script: redis.NewScript(plainClaimSrc)}
+			})
+		})
 		b.Run("minimal/batch="+strconv.Itoa(n), func(b *testing.B) { benchClaims(b, n, newMinimalClaims) })
 		b.Run("minimal+prelude/batch="+strconv.Itoa(n), func(b *testing.B) {
 			benchClaims(b, n, func(c *redis.Client) claimer {
@@ -127,6 +134,65 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 		})
 	}
 }
+
+// plainClaimSrc is what claim_many writes for a batch of new users on an
+// open sub-pool, in the batch forms (--outbox batch --deadline-index
+// batch), written plainly in claim_many's KEYS, ARGV and answers: one read
+// of the meta with its counters, the clock, the users' grants, one pop,
+// the grants' records, one outbox entry, one deadline index member, the
+// counters. Not rain's: no prelude (no probe of a moving slot), no expiry,
+// resend, window, spill, fence or precision checks, and stock popped that
+// no claim took is lost. BenchmarkBatchFixedCost runs it to measure what
+// claim_many's own work costs beyond these writes (docs/benchmarks.md,
+// "The open loop's floor").
+const plainClaimSrc = `
+local n = (#ARGV - 3) / 3
+local m = redis.call('HMGET', KEYS[1], 'state', 'hold_ms', 'version', 'stock_count', 'stock_cents', 'held_count', 'held_cents', 'batched_users')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = string.format('%d', now + tonumber(m[2]))
+local users = {}
+for i = 1, n do users[i] = ARGV[3 * i + 1] end
+local held = redis.call('HMGET', KEYS[3], unpack(users))
+local popped = redis.call('LPOP', KEYS[2], n) or {}
+local out, records, entry, members = {}, {}, {}, {}
+local used, cents = 0, 0
+for i = 1, n do
+  local user, serial = users[i], ARGV[3 * i + 2]
+  if held[i] then
+    out[i] = {'already', 0, tonumber(serial), 0}
+  else
+    used = used + 1
+    local a = popped[used]
+    if a == nil then
+      out[i] = {'empty'}
+    else
+      cents = cents + tonumber(a)
+      records[#records + 1] = user
+      records[#records + 1] = 'h:' .. a .. ':' .. serial .. ':' .. deadline
+      entry[#entry + 1] = a .. ':' .. serial .. ':' .. deadline .. ':' .. user
+      members[#members + 1] = user
+      out[i] = {'granted', tonumber(a), tonumber(serial), tonumber(deadline)}
+    end
+  end
+end
+if #members > 0 then
+  redis.call('HSET', KEYS[3], unpack(records))
+  redis.call('XADD', KEYS[5], '*', 'G', table.concat(entry, ' '))
+  local batched = tonumber(m[8]) or 0
+  if #members == 1 then
+    redis.call('ZADD', KEYS[4], deadline, members[1])
+  else
+    redis.call('ZADD', KEYS[7], deadline, table.concat(members, ' '))
+    batched = batched + #members
+  end
+  redis.call('HSET', KEYS[1], 'version', string.format('%d', (tonumber(m[3]) or 0) + 1),
+    'stock_count', string.format('%d', tonumber(m[4]) - #members), 'stock_cents', string.format('%d', tonumber(m[5]) - cents),
+    'held_count', string.format('%d', tonumber(m[6]) + #members), 'held_cents', string.format('%d', tonumber(m[7]) + cents),
+    'batched_users', string.format('%d', batched))
+end
+return out
+`
 
 // editedClaimMany is claim_many as rain runs it with each edits[i] (once in
 // it, or the benchmark fails: it would measure the script unchanged)

@@ -135,6 +135,81 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 	}
 }
 
+// BenchmarkScriptsInterleaved compares variants of the claim script where
+// this machine's swing between runs (10 to 15%) hides what one step costs:
+// each variant runs on a redis-server of its own (no AOF: only the
+// script's time is read), and one iteration sends one batch of new users
+// to each in turn, so that a slower stretch of the machine falls on every
+// variant alike. Each reports the scripts' µs per call from its server's
+// INFO commandstats (<variant>-us/call). With this many Redis processes
+// taking turns on two cores, a script runs with cold caches, as on 4
+// shards beside the grab service: a script's size and what it allocates
+// count more than on one Redis alone.
+//
+//	rain              claim_many as rain runs it
+//	plain             plainClaimSrc: rain's writes, written plainly
+//	prelude+plain     the same with the prelude in front (what the prelude costs a call)
+//	no-probe          claim_many without the probe of a moving slot
+//	used-moves        claim_many with only the prelude's moves it calls
+//
+//	go test -run x -bench ScriptsInterleaved -benchtime 6000x ./internal/lua
+func BenchmarkScriptsInterleaved(b *testing.B) {
+	rainSrc := prelude + source("claim_many")
+	noProbe := strings.Replace(rainSrc, "local probe = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')", "local probe = 0", 1)
+	usedMoves := rainSrc
+	for _, name := range []string{"zero_books", "load_stock", "release_due", "confirm_held", "pop_to_transfer", "adopt_to_held", "send_transfer", "return_transfer"} {
+		i := strings.Index(usedMoves, "local function "+name+"(")
+		j := strings.Index(usedMoves[max(i, 0):], "\nend\n")
+		if i < 0 || j < 0 {
+			b.Fatalf("the prelude no longer defines %s as this benchmark cuts it out: update it", name)
+		}
+		usedMoves = usedMoves[:i] + usedMoves[i+j+len("\nend\n"):]
+	}
+	if noProbe == rainSrc {
+		b.Fatal("the prelude no longer probes as this benchmark replaces: update it")
+	}
+	variants := []struct{ name, src string }{
+		{"rain", rainSrc},
+		{"plain", plainClaimSrc},
+		{"prelude+plain", prelude + plainClaimSrc},
+		{"no-probe", noProbe},
+		{"used-moves", usedMoves},
+	}
+	for _, n := range []int{1, 8} {
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) {
+			ctx := context.Background()
+			claims := make([]*rainClaims, len(variants))
+			for i, v := range variants {
+				c := redistest.Client(b, redistest.Start(b, redistest.Options{}))
+				claims[i] = &rainClaims{c: c, form: benchForm, script: redis.NewScript(v.src)}
+				if err := claims[i].refill(ctx, int64(b.N*n)+benchPackets); err != nil {
+					b.Fatal(err)
+				}
+				if err := claims[i].script.Load(ctx, c).Err(); err != nil {
+					b.Fatal(err)
+				}
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var next int64
+			for b.Loop() {
+				for _, cl := range claims {
+					if err := cl.batch(ctx, next, n); err != nil {
+						b.Fatal(err)
+					}
+				}
+				next += int64(n)
+			}
+			for i, v := range variants {
+				m := &redisMeter{c: claims[i].c}
+				_, usec := m.read(b)
+				b.ReportMetric(usec/float64(b.N), v.name+"-us/call")
+			}
+		})
+	}
+}
+
 // plainClaimSrc is what claim_many writes for a batch of new users on an
 // open sub-pool, in the batch forms (--outbox batch --deadline-index
 // batch), written plainly in claim_many's KEYS, ARGV and answers: one read

@@ -259,8 +259,17 @@ func TestOneBadShard(t *testing.T) {
 						t.Errorf("%d of %d grabs on the busy shard failed, the first: %s (its slowest fsync %v)", n, of, first, slow[badSub])
 					}
 				}
-				if bad := during.p99(true, true); bad > max(2*calm.p99(true, true), limit(50*time.Millisecond)) {
-					t.Errorf("the busy shard's users' p99 %v, want at most 2x %v and %v", bad, calm.p99(true, true), limit(50*time.Millisecond))
+				// The same allowance as the healthy users' on a loaded
+				// machine (CI): up to 3x the calm p99, below the budget, so
+				// that a busy shard that stalls its grabs still fails.
+				calmBad := calm.p99(true, true)
+				busyLimit := max(2*calmBad, limit(50*time.Millisecond))
+				if !full {
+					busyLimit = max(busyLimit, min(3*calmBad, budget-20*time.Millisecond))
+				}
+				if bad := during.p99(true, true); bad > busyLimit {
+					t.Errorf("the busy shard's users' p99 %v, want at most %v (2x %v and %v, or on a loaded machine up to 3x, below the budget)",
+						bad, busyLimit, calmBad, limit(50*time.Millisecond))
 				}
 				return
 			}

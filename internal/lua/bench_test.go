@@ -142,9 +142,9 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 // to each in turn, so that a slower stretch of the machine falls on every
 // variant alike. Each reports the scripts' µs per call from its server's
 // INFO commandstats (<variant>-us/call). With this many Redis processes
-// taking turns on two cores, a script runs with cold caches, as on 4
-// shards beside the grab service: a script's size and what it allocates
-// count more than on one Redis alone.
+// taking turns on two cores, a call costs about twice what it costs on
+// one Redis alone (presumably colder caches, as on 4 shards beside the
+// grab service).
 //
 //	rain              claim_many as rain runs it
 //	plain             plainClaimSrc: rain's writes, written plainly

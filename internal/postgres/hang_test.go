@@ -35,13 +35,7 @@ func TestHungDeliveryShows(t *testing.T) {
 		}
 	}
 	grabN("a", 10)
-	w := settle.New(ge.Shards, ge.Catalog, db, settle.Config{Consumer: "c", Batch: 5, Block: 50 * time.Millisecond,
-		Refresh: 50 * time.Millisecond, ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond,
-		DeliverTimeout: 3 * time.Second})
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); w.Run(wctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	w := runWorker(t, ge, db, 3*time.Second)
 	waittest.Until(t, 20*time.Second, "the first grants delivered", func() bool { return w.Stats().Delivered == 10 })
 	locker, err := Open(ctx, url)
 	if err != nil {
@@ -100,13 +94,7 @@ func TestAHeldSerialHoldsUpNoOtherGrant(t *testing.T) {
 		VALUES ($1, 'p', 0, 'u3', 1, now())`, held); err != nil {
 		t.Fatal(err)
 	}
-	w := settle.New(ge.Shards, ge.Catalog, db, settle.Config{Consumer: "c", Batch: 5, Block: 50 * time.Millisecond,
-		Refresh: 50 * time.Millisecond, ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond,
-		DeliverTimeout: 30 * time.Second})
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); w.Run(wctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	w := runWorker(t, ge, db, 30*time.Second)
 	waittest.Until(t, 30*time.Second, "every grant but the held one paid while it is held", func() bool {
 		return w.Stats().Delivered == 10
 	})
@@ -114,4 +102,17 @@ func TestAHeldSerialHoldsUpNoOtherGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 60*time.Second, "the held grant paid once let go (after its retry's wait)", func() bool { return w.Stats().Delivered == 11 })
+}
+
+// runWorker runs a settle worker into db on ge's shards, with short
+// timings and deliverTimeout, until the test ends.
+func runWorker(t *testing.T, ge *grabtest.Env, db *DB, deliverTimeout time.Duration) *settle.Worker {
+	w := settle.New(ge.Shards, ge.Catalog, db, settle.Config{Consumer: "c", Batch: 5, Block: 50 * time.Millisecond,
+		Refresh: 50 * time.Millisecond, ClaimAfter: 200 * time.Millisecond, RetryDelay: 20 * time.Millisecond,
+		DeliverTimeout: deliverTimeout})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
 }

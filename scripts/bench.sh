@@ -1188,7 +1188,7 @@ bench_driver() {
 #             in the first row of budget_categories whose pattern a frame of
 #             its stack matches: µs per grab = share × the process's µs.
 #   Redis     for rain and the minimal design: CONFIG RESETSTAT before, INFO
-#             commandstats after (EVALSHA and FCALL calls and usec; usec is wall time
+#             commandstats after (EVALSHA calls and usec; usec is wall time
 #             inside the scripts, preemptions on this shared machine
 #             included), and with perf, a profile of the Redis processes over
 #             the run (perf record -F PERF_HZ (499) with DWARF stacks),
@@ -1299,13 +1299,12 @@ redis_ports() {
   fi
 }
 
-# evalsha_stats PORT...: "calls usec" of the script calls (EVALSHA, and FCALL:
-# rain's claim_many) summed over the redis-servers on the PORTs, from INFO
-# commandstats.
+# evalsha_stats PORT...: "calls usec" of EVALSHA summed over the redis-servers
+# on the PORTs, from INFO commandstats.
 evalsha_stats() {
   local p
   for p in "$@"; do redis-cli -p "$p" info commandstats; done | tr -d '\r' |
-    awk -F'[:,=]' '$1 == "cmdstat_evalsha" || $1 == "cmdstat_fcall" { c += $3; u += $5 } END { printf "%d %d\n", c, u }'
+    awk -F'[:,=]' '$1 == "cmdstat_evalsha" { c += $3; u += $5 } END { printf "%d %d\n", c, u }'
 }
 
 # batch_hist PORT: rain_shard_batch_claims of the rain on PORT, summed over
@@ -1349,7 +1348,7 @@ batch_stats() {
 # budget_run NAME PORT ROUND: as saturate (a warm-up on a fresh pool, then one
 # saturated run of kind "sat", RATE/s offered, or DRIVER_RATE/s to a fixed
 # server), measuring around it what bench_budget says. Appended to the run's
-# result line: csw (context switches per answer); with Redis, lua_us (script
+# result line: csw (context switches per answer); with Redis, lua_us (EVALSHA
 # usec per answer) and evalsha_usec (per call); for a rain, batches, claims,
 # cpb (claims per batch, mean), cpb_p50, cpb_p90 (interpolated), cpb_p50_le,
 # cpb_p90_le (their buckets' upper bounds), evalsha_per_batch,
@@ -1544,7 +1543,7 @@ budget_report() {
         -v rb="$(med "$cfg" sat redis_batch_us)" -v rc="$(med "$cfg" sat redis_claim_us)" \
         -v eu="$(med "$cfg" sat evalsha_usec)" -v sc="${cellv[$cfg.r.scripts]:-}" -v r="$(med "$cfg" sat redis_us)" 'BEGIN {
         split(sc, s, " "); f = r > 0 ? s[1] / r : 0
-        printf "budget: %s: claims per batch %.1f mean, median %.1f (bucket <= %d), p90 %.1f (bucket <= %d); %.2f script calls per batch (INFO: %.0f us each, wall time); Redis CPU per batch %.0f us (the scripts %.0f), per claim %.1f us (the scripts %.1f)\n",
+        printf "budget: %s: claims per batch %.1f mean, median %.1f (bucket <= %d), p90 %.1f (bucket <= %d); %.2f EVALSHA per batch (INFO: %.0f us each, wall time); Redis CPU per batch %.0f us (the scripts %.0f), per claim %.1f us (the scripts %.1f)\n",
           l, cpb, p50, l50, p90, l90, e, eu, rb, rb * f, rc, rc * f }')"
       local strace_fig="" f s g each
       if [ -s "$tmp/$cfg.strace.fig" ]; then
@@ -1611,7 +1610,7 @@ budget_report() {
   out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" redis_claim_us)"); done
   budget_row "Redis CPU per claim, us" "${out[@]}"
   out=(); for cfg in "${cols[@]}"; do out+=("$(budget_cell "$cfg" evalsha_usec %.0f)"); done
-  budget_row "script (EVALSHA, FCALL) usec per call (INFO: wall time)" "${out[@]}"
+  budget_row "EVALSHA usec per call (INFO: wall time)" "${out[@]}"
   out=(); for cfg in "${cols[@]}"; do
     out+=("$(awk -v a="$(med "$cfg" sat csw)" -v m="$(med "minimal-${cfg#*-}" sat csw)" 'BEGIN { printf "%.2f (%.2f)\n", a, m }')")
   done
@@ -1673,7 +1672,7 @@ budget_claims() {
     END {
       for (i = 1; i <= k; i++) {
         n = names[i]
-        printf "budget: claim path alone, %-18s Redis %6.1f us per claim (script %5.1f), %7.1f us per batch; %7.0f grants/s per Redis core; %6.0f claims/s\n",
+        printf "budget: claim path alone, %-18s Redis %6.1f us per claim (EVALSHA %5.1f), %7.1f us per batch; %7.0f grants/s per Redis core; %6.0f claims/s\n",
           n ":", median(runs[n, "redis-us/claim"]), median(runs[n, "lua-us/claim"]), median(runs[n, "redis-us/batch"]),
           median(runs[n, "grants/s/core"]), median(runs[n, "claims/s"])
       }
@@ -1730,7 +1729,7 @@ budget_categories=(
 # kernel's frames say what the syscall was on: a socket, or the AOF's
 # file); what no row matches is the event loop, cron and the rest.
 redis_categories=(
-  'scripts ;; the scripts (Lua, the commands they run) ;; (^|\n)(evalGenericCommand|evalShaCommand|evalCommand|fcallCommand|fcallCommandGeneric|luaCallFunction|scriptCall|lua_pcall)\n ;; '
+  'scripts ;; the scripts (Lua, the commands they run) ;; (^|\n)(evalGenericCommand|evalShaCommand|evalCommand|luaCallFunction|scriptCall|lua_pcall)\n ;; '
   'aof ;; the AOF: its buffer, write and fsync ;; (^|\n)(flushAppendOnlyFile|feedAppendOnlyFile|catAppendOnlyGenericCommand|propagatePendingCommands|propagateNow|aof_background_fsync|redis_fsync|fdatasync|fsync|ext4_file_write_iter|ext4_sync_file|vfs_fsync_range|__x64_sys_fdatasync|__x64_sys_fsync)\n ;; '
   'rread ;; reading and parsing requests ;; (^|\n)(readQueryFromClient|processInputBuffer|processMultibulkBuffer|processInlineBuffer|processCommand|connSocketRead|sock_read_iter|tcp_recvmsg)\n ;; '
   'rwrite ;; writing replies ;; (^|\n)(writeToClient|_writeToClient|_writevToClient|handleClientsWithPendingWrites|handleClientsWithPendingWritesUsingThreads|sendReplyToClient|connSocketWrite|connSocketWritev|sock_write_iter|tcp_sendmsg|do_writev|__GI___writev|writev)\n ;; '

@@ -130,7 +130,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.shot("console-preview.png")
 
 	// The preload dies midway: shard b is cut off after its 20th load batch.
-	proxy.PartitionAfter(redisproxy.Script(lua.Called("load")), 20, nil)
+	proxy.PartitionAfter(redisproxy.Script(lua.SHA("load")), 20, nil)
 	b.click("preload-submit")
 	waittest.Until(t, 30*time.Second, "the page saying the preload stopped", func() bool {
 		return strings.Contains(b.text("preload-result"), "stopped")

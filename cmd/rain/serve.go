@@ -158,7 +158,6 @@ func (s *server) instanceConfig(ctx context.Context, specs []shard.Spec) (instan
 	default:
 		return instance.Config{}, usagef("--deadline-index %q: want grant or batch", c.DeadlineIndex)
 	}
-	icfg.Form.Script = c.tryIt() // the embedded shards have no functions
 	if !c.tryIt() {
 		var relaxed bool
 		if relaxed, s.unreached, err = checkSpecsDurability(ctx, specs, icfg.ShardOptions, c.Durability, log); err != nil {

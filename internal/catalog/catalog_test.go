@@ -224,7 +224,7 @@ func TestPreloadResumesAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := slices.Index(crashing.shards.Names(), placement[1])
-	proxies[at].PartitionAfter(redisproxy.Script(lua.Called("load")), 1, nil)
+	proxies[at].PartitionAfter(redisproxy.Script(lua.SHA("load")), 1, nil)
 	if _, _, err := crashing.cat.Preload(ctx, spec); err == nil {
 		t.Fatal("Preload cut off from a shard midway succeeded")
 	}

@@ -58,7 +58,7 @@ func TestClosedPoolSurvivesTheSerialShardsLoss(t *testing.T) {
 				// The closing process dies once the record says closing on
 				// every shard (s3's copy is written last), before it
 				// retires a sub-pool.
-				proxies[2].PartitionAfter(redisproxy.Script(lua.Called("record")), 1, func() {
+				proxies[2].PartitionAfter(redisproxy.Script(lua.SHA("record")), 1, func() {
 					for _, p := range proxies {
 						p.Partition()
 					}
@@ -157,7 +157,7 @@ func TestRefusedCloseLeavesNothingSealed(t *testing.T) {
 	for i, s := range servers {
 		proxies[i] = redisproxy.Start(t, s.Addr)
 		addrs[i] = proxies[i].Addr
-		proxies[i].DropReplies(redisproxy.Script(lua.Called("seal")), 1)
+		proxies[i].DropReplies(redisproxy.Script(lua.SHA("seal")), 1)
 	}
 	if _, err := envOn(t, nil, addrs).cat.Close(ctx, spec.PoolID); !errors.Is(err, rain.ErrNotNow) || !strings.Contains(err.Error(), "held") {
 		t.Fatalf("Close with a grant held = %v; want not now, held", err)
@@ -224,7 +224,7 @@ func TestCloseOfAClosingPoolNeedsEveryShard(t *testing.T) {
 	}
 	e := envOn(t, servers, redistest.Addrs(servers))
 	e.endedAndSettled(t, spec)
-	proxies[2].PartitionAfter(redisproxy.Script(lua.Called("record")), 1, func() {
+	proxies[2].PartitionAfter(redisproxy.Script(lua.SHA("record")), 1, func() {
 		for _, p := range proxies {
 			p.Partition()
 		}

@@ -286,8 +286,8 @@ func closeWrites(t *testing.T, spec rain.Spec) []crashPoint {
 			var name string
 			var m redisproxy.Match
 			for _, script := range []string{"seal", "record", "retire"} {
-				if x.Cmd[0] == "EVALSHA" && strings.EqualFold(x.Cmd[1], lua.Called(script)) {
-					name, m = script, redisproxy.Script(lua.Called(script))
+				if x.Cmd[0] == "EVALSHA" && strings.EqualFold(x.Cmd[1], lua.SHA(script)) {
+					name, m = script, redisproxy.Script(lua.SHA(script))
 				}
 			}
 			if name == "" {

@@ -120,8 +120,7 @@ type Config struct {
 	// what every rain settle pays and every reaper releases. Each other
 	// form is set only once every rain settle (a packed outbox) or every
 	// rain serve (a batched deadline index) on these shards reads it (rain
-	// serve --outbox, --deadline-index). Form.Script is for shards without
-	// Redis functions (the try-it mode's).
+	// serve --outbox, --deadline-index).
 	Form lua.Form
 }
 

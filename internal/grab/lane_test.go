@@ -85,7 +85,7 @@ func TestLaneLingersOnlyForSmallBatches(t *testing.T) {
 	e.preload(t, rain.Spec{PoolID: "p", TotalCents: 1_000_000, Count: 10_000, SubPools: 1})
 	grab.HoldCPU(e.svc, true)
 	name := e.shards.Names()[0]
-	claims := redisproxy.Script(lua.Called("claim_many"))
+	claims := redisproxy.Script(lua.SHA("claim_many"))
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait) // a round cut short by a Fatal leaves its grabs running

@@ -60,7 +60,7 @@ func TestLostAdoptReply(t *testing.T) {
 			t.Fatalf("Grab(%s) = %+v, %v; want granted from home", u, r, err)
 		}
 	}
-	proxies[homeShard].DropReplies(redisproxy.Script(lua.Called("adopt")), 1)
+	proxies[homeShard].DropReplies(redisproxy.Script(lua.SHA("adopt")), 1)
 	r, err := e.svc.Grab(ctx, "ad", users[2]) // home empty: spills from sub-pool 1
 	if err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("spilled Grab(%s) with its adopt reply lost = %+v, %v; want granted", users[2], r, err)
@@ -87,7 +87,7 @@ func TestLostAdoptReply(t *testing.T) {
 func TestLostClaimReply(t *testing.T) {
 	ctx := context.Background()
 	e, proxies := newProxiedEnv(t, 2, redistest.Options{})
-	claim := redisproxy.Script(lua.Called("claim_many")) // grabs claim in batches
+	claim := redisproxy.Script(lua.SHA("claim_many")) // grabs claim in batches
 
 	st := e.preload(t, rain.Spec{PoolID: "one", TotalCents: 100, Count: 1})
 	p := proxies[map[string]int{"s1": 0, "s2": 1}[st.SubPools[0].Shard]]
@@ -104,12 +104,12 @@ func TestLostClaimReply(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := p.Stats().RepliesSwallowed["FCALL"]
+	before := p.Stats().RepliesSwallowed["EVALSHA"]
 	p.DropReplies(claim, 1)
 	if r, err := e.svc.Grab(ctx, "two", users[2]); err != nil || r.Outcome != grab.Granted {
 		t.Fatalf("Grab whose reserving claim lost its reply = %+v, %v; want granted by a spill", r, err)
 	}
-	if p.Stats().RepliesSwallowed["FCALL"] != before+1 {
+	if p.Stats().RepliesSwallowed["EVALSHA"] != before+1 {
 		t.Fatal("the claim's reply was not swallowed")
 	}
 	e.assertAudit(t, "one")
@@ -125,7 +125,7 @@ func TestSpillStepsLoseReplies(t *testing.T) {
 	e.preload(t, rain.Spec{PoolID: "steps", TotalCents: 2000, Count: 20, SubPools: 2})
 	for _, step := range []string{"take", "adopt", "ack", "abort", "decide", "claim_many"} {
 		for _, p := range proxies {
-			p.DropReplies(redisproxy.Script(lua.Called(step)), 2)
+			p.DropReplies(redisproxy.Script(lua.SHA(step)), 2)
 		}
 	}
 	granted := map[string]grab.Result{}

@@ -180,7 +180,7 @@ func crashingEnv(t *testing.T) (survivor, crashing *env, crash func(script strin
 	}
 	crash = func(script string, shards ...int) {
 		for _, i := range shards {
-			proxies[i].PartitionAfter(redisproxy.Script(lua.Called(script)), 1, die)
+			proxies[i].PartitionAfter(redisproxy.Script(lua.SHA(script)), 1, die)
 		}
 	}
 	return survivor, crashing, crash

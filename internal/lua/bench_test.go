@@ -84,9 +84,7 @@ func BenchmarkNextLevers(b *testing.B) {
 // by variants that leave one per-batch step out (not rain's: their books
 // are wrong), at the small batches a shard sees under moderate load:
 //
-//	rain           claim_many in the batch form, as a script like every
-//	               variant here (rain serve runs it as its library's
-//	               function: BenchmarkClaimMany and ScriptsInterleaved)
+//	rain           claim_many as rain runs it (the batch form)
 //	no-meta-read   the sub-pool's meta (state, window, hold) as constants
 //	no-time        the shard's clock as a constant
 //	no-counters    no read and write of the meta's counters
@@ -148,9 +146,7 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 // one Redis alone (presumably colder caches, as on 4 shards beside the
 // grab service).
 //
-//	rain              claim_many as rain runs it (its library's function)
-//	script            claim_many as a script (the try-it mode's form; the
-//	                  variants below are scripts too)
+//	rain              claim_many as rain runs it
 //	plain             plainClaimSrc: rain's writes, written plainly
 //	prelude+plain     the same with the prelude in front (what the prelude costs a call)
 //	no-probe          claim_many without the probe of a moving slot
@@ -159,7 +155,7 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 //	go test -run x -bench ScriptsInterleaved -benchtime 6000x ./internal/lua
 func BenchmarkScriptsInterleaved(b *testing.B) {
 	rainSrc := prelude + source("claim_many")
-	noProbe := strings.Replace(rainSrc, "local read = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')", "local read = 0", 1)
+	noProbe := strings.Replace(rainSrc, "local probe = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')", "local probe = 0", 1)
 	usedMoves := rainSrc
 	for _, name := range []string{"zero_books", "load_stock", "release_due", "confirm_held", "pop_to_transfer", "adopt_to_held", "send_transfer", "return_transfer"} {
 		i := strings.Index(usedMoves, "local function "+name+"(")
@@ -173,8 +169,7 @@ func BenchmarkScriptsInterleaved(b *testing.B) {
 		b.Fatal("the prelude no longer probes as this benchmark replaces: update it")
 	}
 	variants := []struct{ name, src string }{
-		{"rain", ""},
-		{"script", rainSrc},
+		{"rain", rainSrc},
 		{"plain", plainClaimSrc},
 		{"prelude+plain", prelude + plainClaimSrc},
 		{"no-probe", noProbe},
@@ -186,13 +181,13 @@ func BenchmarkScriptsInterleaved(b *testing.B) {
 			claims := make([]*rainClaims, len(variants))
 			for i, v := range variants {
 				c := redistest.Client(b, redistest.Start(b, redistest.Options{}))
-				claims[i] = &rainClaims{c: c, form: benchForm}
-				if v.src != "" {
-					claims[i].script = redis.NewScript(v.src)
-				}
+				claims[i] = &rainClaims{c: c, form: benchForm, script: redis.NewScript(v.src)}
 				// benchPackets outlasts -benchtime 6000x and a default run; a longer
 				// one fails on a claim answered empty.
 				if err := claims[i].refill(ctx, benchPackets); err != nil {
+					b.Fatal(err)
+				}
+				if err := claims[i].script.Load(ctx, c).Err(); err != nil {
 					b.Fatal(err)
 				}
 				if err := c.ConfigResetStat(ctx).Err(); err != nil {
@@ -373,14 +368,14 @@ func (m *redisMeter) read(b *testing.B) (cpu, lua float64) {
 				b.Fatalf("INFO %s: %v", line, err)
 			}
 			cpu += f * 1e6
-		case "cmdstat_evalsha", "cmdstat_fcall": // the scripts and claim_many's function
+		case "cmdstat_evalsha":
 			for kv := range strings.SplitSeq(v, ",") {
 				if name, val, _ := strings.Cut(kv, "="); name == "usec" {
 					f, err := strconv.ParseFloat(val, 64)
 					if err != nil {
 						b.Fatalf("INFO %s: %v", line, err)
 					}
-					lua += f
+					lua = f
 				}
 			}
 		}

@@ -46,32 +46,24 @@ type ClaimArg struct {
 	Token  string
 }
 
-// ClaimManyCmd queues the claims of one batch on one sub-pool as one call
-// of claim_many on pipe (FCALL of its function; EVALSHA of its script with
-// form.Script): each claim decided in order, atomically, as if it came
-// alone (see claim_many.lua). Read it with ParseClaimMany. A shard that
-// lacks it (a new node, a script cache emptied) answers an error IsNoScript
-// reports: nothing ran; load the scripts (LoadScripts) and send the batch
-// again. args is the caller's to reuse once the command has been sent.
+// ClaimManyCmd queues the claims of one batch on one sub-pool as one
+// EVALSHA of claim_many on pipe: each claim decided in order, atomically,
+// as if it came alone (see claim_many.lua). Read it with ParseClaimMany. A shard whose script
+// cache is empty answers NOSCRIPT (IsNoScript): load the scripts and run the
+// batch again with ClaimMany. args is the caller's to reuse once the command
+// has been sent.
 //
 // With fence the caller WAITs for a replica after the script on the same
 // connection: a run that answers a grant made before it then writes a
 // counter, so the WAIT covers that grant too (see claim_many.lua). form
 // says how the grants made are written (Form).
 func ClaimManyCmd(ctx context.Context, pipe redis.Pipeliner, k *rain.Keys, validityMS int64, fence bool, form Form, claims []ClaimArg, args []any) *redis.Cmd {
-	if form.Script {
-		return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, form, claims)...)
-	}
-	return pipe.FCall(ctx, claimFunction, claimKeys(k), claimManyArgs(args, validityMS, fence, form, claims)...)
+	return claimManyScript.EvalSha(ctx, pipe, claimKeys(k), claimManyArgs(args, validityMS, fence, form, claims)...)
 }
 
-// Form is how claim_many writes the grants it makes, and how it is sent.
-// The zero Form's grants are what every earlier release writes and reads.
+// Form is how claim_many writes the grants it makes. The zero Form is what
+// every earlier release writes and reads.
 type Form struct {
-	// Script: claim_many is sent as a script (EVALSHA), for a server
-	// without functions (the try-it mode's embedded shards); else as the
-	// function of its library (FCALL). Both run the same code.
-	Script bool
 	// Outbox is the form of the grants' outbox entries (see prelude.lua
 	// and ParseOutboxEntries).
 	Outbox OutboxForm
@@ -138,23 +130,11 @@ var formArgs = func() (a [len(outboxForms)][2]string) {
 	return a
 }()
 
-// ClaimMany runs claim_many at once, as rain serve sends it (FCALL; on a
-// shard that lacks its library, LoadScripts and FCALL again), without a
+// ClaimMany runs claim_many at once (EVALSHA, EVAL on NOSCRIPT), without a
 // fence, in the zero Form (rain serve's default, which every rain settle
 // pays and every reaper releases).
-func ClaimMany(ctx context.Context, c Loader, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
-	keys := claimKeys(k)
-	call := append(make([]any, 0, 3+len(keys)+3+3*len(claims)), "fcall", claimFunction, len(keys))
-	for _, key := range keys {
-		call = append(call, key)
-	}
-	call = append(call, claimManyArgs(nil, validityMS, false, Form{}, claims)...)
-	res, err := c.Do(ctx, call...).Slice()
-	if IsNoScript(err) {
-		if err = LoadScripts(ctx, c); err == nil {
-			res, err = c.Do(ctx, call...).Slice()
-		}
-	}
+func ClaimMany(ctx context.Context, c Client, k *rain.Keys, validityMS int64, claims []ClaimArg) ([]Claim, []error, error) {
+	res, err := claimManyScript.Run(ctx, c, claimKeys(k), claimManyArgs(nil, validityMS, false, Form{}, claims)...).Slice()
 	if err != nil {
 		return nil, nil, err
 	}

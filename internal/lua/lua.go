@@ -14,9 +14,7 @@
 // serial counter and its watermark copies (serial.lua, watermark.lua), a
 // shard's due index (due_*.lua, tagged {due}). Scripts run with EVALSHA and
 // fall back to EVAL on NOSCRIPT (go-redis Script.Run), so a restarted shard
-// with an empty script cache costs one extra round trip. The grab's
-// script, claim_many, runs as the function of a library (FCALL; see
-// claimLibrary), where the prelude is defined once, not on every call.
+// with an empty script cache costs one extra round trip.
 //
 // The scripts also run on the try-it mode's embedded shards (miniredis),
 // whose Lua differs in one way that matters: a string.match that finds
@@ -36,11 +34,8 @@ package lua
 
 import (
 	"context"
-	"crypto/sha1"
 	"embed"
-	"encoding/hex"
 	"fmt"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -105,58 +100,9 @@ func script(name string) *redis.Script {
 	return redis.NewScript(prelude + source(name))
 }
 
-// The grab's script, claim_many, runs as a function of a library of
-// rain's (FCALL) on Redis, where the prelude's definitions are made once,
-// when the library is loaded, instead of on every call as a script's are
-// (about a tenth of a call's time: docs/benchmarks.md, "claim_many as a
-// function"). The library is the prelude's definitions, then claim_many's
-// function: the prelude's lines from its "Every script begins here" on,
-// then claim_many.lua, with KEYS and ARGV the call's. Its name and the
-// function's carry the first 16 hex digits of the SHA1 of its text, so
-// that two releases of rain running at once (a rolling upgrade) each call
-// their own claim_many, as EVALSHA's SHAs keep them apart. A server without
-// functions (the try-it mode's embedded shards) runs claim_many as the
-// script claimManyScript (Form.Script).
-var claimLibrary, claimFunction = library("claim_many")
-
-// preludeEntry opens the lines of the prelude that every script runs
-// first; the lines before it only define.
-const preludeEntry = "-- Every script begins here"
-
-// library is the function library of the script name.lua, and the name of
-// its one function.
-func library(name string) (code, function string) {
-	defs, entry, ok := strings.Cut(prelude, preludeEntry)
-	if !ok {
-		panic("lua: prelude.lua has no line " + preludeEntry) // a bug of prelude.lua
-	}
-	const tag = "@@"
-	code = "#!lua name=rain_" + tag + "\n" +
-		"local KEYS, ARGV -- the call's, set by the function below\n" +
-		defs +
-		"redis.register_function('" + name + "_" + tag + "', function(keys, args)\n" +
-		"KEYS, ARGV = keys, args\n" +
-		preludeEntry + entry + source(name) +
-		"\nend)\n"
-	sum := sha1.Sum([]byte(code))
-	id := hex.EncodeToString(sum[:8])
-	return strings.ReplaceAll(code, tag, id), name + "_" + id
-}
-
-// Called is what a shard sees called for the named script (the file name
-// without .lua), after the command's name: for claim_many the name of its
-// function (FCALL), for the others the SHA1 of the prelude and the script
-// (EVALSHA); "" for no such script. Fault tests match commands by it
-// (claim_many sent as a script, Form.Script, is matched by SHA).
-func Called(name string) string {
-	if name == "claim_many" {
-		return claimFunction
-	}
-	return SHA(name)
-}
-
-// SHA is the SHA1 of the named script with the prelude in front, as
-// EVALSHA sends it; "" for no such script.
+// SHA is the SHA1 of the named script (the file name without .lua) with
+// the prelude in front, as EVALSHA sends it; "" for no such script. Fault
+// tests match commands by it.
 func SHA(name string) string {
 	if s := scripts[name]; s != nil {
 		return s.Hash()
@@ -167,48 +113,19 @@ func SHA(name string) string {
 // Client is what the wrappers need of a shard: *redis.Client satisfies it.
 type Client = redis.Scripter
 
-// Loader is what LoadScripts needs of a shard: *redis.Client satisfies it.
-type Loader interface {
-	Client
-	Do(ctx context.Context, args ...any) *redis.Cmd // FUNCTION LOAD
-}
-
 // LoadScripts loads every script into c's script cache, so that pipelined
-// EVALSHA finds them, and claim_many's library, so that FCALL finds it (on
-// a cluster, into every primary: a replica has its primary's libraries). A
-// library already loaded is the same code (its name says which): it is
-// kept, and not written to the shard's AOF again. A server without
-// functions (the try-it mode's, where claim_many runs as a script) is
-// given the scripts alone.
-func LoadScripts(ctx context.Context, c Loader) error {
+// EVALSHA finds them.
+func LoadScripts(ctx context.Context, c Client) error {
 	for name, s := range scripts {
 		if err := s.Load(ctx, c).Err(); err != nil {
 			return fmt.Errorf("load script %s: %w", name, err)
 		}
 	}
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return loadLibrary(ctx, n) })
-	}
-	return loadLibrary(ctx, c)
+	return nil
 }
 
-// loadLibrary loads claim_many's library into the server c reaches.
-func loadLibrary(ctx context.Context, c Loader) error {
-	err := c.Do(ctx, "function", "load", claimLibrary).Err()
-	switch {
-	case err == nil, redis.HasErrorPrefix(err, "Library") && strings.Contains(err.Error(), "already exists"):
-		return nil
-	case redis.HasErrorPrefix(err, "unknown command"):
-		return nil // no functions here: claim_many runs as a script
-	}
-	return fmt.Errorf("load claim_many's library: %w", err)
-}
-
-// IsNoScript reports whether err says the shard lacks the script (EVALSHA's
-// NOSCRIPT, FCALL's "Function not found"): nothing ran.
-func IsNoScript(err error) bool {
-	return redis.HasErrorPrefix(err, "NOSCRIPT") || redis.HasErrorPrefix(err, "Function not found")
-}
+// IsNoScript reports whether err says the shard lacks the script.
+func IsNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 func str(res []any, i int) string {
 	if i < len(res) {

@@ -245,9 +245,7 @@ func TestClaimManyReservationsInOneBatch(t *testing.T) {
 // run through claim_many on one sub-pool and claim by claim (batches of
 // one) on a twin with the same stock; the answers, the stock left and the
 // grants agree (deadlines aside, which come from the clock), and the audit
-// of the batched one holds. The batches run as rain serve sends them (the
-// function, FCALL), the claims one by one as the script the try-it mode
-// sends (Form.Script, EVALSHA): the two decide alike.
+// of the batched one holds.
 func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t)
@@ -275,7 +273,7 @@ func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, cl := range batch {
-				want, werr := claimOneScript(ctx, c, &b, cl, 60_000)
+				want, werr := claimOne(ctx, c, &b, cl.User, cl.Serial, cl.Token, 60_000)
 				if (errs[i] != nil) != (werr != nil) {
 					t.Fatalf("claim %+v: error %v in the batch, %v alone", cl, errs[i], werr)
 				}
@@ -310,59 +308,9 @@ func TestClaimManyBatchesAsOneByOne(t *testing.T) {
 	}
 }
 
-// claimOneScript runs one claim through claim_many sent as a script
-// (Form.Script), in the zero Form otherwise.
-func claimOneScript(ctx context.Context, c *redis.Client, k *rain.Keys, cl ClaimArg, validityMS int64) (Claim, error) {
-	pipe := c.Pipeline()
-	cmd := ClaimManyCmd(ctx, pipe, k, validityMS, false, Form{Script: true}, []ClaimArg{cl}, nil)
-	if _, err := pipe.Exec(ctx); err != nil {
-		return Claim{}, err
-	}
-	claims, errs, err := ParseClaimMany(cmd, 1)
-	if err != nil {
-		return Claim{}, err
-	}
-	return claims[0], errs[0]
-}
-
-// TestAFailedCallLeavesNothingForTheNext: claim_many's function keeps the
-// prelude's definitions between calls, and with them the state of a run's
-// moves (its books, the stock popped, the grants made); each call begins
-// from nothing. A call that fails half way (a key of the wrong type:
-// WRONGTYPE once its moves are booked) leaves no move for the next call,
-// on another sub-pool: that one writes its own grant and counters alone.
-func TestAFailedCallLeavesNothingForTheNext(t *testing.T) {
-	ctx := context.Background()
-	c := newClient(t)
-	a := openSubPool(t, c, 0, 60_000, 10, 20, 30)
-	b := openSubPool(t, c, 1, 60_000, 40, 50)
-	if err := c.Set(ctx, a.Deadlines, "not a sorted set", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := ClaimMany(ctx, c, &a, 0, []ClaimArg{{User: "ua", Serial: 1}, {User: "ub", Serial: 2}}); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-		t.Fatalf("claims on a sub-pool whose deadline index is a string: %v, want WRONGTYPE", err)
-	}
-	got, err := claimOne(ctx, c, &b, "u1", 3, "", 0)
-	if err != nil || got.Outcome != Granted || got.Amount != 40 {
-		t.Fatalf("claim on the next sub-pool = %+v, %v; want 40 granted", got, err)
-	}
-	grants, err := c.HGetAll(ctx, b.Grants).Result()
-	if err != nil || len(grants) != 1 || !strings.HasPrefix(grants["u1"], "h:40:3:") {
-		t.Fatalf("the next sub-pool's grants = %v, %v; want u1's alone", grants, err)
-	}
-	m, err := c.HMGet(ctx, b.Meta, "stock_count", "stock_cents", "held_count", "held_cents").Result()
-	if err != nil || fmt.Sprint(m) != "[1 50 1 40]" {
-		t.Fatalf("the next sub-pool's stock and held counters = %v, %v; want [1 50 1 40]", m, err)
-	}
-	au, err := AuditSubPool(ctx, c, rain.SubPool{Pool: "r", Index: 1})
-	if err != nil || au.StockCount != au.ListLen || au.StockCents != au.ListSum || au.HeldCount != au.GrantsHeld || au.HeldCents != au.GrantsHeldCents {
-		t.Fatalf("audit of the next sub-pool = %+v, %v: counters and records disagree", au, err)
-	}
-}
-
-// claimOne runs one claim through claim_many as rain serve sends it: a
-// batch of one.
-func claimOne(ctx context.Context, c Loader, k *rain.Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
+// claimOne runs one claim through claim_many, the script production runs:
+// a batch of one.
+func claimOne(ctx context.Context, c Client, k *rain.Keys, user string, serial int64, token string, validityMS int64) (Claim, error) {
 	claims, errs, err := ClaimMany(ctx, c, k, validityMS, []ClaimArg{{User: user, Serial: serial, Token: token}})
 	if err != nil {
 		return Claim{}, err

@@ -58,30 +58,6 @@
 -- are Lua numbers, exact to 2^53 (rain caps a pool at 1e15 cents), written
 -- with %d: a number passed to redis.call as it is would be sent as %.14g.
 
--- What one run of a script has moved, kept until write_books writes it.
--- begin empties it before a script runs (at the end of this file).
-local books   -- counter -> what this script's moves changed it by
-local booked  -- those counters, in the order first changed
-local popped, used -- the stock pop_to_held popped, and how much of it it used
-local grants_made -- HSET arguments of the grants made
-local due_users, due_order -- deadline -> users of the grants made that fall due then; those deadlines in order
-local outbox_grants -- the grants made for the script's one outbox entry (k.grouped)
-local restocked -- an amount came back to the stock
-
--- begin sets the state above to that of a run that has moved nothing.
--- Run as a function of a library (claim_many, see lua.go), this file's
--- definitions outlive a call, so every call begins with it: a call that
--- failed half way leaves nothing for the next.
-local function begin()
-  books, booked = {}, {}
-  popped, used = nil, 0
-  grants_made = {}
-  due_users, due_order = {}, {}
-  outbox_grants = {}
-  restocked = false
-end
-
--- probe answers an error when the slot of keys is being moved, else nil.
 -- A slot being moved (Redis Cluster, this node MIGRATING it): Redis runs a
 -- script here only if every key it declares is here, but then refuses any
 -- command of it that touches a key that is not (one the script itself
@@ -95,28 +71,34 @@ end
 -- The key read is named rain:... as every key of rain's is, so that a
 -- Redis user allowed rain's keys alone (~rain:*) may read it. A key with
 -- braces but no hash tag (an empty {}, a } alone) is not rain's: no read.
-local function probe(keys)
-  if #keys > 0 then
-    local key = keys[1]
-    local open = string.find(key, '{', 1, true)
-    local close = open and string.find(key, '}', open + 1, true)
-    local tag -- the part of the key its slot is hashed from
-    if close and close > open + 1 then
-      tag = string.sub(key, open + 1, close - 1)
-    elseif not string.find(key, '[{}]') then
-      tag = key
-    end
-    if tag then
-      local read = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')
-      if type(read) == 'table' and read.err then
-        if string.find(read.err, 'non local key', 1, true) then
-          return redis.error_reply('TRYAGAIN the slot of ' .. key .. ' is being moved: nothing ran (' .. read.err .. ')')
-        end
-        return redis.error_reply(read.err) -- nothing ran: not a slot moving (a key the user may not read, ...)
+if #KEYS > 0 then
+  local key = KEYS[1]
+  local open = string.find(key, '{', 1, true)
+  local close = open and string.find(key, '}', open + 1, true)
+  local tag -- the part of the key its slot is hashed from
+  if close and close > open + 1 then
+    tag = string.sub(key, open + 1, close - 1)
+  elseif not string.find(key, '[{}]') then
+    tag = key
+  end
+  if tag then
+    local probe = redis.pcall('EXISTS', 'rain:{' .. tag .. '}:never')
+    if type(probe) == 'table' and probe.err then
+      if string.find(probe.err, 'non local key', 1, true) then
+        return redis.error_reply('TRYAGAIN the slot of ' .. key .. ' is being moved: nothing ran (' .. probe.err .. ')')
       end
+      return redis.error_reply(probe.err) -- nothing ran: not a slot moving (a key the user may not read, ...)
     end
   end
 end
+
+local books = {}  -- counter -> what this script's moves changed it by
+local booked = {} -- those counters, in the order first changed
+local popped, used = nil, 0 -- the stock pop_to_held popped, and how much of it it used
+local grants_made = {} -- HSET arguments of the grants made
+local due_users, due_order = {}, {} -- deadline -> users of the grants made that fall due then; those deadlines in order
+local outbox_grants = {} -- the grants made for the script's one outbox entry (k.grouped)
+local restocked = false -- an amount came back to the stock
 
 -- change adds by to counter in this script's books.
 local function change(counter, by)
@@ -456,11 +438,4 @@ local function write_books(k)
   end
 end
 
--- Every script begins here (lua.go puts what follows this line at the
--- start of claim_many's function, the rest of this file in its library).
-begin()
-local refused = probe(KEYS)
-if refused then
-  return refused
-end
 -- (the script follows)

@@ -40,7 +40,7 @@ var moves = map[string][]string{
 
 // preludeHelpers are the prelude's own functions, which the rules are
 // built of and no script calls.
-var preludeHelpers = []string{"begin", "change", "hold", "integer", "move", "probe", "tally"}
+var preludeHelpers = []string{"change", "hold", "integer", "move", "tally"}
 
 // TestMoneyMovesOnlyInThePrelude: every embedded script is loaded with the
 // prelude in front; the scripts that move money call the prelude's moves

@@ -34,12 +34,11 @@ func Command(name string) Match {
 	return func(cmd []string) bool { return len(cmd) > 0 && cmd[0] == name }
 }
 
-// Script matches the calls of one script: EVALSHA of the script with this
-// SHA1 (how go-redis runs a script once the shard has it cached), or FCALL
-// of the function of this name (lua.Called gives either).
-func Script(called string) Match {
+// Script matches EVALSHA of the script with this SHA1 (how go-redis runs a
+// script once the shard has it cached).
+func Script(sha string) Match {
 	return func(cmd []string) bool {
-		return len(cmd) > 1 && (cmd[0] == "EVALSHA" || cmd[0] == "FCALL") && strings.EqualFold(cmd[1], called)
+		return len(cmd) > 1 && (cmd[0] == "EVALSHA" && strings.EqualFold(cmd[1], sha))
 	}
 }
 

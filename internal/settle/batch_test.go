@@ -376,7 +376,7 @@ func TestAConfirmAgainThatFailsIsCounted(t *testing.T) {
 	sink := &slowFirst{memSink: newMemSink(0), delay: 1100 * time.Millisecond}
 	sink.during = func() {
 		for _, p := range proxies {
-			p.DropRequests(redisproxy.Script(lua.Called("confirm_many")), 4)
+			p.DropRequests(redisproxy.Script(lua.SHA("confirm_many")), 4)
 		}
 	}
 	cfg := fastConfig("a")
@@ -783,7 +783,7 @@ func newLostAfterPay(t *testing.T, records bool) lostAfterPay {
 	was.waitDue(t)
 	set, cat, proxies, _ := e.doomed(t)
 	for _, p := range proxies {
-		p.DropRequests(redisproxy.Script(lua.Called("acknowledge")), 4)
+		p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
 	}
 	lp := lostAfterPay{e: e, c: c, k: k, set: set, cat: cat, released: make(chan struct{}),
 		sink: &loseAfterPay{memSink: newMemSink(0), victim: victim.Serial}}
@@ -1058,9 +1058,9 @@ func TestAnAcknowledgmentLostMidRead(t *testing.T) {
 			set, cat, proxies, _ := e.doomed(t)
 			for _, p := range proxies {
 				if lost == "request" {
-					p.DropRequests(redisproxy.Script(lua.Called("acknowledge")), 4)
+					p.DropRequests(redisproxy.Script(lua.SHA("acknowledge")), 4)
 				} else {
-					p.DropReplies(redisproxy.Script(lua.Called("acknowledge")), 4)
+					p.DropReplies(redisproxy.Script(lua.SHA("acknowledge")), 4)
 				}
 			}
 			sink := newMemSink(0)

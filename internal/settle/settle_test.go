@@ -266,7 +266,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			var dies *dying
 			if step == "confirmed" {
 				for _, p := range proxies {
-					p.PartitionAfter(redisproxy.Script(lua.Called("confirm_many")), 2, die)
+					p.PartitionAfter(redisproxy.Script(lua.SHA("confirm_many")), 2, die)
 				}
 			} else {
 				// Entries of 10 go in parts of 5 (Batch), two outboxes at

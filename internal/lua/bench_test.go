@@ -144,7 +144,11 @@ func BenchmarkBatchFixedCost(b *testing.B) {
 // INFO commandstats (<variant>-us/call). With this many Redis processes
 // taking turns on two cores, a call costs about twice what it costs on
 // one Redis alone (presumably colder caches, as on 4 shards beside the
-// grab service).
+// grab service). Under aof/, rain and plain alone run the same way on
+// servers with AOF and appendfsync always, as rain's shards run, and
+// each also reports its server's CPU per call, the AOF's write and
+// fsync included (<variant>-cpu-us/call, from INFO's used_cpu_sys and
+// used_cpu_user).
 //
 //	rain              claim_many as rain runs it
 //	plain             plainClaimSrc: rain's writes, written plainly
@@ -176,39 +180,53 @@ func BenchmarkScriptsInterleaved(b *testing.B) {
 		{"used-moves", usedMoves},
 	}
 	for _, n := range []int{1, 8} {
-		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) {
-			ctx := context.Background()
-			claims := make([]*rainClaims, len(variants))
-			for i, v := range variants {
-				c := redistest.Client(b, redistest.Start(b, redistest.Options{}))
-				claims[i] = &rainClaims{c: c, form: benchForm, script: redis.NewScript(v.src)}
-				// benchPackets outlasts -benchtime 6000x and a default run; a longer
-				// one fails on a claim answered empty.
-				if err := claims[i].refill(ctx, benchPackets); err != nil {
-					b.Fatal(err)
-				}
-				if err := claims[i].script.Load(ctx, c).Err(); err != nil {
-					b.Fatal(err)
-				}
-				if err := c.ConfigResetStat(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			var next int64
-			for b.Loop() {
-				for _, cl := range claims {
-					if err := cl.batch(ctx, next, n); err != nil {
-						b.Fatal(err)
-					}
-				}
-				next += int64(n)
-			}
-			for i, v := range variants {
-				m := &redisMeter{c: claims[i].c}
-				_, usec := m.read(b)
-				b.ReportMetric(usec/float64(b.N), v.name+"-us/call")
-			}
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { interleave(b, n, variants, redistest.Options{}) })
+	}
+	for _, n := range []int{1, 8} {
+		b.Run("aof/batch="+strconv.Itoa(n), func(b *testing.B) {
+			interleave(b, n, variants[:2], redistest.Options{AOF: true, Fsync: "always"})
 		})
+	}
+}
+
+// interleave runs BenchmarkScriptsInterleaved's variants, each on a
+// redis-server of its own started with opts, one batch of n new users to
+// each in turn; with AOF it reports each server's CPU per call too.
+func interleave(b *testing.B, n int, variants []struct{ name, src string }, opts redistest.Options) {
+	ctx := context.Background()
+	claims := make([]*rainClaims, len(variants))
+	cpu := make([]float64, len(variants))
+	for i, v := range variants {
+		c := redistest.Client(b, redistest.Start(b, opts))
+		claims[i] = &rainClaims{c: c, form: benchForm, script: redis.NewScript(v.src)}
+		// benchPackets outlasts -benchtime 6000x and a default run; a longer
+		// one fails on a claim answered empty.
+		if err := claims[i].refill(ctx, benchPackets); err != nil {
+			b.Fatal(err)
+		}
+		if err := claims[i].script.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		cpu[i], _ = (&redisMeter{c: c}).read(b)
+	}
+	var next int64
+	for b.Loop() {
+		for _, cl := range claims {
+			if err := cl.batch(ctx, next, n); err != nil {
+				b.Fatal(err)
+			}
+		}
+		next += int64(n)
+	}
+	for i, v := range variants {
+		after, usec := (&redisMeter{c: claims[i].c}).read(b)
+		b.ReportMetric(usec/float64(b.N), v.name+"-us/call")
+		if opts.AOF {
+			b.ReportMetric((after-cpu[i])/float64(b.N), v.name+"-cpu-us/call")
+		}
 	}
 }
 

@@ -884,15 +884,17 @@ func TestAGrantRecordedUnpaidIsNotPaid(t *testing.T) {
 }
 
 // TestADamagedGrantHoldsUpNoOtherOfItsEntry: an entry of a batch's grants
-// (--outbox batch) holds, beside its three grants, one of 0 cents (a
-// damaged entry: no grant has that). The three are paid; the damaged one
-// goes to no sink, and the entry is left pending for an operator.
+// (--outbox batch) holds, beside its three grants, two of 0 cents of one
+// serial (a damaged entry: no grant has that). The three are paid; the
+// damaged ones go to no sink, each is counted once (Stats.Conflicts), and
+// the entry is left pending for an operator.
 func TestADamagedGrantHoldsUpNoOtherOfItsEntry(t *testing.T) {
 	e, _ := batchEnv(t, 3, 1, 3, 0)
 	ctx := context.Background()
 	c, k, entries := e.outbox(t, 1)
 	es := grantsOf(t, entries[0], 3)
-	damaged := fmt.Sprintf("%s 0:%d:%d:mallory", entries[0].Values["G"], es[0].Serial+100, es[0].DeadlineMS)
+	// Two damaged grants of one serial: each is counted.
+	damaged := fmt.Sprintf("%s 0:%d:%d:mallory 0:%d:%d:trudy", entries[0].Values["G"], es[0].Serial+100, es[0].DeadlineMS, es[0].Serial+100, es[0].DeadlineMS)
 	if err := c.XDel(ctx, k.Outbox, entries[0].ID).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -905,10 +907,13 @@ func TestADamagedGrantHoldsUpNoOtherOfItsEntry(t *testing.T) {
 	stop := run(t, w)
 	waittest.Until(t, 20*time.Second, "the three grants paid, the entry left for an operator", func() bool {
 		st := w.Stats()
-		return st.Delivered == 3 && st.Conflicts == 1 && st.LeftForOperator == 1
+		return st.Delivered == 3 && st.Conflicts == 2 && st.LeftForOperator == 1
 	})
 	time.Sleep(500 * time.Millisecond) // passes over the entry left pending
 	stop()
+	if st := w.Stats(); st.Conflicts != 2 {
+		t.Fatalf("stats %+v after more passes: want the 2 damaged grants counted once each", st)
+	}
 	if paid, again := sink.stats(); paid != 3 || again != 0 || len(sink.unpaid) != 0 {
 		t.Fatalf("the sink paid %d grants, %d again, and holds %d settled unpaid; want the 3 once, none unpaid", paid, again, len(sink.unpaid))
 	}

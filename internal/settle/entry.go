@@ -163,12 +163,14 @@ func (w *Worker) settleBatch(ctx context.Context, sh *shardLoop, stream string, 
 				}
 				b.several[m.ID] = &span{open: len(gs)}
 			}
-			for _, g := range gs {
+			for i, g := range gs {
 				if g.Serial <= 0 || g.AmountCents <= 0 {
 					// No grant has either: a damaged grant, left for an
 					// operator. Its entry stays pending (it is never
 					// settled), and the entry's other grants are settled.
-					w.leftForOperator(p, stream, m.ID, strconv.FormatInt(g.Serial, 10),
+					// Named by its place too: two damaged grants of an
+					// entry may share a serial (0), and each is counted.
+					w.leftForOperator(p, stream, m.ID, fmt.Sprintf("%d (grant %d of the entry)", g.Serial, i+1),
 						fmt.Errorf("outbox grant %s serial %d: want a positive serial and amount", g, g.Serial))
 					continue
 				}
@@ -529,8 +531,9 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 	}
 }
 
-// leftForOperator counts and logs, once per entry and grant (serial; ""
-// for the whole entry) though it is met on every pass, an entry left
+// leftForOperator counts and logs, once per entry and grant (serial: the
+// grant's, with its place in the entry for a damaged one; "" for the whole
+// entry) though it is met on every pass, an entry left
 // pending for an operator, and notes the entry in the pass
 // (Stats.LeftForOperator).
 func (w *Worker) leftForOperator(p *pass, stream, id, serial string, err error) {

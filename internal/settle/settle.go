@@ -162,8 +162,9 @@ type Stats struct {
 	// grant whose amount is not what its record holds, a grant paid and
 	// then released (its shard lost the confirm: this worker remembers it
 	// paid it, or the sink says so, ErrPaid), a grant to pay that the sink
-	// recorded as settled unpaid (ErrSettledUnpaid), or an entry that
-	// cannot be read as grants or a release (logged once each).
+	// recorded as settled unpaid (ErrSettledUnpaid), a damaged grant (no
+	// positive serial or amount: each of an entry's counted), or an entry
+	// that cannot be read as grants or a release (logged once each).
 	Conflicts int64
 	// LeftForOperator is how many entries left pending for an operator the
 	// worker's last pass over each shard met (each pass reads the first

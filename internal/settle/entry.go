@@ -533,9 +533,8 @@ func (w *Worker) payCall(ctx context.Context, sh *shardLoop, b *batch, p *pass, 
 
 // leftForOperator counts and logs, once per entry and grant (serial: the
 // grant's, with its place in the entry for a damaged one; "" for the whole
-// entry) though it is met on every pass, an entry left
-// pending for an operator, and notes the entry in the pass
-// (Stats.LeftForOperator).
+// entry) though it is met on every pass, an entry left pending for an
+// operator, and notes the entry in the pass (Stats.LeftForOperator).
 func (w *Worker) leftForOperator(p *pass, stream, id, serial string, err error) {
 	p.leave(stream + " " + id)
 	w.awaitingOperator.Store(stream+" "+id, true)

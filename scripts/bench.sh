@@ -1207,7 +1207,9 @@ bench_driver() {
 # counts, never times); then `go test -run x -bench ClaimMany -count
 # BENCH_COUNT (3) ./internal/lua`: Redis's CPU per claim of the claim path
 # alone at batches of 1 to 128, and of a pipelined batch of the minimal
-# design's script alone; then `go test -run x -bench RoundTrip -count
+# design's script alone; then four copies of its batches of 16 at once, each
+# on a Redis of its own (the floor of four shards' Redis on these cores, see
+# budget_four_at_once); then `go test -run x -bench RoundTrip -count
 # BENCH_COUNT ./internal/shard`: the CPU one round trip to a shard costs
 # rain's process, through go-redis and on a bare connection (the kernel's
 # floor). Last, the figures and the table. PROFILES=DIR keeps
@@ -1256,6 +1258,7 @@ bench_budget() {
   echo "== budget: go test -run x -bench ClaimMany -count ${BENCH_COUNT:-3} ./internal/lua"
   go test -run x -bench ClaimMany -count "${BENCH_COUNT:-3}" ./internal/lua | grep '^Benchmark' >"$tmp/claimmany.out"
   cat "$tmp/claimmany.out"
+  budget_four_at_once
   echo "== budget: go test -run x -bench RoundTrip -count ${BENCH_COUNT:-3} ./internal/shard"
   go test -run x -bench RoundTrip -count "${BENCH_COUNT:-3}" ./internal/shard | grep '^Benchmark' >"$tmp/roundtrip.out"
   cat "$tmp/roundtrip.out"
@@ -1631,8 +1634,52 @@ budget_report() {
   done
   echo "== budget: the floors of Redis: the claim path alone (BenchmarkClaimMany), one batch per round trip and fsync"
   budget_claims "$tmp/claimmany.out"
+  budget_four_report "$tmp/claimmany4.out" "$tmp/claimmany.out" "$(med rain4-64 sat app_us)" \
+    "$(awk -v a="$(med minimal-64 sat app_us)" -v r="$(med minimal-64 sat redis_us)" 'BEGIN { print a + r }')"
   echo "== budget: the floor of a round trip to a shard in rain's process (BenchmarkRoundTrip): CPU us per round trip, medians"
   budget_roundtrip "$tmp/roundtrip.out"
+}
+
+# budget_four_at_once: the floor of four shards' Redis on this machine, for
+# rain on 4 shards: four copies of the claim path alone at batches of 16 (the
+# most a shard has in flight at 64 connections over 4 shards) run at once,
+# each with its own always redis-server, so that four Redis processes take
+# turns on the cores as rain's four shards do (nothing else runs meanwhile).
+# Their lines go to $tmp/claimmany4.out for budget_report.
+budget_four_at_once() {
+  echo "== budget: four at once: go test -run x -bench 'ClaimMany/batch=16\$' -benchtime ${FOUR_BENCHTIME:-4s} ./internal/lua, four copies"
+  go test -c -o "$tmp/lua.test" ./internal/lua
+  local i pids=()
+  for i in 1 2 3 4; do
+    (cd internal/lua && "$tmp/lua.test" -test.run x -test.bench 'ClaimMany/batch=16$' \
+      -test.benchtime "${FOUR_BENCHTIME:-4s}" | grep '^Benchmark' >"$tmp/claimmany4.$i") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  cat "$tmp"/claimmany4.[1-4] >"$tmp/claimmany4.out"
+  cat "$tmp/claimmany4.out"
+}
+
+# budget_four_report FILE ALONE APP_US MIN_US: the median over FILE's four
+# copies (budget_four_at_once) of Redis's CPU per claim and per batch, beside
+# the same batch alone (ALONE, BenchmarkClaimMany's lines), and what rain on
+# 4 shards at 64 connections would cost per grab with the process it was
+# measured at (APP_US) and its Redis at that floor, against the minimal
+# design's CPU per grab (MIN_US).
+budget_four_report() {
+  [ -s "$1" ] || return 0
+  awk -v app="$3" -v min="$4" '
+    FNR == NR { if ($1 ~ /^BenchmarkClaimMany\/batch=16(-[0-9]+)?$/) for (i = 3; i < NF; i += 2) if ($(i + 1) == "redis-us/claim") alone = alone " " $i; next }
+    { for (i = 3; i < NF; i += 2) { if ($(i + 1) == "redis-us/claim") c = c " " $i; if ($(i + 1) == "redis-us/batch") b = b " " $i } }
+'"$awk_median"'
+    END {
+      pc = median(c)
+      printf "budget: floor of four shards'"'"' Redis: the claim path alone at batches of 16, four at once: Redis %.1f us per claim, %.0f per batch (alone: %.1f per claim)\n",
+        pc, median(b), median(alone)
+      if (app > 0 && min > 0)
+        printf "budget: rain on 4 shards, 64 conns, its process as measured and its Redis at that floor: %.1f + %.1f = %.1f us per grab, %.2fx the minimal design (target <= 0.7x)\n",
+          app, pc, app + pc, (app + pc) / min
+    }' "$2" "$1" | while IFS= read -r line; do figure "$line"; done
 }
 
 # budget_roundtrip FILE: the client's CPU per round trip of the RoundTrip

@@ -1669,7 +1669,7 @@ budget_four_at_once() {
 budget_four_report() {
   [ -s "$1" ] || return 0
   awk -v app="$3" -v min="$4" '
-    FNR == NR { if ($1 ~ /^BenchmarkClaimMany\/batch=16(-[0-9]+)?$/) for (i = 3; i < NF; i += 2) if ($(i + 1) == "redis-us/claim") alone = alone " " $i; next }
+    FILENAME == ARGV[1] { if ($1 ~ /^BenchmarkClaimMany\/batch=16(-[0-9]+)?$/) for (i = 3; i < NF; i += 2) if ($(i + 1) == "redis-us/claim") alone = alone " " $i; next }
     { for (i = 3; i < NF; i += 2) { if ($(i + 1) == "redis-us/claim") c = c " " $i; if ($(i + 1) == "redis-us/batch") b = b " " $i } }
 '"$awk_median"'
     END {

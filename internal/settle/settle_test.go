@@ -384,14 +384,13 @@ func TestReleasedGrantIsNotPaid(t *testing.T) {
 	checkReleasedNotPaid(t, e, 20)
 }
 
-// checkReleasedNotPaid has the reaper release the n grants of e (their
-// hold runs out), then settles: none is paid, and every entry is
-// acknowledged and trimmed.
-func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
+// releaseDue sweeps e's shards as the reaper does until n grants are
+// released at their deadline.
+func (e *env) releaseDue(t *testing.T, n int64) {
 	t.Helper()
 	reap := reaper.New(e.shards, e.cat, nil, reaper.Config{})
 	var released int64
-	waittest.Until(t, 10*time.Second, fmt.Sprintf("the %d grants released at their deadline", n), func() bool {
+	waittest.Until(t, 10*time.Second, fmt.Sprintf("%d grants released at their deadline", n), func() bool {
 		sw, err := reap.Sweep(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -399,6 +398,14 @@ func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
 		released += sw.Released
 		return released == n
 	})
+}
+
+// checkReleasedNotPaid has the reaper release the n grants of e (their
+// hold runs out), then settles: none is paid, and every entry is
+// acknowledged and trimmed.
+func checkReleasedNotPaid(t *testing.T, e *env, n int64) {
+	t.Helper()
+	e.releaseDue(t, n)
 	path := filepath.Join(t.TempDir(), "ledger.jsonl")
 	w := settle.New(e.shards, e.cat, openLedger(t, path), fastConfig("a"))
 	stop := run(t, w)

@@ -26,8 +26,9 @@
 #                               (see bench_settle)
 #   scripts/bench.sh budget     where one grab's microseconds go, process and Redis, rain on 1
 #                               and 4 shards at 64 and 256 connections, beside the floors (a
-#                               fixed answer on net/http and on fasthttp, the claim path alone)
-#                               and the minimal design (see bench_budget)
+#                               fixed answer on net/http and on fasthttp, the claim path alone,
+#                               and as four copies at once: four shards' Redis) and the
+#                               minimal design (see bench_budget)
 #   BEFORE=REV scripts/bench.sh versus
 #                               POST /grab over HTTP: rain built at git revision REV
 #                               beside rain built from the working tree, rounds
@@ -1207,10 +1208,11 @@ bench_driver() {
 # counts, never times); then `go test -run x -bench ClaimMany -count
 # BENCH_COUNT (3) ./internal/lua`: Redis's CPU per claim of the claim path
 # alone at batches of 1 to 128, and of a pipelined batch of the minimal
-# design's script alone; then four copies of its batches of 16 at once, each
-# on a Redis of its own (the floor of four shards' Redis on these cores, see
-# budget_four_at_once); then `go test -run x -bench RoundTrip -count
-# BENCH_COUNT ./internal/shard`: the CPU one round trip to a shard costs
+# design's script alone; then four copies of its batches of 16 at once,
+# FOUR_BENCHTIME (4s) each, each on a Redis of its own (the floor of four
+# shards' Redis on these cores, see budget_four_at_once); then `go test
+# -run x -bench RoundTrip -count BENCH_COUNT ./internal/shard`: the CPU one
+# round trip to a shard costs
 # rain's process, through go-redis and on a bare connection (the kernel's
 # floor). Last, the figures and the table. PROFILES=DIR keeps
 # there the merged profiles of rain and the rain binary, for go tool pprof,
